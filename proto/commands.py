@@ -1,0 +1,123 @@
+"""Commands: what the controller is asked to handle, on `cmd.<token>` in the COMMANDS stream.
+
+The gateway sends the platform's calls (Assign, Idle, Cancel); the workers report what the
+platform did (SlotReady, SlotFailed, SlotDestroyed) and when a deadline is due (Tick). The
+controller answers some of them with a Reply over core NATS, on the command's `reply_to`.
+"""
+
+import enum
+
+import msgspec
+
+from proto.events import Meta
+
+
+class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    key: str  # the metaKey
+
+
+class Assign(Command, tag="assign"):
+    request_id: str
+    meta: Meta
+    reply_to: str = ""
+
+
+class Idle(Command, tag="idle"):
+    request_id: str
+    instance_id: str
+    status_code: int = 200
+    duration_ms: int = 0
+    need_destroy: bool = False
+    reason: str = ""
+    reply_to: str = ""
+
+
+class Cancel(Command, tag="cancel"):
+    """The caller of an Assign gave up (deadline or disconnect): free what it holds or waits for."""
+
+    request_id: str
+    reply_to: str = ""  # which waiter gave up: a newer retry of the same request is left alone
+    reason: str = ""
+
+
+class SlotReady(Command, tag="slot-ready"):
+    instance_id: str
+    slot_id: str
+    create_ms: int = 0
+    init_ms: int = 0
+
+
+class SlotFailed(Command, tag="slot-failed"):
+    instance_id: str
+    reason: str
+    slot_id: str = ""  # set when CreateSlot succeeded and Init failed: that slot must be destroyed
+
+
+class SlotDestroyed(Command, tag="slot-destroyed"):
+    instance_id: str
+    slot_id: str = ""
+
+
+class Tick(Command, tag="tick"):
+    """A deadline of this function is due (keep-alive expiry, planned pre-warm)."""
+
+    due_ms: int
+
+
+AnyCommand = Assign | Idle | Cancel | SlotReady | SlotFailed | SlotDestroyed | Tick
+
+
+def command_id(cmd: AnyCommand) -> str:
+    """A stable id per logical command: the Nats-Msg-Id that makes a retried publish a no-op."""
+    match cmd:
+        case Assign(request_id=r):
+            return f"assign:{r}"
+        case Idle(request_id=r):
+            return f"idle:{r}"
+        case Cancel(request_id=r, reply_to=to):
+            return f"cancel:{r}:{to}"
+        case SlotReady(instance_id=i):
+            return f"ready:{i}"
+        case SlotFailed(instance_id=i):
+            return f"failed:{i}"
+        case SlotDestroyed(instance_id=i):
+            return f"destroyed:{i}"
+        case Tick(key=k, due_ms=t):
+            return f"tick:{k}:{t}"
+    raise TypeError(f"not a command: {cmd!r}")
+
+
+class Code(enum.IntEnum):
+    """Outcome of a command, mapped by the gateway to a gRPC status code."""
+
+    OK = 0
+    INVALID_ARGUMENT = 3
+    NOT_FOUND = 5
+    FAILED_PRECONDITION = 9
+    INTERNAL = 13
+    UNAVAILABLE = 14
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True):
+    to: str  # the reply subject
+    request_id: str
+    code: Code = Code.OK
+    instance_id: str = ""
+    message: str = ""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_command_decoder = msgspec.msgpack.Decoder(AnyCommand)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+def encode(msg: AnyCommand | Reply) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_command(data: bytes) -> AnyCommand:
+    return _command_decoder.decode(data)
+
+
+def decode_reply(data: bytes) -> Reply:
+    return _reply_decoder.decode(data)

@@ -1,0 +1,180 @@
+"""Events: what happened to a function, appended by the controller alone on `evt.<token>`.
+
+One JetStream message holds one `Batch`: every event a single decision produced, so a decision is
+appended atomically or not at all. Rules that keep old streams readable:
+- a tag string is never renamed or reused; a breaking change gets a new tag or an upcast below;
+- a field added later has a default; a field's type never changes;
+- decoding never forbids unknown fields.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class Meta(msgspec.Struct, frozen=True, kw_only=True):
+    """What the platform tells us about a function in each Assign."""
+
+    memory_mb: int
+    runtime: str = ""
+    timeout_s: int = 0
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    at_ms: int
+
+
+class FunctionSeen(Event, tag="function-seen"):
+    """First Assign of a function, or its meta changed (a redeploy with other memory)."""
+
+    meta: Meta
+
+
+class RequestArrived(Event, tag="request-arrived"):
+    """An Assign joined the function's queue; `reply_to` is where its answer goes."""
+
+    request_id: str
+    reply_to: str = ""
+
+
+class RequestRetried(Event, tag="request-retried"):
+    """The same request asked again while queued: the newest caller gets the answer."""
+
+    request_id: str
+    reply_to: str
+
+
+class SlotWanted(Event, tag="slot-wanted"):
+    """Start an instance: the platform worker calls CreateSlot then Init."""
+
+    instance_id: str
+    meta: Meta
+    for_request: str = ""  # the request whose miss caused it; empty for a pre-warm
+    reason: str = ""
+
+
+class InstanceReady(Event, tag="instance-ready"):
+    instance_id: str
+    slot_id: str
+    create_ms: int = 0
+    init_ms: int = 0
+
+
+class Assigned(Event, tag="assigned"):
+    request_id: str
+    instance_id: str
+
+
+class Released(Event, tag="released"):
+    """The request is done with the instance (its Idle, or its caller gave up)."""
+
+    request_id: str
+    instance_id: str
+    status_code: int = 200
+    duration_ms: int = 0
+    reason: str = ""
+
+
+class KeptAlive(Event, tag="kept-alive"):
+    """The policy's keep-alive decision for an instance that just became idle."""
+
+    instance_id: str
+    until_ms: int
+    why: str = ""
+
+
+class RequestFailed(Event, tag="request-failed"):
+    request_id: str
+    message: str
+
+
+class RequestCancelled(Event, tag="request-cancelled"):
+    request_id: str
+    reason: str = ""
+
+
+class InstanceRetired(Event, tag="instance-retired"):
+    """The instance serves no more; the gc worker destroys its slot when it has one."""
+
+    instance_id: str
+    slot_id: str = ""
+    reason: str = ""
+
+
+class InstanceDestroyed(Event, tag="instance-destroyed"):
+    """The platform confirmed DestroySlot: the instance is gone."""
+
+    instance_id: str
+    slot_id: str = ""
+
+
+AnyEvent = (
+    FunctionSeen
+    | RequestArrived
+    | RequestRetried
+    | SlotWanted
+    | InstanceReady
+    | Assigned
+    | Released
+    | KeptAlive
+    | RequestFailed
+    | RequestCancelled
+    | InstanceRetired
+    | InstanceDestroyed
+)
+
+
+class Batch(msgspec.Struct, frozen=True, kw_only=True):
+    """One decision's events for one function, appended as one message."""
+
+    key: str
+    at_ms: int
+    cause: str  # id of the command that caused the decision
+    events: list[AnyEvent]
+    wake_ms: int | None = None  # the function's next deadline after this batch, for the gc worker
+    v: int = SCHEMA_VERSION
+
+
+class SchemaError(ValueError):
+    """A stored batch this version cannot read."""
+
+
+# Upcasts from version N to N+1, applied to the raw decoded batch: `UPCASTS[N](raw) -> raw`.
+UPCASTS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Batch)
+_raw_decoder = msgspec.msgpack.Decoder()
+
+
+def encode_batch(batch: Batch) -> bytes:
+    return _encoder.encode(batch)
+
+
+def decode_batch(data: bytes) -> Batch:
+    try:
+        batch = _decoder.decode(data)
+        if batch.v == SCHEMA_VERSION:
+            return batch
+    except msgspec.ValidationError:
+        pass
+    return _upcast(_raw_decoder.decode(data))
+
+
+def _upcast(raw: Any) -> Batch:
+    if not isinstance(raw, dict):
+        raise SchemaError("not an event batch")
+    v = raw.get("v", SCHEMA_VERSION)
+    if v > SCHEMA_VERSION:
+        raise SchemaError(f"batch has schema v{v}; this scaler reads up to v{SCHEMA_VERSION}")
+    while v < SCHEMA_VERSION:
+        raw = UPCASTS[v](raw)
+        v += 1
+        raw["v"] = v
+    try:
+        return msgspec.convert(raw, Batch)
+    except msgspec.ValidationError as e:
+        raise SchemaError(f"unreadable event batch: {e}") from e
