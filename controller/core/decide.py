@@ -1,0 +1,210 @@
+"""Decisions: a command and the current state in; events, replies and the next deadline out.
+
+`decide` applies each event as it emits it, so every later choice in the same decision sees
+the state that earlier ones produced, and `Decision.state` equals `replay(s, Decision.events)`.
+"""
+
+from typing import NamedTuple
+
+from controller.core.policy import Policy
+from controller.core.state import FnState, Instance, Phase, apply
+from proto.commands import AnyCommand, Assign, Cancel, Code, Idle, Reply, SlotDestroyed, SlotFailed, SlotReady, Tick
+from proto.events import (
+    Assigned,
+    Event,
+    FunctionSeen,
+    InstanceDestroyed,
+    InstanceReady,
+    InstanceRetired,
+    KeptAlive,
+    Released,
+    RequestArrived,
+    RequestCancelled,
+    RequestFailed,
+    RequestRetried,
+    SlotWanted,
+)
+
+
+class Decision(NamedTuple):
+    events: list[Event]
+    replies: list[Reply]
+    state: FnState  # the state after the events
+    wake_ms: int | None  # when the function next wants a Tick
+
+
+class _Draft:
+    """A decision being built: events are applied as they are emitted."""
+
+    def __init__(self, s: FnState, now: int) -> None:
+        self.s = s
+        self.now = now
+        self.events: list[Event] = []
+        self.replies: list[Reply] = []
+
+    def emit(self, e: Event) -> None:
+        self.events.append(e)
+        self.s = apply(self.s, e)
+
+    def reply(self, to: str, request_id: str, code: Code = Code.OK, instance_id: str = "", message: str = "") -> None:
+        if to:
+            self.replies.append(
+                Reply(to=to, request_id=request_id, code=code, instance_id=instance_id, message=message)
+            )
+
+
+def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
+    d = _Draft(s, now)
+    match cmd:
+        case Assign():
+            _assign(d, cmd)
+        case Idle():
+            _idle(d, cmd)
+        case Cancel():
+            _cancel(d, cmd)
+        case SlotReady():
+            _ready(d, cmd)
+        case SlotFailed():
+            _failed(d, cmd)
+        case SlotDestroyed():
+            _destroyed(d, cmd)
+        case Tick():
+            pass
+        case _:
+            raise TypeError(f"not a command: {cmd!r}")
+    _settle(d, policy, expire=isinstance(cmd, Tick))
+    return Decision(d.events, d.replies, d.s, policy.next_wake_ms(d.s))
+
+
+def _holder(s: FnState, request_id: str) -> Instance | None:
+    return next((i for i in s.instances.values() if i.request_id == request_id), None)
+
+
+def _assign(d: _Draft, cmd: Assign) -> None:
+    r, to = cmd.request_id, cmd.reply_to
+    if cmd.meta.memory_mb <= 0:
+        d.reply(to, r, Code.INVALID_ARGUMENT, message=f"memory_in_mb must be positive, got {cmd.meta.memory_mb}")
+        return
+    if (waiting := d.s.pending(r)) is not None:  # asked again while queued: answer the newest caller
+        if waiting.reply_to != to:
+            d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
+        return
+    if (held := _holder(d.s, r)) is not None:
+        if held.phase is Phase.BUSY:
+            d.reply(to, r, instance_id=held.id)
+        else:
+            d.reply(to, r, Code.FAILED_PRECONDITION, message=f"request {r} already finished on instance {held.id}")
+        return
+    if d.s.meta != cmd.meta:
+        d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
+    d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to))
+
+
+def _idle(d: _Draft, cmd: Idle) -> None:
+    r, to = cmd.request_id, cmd.reply_to
+    inst = d.s.instances.get(cmd.instance_id)
+    if inst is None:
+        d.reply(to, r, Code.NOT_FOUND, message=f"no instance {cmd.instance_id!r} for metaKey {cmd.key!r}")
+    elif inst.request_id != r:
+        held = f"serves request {inst.request_id!r}" if inst.phase is Phase.BUSY else "is not assigned to it"
+        d.reply(to, r, Code.FAILED_PRECONDITION, message=f"instance {inst.id!r} {held}, not request {r!r}")
+    elif inst.phase is not Phase.BUSY:
+        d.reply(to, r, message=f"instance {inst.id} was already released by request {r}")  # a retried Idle
+    else:
+        d.emit(
+            Released(
+                at_ms=d.now,
+                request_id=r,
+                instance_id=inst.id,
+                status_code=cmd.status_code,
+                duration_ms=cmd.duration_ms,
+                reason=cmd.reason,
+            )
+        )
+        if cmd.need_destroy:
+            why = f"need_destroy: {cmd.reason}" if cmd.reason else "need_destroy"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+        d.reply(to, r, instance_id=inst.id)
+
+
+def _cancel(d: _Draft, cmd: Cancel) -> None:
+    r = cmd.request_id
+    why = cmd.reason or "caller gave up"
+    if (waiting := d.s.pending(r)) is not None:
+        if not cmd.reply_to or waiting.reply_to == cmd.reply_to:
+            d.emit(RequestCancelled(at_ms=d.now, request_id=r, reason=why))
+    elif (held := _holder(d.s, r)) is not None and held.phase is Phase.BUSY:
+        if not cmd.reply_to or held.reply_to == cmd.reply_to:
+            d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=f"cancelled: {why}"))
+
+
+def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:
+    """A slot nothing in the state owns: record it under its own id so that it gets destroyed."""
+    d.emit(InstanceRetired(at_ms=d.now, instance_id=f"{instance_id}@{slot_id}", slot_id=slot_id, reason=why))
+
+
+def _ready(d: _Draft, cmd: SlotReady) -> None:
+    inst = d.s.instances.get(cmd.instance_id)
+    if inst is not None and inst.phase is Phase.CREATING:
+        d.emit(
+            InstanceReady(
+                at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
+            )
+        )
+    elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
+        _retire_orphan(d, cmd.instance_id, cmd.slot_id, "ready for an instance no longer wanted")
+
+
+def _failed(d: _Draft, cmd: SlotFailed) -> None:
+    inst = d.s.instances.get(cmd.instance_id)
+    if inst is None or inst.phase is not Phase.CREATING:
+        if cmd.slot_id and (inst is None or inst.slot_id != cmd.slot_id):
+            _retire_orphan(d, cmd.instance_id, cmd.slot_id, f"failed creation of an unknown instance: {cmd.reason}")
+        return
+    d.emit(
+        InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, reason=f"creation failed: {cmd.reason}")
+    )
+    if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
+        victim = d.s.pending(inst.for_request) or d.s.queue[0]
+        message = f"the platform could not start an instance: {cmd.reason}"
+        d.emit(RequestFailed(at_ms=d.now, request_id=victim.request_id, message=message))
+        d.reply(victim.reply_to, victim.request_id, Code.INTERNAL, message=message)
+
+
+def _destroyed(d: _Draft, cmd: SlotDestroyed) -> None:
+    if cmd.instance_id in d.s.instances:
+        d.emit(InstanceDestroyed(at_ms=d.now, instance_id=cmd.instance_id, slot_id=cmd.slot_id))
+
+
+def _settle(d: _Draft, policy: Policy, expire: bool) -> None:
+    """Bring the function to a resting point after any change: the core's invariants live here."""
+    # Every waiting request takes an idle instance while there is one (FIFO).
+    while d.s.queue and (idle := d.s.in_phase(Phase.IDLE)):
+        inst = policy.pick(d.s, idle, d.now)
+        waiting = d.s.queue[0]
+        d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
+        d.reply(waiting.reply_to, waiting.request_id, instance_id=inst.id)
+    # Requests that no instance under creation covers: the policy says how many to start.
+    creating = len(d.s.in_phase(Phase.CREATING))
+    uncovered = d.s.queue[creating:]
+    if uncovered and d.s.meta is not None:
+        for waiting in uncovered[: policy.starts_for_queue(d.s, len(uncovered), d.now)]:
+            d.emit(
+                SlotWanted(
+                    at_ms=d.now,
+                    instance_id=d.s.next_instance_id(),
+                    meta=d.s.meta,
+                    for_request=waiting.request_id,
+                    reason="cold start: no idle instance",
+                )
+            )
+    # Instances that just became idle get the policy's keep-alive.
+    for inst in d.s.in_phase(Phase.IDLE):
+        if not inst.keep_until_ms:
+            keep = policy.keep_alive(d.s, inst, d.now)
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
+    if expire:
+        for inst in d.s.in_phase(Phase.IDLE):
+            if inst.keep_until_ms <= d.now:
+                why = f"keep-alive expired after {(d.now - inst.since_ms) / 1000:g}s idle"
+                d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))

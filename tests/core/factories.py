@@ -1,0 +1,39 @@
+"""Small builders for core tests: commands and events with sensible defaults."""
+
+from controller.core.decide import decide
+from controller.core.policy import get_policy
+from controller.core.state import FnState, replay
+from proto import commands as c
+from proto import events as e
+
+KEY = "fn"
+META = e.Meta(memory_mb=512, runtime="python", timeout_s=60)
+DEMO = get_policy("demo")
+
+
+def assign(r: str = "r1", to: str = "", meta: e.Meta = META) -> c.Assign:
+    return c.Assign(key=KEY, request_id=r, meta=meta, reply_to=to or f"to-{r}")
+
+
+def idle(r: str = "r1", i: str = "fn-1", **kw) -> c.Idle:
+    return c.Idle(key=KEY, request_id=r, instance_id=i, reply_to=f"to-idle-{r}", **kw)
+
+
+def ready(i: str = "fn-1", slot: str = "s1") -> c.SlotReady:
+    return c.SlotReady(key=KEY, instance_id=i, slot_id=slot, create_ms=100, init_ms=50)
+
+
+def run(*cmds, at: int = 0, step: int = 10, policy=DEMO, s: FnState | None = None):
+    """Decide each command in turn, `step` ms apart; return the final state and every decision."""
+    s = s or FnState(key=KEY)
+    decisions = []
+    for n, cmd in enumerate(cmds):
+        d = decide(s, cmd, at + n * step, policy)
+        assert replay(s, d.events) == d.state, "Decision.state must equal the replayed events"
+        decisions.append(d)
+        s = d.state
+    return s, decisions
+
+
+def kinds(decision) -> list[str]:
+    return [type(ev).__name__ for ev in decision.events]

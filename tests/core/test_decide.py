@@ -1,0 +1,164 @@
+"""The core's rules, as given (commands so far) / when (one command) / then (events, replies)."""
+
+import pytest
+
+from controller.core.decide import decide
+from controller.core.state import FnState, Phase
+from proto import commands as c
+from proto import events as e
+from tests.core.factories import DEMO, KEY, META, assign, idle, kinds, ready, run
+
+CASES = {
+    "cold start": ([], assign("r1"), ["FunctionSeen", "RequestArrived", "SlotWanted"]),
+    "ready instance serves the waiting request": ([assign("r1")], ready(), ["InstanceReady", "Assigned"]),
+    "idle keeps the instance alive": ([assign("r1"), ready()], idle("r1"), ["Released", "KeptAlive"]),
+    "warm reuse: no new slot": ([assign("r1"), ready(), idle("r1")], assign("r2"), ["RequestArrived", "Assigned"]),
+    "need_destroy retires": (
+        [assign("r1"), ready()],
+        idle("r1", need_destroy=True, reason="oom"),
+        ["Released", "InstanceRetired"],
+    ),
+    "second concurrent assign starts another": ([assign("r1")], assign("r2"), ["RequestArrived", "SlotWanted"]),
+    "idle for an unknown instance changes nothing": ([assign("r1"), ready()], idle("r1", i="nope"), []),
+    "idle twice is idempotent": ([assign("r1"), ready(), idle("r1")], idle("r1"), []),
+    "retried assign while queued changes nothing": ([assign("r1")], assign("r1"), []),
+    "tick before the deadline changes nothing": ([assign("r1"), ready(), idle("r1")], c.Tick(key=KEY, due_ms=0), []),
+}
+
+
+@pytest.mark.parametrize("given,when,then", CASES.values(), ids=CASES.keys())
+def test_decide(given, when, then):
+    s, _ = run(*given)
+    d = decide(s, when, 1_000, DEMO)
+    assert kinds(d) == then
+
+
+def test_first_assign_records_meta_then_queues_then_starts():
+    _, (d,) = run(assign("r1"))
+    assert kinds(d) == ["FunctionSeen", "RequestArrived", "SlotWanted"]
+    wanted = d.events[-1]
+    assert wanted.instance_id == f"{KEY}-1" and wanted.for_request == "r1" and wanted.meta == META
+
+
+def test_assigned_reply_goes_to_the_waiting_caller():
+    _, (_, d) = run(assign("r1", to="inbox.1"), ready())
+    assert [(r.to, r.request_id, r.instance_id, r.code) for r in d.replies] == [("inbox.1", "r1", "fn-1", c.Code.OK)]
+
+
+def test_concurrent_assigns_never_share_an_instance():
+    s, _ = run(assign("r1"), assign("r2"), assign("r3"), ready("fn-2", "s2"), ready("fn-1", "s1"), ready("fn-3", "s3"))
+    busy = s.in_phase(Phase.BUSY)
+    assert sorted(i.request_id for i in busy) == ["r1", "r2", "r3"]
+    assert len({i.id for i in busy}) == 3
+    assert s.stats.cold_starts == 3
+
+
+def test_first_ready_instance_serves_the_oldest_waiting_request():
+    _, decisions = run(assign("r1"), assign("r2"), ready("fn-2", "s2"))
+    assigned = [ev for ev in decisions[-1].events if isinstance(ev, e.Assigned)]
+    assert [(a.request_id, a.instance_id) for a in assigned] == [("r1", "fn-2")]
+
+
+def test_reuse_picks_the_most_recently_idled_instance():
+    s, _ = run(
+        assign("r1"), assign("r2"), ready("fn-1", "s1"), ready("fn-2", "s2"), idle("r1", "fn-1"), idle("r2", "fn-2")
+    )
+    _, (d,) = run(assign("r3"), s=s, at=10_000)
+    assert [ev.instance_id for ev in d.events if isinstance(ev, e.Assigned)] == ["fn-2"]
+
+
+def test_keep_alive_expires_on_tick_and_reuse_before_the_tick_wins():
+    s, decisions = run(assign("r1"), ready(), idle("r1"))
+    deadline = decisions[-1].wake_ms
+    assert deadline == 20 + 5 * 60_000
+    reused, _ = run(assign("r2"), s=s, at=deadline + 5)  # the timer is late: the Assign still reuses
+    d = decide(reused, c.Tick(key=KEY, due_ms=deadline), deadline + 6, DEMO)
+    assert d.events == [] and d.wake_ms is None
+    d = decide(s, c.Tick(key=KEY, due_ms=deadline), deadline, DEMO)
+    assert kinds(d) == ["InstanceRetired"] and d.events[0].slot_id == "s1"
+    assert d.state.instances["fn-1"].phase is Phase.RETIRING
+
+
+def test_destroyed_slot_removes_the_instance():
+    s, _ = run(assign("r1"), ready(), idle("r1", need_destroy=True), c.SlotDestroyed(key=KEY, instance_id="fn-1"))
+    assert s.instances == {}
+
+
+def test_idle_errors_are_clear():
+    s, _ = run(assign("r1"), ready(), assign("r2"))
+    d = decide(s, idle("r1", i="fn-9"), 100, DEMO)
+    assert d.replies[0].code is c.Code.NOT_FOUND and "fn-9" in d.replies[0].message
+    d = decide(s, idle("r2", i="fn-1"), 100, DEMO)  # fn-1 serves r1
+    assert d.replies[0].code is c.Code.FAILED_PRECONDITION and "r1" in d.replies[0].message
+    moved_on, _ = run(idle("r1"), s=s)  # r2 was waiting: fn-1 went straight to it
+    again = decide(moved_on, idle("r1"), 200, DEMO)
+    assert again.events == [] and again.replies[0].code is c.Code.FAILED_PRECONDITION
+
+
+def test_idle_retried_while_the_instance_is_still_idle_is_ok():
+    s, _ = run(assign("r1"), ready(), idle("r1"))
+    again = decide(s, idle("r1"), 200, DEMO)
+    assert again.events == [] and again.replies[0].code is c.Code.OK and "already released" in again.replies[0].message
+
+
+def test_creation_failure_fails_the_waiting_request_and_destroys_the_slot():
+    fail = c.SlotFailed(key=KEY, instance_id="fn-1", reason="Init: boom", slot_id="s1")
+    s, (_, d) = run(assign("r1", to="inbox.1"), fail)
+    assert kinds(d) == ["InstanceRetired", "RequestFailed"]
+    assert d.replies[0].to == "inbox.1" and d.replies[0].code is c.Code.INTERNAL and "boom" in d.replies[0].message
+    assert s.queue == () and s.instances["fn-1"].phase is Phase.RETIRING
+
+
+def test_creation_failure_without_slot_leaves_nothing():
+    s, (_, _d) = run(assign("r1"), c.SlotFailed(key=KEY, instance_id="fn-1", reason="CreateSlot: full"))
+    assert s.instances == {} and s.queue == ()
+
+
+def test_failure_spares_requests_another_creation_covers():
+    _s, (*_, d) = run(
+        assign("r1"), assign("r2"), ready("fn-2", "s2"), c.SlotFailed(key=KEY, instance_id="fn-1", reason="x")
+    )
+    # fn-2 went to r1; fn-1 was r1's but r2 now waits on it: r2 is the one that fails
+    assert [ev.request_id for ev in d.events if isinstance(ev, e.RequestFailed)] == ["r2"]
+
+
+def test_ready_for_an_unwanted_instance_destroys_its_slot():
+    s, (d,) = run(ready("ghost-1", "s9"))
+    assert kinds(d) == ["InstanceRetired"] and d.events[0].slot_id == "s9"
+    assert s.instances["ghost-1@s9"].phase is Phase.RETIRING
+
+
+def test_repeated_ready_report_is_ignored():
+    _s, (*_, d) = run(assign("r1"), ready(), ready())
+    assert d.events == []
+
+
+def test_cancel_frees_what_the_caller_held_or_waited_for():
+    s, (_, d) = run(assign("r1", to="inbox.1"), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"))
+    assert kinds(d) == ["RequestCancelled"] and s.queue == ()
+    s, (*_, d) = run(assign("r1", to="inbox.1"), ready(), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"))
+    assert kinds(d) == ["Released", "KeptAlive"] and s.instances["fn-1"].phase is Phase.IDLE
+
+
+def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
+    s, _ = run(
+        assign("r1", to="inbox.1"), assign("r1", to="inbox.2"), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1")
+    )
+    assert [p.reply_to for p in s.queue] == ["inbox.2"]
+
+
+def test_assign_retried_after_assignment_gets_the_same_instance():
+    s, _ = run(assign("r1"), ready())
+    d = decide(s, assign("r1", to="inbox.again"), 100, DEMO)
+    assert d.events == [] and d.replies[0].instance_id == "fn-1" and d.replies[0].to == "inbox.again"
+
+
+def test_meta_change_is_recorded_and_used_for_new_instances():
+    bigger = e.Meta(memory_mb=2048, runtime="python", timeout_s=60)
+    _s, (*_, d) = run(assign("r1"), assign("r2", meta=bigger))
+    assert kinds(d) == ["FunctionSeen", "RequestArrived", "SlotWanted"] and d.events[-1].meta == bigger
+
+
+def test_zero_memory_is_refused():
+    d = decide(FnState(key=KEY), assign("r1", meta=e.Meta(memory_mb=0)), 0, DEMO)
+    assert d.events == [] and d.replies[0].code is c.Code.INVALID_ARGUMENT
