@@ -1,0 +1,21 @@
+"""`python -m gateway`: the gRPC Scaler service in front of the event stream."""
+
+from gateway.server import Gateway
+from scaler import runtime
+
+
+def main() -> None:
+    p = runtime.parser("python -m gateway", __doc__)
+    p.add_argument("--listen", default=runtime.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]")
+    p.add_argument(
+        "--reply-timeout",
+        type=float,
+        default=float(runtime.env("REPLY_TIMEOUT", "60")),
+        help="seconds to wait for the controller's answer [SCALER_REPLY_TIMEOUT]",
+    )
+    args = p.parse_args()
+    runtime.main(lambda a: Gateway(a.nats, a.listen, a.reply_timeout), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""`python -m gc_worker`: keeps keep-alive deadlines and destroys retired instances' slots."""
+
+from gc_worker.worker import GcWorker
+from scaler import runtime
+from scaler.clock import Clock
+
+
+def main() -> None:
+    p = runtime.parser("python -m gc_worker", __doc__)
+    p.add_argument("--platform", default=runtime.env("PLATFORM", "127.0.0.1:50051"), help="[SCALER_PLATFORM]")
+    args = p.parse_args()
+    runtime.main(lambda a: GcWorker(a.nats, a.platform, Clock(a.speed)), args)
+
+
+if __name__ == "__main__":
+    main()

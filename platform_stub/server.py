@@ -1,0 +1,170 @@
+"""A stand-in for the platform's `Platform` service, with exact slot accounting.
+
+CreateSlot takes a fixed latency, Init the function's initDurationInMs from the metas (the
+Init request carries no init time), both on the component clock so a simulation can run them
+faster. Calls are idempotent per request_id, as a retried call from a restarted worker must not
+cost a second slot. Accounting (live slots, slot GB·s) is served by the PlatformAdmin service.
+"""
+
+import itertools
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from platform_stub.metas import FunctionMeta
+from proto import platform_admin_pb2 as admin
+from proto import platform_admin_pb2_grpc as admin_grpc
+from proto import serverless_sim_pb2 as pb
+from proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.clock import Clock
+
+log = logging.getLogger("scaler.platform_stub")
+
+DEFAULT_INIT_MS = 100  # for a function the metas don't list
+
+
+@dataclass
+class SlotRecord:
+    id: str
+    memory_mb: int
+    created_ms: int
+    request_id: str
+    instance_id: str = ""
+    init_reply: pb.InitReply | None = None
+
+
+@dataclass
+class Faults:
+    """Failures to inject, for tests: each returns an error message to fail the call with, or None."""
+
+    create: Callable[[pb.CreateSlotRequest], str | None] = lambda _: None
+    init: Callable[[pb.InitRequest], str | None] = lambda _: None
+
+
+@dataclass
+class Accounting:
+    created: int = 0
+    destroyed: int = 0
+    inits: int = 0
+    closed_gb_s: float = 0.0  # slot GB·s of destroyed slots
+    live: dict[str, SlotRecord] = field(default_factory=dict)
+
+    def gb_s(self, now_ms: int) -> float:
+        return self.closed_gb_s + sum(s.memory_mb / 1024 * (now_ms - s.created_ms) / 1000 for s in self.live.values())
+
+
+class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
+    def __init__(
+        self,
+        listen: str = "127.0.0.1:50051",
+        metas: dict[str, FunctionMeta] | None = None,
+        create_latency_ms: int = 100,
+        clock: Clock | None = None,
+        faults: Faults | None = None,
+    ) -> None:
+        self.listen = listen
+        self.metas = metas or {}
+        self.create_latency_ms = create_latency_ms
+        self.clock = clock or Clock()
+        self.faults = faults or Faults()
+        self.accounting = Accounting()
+        self.port = 0
+        self._by_request: dict[str, SlotRecord] = {}
+        self._ids = itertools.count(1)
+        self._run = secrets.token_hex(3)  # slot ids never repeat across stub restarts
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = grpc.aio.server()
+        pb_grpc.add_PlatformServicer_to_server(self, self._server)
+        admin_grpc.add_PlatformAdminServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port(self.listen)
+        if self.port == 0:
+            raise RuntimeError(f"cannot listen on {self.listen}")
+        await self._server.start()
+        host = self.listen.rsplit(":", 1)[0]
+        return f"platform stub on {host}:{self.port} ({len(self.metas)} functions in metas)"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=1)
+
+    async def CreateSlot(self, request: pb.CreateSlotRequest, context) -> pb.CreateSlotReply:
+        memory = request.resource_config.memory_in_megabytes
+        if memory == 0:
+            return pb.CreateSlotReply(status=pb.InvalidArgument, error_message="memory_in_megabytes must be positive")
+        known = self._by_request.get(request.request_id) if request.request_id else None
+        if known is not None and known.id in self.accounting.live:
+            return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(known))
+        if error := self.faults.create(request):
+            return pb.CreateSlotReply(status=pb.InternalError, error_message=error)
+        # The slot costs from the moment it is asked for: creation time is slot time too.
+        record = SlotRecord(
+            id=f"slot-{self._run}-{next(self._ids)}",
+            memory_mb=memory,
+            created_ms=self.clock.now_ms(),
+            request_id=request.request_id,
+        )
+        self.accounting.live[record.id] = record
+        self.accounting.created += 1
+        if request.request_id:
+            self._by_request[request.request_id] = record
+        await self.clock.sleep_ms(self.create_latency_ms)
+        return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(record))
+
+    def _slot(self, record: SlotRecord) -> pb.Slot:
+        return pb.Slot(
+            id=record.id,
+            resource_config=pb.ResourceConfig(memory_in_megabytes=record.memory_mb),
+            create_time=record.created_ms,
+            create_duration_in_ms=self.create_latency_ms,
+        )
+
+    async def Init(self, request: pb.InitRequest, context) -> pb.InitReply:
+        record = self.accounting.live.get(request.slot_id)
+        if record is None:
+            return pb.InitReply(status=pb.NotFound, error_message=f"no slot {request.slot_id!r}")
+        if record.init_reply is not None and record.instance_id == request.instance_id:
+            return record.init_reply  # a retried Init
+        if record.instance_id:
+            message = f"slot {record.id} already runs instance {record.instance_id}"
+            return pb.InitReply(status=pb.InvalidArgument, error_message=message)
+        if error := self.faults.init(request):
+            return pb.InitReply(status=pb.InternalError, error_message=error)
+        record.instance_id = request.instance_id
+        meta = self.metas.get(request.meta_data.key)
+        init_ms = meta.init_duration_in_ms if meta else DEFAULT_INIT_MS
+        started = self.clock.now_ms()
+        await self.clock.sleep_ms(init_ms)
+        self.accounting.inits += 1
+        record.init_reply = pb.InitReply(status=pb.Ok, create_time=started, init_duration_in_ms=init_ms)
+        return record.init_reply
+
+    async def DestroySlot(self, request: pb.DestroySlotRequest, context) -> pb.DestroySlotReply:
+        record = self.accounting.live.pop(request.id, None)
+        if record is None:
+            return pb.DestroySlotReply(status=pb.NotFound, error_message=f"no slot {request.id!r}")
+        self.accounting.destroyed += 1
+        self.accounting.closed_gb_s += record.memory_mb / 1024 * (self.clock.now_ms() - record.created_ms) / 1000
+        return pb.DestroySlotReply(status=pb.Ok)
+
+    async def Stats(self, request: admin.StatsRequest, context) -> admin.StatsReply:
+        a = self.accounting
+        return admin.StatsReply(
+            live_slots=len(a.live),
+            slots_created=a.created,
+            slots_destroyed=a.destroyed,
+            inits=a.inits,
+            slot_gb_seconds=a.gb_s(self.clock.now_ms()),
+            live_memory_mb=sum(s.memory_mb for s in a.live.values()),
+        )
+
+    async def ListSlots(self, request: admin.ListSlotsRequest, context) -> admin.ListSlotsReply:
+        slots = [
+            admin.SlotInfo(id=s.id, memory_in_mb=s.memory_mb, instance_id=s.instance_id, create_time=s.created_ms)
+            for s in self.accounting.live.values()
+        ]
+        return admin.ListSlotsReply(slots=slots)
