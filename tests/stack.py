@@ -1,0 +1,74 @@
+"""The whole scaler on loopback, in this process: real nats-server, real gRPC, the real stub."""
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from controller.core.policy import get_policy
+from controller.shell import Controller
+from gateway.server import Gateway
+from gc_worker.worker import GcWorker
+from platform_stub.metas import FunctionMeta
+from platform_stub.server import Faults, PlatformStub
+from platform_worker.worker import PlatformWorker
+from proto import serverless_sim_pb2 as pb
+from proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.clock import Clock
+
+
+@dataclass
+class Stack:
+    nats_url: str
+    metas: dict[str, FunctionMeta] = field(default_factory=dict)
+    policy: str = "demo"
+    clock: Clock = field(default_factory=Clock)
+    faults: Faults = field(default_factory=Faults)
+    create_latency_ms: int = 20
+
+    async def __aenter__(self) -> "Stack":
+        self.stub = PlatformStub("127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults)
+        await self.stub.start()
+        platform = f"127.0.0.1:{self.stub.port}"
+        self.controller = Controller(self.nats_url, get_policy(self.policy), self.clock)
+        self.platform_worker = PlatformWorker(self.nats_url, platform)
+        self.gc_worker = GcWorker(self.nats_url, platform, self.clock)
+        self.gateway = Gateway(self.nats_url, "127.0.0.1:0", reply_timeout_s=30)
+        self.parts = [self.controller, self.platform_worker, self.gc_worker, self.gateway]
+        for part in self.parts:
+            await part.start()
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.gateway.port}")
+        self.scaler = pb_grpc.ScalerStub(self.channel)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.channel.close()
+        for part in reversed(self.parts):
+            await part.stop()
+        await self.stub.stop()
+
+    async def assign(self, request_id: str, key: str = "fn", memory_mb: int = 256) -> pb.AssignReply:
+        meta = pb.Meta(key=key, runtime="python", timeout_in_secs=60, memory_in_mb=memory_mb)
+        return await self.scaler.Assign(pb.AssignRequest(request_id=request_id, meta_data=meta), timeout=30)
+
+    async def idle(self, reply: pb.AssignReply, need_destroy: bool = False, **assignment) -> pb.IdleReply:
+        a = pb.Assignment(
+            request_id=assignment.get("request_id", reply.assigment.request_id),
+            meta_key=assignment.get("meta_key", reply.assigment.meta_key),
+            instance_id=assignment.get("instance_id", reply.assigment.instance_id),
+        )
+        result = pb.Result(status_code=200, duration_in_ms=10, need_destroy=need_destroy)
+        return await self.scaler.Idle(pb.IdleRequest(assigment=a, result=result), timeout=30)
+
+    async def settled(self, timeout: float = 10.0) -> None:
+        """Wait until every retired instance's slot is destroyed and nothing is being created."""
+        async with asyncio.timeout(timeout):
+            while True:
+                instances = [i for s in self.controller.states.values() for i in s.instances.values()]
+                if all(i.phase.value in ("idle", "busy") for i in instances):
+                    return
+                await asyncio.sleep(0.02)
+
+    def live_instances(self) -> dict[str, str]:
+        """instance id -> slot id, for every instance the controller's state holds."""
+        return {i.id: i.slot_id for s in self.controller.states.values() for i in s.instances.values()}
