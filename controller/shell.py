@@ -19,7 +19,7 @@ from controller.core.state import FnState, apply
 from proto.commands import AnyCommand, Tick, command_id, decode_command, encode
 from proto.events import Batch, decode_batch, encode_batch
 from proto.subjects import COMMANDS, EVENTS, EVT, event_subject
-from scaler.bus import connect, ensure_streams
+from scaler.bus import close, connect, ensure_streams
 from scaler.clock import Clock
 
 log = logging.getLogger("scaler.controller")
@@ -65,8 +65,7 @@ class Controller:
             await self._sub.unsubscribe()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10)
-        if self._nc is not None:
-            await self._nc.drain()
+        await close(self._nc)
 
     async def rebuild(self) -> int:
         """Fold the whole EVENTS stream into state. Returns the number of batches read."""

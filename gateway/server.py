@@ -18,7 +18,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import AnyCommand, Assign, Cancel, Code, Idle, Reply, command_id, decode_reply, encode
 from proto.events import Meta
 from proto.subjects import command_subject, key_problem
-from scaler.bus import connect, ensure_streams
+from scaler.bus import close, connect, ensure_streams
 
 log = logging.getLogger("scaler.gateway")
 
@@ -116,8 +116,7 @@ class Gateway(pb_grpc.ScalerServicer):
     async def stop(self) -> None:
         if self._server is not None:
             await self._server.stop(grace=5)
-        if self._nc is not None:
-            await self._nc.drain()
+        await close(self._nc)
 
     async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
         try:

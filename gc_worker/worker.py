@@ -28,7 +28,7 @@ class GcWorker(EffectWorker):
     durable = "gc-worker"
     name = "gc worker"
 
-    def __init__(self, nats_url: str, platform: str, clock: Clock | None = None, concurrency: int = 64) -> None:
+    def __init__(self, nats_url: str, platform: str, clock: Clock | None = None, concurrency: int = 1024) -> None:
         super().__init__(nats_url, platform, concurrency)
         self.clock = clock or Clock()
         self.deadlines: dict[str, int] = {}  # function -> its next deadline (clock ms)

@@ -28,12 +28,23 @@ DEFAULT_INIT_MS = 100  # for a function the metas don't list
 
 @dataclass
 class SlotRecord:
+    """One slot's life, in clock ms; kept after DestroySlot so a run can be accounted per function."""
+
     id: str
     memory_mb: int
-    created_ms: int
+    created_ms: int  # CreateSlot arrived: the slot costs from here
     request_id: str
+    created_done_ms: int = 0
+    key: str = ""  # the function whose instance it runs, once Init arrived
     instance_id: str = ""
+    init_started_ms: int = 0
+    ready_ms: int = 0  # Init finished
+    destroyed_ms: int | None = None
     init_reply: pb.InitReply | None = None
+
+    def gb_s(self, now_ms: int) -> float:
+        end = now_ms if self.destroyed_ms is None else self.destroyed_ms
+        return self.memory_mb / 1024 * (end - self.created_ms) / 1000
 
 
 @dataclass
@@ -46,14 +57,26 @@ class Faults:
 
 @dataclass
 class Accounting:
-    created: int = 0
-    destroyed: int = 0
-    inits: int = 0
-    closed_gb_s: float = 0.0  # slot GB·s of destroyed slots
+    slots: dict[str, SlotRecord] = field(default_factory=dict)  # every slot ever created
     live: dict[str, SlotRecord] = field(default_factory=dict)
+    inits: int = 0
+
+    @property
+    def created(self) -> int:
+        return len(self.slots)
+
+    @property
+    def destroyed(self) -> int:
+        return len(self.slots) - len(self.live)
 
     def gb_s(self, now_ms: int) -> float:
-        return self.closed_gb_s + sum(s.memory_mb / 1024 * (now_ms - s.created_ms) / 1000 for s in self.live.values())
+        return sum(s.gb_s(now_ms) for s in self.slots.values())
+
+    def gb_s_by_key(self, now_ms: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for s in self.slots.values():
+            out[s.key] = out.get(s.key, 0.0) + s.gb_s(now_ms)
+        return out
 
 
 class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
@@ -108,11 +131,11 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
             created_ms=self.clock.now_ms(),
             request_id=request.request_id,
         )
-        self.accounting.live[record.id] = record
-        self.accounting.created += 1
+        self.accounting.slots[record.id] = self.accounting.live[record.id] = record
         if request.request_id:
             self._by_request[request.request_id] = record
         await self.clock.sleep_ms(self.create_latency_ms)
+        record.created_done_ms = self.clock.now_ms()
         return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(record))
 
     def _slot(self, record: SlotRecord) -> pb.Slot:
@@ -135,10 +158,12 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         if error := self.faults.init(request):
             return pb.InitReply(status=pb.InternalError, error_message=error)
         record.instance_id = request.instance_id
-        meta = self.metas.get(request.meta_data.key)
+        record.key = request.meta_data.key
+        meta = self.metas.get(record.key)
         init_ms = meta.init_duration_in_ms if meta else DEFAULT_INIT_MS
-        started = self.clock.now_ms()
+        started = record.init_started_ms = self.clock.now_ms()
         await self.clock.sleep_ms(init_ms)
+        record.ready_ms = self.clock.now_ms()
         self.accounting.inits += 1
         record.init_reply = pb.InitReply(status=pb.Ok, create_time=started, init_duration_in_ms=init_ms)
         return record.init_reply
@@ -147,8 +172,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         record = self.accounting.live.pop(request.id, None)
         if record is None:
             return pb.DestroySlotReply(status=pb.NotFound, error_message=f"no slot {request.id!r}")
-        self.accounting.destroyed += 1
-        self.accounting.closed_gb_s += record.memory_mb / 1024 * (self.clock.now_ms() - record.created_ms) / 1000
+        record.destroyed_ms = self.clock.now_ms()
         return pb.DestroySlotReply(status=pb.Ok)
 
     async def Stats(self, request: admin.StatsRequest, context) -> admin.StatsReply:

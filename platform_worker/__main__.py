@@ -10,7 +10,7 @@ def main() -> None:
     p.add_argument(
         "--concurrency",
         type=int,
-        default=int(runtime.env("CONCURRENCY", "64")),
+        default=int(runtime.env("CONCURRENCY", "1024")),
         help="platform calls in flight at most [SCALER_CONCURRENCY]",
     )
     args = p.parse_args()

@@ -75,3 +75,13 @@ async def publish_command(js: JetStreamContext, cmd: AnyCommand, patience_s: flo
             log.warning("publishing %s failed (%s); retrying", command_id(cmd), e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+async def close(nc: Client | None) -> None:
+    """Drain the connection (flushing what is pending) if NATS is there; just close it if not."""
+    if nc is None or nc.is_closed:
+        return
+    try:
+        await asyncio.wait_for(nc.drain(), 5)
+    except Exception:
+        await nc.close()

@@ -18,7 +18,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import AnyCommand
 from proto.events import Event, decode_batch
 from proto.subjects import EVENTS, EVT
-from scaler.bus import connect, ensure_streams, publish_command
+from scaler.bus import close, connect, ensure_streams, publish_command
 
 log = logging.getLogger("scaler.effects")
 
@@ -48,7 +48,7 @@ class EffectWorker:
     durable: ClassVar[str]
     name: ClassVar[str]
 
-    def __init__(self, nats_url: str, platform: str, concurrency: int = 64) -> None:
+    def __init__(self, nats_url: str, platform: str, concurrency: int = 1024) -> None:
         self.nats_url = nats_url
         self.platform_addr = platform
         self._limit = asyncio.Semaphore(concurrency)
@@ -83,8 +83,7 @@ class EffectWorker:
             await self._sub.unsubscribe()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10)
-        if self._nc is not None:
-            await self._nc.drain()
+        await close(self._nc)
         if self._channel is not None:
             await self._channel.close()
 

@@ -38,7 +38,11 @@ class NatsServer:
             args = ["-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
             args += ["--ports_file_dir", ports_dir, "-n", "scaler"]
             self._proc = await asyncio.create_subprocess_exec(
-                server_binary(), *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+                server_binary(),
+                *args,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # a Ctrl-C on the terminal must not stop it before its clients
             )
             try:
                 async with asyncio.timeout(15):

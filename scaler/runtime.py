@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -19,6 +20,13 @@ class Component(Protocol):
         ...
 
     async def stop(self) -> None: ...
+
+
+def address_of(component: Component) -> str:
+    """host:port a listening component serves on, once started ("" for the others)."""
+    listen = getattr(component, "listen", "")
+    port = getattr(component, "port", 0)
+    return f"{listen.rsplit(':', 1)[0]}:{port}" if listen and port else ""
 
 
 def env(name: str, default: str) -> str:
@@ -44,12 +52,13 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def signal_ready(what: str) -> None:
+def signal_ready(what: str, address: str = "") -> None:
+    """Log that the component is ready and, under `scaler up`, tell the supervisor (and where it listens)."""
     log.info("ready: %s", what)
     fd = os.environ.pop(READY_FD, None)
     if fd is not None:
         with os.fdopen(int(fd), "w") as f:
-            f.write(what + "\n")
+            f.write(json.dumps({"what": what, "address": address}) + "\n")
 
 
 def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespace) -> None:
@@ -63,7 +72,8 @@ def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespa
             loop.add_signal_handler(sig, stop.set)
         component = make(args)
         try:
-            signal_ready(await component.start())
+            what = await component.start()
+            signal_ready(what, address_of(component))
             await stop.wait()
         finally:
             await component.stop()

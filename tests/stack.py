@@ -60,9 +60,9 @@ class Stack:
         result = pb.Result(status_code=200, duration_in_ms=10, need_destroy=need_destroy)
         return await self.scaler.Idle(pb.IdleRequest(assigment=a, result=result), timeout=30)
 
-    async def settled(self, timeout: float = 10.0) -> None:
-        """Wait until every retired instance's slot is destroyed and nothing is being created."""
-        async with asyncio.timeout(timeout):
+    async def settled(self) -> None:
+        """Wait (10 s at most) until every retired instance's slot is destroyed and nothing is being created."""
+        async with asyncio.timeout(10):
             while True:
                 instances = [i for s in self.controller.states.values() for i in s.instances.values()]
                 if all(i.phase.value in ("idle", "busy") for i in instances):

@@ -1,0 +1,19 @@
+"""The `scaler` command. Each subcommand lives in the part it belongs to; this only wires them."""
+
+import argparse
+import sys
+
+from scaler import up
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="scaler", description="An event-sourced autoscaler for serverless functions")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up.add_arguments(sub.add_parser("up", help="run the whole scaler on this machine", description=up.__doc__))
+    args = parser.parse_args(argv)
+    commands = {"up": up.run}
+    sys.exit(commands[args.command](args))
+
+
+if __name__ == "__main__":
+    main()

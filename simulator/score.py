@@ -1,0 +1,132 @@
+"""Statistics and score of a run, as the challenge reported them; both simulator modes end here.
+
+Per dataset (see ../shared/datasets/README.md):
+    resourceUsageScore = 50 * executionGBs / slotGBs
+    coldStartScore     = 50 * executionSecs / (executionSecs + scheduleSecs + idleSecs)
+    score              = resourceUsageScore + coldStartScore            (0..100)
+Schedule time runs from an Assign call to its reply, idle time is the time spent in Idle calls,
+slot time is memory x time from CreateSlot to DestroySlot (or the end of the run).
+invocationLatencyInSecs is schedule + execution + idle, summed over invocations.
+"""
+
+from collections import defaultdict
+
+import msgspec
+
+
+class Invocation(msgspec.Struct, frozen=True):
+    key: str
+    memory_mb: int
+    execution_ms: int  # the trace's durationsInMs
+    schedule_ms: float
+    idle_ms: float
+    cold: bool  # its Assign waited for an instance being created
+    failed: bool = False
+
+
+class Stats(msgspec.Struct, frozen=True, rename="camel"):
+    total_requests_count: int
+    failed_requests_count: int
+    success_rate: float
+    invocation_latency_in_secs: float
+    invocation_execution_time_in_secs: float
+    invocation_execution_time_in_g_bs: float
+    invocation_schedule_time_in_secs: float
+    invocation_idle_time_in_secs: float
+    total_slot_time_in_g_bs: float
+    total_live_slot_count: int  # slots created over the run
+    cold_starts: int
+    resource_usage_score: float
+    cold_start_score: float
+    score: float
+
+
+class FunctionRow(msgspec.Struct, frozen=True, rename="camel"):
+    key: str
+    requests: int
+    cold_starts: int
+    schedule_secs: float
+    execution_g_bs: float
+    slot_g_bs: float
+    lost_score: float  # how much this function costs the run's score (both halves)
+
+
+def _gb_s(memory_mb: int, ms: float) -> float:
+    return memory_mb / 1024 * ms / 1000
+
+
+def summarize(invocations: list[Invocation], slot_gb_s: float, slots_created: int) -> Stats:
+    ok = [i for i in invocations if not i.failed]
+    exec_s = sum(i.execution_ms for i in ok) / 1000
+    exec_gb_s = sum(_gb_s(i.memory_mb, i.execution_ms) for i in ok)
+    schedule_s = sum(i.schedule_ms for i in invocations) / 1000
+    idle_s = sum(i.idle_ms for i in invocations) / 1000
+    resource = 50 * exec_gb_s / slot_gb_s if slot_gb_s > 0 else 0.0
+    waiting = exec_s + schedule_s + idle_s
+    cold_score = 50 * exec_s / waiting if waiting > 0 else 0.0
+    n = len(invocations)
+    return Stats(
+        total_requests_count=n,
+        failed_requests_count=n - len(ok),
+        success_rate=len(ok) / n if n else 0.0,
+        invocation_latency_in_secs=waiting,
+        invocation_execution_time_in_secs=exec_s,
+        invocation_execution_time_in_g_bs=exec_gb_s,
+        invocation_schedule_time_in_secs=schedule_s,
+        invocation_idle_time_in_secs=idle_s,
+        total_slot_time_in_g_bs=slot_gb_s,
+        total_live_slot_count=slots_created,
+        cold_starts=sum(i.cold for i in invocations),
+        resource_usage_score=resource,
+        cold_start_score=cold_score,
+        score=resource + cold_score,
+    )
+
+
+def worst_functions(
+    invocations: list[Invocation], slot_gb_s_by_key: dict[str, float], stats: Stats, top: int = 10
+) -> list[FunctionRow]:
+    """The functions that cost the score most: idle slot memory beyond their execution, and waiting.
+
+    A function's lost score is its share of each half's shortfall: wasted GB·s over the run's
+    slot GB·s times the resource half's 50, plus its schedule and idle time over the run's
+    latency times the cold-start half's 50.
+    """
+    by_key: dict[str, list[Invocation]] = defaultdict(list)
+    for i in invocations:
+        by_key[i.key].append(i)
+    rows = []
+    for key, calls in by_key.items():
+        exec_gb_s = sum(_gb_s(i.memory_mb, i.execution_ms) for i in calls if not i.failed)
+        slot = slot_gb_s_by_key.get(key, 0.0)
+        waiting_s = sum(i.schedule_ms + i.idle_ms for i in calls) / 1000
+        lost = 0.0
+        if stats.total_slot_time_in_g_bs > 0:
+            lost += 50 * max(slot - exec_gb_s, 0) / stats.total_slot_time_in_g_bs
+        if stats.invocation_latency_in_secs > 0:
+            lost += 50 * waiting_s / stats.invocation_latency_in_secs
+        rows.append(
+            FunctionRow(
+                key=key,
+                requests=len(calls),
+                cold_starts=sum(i.cold for i in calls),
+                schedule_secs=sum(i.schedule_ms for i in calls) / 1000,
+                execution_g_bs=exec_gb_s,
+                slot_g_bs=slot,
+                lost_score=lost,
+            )
+        )
+    rows.sort(key=lambda r: r.lost_score, reverse=True)
+    return rows[:top]
+
+
+class Run(msgspec.Struct):
+    """What a simulation measured, in either mode."""
+
+    invocations: list[Invocation]
+    slot_gb_s: float
+    slots_created: int
+    slot_gb_s_by_key: dict[str, float]
+
+    def stats(self) -> Stats:
+        return summarize(self.invocations, self.slot_gb_s, self.slots_created)

@@ -1,0 +1,33 @@
+"""The challenge's smoke test through gRPC with real timing: every request succeeds, no slot leaks."""
+
+from pathlib import Path
+
+import pytest
+
+from simulator.dataset import load_dataset
+from simulator.live import LiveRun
+from tests.stack import Stack
+
+DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+SMOKE = DATASETS / "function_smoke_test"
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    if not SMOKE.exists():
+        pytest.skip(f"{SMOKE} is not there")
+    return load_dataset(SMOKE)
+
+
+async def test_smoke_test_dataset_all_succeed_without_leaks(nats_url, smoke):
+    async with Stack(nats_url, metas=smoke.metas, create_latency_ms=100) as stack:
+        driver = LiveRun(smoke, stack.scaler, stack.stub, stack.clock)
+        stats = (await driver.run()).stats()
+        assert stats.total_requests_count == 980
+        assert stats.failed_requests_count == 0, {c.error for c in driver.calls if c.error}
+        assert round(stats.invocation_execution_time_in_secs) == 349
+        assert round(stats.invocation_execution_time_in_g_bs) == 155
+        await stack.settled()
+        live = {s.id for s in stack.stub.accounting.live.values()}
+        assert live == set(stack.live_instances().values())
+        assert stack.stub.accounting.created == stats.total_live_slot_count > 0
