@@ -41,7 +41,14 @@ class RequestArrived(Event, tag="request-arrived"):
 
 
 class RequestRetried(Event, tag="request-retried"):
-    """The same request asked again while queued: the newest caller gets the answer."""
+    """The same request asked again while queued: this caller waits for the answer too."""
+
+    request_id: str
+    reply_to: str
+
+
+class WaiterLeft(Event, tag="waiter-left"):
+    """One caller of a queued request gave up; others still wait for it."""
 
     request_id: str
     reply_to: str
@@ -115,6 +122,7 @@ AnyEvent = (
     FunctionSeen
     | RequestArrived
     | RequestRetried
+    | WaiterLeft
     | SlotWanted
     | InstanceReady
     | Assigned

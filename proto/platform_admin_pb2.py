@@ -4,40 +4,43 @@
 # source: proto/platform_admin.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "proto/platform_admin.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'proto/platform_admin.proto'
 )
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x1aproto/platform_admin.proto\x12\x0cscaler.admin"\x0e\n\x0cStatsRequest"\x90\x01\n\nStatsReply\x12\x12\n\nlive_slots\x18\x01 \x01(\x04\x12\x15\n\rslots_created\x18\x02 \x01(\x04\x12\x17\n\x0fslots_destroyed\x18\x03 \x01(\x04\x12\r\n\x05inits\x18\x04 \x01(\x04\x12\x17\n\x0fslot_gb_seconds\x18\x05 \x01(\x01\x12\x16\n\x0elive_memory_mb\x18\x06 \x01(\x04"\x12\n\x10ListSlotsRequest"V\n\x08SlotInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cmemory_in_mb\x18\x02 \x01(\x04\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x13\n\x0b\x63reate_time\x18\x04 \x01(\x04"7\n\x0eListSlotsReply\x12%\n\x05slots\x18\x01 \x03(\x0b\x32\x16.scaler.admin.SlotInfo2\x99\x01\n\rPlatformAdmin\x12=\n\x05Stats\x12\x1a.scaler.admin.StatsRequest\x1a\x18.scaler.admin.StatsReply\x12I\n\tListSlots\x12\x1e.scaler.admin.ListSlotsRequest\x1a\x1c.scaler.admin.ListSlotsReplyb\x06proto3'
-)
+
+
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aproto/platform_admin.proto\x12\x0cscaler.admin\"\x0e\n\x0cStatsRequest\"\x90\x01\n\nStatsReply\x12\x12\n\nlive_slots\x18\x01 \x01(\x04\x12\x15\n\rslots_created\x18\x02 \x01(\x04\x12\x17\n\x0fslots_destroyed\x18\x03 \x01(\x04\x12\r\n\x05inits\x18\x04 \x01(\x04\x12\x17\n\x0fslot_gb_seconds\x18\x05 \x01(\x01\x12\x16\n\x0elive_memory_mb\x18\x06 \x01(\x04\"\x12\n\x10ListSlotsRequest\"V\n\x08SlotInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cmemory_in_mb\x18\x02 \x01(\x04\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x13\n\x0b\x63reate_time\x18\x04 \x01(\x04\"7\n\x0eListSlotsReply\x12%\n\x05slots\x18\x01 \x03(\x0b\x32\x16.scaler.admin.SlotInfo2\x99\x01\n\rPlatformAdmin\x12=\n\x05Stats\x12\x1a.scaler.admin.StatsRequest\x1a\x18.scaler.admin.StatsReply\x12I\n\tListSlots\x12\x1e.scaler.admin.ListSlotsRequest\x1a\x1c.scaler.admin.ListSlotsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "proto.platform_admin_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.platform_admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_STATSREQUEST"]._serialized_start = 44
-    _globals["_STATSREQUEST"]._serialized_end = 58
-    _globals["_STATSREPLY"]._serialized_start = 61
-    _globals["_STATSREPLY"]._serialized_end = 205
-    _globals["_LISTSLOTSREQUEST"]._serialized_start = 207
-    _globals["_LISTSLOTSREQUEST"]._serialized_end = 225
-    _globals["_SLOTINFO"]._serialized_start = 227
-    _globals["_SLOTINFO"]._serialized_end = 313
-    _globals["_LISTSLOTSREPLY"]._serialized_start = 315
-    _globals["_LISTSLOTSREPLY"]._serialized_end = 370
-    _globals["_PLATFORMADMIN"]._serialized_start = 373
-    _globals["_PLATFORMADMIN"]._serialized_end = 526
+  DESCRIPTOR._loaded_options = None
+  _globals['_STATSREQUEST']._serialized_start=44
+  _globals['_STATSREQUEST']._serialized_end=58
+  _globals['_STATSREPLY']._serialized_start=61
+  _globals['_STATSREPLY']._serialized_end=205
+  _globals['_LISTSLOTSREQUEST']._serialized_start=207
+  _globals['_LISTSLOTSREQUEST']._serialized_end=225
+  _globals['_SLOTINFO']._serialized_start=227
+  _globals['_SLOTINFO']._serialized_end=313
+  _globals['_LISTSLOTSREPLY']._serialized_start=315
+  _globals['_LISTSLOTSREPLY']._serialized_end=370
+  _globals['_PLATFORMADMIN']._serialized_start=373
+  _globals['_PLATFORMADMIN']._serialized_end=526
 # @@protoc_insertion_point(module_scope)

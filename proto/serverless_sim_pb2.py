@@ -4,64 +4,67 @@
 # source: proto/serverless_sim.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "proto/serverless_sim.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'proto/serverless_sim.proto'
 )
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x1aproto/serverless_sim.proto\x12\x14serverless.simulator"e\n\rAssignRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12-\n\tmeta_data\x18\x03 \x01(\x0b\x32\x1a.serverless.simulator.Meta"\x9e\x01\n\x0b\x41ssignReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12\x33\n\tassigment\x18\x02 \x01(\x0b\x32 .serverless.simulator.Assignment\x12\x1a\n\rerror_message\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_error_message"p\n\x0bIdleRequest\x12\x33\n\tassigment\x18\x01 \x01(\x0b\x32 .serverless.simulator.Assignment\x12,\n\x06result\x18\x02 \x01(\x0b\x32\x1c.serverless.simulator.Result"g\n\tIdleReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12\x1a\n\rerror_message\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_error_message"S\n\x04Meta\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07runtime\x18\x03 \x01(\t\x12\x17\n\x0ftimeout_in_secs\x18\x04 \x01(\r\x12\x14\n\x0cmemory_in_mb\x18\x05 \x01(\x04"G\n\nAssignment\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08meta_key\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t"\x81\x01\n\x06Result\x12\x13\n\x0bstatus_code\x18\x01 \x01(\x05\x12\x16\n\x0e\x64uration_in_ms\x18\x02 \x01(\x04\x12\x19\n\x0cneed_destroy\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x13\n\x06reason\x18\x04 \x01(\tH\x01\x88\x01\x01\x42\x0f\n\r_need_destroyB\t\n\x07_reason"f\n\x11\x43reateSlotRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12=\n\x0fresource_config\x18\x02 \x01(\x0b\x32$.serverless.simulator.ResourceConfig"\xa5\x01\n\x0f\x43reateSlotReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12-\n\x04slot\x18\x02 \x01(\x0b\x32\x1a.serverless.simulator.SlotH\x00\x88\x01\x01\x12\x1a\n\rerror_message\x18\x03 \x01(\tH\x01\x88\x01\x01\x42\x07\n\x05_slotB\x10\n\x0e_error_message"T\n\x12\x44\x65stroySlotRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x13\n\x06reason\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\t\n\x07_reason"n\n\x10\x44\x65stroySlotReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12\x1a\n\rerror_message\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_error_message"\x85\x01\n\x04Slot\x12\n\n\x02id\x18\x01 \x01(\t\x12=\n\x0fresource_config\x18\x02 \x01(\x0b\x32$.serverless.simulator.ResourceConfig\x12\x13\n\x0b\x63reate_time\x18\x03 \x01(\x04\x12\x1d\n\x15\x63reate_duration_in_ms\x18\x04 \x01(\x04"v\n\x0bInitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07slot_id\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12-\n\tmeta_data\x18\x04 \x01(\x0b\x32\x1a.serverless.simulator.Meta"\x99\x01\n\tInitReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12\x13\n\x0b\x63reate_time\x18\x02 \x01(\x04\x12\x1b\n\x13init_duration_in_ms\x18\x03 \x01(\x04\x12\x1a\n\rerror_message\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_error_message"-\n\x0eResourceConfig\x12\x1b\n\x13memory_in_megabytes\x18\x01 \x01(\x04*j\n\x06Status\x12\x06\n\x02Ok\x10\x00\x12\x0c\n\x08Throttle\x10\x01\x12\x11\n\rInternalError\x10\x02\x12\x0c\n\x08NotFound\x10\x03\x12\x13\n\x0fInvalidArgument\x10\x04\x12\x14\n\x10InvalidAssigment\x10\x05\x32\xa6\x01\n\x06Scaler\x12P\n\x06\x41ssign\x12#.serverless.simulator.AssignRequest\x1a!.serverless.simulator.AssignReply\x12J\n\x04Idle\x12!.serverless.simulator.IdleRequest\x1a\x1f.serverless.simulator.IdleReply2\x95\x02\n\x08Platform\x12\\\n\nCreateSlot\x12\'.serverless.simulator.CreateSlotRequest\x1a%.serverless.simulator.CreateSlotReply\x12_\n\x0b\x44\x65stroySlot\x12(.serverless.simulator.DestroySlotRequest\x1a&.serverless.simulator.DestroySlotReply\x12J\n\x04Init\x12!.serverless.simulator.InitRequest\x1a\x1f.serverless.simulator.InitReplyb\x06proto3'
-)
+
+
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aproto/serverless_sim.proto\x12\x14serverless.simulator\"e\n\rAssignRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12-\n\tmeta_data\x18\x03 \x01(\x0b\x32\x1a.serverless.simulator.Meta\"\x9e\x01\n\x0b\x41ssignReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12\x33\n\tassigment\x18\x02 \x01(\x0b\x32 .serverless.simulator.Assignment\x12\x1a\n\rerror_message\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_error_message\"p\n\x0bIdleRequest\x12\x33\n\tassigment\x18\x01 \x01(\x0b\x32 .serverless.simulator.Assignment\x12,\n\x06result\x18\x02 \x01(\x0b\x32\x1c.serverless.simulator.Result\"g\n\tIdleReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12\x1a\n\rerror_message\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_error_message\"S\n\x04Meta\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07runtime\x18\x03 \x01(\t\x12\x17\n\x0ftimeout_in_secs\x18\x04 \x01(\r\x12\x14\n\x0cmemory_in_mb\x18\x05 \x01(\x04\"G\n\nAssignment\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08meta_key\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\"\x81\x01\n\x06Result\x12\x13\n\x0bstatus_code\x18\x01 \x01(\x05\x12\x16\n\x0e\x64uration_in_ms\x18\x02 \x01(\x04\x12\x19\n\x0cneed_destroy\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x13\n\x06reason\x18\x04 \x01(\tH\x01\x88\x01\x01\x42\x0f\n\r_need_destroyB\t\n\x07_reason\"f\n\x11\x43reateSlotRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12=\n\x0fresource_config\x18\x02 \x01(\x0b\x32$.serverless.simulator.ResourceConfig\"\xa5\x01\n\x0f\x43reateSlotReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12-\n\x04slot\x18\x02 \x01(\x0b\x32\x1a.serverless.simulator.SlotH\x00\x88\x01\x01\x12\x1a\n\rerror_message\x18\x03 \x01(\tH\x01\x88\x01\x01\x42\x07\n\x05_slotB\x10\n\x0e_error_message\"T\n\x12\x44\x65stroySlotRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x13\n\x06reason\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\t\n\x07_reason\"n\n\x10\x44\x65stroySlotReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12\x1a\n\rerror_message\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_error_message\"\x85\x01\n\x04Slot\x12\n\n\x02id\x18\x01 \x01(\t\x12=\n\x0fresource_config\x18\x02 \x01(\x0b\x32$.serverless.simulator.ResourceConfig\x12\x13\n\x0b\x63reate_time\x18\x03 \x01(\x04\x12\x1d\n\x15\x63reate_duration_in_ms\x18\x04 \x01(\x04\"v\n\x0bInitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07slot_id\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12-\n\tmeta_data\x18\x04 \x01(\x0b\x32\x1a.serverless.simulator.Meta\"\x99\x01\n\tInitReply\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.serverless.simulator.Status\x12\x13\n\x0b\x63reate_time\x18\x02 \x01(\x04\x12\x1b\n\x13init_duration_in_ms\x18\x03 \x01(\x04\x12\x1a\n\rerror_message\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_error_message\"-\n\x0eResourceConfig\x12\x1b\n\x13memory_in_megabytes\x18\x01 \x01(\x04*j\n\x06Status\x12\x06\n\x02Ok\x10\x00\x12\x0c\n\x08Throttle\x10\x01\x12\x11\n\rInternalError\x10\x02\x12\x0c\n\x08NotFound\x10\x03\x12\x13\n\x0fInvalidArgument\x10\x04\x12\x14\n\x10InvalidAssigment\x10\x05\x32\xa6\x01\n\x06Scaler\x12P\n\x06\x41ssign\x12#.serverless.simulator.AssignRequest\x1a!.serverless.simulator.AssignReply\x12J\n\x04Idle\x12!.serverless.simulator.IdleRequest\x1a\x1f.serverless.simulator.IdleReply2\x95\x02\n\x08Platform\x12\\\n\nCreateSlot\x12\'.serverless.simulator.CreateSlotRequest\x1a%.serverless.simulator.CreateSlotReply\x12_\n\x0b\x44\x65stroySlot\x12(.serverless.simulator.DestroySlotRequest\x1a&.serverless.simulator.DestroySlotReply\x12J\n\x04Init\x12!.serverless.simulator.InitRequest\x1a\x1f.serverless.simulator.InitReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "proto.serverless_sim_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.serverless_sim_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_STATUS"]._serialized_start = 1754
-    _globals["_STATUS"]._serialized_end = 1860
-    _globals["_ASSIGNREQUEST"]._serialized_start = 52
-    _globals["_ASSIGNREQUEST"]._serialized_end = 153
-    _globals["_ASSIGNREPLY"]._serialized_start = 156
-    _globals["_ASSIGNREPLY"]._serialized_end = 314
-    _globals["_IDLEREQUEST"]._serialized_start = 316
-    _globals["_IDLEREQUEST"]._serialized_end = 428
-    _globals["_IDLEREPLY"]._serialized_start = 430
-    _globals["_IDLEREPLY"]._serialized_end = 533
-    _globals["_META"]._serialized_start = 535
-    _globals["_META"]._serialized_end = 618
-    _globals["_ASSIGNMENT"]._serialized_start = 620
-    _globals["_ASSIGNMENT"]._serialized_end = 691
-    _globals["_RESULT"]._serialized_start = 694
-    _globals["_RESULT"]._serialized_end = 823
-    _globals["_CREATESLOTREQUEST"]._serialized_start = 825
-    _globals["_CREATESLOTREQUEST"]._serialized_end = 927
-    _globals["_CREATESLOTREPLY"]._serialized_start = 930
-    _globals["_CREATESLOTREPLY"]._serialized_end = 1095
-    _globals["_DESTROYSLOTREQUEST"]._serialized_start = 1097
-    _globals["_DESTROYSLOTREQUEST"]._serialized_end = 1181
-    _globals["_DESTROYSLOTREPLY"]._serialized_start = 1183
-    _globals["_DESTROYSLOTREPLY"]._serialized_end = 1293
-    _globals["_SLOT"]._serialized_start = 1296
-    _globals["_SLOT"]._serialized_end = 1429
-    _globals["_INITREQUEST"]._serialized_start = 1431
-    _globals["_INITREQUEST"]._serialized_end = 1549
-    _globals["_INITREPLY"]._serialized_start = 1552
-    _globals["_INITREPLY"]._serialized_end = 1705
-    _globals["_RESOURCECONFIG"]._serialized_start = 1707
-    _globals["_RESOURCECONFIG"]._serialized_end = 1752
-    _globals["_SCALER"]._serialized_start = 1863
-    _globals["_SCALER"]._serialized_end = 2029
-    _globals["_PLATFORM"]._serialized_start = 2032
-    _globals["_PLATFORM"]._serialized_end = 2309
+  DESCRIPTOR._loaded_options = None
+  _globals['_STATUS']._serialized_start=1754
+  _globals['_STATUS']._serialized_end=1860
+  _globals['_ASSIGNREQUEST']._serialized_start=52
+  _globals['_ASSIGNREQUEST']._serialized_end=153
+  _globals['_ASSIGNREPLY']._serialized_start=156
+  _globals['_ASSIGNREPLY']._serialized_end=314
+  _globals['_IDLEREQUEST']._serialized_start=316
+  _globals['_IDLEREQUEST']._serialized_end=428
+  _globals['_IDLEREPLY']._serialized_start=430
+  _globals['_IDLEREPLY']._serialized_end=533
+  _globals['_META']._serialized_start=535
+  _globals['_META']._serialized_end=618
+  _globals['_ASSIGNMENT']._serialized_start=620
+  _globals['_ASSIGNMENT']._serialized_end=691
+  _globals['_RESULT']._serialized_start=694
+  _globals['_RESULT']._serialized_end=823
+  _globals['_CREATESLOTREQUEST']._serialized_start=825
+  _globals['_CREATESLOTREQUEST']._serialized_end=927
+  _globals['_CREATESLOTREPLY']._serialized_start=930
+  _globals['_CREATESLOTREPLY']._serialized_end=1095
+  _globals['_DESTROYSLOTREQUEST']._serialized_start=1097
+  _globals['_DESTROYSLOTREQUEST']._serialized_end=1181
+  _globals['_DESTROYSLOTREPLY']._serialized_start=1183
+  _globals['_DESTROYSLOTREPLY']._serialized_end=1293
+  _globals['_SLOT']._serialized_start=1296
+  _globals['_SLOT']._serialized_end=1429
+  _globals['_INITREQUEST']._serialized_start=1431
+  _globals['_INITREQUEST']._serialized_end=1549
+  _globals['_INITREPLY']._serialized_start=1552
+  _globals['_INITREPLY']._serialized_end=1705
+  _globals['_RESOURCECONFIG']._serialized_start=1707
+  _globals['_RESOURCECONFIG']._serialized_end=1752
+  _globals['_SCALER']._serialized_start=1863
+  _globals['_SCALER']._serialized_end=2029
+  _globals['_PLATFORM']._serialized_start=2032
+  _globals['_PLATFORM']._serialized_end=2309
 # @@protoc_insertion_point(module_scope)

@@ -17,6 +17,15 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.clock import Clock
 
 
+async def eventually(condition, seconds: float = 10.0) -> None:
+    """Wait until `condition()` holds: the effect of another component, observed by polling."""
+    async with asyncio.timeout(seconds):
+        while True:
+            if condition():
+                return
+            await asyncio.sleep(0.02)
+
+
 @dataclass
 class Stack:
     nats_url: str
@@ -61,13 +70,12 @@ class Stack:
         return await self.scaler.Idle(pb.IdleRequest(assigment=a, result=result), timeout=30)
 
     async def settled(self) -> None:
-        """Wait (10 s at most) until every retired instance's slot is destroyed and nothing is being created."""
-        async with asyncio.timeout(10):
-            while True:
-                instances = [i for s in self.controller.states.values() for i in s.instances.values()]
-                if all(i.phase.value in ("idle", "busy") for i in instances):
-                    return
-                await asyncio.sleep(0.02)
+        """Wait until every retired instance's slot is destroyed and nothing is being created."""
+        await eventually(
+            lambda: all(
+                i.phase.value in ("idle", "busy") for s in self.controller.states.values() for i in s.instances.values()
+            )
+        )
 
     def live_instances(self) -> dict[str, str]:
         """instance id -> slot id, for every instance the controller's state holds."""

@@ -23,6 +23,7 @@ from proto.events import (
     RequestFailed,
     RequestRetried,
     SlotWanted,
+    WaiterLeft,
 )
 
 
@@ -51,6 +52,10 @@ class _Draft:
             self.replies.append(
                 Reply(to=to, request_id=request_id, code=code, instance_id=instance_id, message=message)
             )
+
+    def reply_all(self, waiters: tuple[str, ...], request_id: str, **kw) -> None:
+        for to in waiters:
+            self.reply(to, request_id, **kw)
 
 
 def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
@@ -85,8 +90,8 @@ def _assign(d: _Draft, cmd: Assign) -> None:
     if cmd.meta.memory_mb <= 0:
         d.reply(to, r, Code.INVALID_ARGUMENT, message=f"memory_in_mb must be positive, got {cmd.meta.memory_mb}")
         return
-    if (waiting := d.s.pending(r)) is not None:  # asked again while queued: answer the newest caller
-        if waiting.reply_to != to:
+    if (waiting := d.s.pending(r)) is not None:  # asked again while queued: answer this caller too
+        if to and to not in waiting.waiters:
             d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
         return
     if (held := _holder(d.s, r)) is not None:
@@ -131,10 +136,14 @@ def _cancel(d: _Draft, cmd: Cancel) -> None:
     r = cmd.request_id
     why = cmd.reason or "caller gave up"
     if (waiting := d.s.pending(r)) is not None:
-        if not cmd.reply_to or waiting.reply_to == cmd.reply_to:
+        others = tuple(w for w in waiting.waiters if w != cmd.reply_to)
+        if not cmd.reply_to or not others:
             d.emit(RequestCancelled(at_ms=d.now, request_id=r, reason=why))
+        elif len(others) < len(waiting.waiters):
+            d.emit(WaiterLeft(at_ms=d.now, request_id=r, reply_to=cmd.reply_to))
     elif (held := _holder(d.s, r)) is not None and held.phase is Phase.BUSY:
-        if not cmd.reply_to or held.reply_to == cmd.reply_to:
+        # Release only when no other caller of this request got the instance and still holds it.
+        if not cmd.reply_to or held.waiters in ((), (cmd.reply_to,)):
             d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=f"cancelled: {why}"))
 
 
@@ -168,7 +177,7 @@ def _failed(d: _Draft, cmd: SlotFailed) -> None:
         victim = d.s.pending(inst.for_request) or d.s.queue[0]
         message = f"the platform could not start an instance: {cmd.reason}"
         d.emit(RequestFailed(at_ms=d.now, request_id=victim.request_id, message=message))
-        d.reply(victim.reply_to, victim.request_id, Code.INTERNAL, message=message)
+        d.reply_all(victim.waiters, victim.request_id, code=Code.INTERNAL, message=message)
 
 
 def _destroyed(d: _Draft, cmd: SlotDestroyed) -> None:
@@ -183,7 +192,7 @@ def _settle(d: _Draft, policy: Policy, expire: bool) -> None:
         inst = policy.pick(d.s, idle, d.now)
         waiting = d.s.queue[0]
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
-        d.reply(waiting.reply_to, waiting.request_id, instance_id=inst.id)
+        d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
     # Requests that no instance under creation covers: the policy says how many to start.
     creating = len(d.s.in_phase(Phase.CREATING))
     uncovered = d.s.queue[creating:]

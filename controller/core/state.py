@@ -22,6 +22,7 @@ from proto.events import (
     RequestFailed,
     RequestRetried,
     SlotWanted,
+    WaiterLeft,
 )
 
 
@@ -39,7 +40,7 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     memory_mb: int
     slot_id: str = ""
     request_id: str = ""  # the request it serves when busy, else the last one it served
-    reply_to: str = ""  # where that request's answer went: only that caller may cancel it
+    waiters: tuple[str, ...] = ()  # where that request's answer went: who may cancel it
     keep_until_ms: int = 0  # when idle: the policy's keep-alive deadline; 0 until decided
     wanted_ms: int = 0
     for_request: str = ""  # when creating: the request whose miss started it
@@ -50,7 +51,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     """An Assign waiting for an instance."""
 
     request_id: str
-    reply_to: str
+    waiters: tuple[str, ...]  # reply subjects of its callers (a retried call adds one)
     since_ms: int
 
 
@@ -96,6 +97,12 @@ def _dequeue(s: FnState, request_id: str) -> FnState:
     return replace(s, queue=tuple(p for p in s.queue if p.request_id != request_id))
 
 
+def _waiters(s: FnState, request_id: str, change) -> FnState:
+    return replace(
+        s, queue=tuple(replace(p, waiters=change(p.waiters)) if p.request_id == request_id else p for p in s.queue)
+    )
+
+
 def _bump(s: FnState, **changes: int) -> FnState:
     stats = s.stats
     return replace(s, stats=replace(stats, **{k: getattr(stats, k) + v for k, v in changes.items()}))
@@ -107,11 +114,14 @@ def apply(s: FnState, e: Event) -> FnState:
         case FunctionSeen(meta=meta):
             return replace(s, meta=meta)
         case RequestArrived(request_id=r, reply_to=to, at_ms=t):
-            s = replace(s, queue=(*s.queue, Pending(request_id=r, reply_to=to, since_ms=t)))
+            waiting = Pending(request_id=r, waiters=(to,) if to else (), since_ms=t)
+            s = replace(s, queue=(*s.queue, waiting))
             s = replace(s, stats=replace(s.stats, last_arrival_ms=t))
             return _bump(s, arrivals=1)
         case RequestRetried(request_id=r, reply_to=to):
-            return replace(s, queue=tuple(replace(p, reply_to=to) if p.request_id == r else p for p in s.queue))
+            return _waiters(s, r, lambda w: (*w, to) if to not in w else w)
+        case WaiterLeft(request_id=r, reply_to=to):
+            return _waiters(s, r, lambda w: tuple(x for x in w if x != to))
         case SlotWanted(instance_id=i, meta=meta, for_request=r, at_ms=t):
             inst = Instance(
                 id=i, phase=Phase.CREATING, since_ms=t, memory_mb=meta.memory_mb, wanted_ms=t, for_request=r
@@ -123,8 +133,8 @@ def apply(s: FnState, e: Event) -> FnState:
             return _put(s, inst)
         case Assigned(request_id=r, instance_id=i, at_ms=t) if i in s.instances:
             waiting = s.pending(r)
-            to = waiting.reply_to if waiting else ""
-            inst = replace(s.instances[i], phase=Phase.BUSY, since_ms=t, request_id=r, reply_to=to, keep_until_ms=0)
+            waiters = waiting.waiters if waiting else ()
+            inst = replace(s.instances[i], phase=Phase.BUSY, since_ms=t, request_id=r, waiters=waiters, keep_until_ms=0)
             return _put(_dequeue(s, r), inst)
         case Released(instance_id=i, at_ms=t) if i in s.instances:
             return _put(s, replace(s.instances[i], phase=Phase.IDLE, since_ms=t, keep_until_ms=0))

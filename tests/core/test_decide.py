@@ -144,7 +144,7 @@ def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
     s, _ = run(
         assign("r1", to="inbox.1"), assign("r1", to="inbox.2"), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1")
     )
-    assert [p.reply_to for p in s.queue] == ["inbox.2"]
+    assert [p.waiters for p in s.queue] == [("inbox.2",)]
 
 
 def test_assign_retried_after_assignment_gets_the_same_instance():
@@ -162,3 +162,29 @@ def test_meta_change_is_recorded_and_used_for_new_instances():
 def test_zero_memory_is_refused():
     d = decide(FnState(key=KEY), assign("r1", meta=e.Meta(memory_mb=0)), 0, DEMO)
     assert d.events == [] and d.replies[0].code is c.Code.INVALID_ARGUMENT
+
+
+def test_every_caller_of_a_retried_request_gets_the_answer():
+    _, (*_, d) = run(assign("r1", to="inbox.1"), assign("r1", to="inbox.2"), ready())
+    assert sorted(r.to for r in d.replies) == ["inbox.1", "inbox.2"]
+    assert {r.instance_id for r in d.replies} == {"fn-1"}
+
+
+def test_request_is_cancelled_when_its_last_waiter_leaves():
+    s, (*_, d) = run(
+        assign("r1", to="inbox.1"),
+        assign("r1", to="inbox.2"),
+        c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"),
+        c.Cancel(key=KEY, request_id="r1", reply_to="inbox.2"),
+    )
+    assert kinds(d) == ["RequestCancelled"] and s.queue == ()
+
+
+def test_cancel_of_a_shared_assignment_does_not_free_it():
+    s, _ = run(
+        assign("r1", to="inbox.1"),
+        assign("r1", to="inbox.2"),
+        ready(),
+        c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"),
+    )
+    assert s.instances["fn-1"].phase is Phase.BUSY

@@ -1,0 +1,90 @@
+"""The contracts: generated code is fresh, events and commands survive the wire, subjects stay safe."""
+
+import typing
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proto import commands, events
+from proto.__main__ import stale
+from proto.subjects import key_from_token, key_problem, key_token
+
+
+def test_generated_code_matches_the_proto_files():
+    assert stale() == [], "run `python -m proto` and commit the result"
+
+
+def test_wire_names_of_the_challenge_are_kept():
+    from proto import serverless_sim_pb2 as pb
+
+    assert pb.DESCRIPTOR.package == "serverless.simulator"
+    assert [m.name for m in pb.DESCRIPTOR.services_by_name["Scaler"].methods] == ["Assign", "Idle"]
+    assert pb.AssignReply.DESCRIPTOR.fields_by_name["assigment"].number == 2
+    assert pb.Meta.DESCRIPTOR.fields_by_name["memory_in_mb"].number == 5
+
+
+# Every integer on our wire comes from a proto field or the clock: it fits msgpack's 64 bits.
+st.register_type_strategy(int, st.integers(-(2**63), 2**64 - 1))
+
+EVENT_TYPES = typing.get_args(events.AnyEvent)
+COMMAND_TYPES = typing.get_args(commands.AnyCommand)
+
+
+@pytest.mark.parametrize("kind", EVENT_TYPES, ids=lambda t: t.__name__)
+@given(data=st.data())
+def test_every_event_survives_a_batch_round_trip(kind, data):
+    event = data.draw(st.builds(kind))
+    batch = events.Batch(key=data.draw(st.text()), at_ms=1, cause="c", events=[event], wake_ms=None)
+    assert events.decode_batch(events.encode_batch(batch)) == batch
+
+
+@pytest.mark.parametrize("kind", COMMAND_TYPES, ids=lambda t: t.__name__)
+@given(data=st.data())
+def test_every_command_survives_the_wire(kind, data):
+    cmd = data.draw(st.builds(kind))
+    assert commands.decode_command(commands.encode(cmd)) == cmd
+
+
+def test_tags_are_unique_and_never_renamed():
+    tags = {t.__struct_config__.tag for t in EVENT_TYPES}
+    assert len(tags) == len(EVENT_TYPES)
+    assert {"slot-wanted", "instance-ready", "assigned", "released", "instance-retired"} <= tags
+
+
+def test_a_batch_from_an_older_schema_is_upcast(monkeypatch):
+    old = msgspec.msgpack.encode({"v": 0, "key": "fn", "at_ms": 5, "cause": "c", "evts": []})
+    monkeypatch.setitem(events.UPCASTS, 0, lambda raw: {**raw, "events": raw.pop("evts")})
+    batch = events.decode_batch(old)
+    assert batch.v == events.SCHEMA_VERSION and batch.events == [] and batch.key == "fn"
+
+
+def test_a_batch_from_a_newer_schema_is_refused_clearly():
+    raw = {"v": events.SCHEMA_VERSION + 1, "key": "fn", "at_ms": 5, "cause": "c", "events": []}
+    newer = msgspec.msgpack.encode(raw)
+    with pytest.raises(events.SchemaError, match="reads up to"):
+        events.decode_batch(newer)
+
+
+def test_unknown_fields_from_a_newer_writer_are_ignored():
+    raw = {"key": "fn", "at_ms": 5, "cause": "c", "events": [], "future_field": 1, "v": events.SCHEMA_VERSION}
+    assert events.decode_batch(msgspec.msgpack.encode(raw)).key == "fn"
+
+
+@given(st.text(min_size=1))
+def test_key_tokens_are_one_safe_token_and_reversible(key):
+    token = key_token(key)
+    assert token and not any(c in token for c in ".*> \t\r\n")
+    assert key_from_token(token) == key
+
+
+def test_readable_keys_stay_readable():
+    assert key_token("59604e0de19592edd848d362fe515f9d88458617") == "59604e0de19592edd848d362fe515f9d88458617"
+    assert key_token("nodes1") == "nodes1"
+    assert key_token("a.b") == "a%2Eb" and key_token("a%2Eb") == "a%252Eb"
+
+
+@pytest.mark.parametrize("key", ["", "x" * 257, "a\x00b", "tab\there"])
+def test_unacceptable_keys_have_a_reason(key):
+    assert key_problem(key)

@@ -1,0 +1,165 @@
+"""The rules the scaler must hold, each checked end to end: real nats-server, real gRPC, the real stub."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from platform_stub.server import Faults
+from proto import serverless_sim_pb2 as pb
+from scaler.clock import Clock
+from tests.stack import Stack, eventually
+
+
+def code_of(excinfo) -> grpc.StatusCode:
+    return excinfo.value.code()
+
+
+async def test_cold_start_then_warm_reuse(nats_url):
+    async with Stack(nats_url) as stack:
+        first = await stack.assign("r1")
+        assert first.status == pb.Ok and first.assigment.instance_id == "fn-1"
+        assert first.assigment.request_id == "r1" and first.assigment.meta_key == "fn"
+        await stack.idle(first)
+        second = await stack.assign("r2")
+        assert second.assigment.instance_id == "fn-1"
+        assert stack.stub.accounting.created == 1
+
+
+async def test_concurrent_assigns_never_share_an_instance(nats_url):
+    async with Stack(nats_url) as stack:
+        replies = await asyncio.gather(*(stack.assign(f"r{n}") for n in range(20)))
+        instances = [r.assigment.instance_id for r in replies]
+        assert len(set(instances)) == 20
+        # Release half; the next ten reuse exactly those, still one request per instance.
+        await asyncio.gather(*(stack.idle(r) for r in replies[:10]))
+        again = await asyncio.gather(*(stack.assign(f"s{n}") for n in range(10)))
+        reused = [r.assigment.instance_id for r in again]
+        assert len(set(reused)) == 10 and set(reused) == set(instances[:10])
+        assert stack.stub.accounting.created == 20
+
+
+async def test_need_destroy_retires_and_destroys_the_slot(nats_url):
+    async with Stack(nats_url) as stack:
+        reply = await stack.assign("r1")
+        await stack.idle(reply, need_destroy=True)
+        await stack.settled()
+        assert stack.stub.accounting.live == {} and stack.stub.accounting.destroyed == 1
+        assert stack.live_instances() == {}
+        assert (await stack.assign("r2")).assigment.instance_id == "fn-2"  # a fresh one, not the destroyed
+
+
+async def test_keep_alive_expiry_destroys_idle_slots(nats_url):
+    # Speed 3000: the demo's 5-minute keep-alive lasts 0.1 s of wall time.
+    async with Stack(nats_url, clock=Clock(3000)) as stack:
+        reply = await stack.assign("r1")
+        await stack.idle(reply)
+        await eventually(lambda: not stack.stub.accounting.live)
+        await stack.settled()
+        assert stack.live_instances() == {} and stack.stub.accounting.destroyed == 1
+
+
+async def test_every_created_slot_is_in_the_state_or_destroyed(nats_url):
+    async with Stack(nats_url) as stack:
+        replies = await asyncio.gather(*(stack.assign(f"r{n}", key=f"fn{n % 3}") for n in range(12)))
+        await asyncio.gather(*(stack.idle(r, need_destroy=n % 2 == 0) for n, r in enumerate(replies)))
+        await stack.settled()
+        live = {s.id for s in stack.stub.accounting.live.values()}
+        assert live == set(stack.live_instances().values())
+        assert stack.stub.accounting.created == 12 and stack.stub.accounting.destroyed == 6
+
+
+@pytest.mark.parametrize("where", ["create", "init"])
+async def test_platform_failure_answers_promptly_and_leaks_nothing(nats_url, where):
+    faults = Faults(create=lambda _: "no capacity") if where == "create" else Faults(init=lambda _: "image pull failed")
+    async with Stack(nats_url, faults=faults) as stack:
+        async with asyncio.timeout(5):
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stack.assign("r1")
+        assert code_of(e) == grpc.StatusCode.INTERNAL
+        assert ("no capacity" if where == "create" else "image pull failed") in e.value.details()
+        await stack.settled()
+        assert stack.stub.accounting.live == {} and stack.live_instances() == {}
+        assert stack.stub.accounting.created == (0 if where == "create" else 1)
+
+
+async def assign_raw(stack: Stack, request: pb.AssignRequest) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stack.scaler.Assign(request, timeout=10)
+    return e.value
+
+
+def meta(key: str = "fn", memory: int = 256) -> pb.Meta:
+    return pb.Meta(key=key, runtime="python", memory_in_mb=memory)
+
+
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        (pb.AssignRequest(request_id="r1"), "meta_data is missing"),
+        (pb.AssignRequest(request_id="", meta_data=meta()), "request_id is empty"),
+        (pb.AssignRequest(request_id="r1", meta_data=meta("")), "metaKey is empty"),
+        (pb.AssignRequest(request_id="r1", meta_data=meta("k" * 1024)), "longer than 256 bytes"),
+        (pb.AssignRequest(request_id="r1", meta_data=meta("a\nb")), "control"),
+        (pb.AssignRequest(request_id="r1", meta_data=meta(memory=0)), "memory_in_mb must be positive"),
+    ],
+    ids=["no meta", "no request id", "empty key", "1 kB key", "control char", "zero memory"],
+)
+async def test_bad_assign_is_refused_clearly(nats_url, request_, message):
+    async with Stack(nats_url) as stack:
+        error = await assign_raw(stack, request_)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and message in error.details()
+        assert stack.stub.accounting.created == 0
+        assert (await stack.assign("after")).status == pb.Ok  # and the scaler is still fine
+
+
+async def test_odd_keys_are_served_on_safe_subjects(nats_url):
+    keys = ["a.b", "a*", "a>", "a b", "a%2Eb", ">", "日本"]
+    async with Stack(nats_url) as stack:
+        replies = await asyncio.gather(*(stack.assign(f"r-{n}", key=k) for n, k in enumerate(keys)))
+        assert [r.assigment.meta_key for r in replies] == keys
+        await asyncio.gather(*(stack.idle(r) for r in replies))
+        again = await asyncio.gather(*(stack.assign(f"s-{n}", key=k) for n, k in enumerate(keys)))
+        assert [r.assigment.instance_id for r in again] == [r.assigment.instance_id for r in replies]
+        assert stack.stub.accounting.created == len(keys)  # "a.b" and "a%2Eb" did not collide
+        assert set(stack.controller.states) == set(keys)
+
+
+async def test_idle_errors(nats_url):
+    async with Stack(nats_url) as stack:
+        reply = await stack.assign("r1")
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stack.idle(reply, instance_id="no-such-instance")
+        assert code_of(e) == grpc.StatusCode.NOT_FOUND and "no-such-instance" in e.value.details()
+
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stack.idle(reply, meta_key="other-function")
+        assert code_of(e) == grpc.StatusCode.NOT_FOUND and "other-function" in e.value.details()
+
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stack.scaler.Idle(pb.IdleRequest(), timeout=10)
+        assert code_of(e) == grpc.StatusCode.INVALID_ARGUMENT and "assigment is missing" in e.value.details()
+
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stack.idle(reply, request_id="someone-else")
+        assert code_of(e) == grpc.StatusCode.FAILED_PRECONDITION
+
+        assert (await stack.idle(reply)).status == pb.Ok
+        assert (await stack.idle(reply)).status == pb.Ok  # twice: a retry, answered without a second release
+        state = stack.controller.states["fn"]
+        assert [i.phase.value for i in state.instances.values()] == ["idle"]
+        second = await stack.assign("r2")
+        with pytest.raises(grpc.aio.AioRpcError) as e:  # fn-1 now serves r2: r1's Idle must not free it
+            await stack.idle(reply)
+        assert code_of(e) == grpc.StatusCode.FAILED_PRECONDITION and "r2" in e.value.details()
+        assert second.assigment.instance_id == reply.assigment.instance_id
+
+
+async def test_a_retried_assign_is_not_a_second_command(nats_url):
+    async with Stack(nats_url) as stack:
+        first, retry = await asyncio.gather(stack.assign("r1"), stack.assign("r1"))
+        assert first.assigment.instance_id == retry.assigment.instance_id == "fn-1"
+        again = await stack.assign("r1")  # after the answer too
+        assert again.assigment.instance_id == "fn-1"
+        assert stack.stub.accounting.created == 1
+        assert stack.controller.states["fn"].stats.arrivals == 1
