@@ -8,14 +8,11 @@ from simulator.dataset import load_dataset
 from simulator.live import LiveRun
 from tests.stack import Stack
 
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-SMOKE = DATASETS / "function_smoke_test"
+SMOKE = Path(__file__).parent / "fixtures" / "function_smoke_test"  # vendored: small, and the same as the shared one
 
 
 @pytest.fixture(scope="module")
 def smoke():
-    if not SMOKE.exists():
-        pytest.skip(f"{SMOKE} is not there")
     return load_dataset(SMOKE)
 
 
