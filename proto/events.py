@@ -54,6 +54,14 @@ class WaiterLeft(Event, tag="waiter-left"):
     reply_to: str
 
 
+class Waiting(Event, tag="request-waiting"):
+    """The policy let a queued request wait for an instance about to free up instead of starting one."""
+
+    request_id: str
+    expected_ms: int = 0  # when the policy expects it to be served
+    why: str = ""
+
+
 class SlotWanted(Event, tag="slot-wanted"):
     """Start an instance: the platform worker calls CreateSlot then Init."""
 
@@ -123,6 +131,7 @@ AnyEvent = (
     | RequestArrived
     | RequestRetried
     | WaiterLeft
+    | Waiting
     | SlotWanted
     | InstanceReady
     | Assigned

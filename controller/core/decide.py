@@ -24,6 +24,7 @@ from proto.events import (
     RequestRetried,
     SlotWanted,
     WaiterLeft,
+    Waiting,
 )
 
 
@@ -77,8 +78,8 @@ def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
             pass
         case _:
             raise TypeError(f"not a command: {cmd!r}")
-    _settle(d, policy, expire=isinstance(cmd, Tick))
-    return Decision(d.events, d.replies, d.s, policy.next_wake_ms(d.s))
+    wake = _settle(d, policy)
+    return Decision(d.events, d.replies, d.s, wake)
 
 
 def _holder(s: FnState, request_id: str) -> Instance | None:
@@ -185,35 +186,56 @@ def _destroyed(d: _Draft, cmd: SlotDestroyed) -> None:
         d.emit(InstanceDestroyed(at_ms=d.now, instance_id=cmd.instance_id, slot_id=cmd.slot_id))
 
 
-def _settle(d: _Draft, policy: Policy, expire: bool) -> None:
-    """Bring the function to a resting point after any change: the core's invariants live here."""
+def _settle(d: _Draft, policy: Policy) -> int | None:
+    """Bring the function to a resting point after any change; return when it next needs a Tick.
+
+    The core's invariants live here: no request waits while an instance idles, every idle
+    instance has a keep-alive, none outlives it. Reuse comes before expiry, so an Assign that
+    raced a late timer still gets the instance.
+    """
     # Every waiting request takes an idle instance while there is one (FIFO).
     while d.s.queue and (idle := d.s.in_phase(Phase.IDLE)):
         inst = policy.pick(d.s, idle, d.now)
         waiting = d.s.queue[0]
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
         d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
-    # Requests that no instance under creation covers: the policy says how many to start.
-    creating = len(d.s.in_phase(Phase.CREATING))
-    uncovered = d.s.queue[creating:]
+    # Requests that no instance under creation covers: the policy starts some, the rest wait.
+    wakes = []
+    uncovered = d.s.queue[len(d.s.in_phase(Phase.CREATING)) :]
     if uncovered and d.s.meta is not None:
-        for waiting in uncovered[: policy.starts_for_queue(d.s, len(uncovered), d.now)]:
+        plan = policy.plan_queue(d.s, len(uncovered), d.now)
+        for waiting in uncovered[: plan.starts]:
             d.emit(
                 SlotWanted(
                     at_ms=d.now,
                     instance_id=d.s.next_instance_id(),
                     meta=d.s.meta,
                     for_request=waiting.request_id,
-                    reason="cold start: no idle instance",
+                    reason=plan.why,
                 )
             )
-    # Instances that just became idle get the policy's keep-alive.
+        for waiting in uncovered[plan.starts :]:
+            if waiting.since_ms == d.now:  # say so once, when it arrives
+                d.emit(Waiting(at_ms=d.now, request_id=waiting.request_id, expected_ms=plan.expected_ms, why=plan.why))
+        wakes.append(plan.recheck_ms)
+    # Instances that just became idle get the policy's keep-alive; expired ones retire.
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
             keep = policy.keep_alive(d.s, inst, d.now)
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
-    if expire:
-        for inst in d.s.in_phase(Phase.IDLE):
-            if inst.keep_until_ms <= d.now:
-                why = f"keep-alive expired after {(d.now - inst.since_ms) / 1000:g}s idle"
-                d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+    for inst in d.s.in_phase(Phase.IDLE):
+        if inst.keep_until_ms <= d.now:
+            longer = policy.expire(d.s, inst, d.now)
+            if longer is not None and longer.until_ms > d.now:
+                d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=longer.until_ms, why=longer.why))
+                continue
+            why = f"keep-alive expired after {(d.now - inst.since_ms) / 1000:g}s idle"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+    # Starts ahead of demand.
+    if d.s.meta is not None:
+        warm = policy.prewarm(d.s, d.now)
+        for _ in range(warm.count):
+            d.emit(SlotWanted(at_ms=d.now, instance_id=d.s.next_instance_id(), meta=d.s.meta, reason=warm.why))
+        wakes.append(warm.next_ms)
+    wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
+    return min((w for w in wakes if w is not None and w > d.now), default=None)

@@ -2,6 +2,7 @@
 
 import enum
 import functools
+import math
 from collections.abc import Iterable
 
 import msgspec
@@ -23,6 +24,7 @@ from proto.events import (
     RequestRetried,
     SlotWanted,
     WaiterLeft,
+    Waiting,
 )
 
 
@@ -55,14 +57,42 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     since_ms: int
 
 
+GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
+RUNS_KEPT = 32  # recent execution times
+IDLE_BINS = 240  # idle-time histogram: 1-minute bins over 4 hours ("Serverless in the Wild")
+GAP_BINS = 48  # inter-arrival histogram: half-octave bins from 1 ms to 4.6 h
+GAP_HALF_LIFE_MS = 30 * 60_000  # its counts halve every 30 minutes, so rare long gaps are remembered
+PEAK_HALF_LIFE_MS = 5 * 60_000  # the remembered peak load halves every 5 minutes
+SHORT_GAPS = 8  # arrivals that make the short-term rate
+
+
+def gap_bin(gap_ms: int) -> int:
+    return min(GAP_BINS - 1, max(0, int(2 * math.log2(max(gap_ms, 1)))))
+
+
 class FnStats(msgspec.Struct, frozen=True, kw_only=True):
-    """Counters for people reading the state; policies learn from these too."""
+    """What the function's events say about it; counters for people, history for policies."""
 
     arrivals: int = 0
     cold_starts: int = 0  # instances started for a waiting request
     prewarms: int = 0  # instances started with no request waiting
     failures: int = 0  # requests answered with an error
     last_arrival_ms: int = 0
+    last_end_ms: int = 0  # when the function last had no request left in flight
+    gaps: tuple[int, ...] = ()  # recent inter-arrival times, oldest first
+    last_idle_ms: int = 0  # when an instance last became idle with nobody waiting (0: an arrival came since)
+    idle_gaps: tuple[int, ...] = ()  # recent times from an instance going idle to the next arrival
+    runs: tuple[int, ...] = ()  # recent execution times (assignment to release)
+    start_ms: int = 0  # the last instance's start: SlotWanted to ready (CreateSlot + Init + our overhead)
+    gap_hist: tuple[float, ...] = ()  # inter-arrival times, decayed counts per half-octave (gap_bin)
+    peak_load: float = 0.0  # highest recent offered load (short-term rate x mean run), decaying
+    peak_at_ms: int = 0
+    idle_hist: tuple[int, ...] = ()  # idle times (nothing in flight until the next arrival), by minute
+    idle_oob: int = 0  # idle times beyond the histogram's 4 hours
+
+
+def _ring(values: tuple[int, ...], value: int, keep: int) -> tuple[int, ...]:
+    return (*values[1 - keep :], value) if len(values) >= keep else (*values, value)
 
 
 class FnState(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,9 +145,7 @@ def apply(s: FnState, e: Event) -> FnState:
             return replace(s, meta=meta)
         case RequestArrived(request_id=r, reply_to=to, at_ms=t):
             waiting = Pending(request_id=r, waiters=(to,) if to else (), since_ms=t)
-            s = replace(s, queue=(*s.queue, waiting))
-            s = replace(s, stats=replace(s.stats, last_arrival_ms=t))
-            return _bump(s, arrivals=1)
+            return replace(s, queue=(*s.queue, waiting), stats=_arrival(s, t))
         case RequestRetried(request_id=r, reply_to=to):
             return _waiters(s, r, lambda w: (*w, to) if to not in w else w)
         case WaiterLeft(request_id=r, reply_to=to):
@@ -129,15 +157,22 @@ def apply(s: FnState, e: Event) -> FnState:
             s = replace(_put(s, inst), started=s.started + 1)
             return _bump(s, cold_starts=1) if r else _bump(s, prewarms=1)
         case InstanceReady(instance_id=i, slot_id=slot, init_ms=init, at_ms=t) if i in s.instances:
-            inst = replace(s.instances[i], phase=Phase.IDLE, since_ms=t, slot_id=slot, init_ms=init, for_request="")
-            return _put(s, inst)
+            old = s.instances[i]
+            inst = replace(old, phase=Phase.IDLE, since_ms=t, slot_id=slot, init_ms=init, for_request="")
+            return replace(_put(s, inst), stats=replace(s.stats, start_ms=t - old.wanted_ms))
         case Assigned(request_id=r, instance_id=i, at_ms=t) if i in s.instances:
             waiting = s.pending(r)
             waiters = waiting.waiters if waiting else ()
             inst = replace(s.instances[i], phase=Phase.BUSY, since_ms=t, request_id=r, waiters=waiters, keep_until_ms=0)
             return _put(_dequeue(s, r), inst)
         case Released(instance_id=i, at_ms=t) if i in s.instances:
-            return _put(s, replace(s.instances[i], phase=Phase.IDLE, since_ms=t, keep_until_ms=0))
+            old = s.instances[i]
+            s = _put(s, replace(old, phase=Phase.IDLE, since_ms=t, keep_until_ms=0))
+            st = s.stats
+            runs = _ring(st.runs, t - old.since_ms, RUNS_KEPT) if old.phase is Phase.BUSY else st.runs
+            last_end = t if not s.queue and not s.in_phase(Phase.BUSY) else st.last_end_ms
+            last_idle = st.last_idle_ms if s.queue else t  # with a queue it is reassigned at once
+            return replace(s, stats=replace(st, runs=runs, last_end_ms=last_end, last_idle_ms=last_idle))
         case KeptAlive(instance_id=i, until_ms=until) if i in s.instances:
             return _put(s, replace(s.instances[i], keep_until_ms=until))
         case RequestFailed(request_id=r):
@@ -154,9 +189,60 @@ def apply(s: FnState, e: Event) -> FnState:
             return _put(s, replace(old, phase=Phase.RETIRING, since_ms=t, slot_id=slot))
         case InstanceDestroyed(instance_id=i):
             return _drop(s, i)
+        case Waiting():
+            return s  # explains a decision; changes nothing
         case InstanceReady() | Assigned() | Released() | KeptAlive():
             return s  # about an instance already gone: nothing to change
     raise TypeError(f"no state change defined for {type(e).__name__}")
+
+
+def _arrival(s: FnState, t: int) -> FnStats:
+    st = s.stats
+    gaps, gap_hist = st.gaps, st.gap_hist
+    if st.arrivals:
+        gap = t - st.last_arrival_ms
+        gaps = _ring(gaps, gap, GAPS_KEPT)
+        decay = 0.5 ** (gap / GAP_HALF_LIFE_MS)
+        gap_hist = tuple(c * decay for c in gap_hist) if gap_hist else (0.0,) * GAP_BINS
+        b = gap_bin(gap)
+        gap_hist = (*gap_hist[:b], gap_hist[b] + 1.0, *gap_hist[b + 1 :])
+    idle_gaps = _ring(st.idle_gaps, t - st.last_idle_ms, GAPS_KEPT) if st.last_idle_ms else st.idle_gaps
+    peak, peak_at = st.peak_load, st.peak_at_ms
+    recent = gaps[-SHORT_GAPS:]
+    if st.runs and recent:
+        # Offered load now: the short-term arrival rate x the mean run, but never more than the
+        # arrivals that really overlap within one run (a burst of long runs is not a storm).
+        run = sum(st.runs) / len(st.runs)
+        overlapping, back = 1, 0
+        for g in reversed(gaps):
+            back += g
+            if back > run:
+                break
+            overlapping += 1
+        load = min(len(recent) / max(sum(recent), 1) * run, overlapping)
+        peak = max(peak * 0.5 ** ((t - peak_at) / PEAK_HALF_LIFE_MS), load)
+        peak_at = t
+    hist, oob = st.idle_hist, st.idle_oob
+    if st.last_end_ms and not s.queue and not s.in_phase(Phase.BUSY):  # the function was idle until now
+        minute = (t - st.last_end_ms) // 60_000
+        if minute < IDLE_BINS:
+            hist = hist or (0,) * IDLE_BINS
+            hist = (*hist[:minute], hist[minute] + 1, *hist[minute + 1 :])
+        else:
+            oob += 1
+    return replace(
+        st,
+        arrivals=st.arrivals + 1,
+        last_arrival_ms=t,
+        gaps=gaps,
+        gap_hist=gap_hist,
+        peak_load=peak,
+        peak_at_ms=peak_at,
+        last_idle_ms=0,
+        idle_gaps=idle_gaps,
+        idle_hist=hist,
+        idle_oob=oob,
+    )
 
 
 def replay(s: FnState, events: Iterable[Event]) -> FnState:

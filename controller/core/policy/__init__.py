@@ -2,11 +2,17 @@
 
 from collections.abc import Callable
 
-from controller.core.policy.base import FixedKeepAlive, KeepAlive, Policy
+from controller.core.policy.adaptive import PublicAdaptive
+from controller.core.policy.base import NO_PREWARM, FixedKeepAlive, KeepAlive, Policy, Prewarm, QueuePlan
+from controller.core.policy.histogram import HybridHistogram
+from controller.core.policy.learned import Learned
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "demo": lambda: FixedKeepAlive(5 * 60_000, "demo"),
     "fixed10": lambda: FixedKeepAlive(10 * 60_000, "fixed10"),
+    "histogram": HybridHistogram,
+    "public-adaptive": PublicAdaptive,
+    "learned": Learned,
 }
 DEFAULT_POLICY = "demo"
 
@@ -18,4 +24,4 @@ def get_policy(name: str) -> Policy:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "KeepAlive", "Policy", "get_policy"]
+__all__ = ["DEFAULT_POLICY", "NO_PREWARM", "POLICIES", "KeepAlive", "Policy", "Prewarm", "QueuePlan", "get_policy"]

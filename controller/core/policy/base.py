@@ -1,8 +1,8 @@
-"""What a policy decides, and the defaults the challenge's demo scaler uses."""
+"""What a policy decides, and the defaults: the challenge's demo scaler."""
 
 from dataclasses import dataclass
 
-from controller.core.state import FnState, Instance, Phase
+from controller.core.state import FnState, Instance
 
 
 @dataclass(frozen=True)
@@ -11,12 +11,39 @@ class KeepAlive:
     why: str
 
 
+@dataclass(frozen=True)
+class QueuePlan:
+    """For requests no idle instance or start covers: how many instances to start now.
+
+    Those not started wait for an instance to free up; `recheck_ms` is when to reconsider if
+    they still wait (None: only when something else happens).
+    """
+
+    starts: int
+    why: str = "cold start: no idle instance"
+    recheck_ms: int | None = None
+    expected_ms: int = 0  # when a waiting request is expected to be served
+
+
+@dataclass(frozen=True)
+class Prewarm:
+    """Instances to start now with no request waiting, and when the next planned start is due."""
+
+    count: int = 0
+    why: str = ""
+    next_ms: int | None = None
+
+
+NO_PREWARM = Prewarm()
+
+
 class Policy:
     """The choices the core leaves open. Pure: state and `now` in, a choice out.
 
-    The core does the bookkeeping (queueing, matching, replies); a policy only says which idle
-    instance to reuse, how many instances to start for waiting requests, how long an idle
-    instance stays, and when it next wants to be asked (`next_wake_ms`).
+    The core does the bookkeeping (queueing, matching, replies, expiry); a policy only says
+    which idle instance to reuse, how many instances to start for waiting requests (or to let
+    them wait), how long an idle instance stays, and when to start instances ahead of demand.
+    Every choice comes with a reason, which goes into the events.
     """
 
     name = "base"
@@ -25,17 +52,20 @@ class Policy:
         """The idle instance that serves the next waiting request: the most recently idled one."""
         return max(idle, key=lambda i: (i.since_ms, i.id))
 
-    def starts_for_queue(self, s: FnState, uncovered: int, now: int) -> int:
-        """How many instances to start for `uncovered` waiting requests no start covers yet."""
-        return uncovered
+    def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
+        """`uncovered` requests wait with no idle instance and no start for them: start one each."""
+        return QueuePlan(starts=uncovered)
 
     def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
+        """How long an instance that just became idle stays."""
         raise NotImplementedError
 
-    def next_wake_ms(self, s: FnState) -> int | None:
-        """When the policy next wants a Tick: by default the earliest keep-alive deadline."""
-        deadlines = [i.keep_until_ms for i in s.instances.values() if i.phase is Phase.IDLE and i.keep_until_ms]
-        return min(deadlines, default=None)
+    def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
+        """An idle instance reached its deadline: keep it longer (a later deadline), or None to retire it."""
+        return None
+
+    def prewarm(self, s: FnState, now: int) -> Prewarm:
+        return NO_PREWARM
 
 
 @dataclass(frozen=True)
