@@ -25,7 +25,7 @@ COMPOSE = ROOT / "compose.yaml"
 SIM_ENV = ROOT / "sim.env"  # the `sim` profile's variables: `docker compose --env-file sim.env --profile sim up`
 
 LOOPBACK = ("0.0.0.0", "127.0.0.1", "localhost")  # a service's own address, as it appears in its own settings
-ADDRESS = re.compile(r"\b([A-Za-z][\w.-]*):(\d+)\b")
+ADDRESS = re.compile(r"\b([\w.-]+):(\d+)\b")  # host:port, also inside a URL
 VARIABLE = re.compile(r"\$(\$|\{([^}]*)\}|\w+)")
 
 
@@ -167,9 +167,9 @@ def listen_ports(name: str, service: dict) -> set[int]:
 
 
 def references(service: dict) -> list[tuple[str, int]]:
-    """Every host:port in a service's environment and command (hosts not yet checked to be services)."""
+    """Every other host:port in a service's environment and command (hosts not yet checked to be services)."""
     texts = [str(v) for v in service.get("environment", {}).values()] + [str(a) for a in service.get("command", [])]
-    return [(host, int(port)) for text in texts for host, port in ADDRESS.findall(text)]
+    return [(host, int(port)) for text in texts for host, port in ADDRESS.findall(text) if host not in LOOPBACK]
 
 
 def volume_source(service: dict, target: str) -> str | None:
@@ -218,7 +218,7 @@ class Loopback:
                 return m.group(0)
             return self.addresses[(service, port)]
 
-        return re.sub(r"\b([\w.-]+):(\d+)\b", local, text)
+        return ADDRESS.sub(local, text)
 
     def environment(self, name: str) -> dict[str, str]:
         return {k: self.rewrite(name, str(v)) for k, v in self.services[name].get("environment", {}).items()}
