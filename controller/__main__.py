@@ -1,17 +1,23 @@
 """`python -m controller`: the single writer of events."""
 
+import argparse
+
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from controller.shell import Controller
 from scaler import runtime
 from scaler.clock import Clock
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = runtime.parser("python -m controller", __doc__)
     p.add_argument(
         "--policy", default=runtime.env("POLICY", DEFAULT_POLICY), choices=sorted(POLICIES), help="[SCALER_POLICY]"
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     runtime.main(lambda a: Controller(a.nats, get_policy(a.policy), Clock(a.speed)), args)
 
 

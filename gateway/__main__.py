@@ -1,11 +1,13 @@
 """`python -m gateway`: the gRPC Scaler service in front of the event stream."""
 
+import argparse
+
 from gateway.server import Gateway
 from scaler import runtime
 
 
-def main() -> None:
-    p = runtime.parser("python -m gateway", __doc__)
+def build_parser() -> argparse.ArgumentParser:
+    p = runtime.parser("python -m gateway", __doc__, uses_clock=False)
     p.add_argument("--listen", default=runtime.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]")
     p.add_argument(
         "--reply-timeout",
@@ -13,7 +15,11 @@ def main() -> None:
         default=float(runtime.env("REPLY_TIMEOUT", "60")),
         help="seconds to wait for the controller's answer [SCALER_REPLY_TIMEOUT]",
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     runtime.main(lambda a: Gateway(a.nats, a.listen, a.reply_timeout), args)
 
 

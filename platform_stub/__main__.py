@@ -1,12 +1,14 @@
 """`python -m platform_stub`: a stand-in for the platform's Platform service."""
 
+import argparse
+
 from platform_stub.metas import DatasetError, load_metas
 from platform_stub.server import PlatformStub
 from scaler import runtime
 from scaler.clock import Clock
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = runtime.parser("python -m platform_stub", __doc__, uses_nats=False)
     p.add_argument("--listen", default=runtime.env("PLATFORM_LISTEN", "0.0.0.0:50051"), help="[SCALER_PLATFORM_LISTEN]")
     p.add_argument("--metas", default=runtime.env("METAS", ""), help="metas file or dataset folder [SCALER_METAS]")
@@ -16,6 +18,11 @@ def main() -> None:
         default=int(runtime.env("CREATE_LATENCY_MS", "100")),
         help="CreateSlot latency [SCALER_CREATE_LATENCY_MS]",
     )
+    return p
+
+
+def main() -> None:
+    p = build_parser()
     args = p.parse_args()
     try:
         metas = load_metas(args.metas) if args.metas else {}

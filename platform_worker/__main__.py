@@ -1,11 +1,13 @@
 """`python -m platform_worker`: starts instances on the platform as the controller asks."""
 
+import argparse
+
 from platform_worker.worker import PlatformWorker
 from scaler import runtime
 
 
-def main() -> None:
-    p = runtime.parser("python -m platform_worker", __doc__)
+def build_parser() -> argparse.ArgumentParser:
+    p = runtime.parser("python -m platform_worker", __doc__, uses_clock=False)
     p.add_argument("--platform", default=runtime.env("PLATFORM", "127.0.0.1:50051"), help="[SCALER_PLATFORM]")
     p.add_argument(
         "--concurrency",
@@ -13,7 +15,11 @@ def main() -> None:
         default=int(runtime.env("CONCURRENCY", "1024")),
         help="platform calls in flight at most [SCALER_CONCURRENCY]",
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     runtime.main(lambda a: PlatformWorker(a.nats, a.platform, a.concurrency), args)
 
 

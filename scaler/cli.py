@@ -6,11 +6,15 @@ import sys
 from scaler import up
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scaler", description="An event-sourced autoscaler for serverless functions")
     sub = parser.add_subparsers(dest="command", required=True)
     up.add_arguments(sub.add_parser("up", help="run the whole scaler on this machine", description=up.__doc__))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     commands = {"up": up.run}
     sys.exit(commands[args.command](args))
 

@@ -33,17 +33,22 @@ def env(name: str, default: str) -> str:
     return os.environ.get(f"SCALER_{name}", default)
 
 
-def parser(prog: str, description: str, uses_nats: bool = True) -> argparse.ArgumentParser:
-    """A parser with the options every component shares; each flag defaults to its SCALER_* variable."""
+def parser(prog: str, description: str, uses_nats: bool = True, uses_clock: bool = True) -> argparse.ArgumentParser:
+    """A parser with the options components share; each flag defaults to its SCALER_* variable.
+
+    A component gets only the options it uses, so the variables its parser reads are exactly the
+    ones it honours (compose.yaml is checked against them).
+    """
     p = argparse.ArgumentParser(prog=prog, description=description)
     if uses_nats:
         p.add_argument("--nats", default=env("NATS_URL", "nats://127.0.0.1:4222"), help="NATS URL [SCALER_NATS_URL]")
-    p.add_argument(
-        "--speed",
-        type=float,
-        default=float(env("SPEED", "1")),
-        help="run the clock N times faster, for simulations [SCALER_SPEED]",
-    )
+    if uses_clock:
+        p.add_argument(
+            "--speed",
+            type=float,
+            default=float(env("SPEED", "1")),
+            help="run the clock N times faster, for simulations [SCALER_SPEED]",
+        )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"), help="[SCALER_LOG_LEVEL]")
     return p
 

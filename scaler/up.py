@@ -46,6 +46,7 @@ class Child:
 class Supervisor:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.env: dict[str, str] = {}  # given to every child
         self.children: list[Child] = []
         self.nats: NatsServer | None = None
         self._tmp: str | None = None

@@ -1,0 +1,72 @@
+"""The integration suite (tests/test_rules.py) against NATS in a container: compose.yaml's nats
+service, its image and command, waited for through its health check's endpoint.
+
+Runs when a Docker engine is reachable; otherwise every test here is skipped, saying why.
+"""
+
+import re
+import time
+import urllib.request
+
+import nats
+import pytest
+
+from tests import compose as c
+from tests import test_rules
+
+# The same tests, collected here too, so that they get this module's nats_url.
+globals().update({name: test for name, test in vars(test_rules).items() if name.startswith("test_")})
+
+
+def docker_problem() -> str | None:
+    """Why no Docker engine can be used, or None. Answers within a few seconds, never hangs."""
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception as e:
+        return str(e) or type(e).__name__
+    return None
+
+
+@pytest.fixture(scope="module")
+def nats_container():
+    if problem := docker_problem():
+        pytest.skip(f"no Docker engine reachable ({problem}): these rules run only on the embedded nats-server")
+    from testcontainers.core.container import DockerContainer
+
+    service = c.load()["services"]["nats"]
+    url = next(a for a in service["healthcheck"]["test"] if a.startswith("http"))
+    monitor = int(re.search(r":(\d+)/", url).group(1))
+    (client,) = c.listen_ports("nats", service)
+    container = DockerContainer(service["image"]).with_command(service["command"])
+    container.with_exposed_ports(client, monitor).start()
+    try:
+        host = container.get_container_host_ip()
+        health = re.sub(r"//[^/]+/", f"//{host}:{container.get_exposed_port(monitor)}/", url)
+        deadline = time.monotonic() + 60
+        while True:  # what compose's health check asks, from outside
+            try:
+                with urllib.request.urlopen(health, timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"{service['image']} never answered {url} with 200"
+            time.sleep(0.2)
+        yield f"nats://{host}:{container.get_exposed_port(client)}"
+    finally:
+        container.stop()
+
+
+@pytest.fixture
+async def nats_url(nats_container):
+    """The container's NATS with an empty JetStream, as fresh for each test as the embedded server is."""
+    nc = await nats.connect(nats_container)
+    try:
+        js = nc.jetstream()
+        for stream in await js.streams_info():
+            await js.delete_stream(stream.config.name)
+    finally:
+        await nc.close()
+    yield nats_container
