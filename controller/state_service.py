@@ -85,7 +85,10 @@ async def fetch(nc: Client, timeout_s: float = 10.0) -> StateChunk:
         seq, last_seq, states = 0, {}, {}
         async with asyncio.timeout(timeout_s):
             while True:
-                chunk = _decoder.decode((await parts.get()).data)
+                msg = await parts.get()
+                if not msg.data:  # the server's "no responders" status: no controller is running
+                    raise TimeoutError("no controller")
+                chunk = _decoder.decode(msg.data)
                 seq = chunk.seq
                 last_seq.update(chunk.last_seq)
                 states.update(chunk.states)
