@@ -11,18 +11,20 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from msgspec.structs import replace
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError, NotFoundError
 
 from controller import state_service, stream
+from controller.core import reconcile
 from controller.core.decide import Decision, decide
 from controller.core.policy import Policy
 from controller.core.state import FnState, Phase, apply
 from controller.snapshots import Snapshot, SnapshotStore
-from proto.commands import AnyCommand, Reply, Tick, command_id, decode_command, encode
+from proto.commands import AnyCommand, Reconcile, Reply, Tick, command_id, decode_command, encode
 from proto.events import Batch, encode_batch
-from proto.subjects import COMMANDS, event_subject
+from proto.subjects import COMMANDS, SYSTEM_KEY, event_subject
 from scaler.bus import close, connect, ensure_streams
 from scaler.clock import Clock
 
@@ -202,17 +204,34 @@ class Controller:
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, cmd: AnyCommand, msg: Msg) -> None:
-        lock = self._locks.setdefault(cmd.key, asyncio.Lock())
-        async with lock:
-            try:
-                decision = await self._decide_and_append(cmd)
-            except Exception:
-                log.exception("could not handle %s; it will be redelivered", command_id(cmd))
-                await msg.nak(delay=1)
-                return
+        try:
+            if isinstance(cmd, Reconcile) and cmd.key == SYSTEM_KEY:
+                await self._reconcile(cmd)
+            else:
+                await self._settle(cmd)
+        except Exception:
+            log.exception("could not handle %s; it will be redelivered", command_id(cmd))
+            await msg.nak(delay=1)
+            return
+        await msg.ack()
+
+    async def _settle(self, cmd: AnyCommand) -> None:
+        """Decide one command of one function, append, reply: in the function's arrival order."""
+        async with self._locks.setdefault(cmd.key, asyncio.Lock()):
+            decision = await self._decide_and_append(cmd)
             for reply in decision.replies:
                 await self._nc.publish(reply.to, encode(reply))
-            await msg.ack()
+
+    async def _reconcile(self, cmd: Reconcile) -> None:
+        """The platform's list, put to every function's core in turn, then the slots none of them claims.
+
+        Each function decides alone, so a redelivery after a crash half-way repeats only no-ops.
+        """
+        for key in [k for k in self.states if k != SYSTEM_KEY]:
+            await self._settle(replace(cmd, key=key))
+        orphans = reconcile.unclaimed(self.states.values(), cmd.slots)
+        await self._settle(replace(cmd, key=SYSTEM_KEY, slots=orphans))
+        log.info("reconciled %d functions with %d platform slots", len(self.states), len(cmd.slots))
 
     async def _decide_and_append(self, cmd: AnyCommand) -> Decision:
         for _ in range(APPEND_ATTEMPTS):
@@ -241,9 +260,7 @@ class Controller:
                 self.applied_seq = max(self.applied_seq, seq)
                 self.states[cmd.key] = decision.state
                 self._maybe_snapshot(len(decision.events))
-                return decision
-            self.states[cmd.key] = decision.state
-            return decision
+            return decision  # no events: nothing changed, and a function with no batch has no state
         raise RuntimeError(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key}")
 
     async def _append(self, batch: Batch) -> int:
