@@ -75,18 +75,15 @@ class Controller:
         self._state_sub = None
 
     async def start(self) -> str:
-        self._nc = await connect(self.nats_url, "controller")
+        self._nc = await connect(self.nats_url, "controller", reconnected=self._on_reconnect)
         self._js = self._nc.jetstream()
         await ensure_streams(self._js)
         if self._store is not None:
             await self._store.open()
         count = await self.rebuild()
         await self._redeliver_unacked()
-        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_ack_pending=20_000)
         try:
-            self._sub = await self._js.subscribe(
-                "cmd.>", durable=DURABLE, stream=COMMANDS, cb=self._on_command, manual_ack=True, config=config
-            )
+            self._sub = await self._consume()
         except Exception as e:
             raise RuntimeError(f"cannot consume commands ({e}); is another controller running?") from e
         self._state_sub = await state_service.serve(self._nc, self.snapshot)
@@ -155,6 +152,44 @@ class Controller:
         if info.num_ack_pending:
             log.info("%d commands were in flight when the last controller stopped", info.num_ack_pending)
             await self._js.delete_consumer(COMMANDS, DURABLE)
+
+    async def _consume(self):
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_ack_pending=20_000)
+        return await self._js.subscribe(
+            "cmd.>", durable=DURABLE, stream=COMMANDS, cb=self._on_command, manual_ack=True, config=config
+        )
+
+    async def _on_reconnect(self) -> None:
+        """After a NATS outage, get at once the commands whose delivery or ack the outage lost.
+
+        They would otherwise come back only after ack_wait, while their callers wait. A new
+        consumer on the work queue delivers every unacked command now; the ones still being
+        handled here come twice, which deciding again turns into no-ops.
+        """
+        if self._sub is None:
+            return
+        old, self._sub = self._sub, None
+        for attempt in range(20):  # JetStream may need a moment after a server restart
+            try:
+                await old.unsubscribe()
+            except Exception:
+                pass
+            try:
+                await self._js.delete_consumer(COMMANDS, DURABLE)
+            except NotFoundError:
+                pass
+            except Exception as e:
+                log.info("after reconnecting: %s; retrying", e)
+                await asyncio.sleep(0.25 * (attempt + 1))
+                continue
+            try:
+                self._sub = await self._consume()
+                log.info("reconnected: consuming commands again")
+                return
+            except Exception as e:
+                log.info("after reconnecting: %s; retrying", e)
+                await asyncio.sleep(0.25 * (attempt + 1))
+        log.error("could not consume commands again after reconnecting; restart the controller")
 
     async def _answer_again(self) -> None:
         """Send every busy instance's assignment to its callers once more.
