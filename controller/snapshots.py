@@ -35,7 +35,10 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 def _shape() -> str:
     schema = msgspec.json.encode(msgspec.json.schema(Snapshot))
-    fold = inspect.getsource(controller.core.state).encode()
+    try:
+        fold = inspect.getsource(controller.core.state).encode()
+    except (OSError, TypeError):  # installed without sources: the compiled module stands for them
+        fold = Path(controller.core.state.__file__).read_bytes()
     return hashlib.sha256(schema + b"\0" + fold).hexdigest()[:16]
 
 
