@@ -22,7 +22,7 @@ from controller import explain, state_service, stream
 from controller.core.state import FnState, apply
 from proto.events import Batch
 from proto.subjects import event_subject
-from scaler.natsd import NatsServer
+from scaler.natsd import NatsServer, StoreBusy, claim
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -150,13 +150,17 @@ async def _connect(url: str):
 
 async def _main(args: argparse.Namespace) -> int:
     until_ms = parse_time(args.until) if args.until else None
-    server = None
+    server = held = None
     if args.data_dir:
         if args.verify:
             raise ValueError("--verify compares with a running controller: use --nats, not --data-dir")
         store = Path(args.data_dir) / "nats"
         if not store.is_dir():
             raise ValueError(f"no NATS store in {store} (what `scaler up --data-dir {args.data_dir}` writes)")
+        try:
+            held = claim(args.data_dir)
+        except StoreBusy as e:
+            raise ValueError(f"{e}: read it live with --nats URL") from None
         server = NatsServer(store)
         url = await server.start()
     else:
@@ -178,6 +182,8 @@ async def _main(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             await server.stop()
+        if held is not None:
+            held.close()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES
-from scaler.natsd import NatsServer
+from scaler.natsd import NatsServer, claim
 from scaler.runtime import READY_FD, env, setup_logging
 
 log = logging.getLogger("scaler.up")
@@ -53,6 +53,7 @@ class Supervisor:
         self.children: list[Child] = []
         self.nats: NatsServer | None = None
         self._tmp: str | None = None
+        self._claim = None  # the data dir's lock, held while running
 
     async def spawn(self, module: str, *argv: str, env_extra: dict[str, str] | None = None) -> Child:
         """Start `python -m module` and wait for its ready line."""
@@ -80,6 +81,8 @@ class Supervisor:
 
     async def start(self) -> str:
         a = self.args
+        if a.data_dir:
+            self._claim = claim(a.data_dir)  # its store and snapshots are this run's alone
         if a.nats:
             url = a.nats
         else:
@@ -128,6 +131,8 @@ class Supervisor:
         self.children.clear()
         if self.nats is not None:
             await self.nats.stop()
+        if self._claim is not None:
+            self._claim.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

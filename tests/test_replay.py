@@ -126,6 +126,8 @@ async def test_replay_reads_the_store_a_stopped_scaler_up_left(tmp_path):
     proc, address, _ = await start_up("--data-dir", str(tmp_path))
     try:
         await assign_and_idle(address, "r1")
+        code, _, err = await scaler_replay("--data-dir", str(tmp_path))
+        assert code == 2 and "is in use by a running scaler: read it live with --nats URL" in err
     finally:
         code, rest = await stop(proc)
     assert code == 0, rest
