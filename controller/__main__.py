@@ -13,12 +13,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy", default=runtime.env("POLICY", DEFAULT_POLICY), choices=sorted(POLICIES), help="[SCALER_POLICY]"
     )
+    p.add_argument(
+        "--snapshots",
+        default=runtime.env("SNAPSHOTS", ""),
+        help="sqlite file for state snapshots, so a start replays only what follows the newest (none: full replay)"
+        " [SCALER_SNAPSHOTS]",
+    )
     return p
 
 
 def main() -> None:
     args = build_parser().parse_args()
-    runtime.main(lambda a: Controller(a.nats, get_policy(a.policy), Clock(a.speed)), args)
+    runtime.main(lambda a: Controller(a.nats, get_policy(a.policy), Clock(a.speed), a.snapshots or None), args)
 
 
 if __name__ == "__main__":

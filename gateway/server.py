@@ -18,7 +18,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import AnyCommand, Assign, Cancel, Code, Idle, Reply, command_id, decode_reply, encode
 from proto.events import Meta
 from proto.subjects import command_subject, key_problem
-from scaler.bus import close, connect, ensure_streams
+from scaler.bus import close, connect, ensure_streams, publish_command
 
 log = logging.getLogger("scaler.gateway")
 
@@ -30,6 +30,7 @@ GRPC_CODES = {
     Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
 MAX_ID_BYTES = 256
+CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through a NATS outage
 
 
 class Refused(Exception):
@@ -92,6 +93,7 @@ class Gateway(pb_grpc.ScalerServicer):
         self.reply_timeout_s = reply_timeout_s
         self.port = 0
         self._waiters: dict[str, asyncio.Future[Reply]] = {}
+        self._cancels: set[asyncio.Task] = set()
         self._tokens = itertools.count()
         self._inbox = ""
         self._nc = None
@@ -116,6 +118,8 @@ class Gateway(pb_grpc.ScalerServicer):
     async def stop(self) -> None:
         if self._server is not None:
             await self._server.stop(grace=5)
+        if self._cancels:
+            await asyncio.wait(self._cancels, timeout=5)
         await close(self._nc)
 
     async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
@@ -173,12 +177,23 @@ class Gateway(pb_grpc.ScalerServicer):
             await self._js.publish(command_subject(cmd.key), encode(cmd), headers=headers)
 
     async def _cancel(self, cmd: AnyCommand, why: str) -> None:
+        """Tell the controller this caller gave up, in the background and through a NATS outage.
+
+        The Assign may have been stored even though its publish failed: without the Cancel, the
+        request would get an instance and hold it forever. The caller gets its error at once.
+        """
         if not isinstance(cmd, Assign):
             return
+        cancel = Cancel(key=cmd.key, request_id=cmd.request_id, reply_to=cmd.reply_to, reason=why)
+        task = asyncio.create_task(self._send_cancel(cancel))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _send_cancel(self, cancel: Cancel) -> None:
         try:
-            await self._publish(Cancel(key=cmd.key, request_id=cmd.request_id, reply_to=cmd.reply_to, reason=why))
+            await publish_command(self._js, cancel, patience_s=CANCEL_PATIENCE_S)
         except NatsError as e:
-            log.warning("could not cancel %s: %s", cmd.request_id, e)
+            log.warning("could not cancel %s: %s", cancel.request_id, e)
 
     async def _on_reply(self, msg: Msg) -> None:
         waiter = self._waiters.get(msg.subject)

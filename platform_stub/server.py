@@ -6,6 +6,7 @@ faster. Calls are idempotent per request_id, as a retried call from a restarted 
 cost a second slot. Accounting (live slots, slot GB·s) is served by the PlatformAdmin service.
 """
 
+import asyncio
 import itertools
 import logging
 import secrets
@@ -40,7 +41,7 @@ class SlotRecord:
     init_started_ms: int = 0
     ready_ms: int = 0  # Init finished
     destroyed_ms: int | None = None
-    init_reply: pb.InitReply | None = None
+    init_done: asyncio.Future[pb.InitReply] | None = None  # the Init under way or done
 
     def gb_s(self, now_ms: int) -> float:
         end = now_ms if self.destroyed_ms is None else self.destroyed_ms
@@ -150,8 +151,8 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         record = self.accounting.live.get(request.slot_id)
         if record is None:
             return pb.InitReply(status=pb.NotFound, error_message=f"no slot {request.slot_id!r}")
-        if record.init_reply is not None and record.instance_id == request.instance_id:
-            return record.init_reply  # a retried Init
+        if record.instance_id == request.instance_id and record.init_done is not None:
+            return await asyncio.shield(record.init_done)  # a retried Init, finished or still running
         if record.instance_id:
             message = f"slot {record.id} already runs instance {record.instance_id}"
             return pb.InitReply(status=pb.InvalidArgument, error_message=message)
@@ -159,14 +160,18 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
             return pb.InitReply(status=pb.InternalError, error_message=error)
         record.instance_id = request.instance_id
         record.key = request.meta_data.key
+        # Init runs to its end even if this caller goes away: a retry (a restarted worker) joins it.
+        record.init_done = asyncio.ensure_future(self._init(record))
+        return await asyncio.shield(record.init_done)
+
+    async def _init(self, record: SlotRecord) -> pb.InitReply:
         meta = self.metas.get(record.key)
         init_ms = meta.init_duration_in_ms if meta else DEFAULT_INIT_MS
         started = record.init_started_ms = self.clock.now_ms()
         await self.clock.sleep_ms(init_ms)
         record.ready_ms = self.clock.now_ms()
         self.accounting.inits += 1
-        record.init_reply = pb.InitReply(status=pb.Ok, create_time=started, init_duration_in_ms=init_ms)
-        return record.init_reply
+        return pb.InitReply(status=pb.Ok, create_time=started, init_duration_in_ms=init_ms)
 
     async def DestroySlot(self, request: pb.DestroySlotRequest, context) -> pb.DestroySlotReply:
         record = self.accounting.live.pop(request.id, None)

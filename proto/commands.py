@@ -64,7 +64,26 @@ class Tick(Command, tag="tick"):
     due_ms: int
 
 
-AnyCommand = Assign | Idle | Cancel | SlotReady | SlotFailed | SlotDestroyed | Tick
+class PlatformSlot(msgspec.Struct, frozen=True, kw_only=True):
+    """A live slot as the platform lists it (PlatformAdmin.ListSlots)."""
+
+    id: str
+    instance_id: str = ""  # empty until Init reached the slot
+    memory_mb: int = 0
+    created_ms: int = 0
+
+
+class Reconcile(Command, tag="reconcile"):
+    """The platform's live slots, listed at `listed_ms`: what the state has and the platform lacks is gone,
+    what the platform has and no state knows is destroyed. Sent by the gc worker on start, for the
+    system key; the controller asks each function's core in turn."""
+
+    listed_ms: int
+    slots: tuple[PlatformSlot, ...] = ()
+    grace_ms: int = 0  # slots and instances younger than this may be in flight: left alone
+
+
+AnyCommand = Assign | Idle | Cancel | SlotReady | SlotFailed | SlotDestroyed | Tick | Reconcile
 
 
 def command_id(cmd: AnyCommand) -> str:
@@ -84,6 +103,8 @@ def command_id(cmd: AnyCommand) -> str:
             return f"destroyed:{i}"
         case Tick(key=k, due_ms=t):
             return f"tick:{k}:{t}"
+        case Reconcile(listed_ms=t):
+            return f"reconcile:{t}"
     raise TypeError(f"not a command: {cmd!r}")
 
 

@@ -120,10 +120,11 @@ class InstanceRetired(Event, tag="instance-retired"):
 
 
 class InstanceDestroyed(Event, tag="instance-destroyed"):
-    """The platform confirmed DestroySlot: the instance is gone."""
+    """The instance is gone: the platform confirmed DestroySlot, or (with a reason) reconcile found its slot missing."""
 
     instance_id: str
     slot_id: str = ""
+    reason: str = ""
 
 
 AnyEvent = (

@@ -10,6 +10,12 @@ CMD = "cmd"
 EVT = "evt"
 
 MAX_KEY_BYTES = 256
+
+# What belongs to no function (a slot the platform has that no state knows) is kept under the
+# empty key, which no function can have (key_problem refuses it), on a two-token subject, which
+# no function's one-token subject can equal.
+SYSTEM_KEY = ""
+SYSTEM_TOKEN = "_sys.platform"
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
@@ -31,6 +37,8 @@ def key_token(key: str) -> str:
     subjects to one token per key, keeps the mapping one-to-one, and leaves the usual
     hex or name keys readable in `nats stream view`.
     """
+    if key == SYSTEM_KEY:
+        return SYSTEM_TOKEN
     if all(c in _SAFE for c in key):
         return key
     return "".join(chr(b) if chr(b) in _SAFE else f"%{b:02X}" for b in key.encode())
@@ -38,6 +46,8 @@ def key_token(key: str) -> str:
 
 def key_from_token(token: str) -> str:
     """The metaKey behind a subject token (the inverse of key_token)."""
+    if token == SYSTEM_TOKEN:
+        return SYSTEM_KEY
     if "%" not in token:
         return token
     out = bytearray()

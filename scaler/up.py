@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES
-from scaler.natsd import NatsServer
+from scaler.natsd import NatsServer, claim
 from scaler.runtime import READY_FD, env, setup_logging
 
 log = logging.getLogger("scaler.up")
@@ -29,7 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats", help="use this NATS (with JetStream) instead of starting an embedded one")
     p.add_argument("--platform", help="HOST:PORT of a real platform; the bundled stub is then not started")
     p.add_argument("--port", type=int, default=9001, help="gRPC port of the Scaler service (0: any free port)")
-    p.add_argument("--data-dir", help="where the embedded NATS keeps its store (default: a temporary folder)")
+    p.add_argument(
+        "--data-dir",
+        help="where the embedded NATS keeps its store (DIR/nats) and the controller its snapshots"
+        " (DIR/controller.sqlite); default: a temporary folder, no snapshots",
+    )
     p.add_argument("--metas", help="the stub's init times: a dataset folder or its metas file")
     p.add_argument("--policy", default=env("POLICY", DEFAULT_POLICY), choices=sorted(POLICIES))
     p.add_argument("--speed", type=float, default=1.0, help="run every clock N times faster (for simulations)")
@@ -50,6 +54,7 @@ class Supervisor:
         self.children: list[Child] = []
         self.nats: NatsServer | None = None
         self._tmp: str | None = None
+        self._claim = None  # the data dir's lock, held while running
 
     async def spawn(self, module: str, *argv: str, env_extra: dict[str, str] | None = None) -> Child:
         """Start `python -m module` and wait for its ready line."""
@@ -77,6 +82,8 @@ class Supervisor:
 
     async def start(self) -> str:
         a = self.args
+        if a.data_dir:
+            self._claim = claim(a.data_dir)  # its store and snapshots are this run's alone
         if a.nats:
             url = a.nats
         else:
@@ -84,12 +91,14 @@ class Supervisor:
             self.nats = NatsServer(store / "nats")
             url = await self.nats.start()
         self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING"}
+        # Snapshots only pay off across runs: with no data dir the store is gone at exit anyway.
+        snapshots = ["--snapshots", str(Path(a.data_dir) / "controller.sqlite")] if a.data_dir else []
         platform = a.platform
         if not platform:
             stub_args = ["--listen", "127.0.0.1:0"] + (["--metas", a.metas] if a.metas else [])
             platform = (await self.spawn("platform_stub", *stub_args)).address
         await asyncio.gather(
-            self.spawn("controller", "--policy", a.policy),
+            self.spawn("controller", "--policy", a.policy, *snapshots),
             self.spawn("platform_worker", "--platform", platform),
             self.spawn("gc_worker", "--platform", platform),
         )
@@ -123,6 +132,8 @@ class Supervisor:
         self.children.clear()
         if self.nats is not None:
             await self.nats.stop()
+        if self._claim is not None:
+            self._claim.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

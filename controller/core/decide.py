@@ -6,6 +6,7 @@ the state that earlier ones produced, and `Decision.state` equals `replay(s, Dec
 
 from typing import NamedTuple
 
+from controller.core import reconcile
 from controller.core.policy import Policy
 from controller.core.state import FnState, Instance, Phase, apply
 from proto.commands import AnyCommand, Assign, Cancel, Code, Idle, Reply, SlotDestroyed, SlotFailed, SlotReady, Tick
@@ -76,6 +77,9 @@ def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
             _destroyed(d, cmd)
         case Tick():
             pass
+        case reconcile.Reconcile():  # the platform's live slots: in its own module
+            for e in reconcile.events(d.s, cmd, d.now):
+                d.emit(e)
         case _:
             raise TypeError(f"not a command: {cmd!r}")
     wake = _settle(d, policy)

@@ -1,0 +1,194 @@
+"""`scaler replay`: rebuild the controller's state from the EVENTS stream and show it, or check it.
+
+Prints every function's state (instances, their phase, who holds them, keep-alive deadlines)
+as replayed up to the end, a stream sequence (`--until-seq`) or a time (`--until`). With
+`--key K`, also the timeline of that function's decisions. With `--verify`, compares the replay
+with the running controller's own state and exits 1 on any difference. Reads a live NATS
+(`--nats`), or the store a stopped `scaler up --data-dir DIR` left (`--data-dir`).
+"""
+
+import argparse
+import asyncio
+import datetime
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+from nats.js.errors import NotFoundError
+
+from controller import explain, state_service, stream
+from controller.core.state import FnState, apply
+from proto.events import Batch
+from proto.subjects import event_subject
+from scaler.natsd import NatsServer, StoreBusy, claim
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--nats", help="NATS URL of a running scaler (default nats://127.0.0.1:4222)")
+    source.add_argument("--data-dir", help="the --data-dir of a stopped `scaler up`: its store is read offline")
+    p.add_argument("--key", help="only this function, with the timeline of its decisions")
+    until = p.add_mutually_exclusive_group()
+    until.add_argument("--until-seq", type=int, metavar="N", help="replay batches up to stream sequence N")
+    until.add_argument("--until", metavar="TIME", help="replay batches decided up to TIME (ISO 8601, or epoch ms)")
+    p.add_argument(
+        "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
+    )
+
+
+def parse_time(text: str) -> int:
+    """Epoch ms from `1700000000000` or an ISO time (UTC unless it says otherwise)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        t = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--until {text!r} is neither epoch ms nor an ISO time like 2026-01-02T12:00:03") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.UTC)
+    return int(t.timestamp() * 1000)
+
+
+@dataclass
+class Replayed:
+    states: dict[str, FnState] = field(default_factory=dict)
+    last_seq: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    events: int = 0
+
+
+async def replay(
+    js,
+    subject: str = stream.ALL,
+    until_seq: int | None = None,
+    until_ms: int | None = None,
+    keep: Callable[[int, Batch], bool] | None = None,
+    seen: Callable[[int, Batch], None] | None = None,
+) -> Replayed:
+    """Fold the stream into states, as the controller does at start; `keep` picks batches, `seen` watches them."""
+    out = Replayed()
+
+    def fold(seq: int, batch: Batch) -> bool:
+        if until_ms is not None and batch.at_ms > until_ms:
+            return True
+        if keep is not None and not keep(seq, batch):
+            return False
+        s = out.states.get(batch.key) or FnState(key=batch.key)
+        for e in batch.events:
+            s = apply(s, e)
+        out.states[batch.key] = s
+        out.last_seq[batch.key] = seq
+        out.batches += 1
+        out.events += len(batch.events)
+        if seen is not None:
+            seen(seq, batch)
+        return False
+
+    await stream.read(js, fold, subject=subject, until_seq=until_seq)
+    return out
+
+
+async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
+    """Replay up to what the running controller has applied and compare, function by function."""
+    running = await state_service.fetch(nc)
+    # The controller holds every batch up to `seq`, and per function exactly up to its last_seq.
+    end = max([running.seq, *running.last_seq.values()])
+    replayed = await replay(
+        js,
+        subject=event_subject(key) if key is not None else stream.ALL,
+        until_seq=end,
+        keep=lambda seq, b: seq <= running.last_seq.get(b.key, running.seq),
+    )
+    theirs = running.states if key is None else {k: v for k, v in running.states.items() if k == key}
+    bad = 0
+    for k in sorted(set(replayed.states) | set(theirs)):
+        diffs = list(explain.differences(replayed.states.get(k), theirs.get(k)))
+        if diffs:
+            bad += 1
+            print(f"MISMATCH {explain.name(k)}:", file=out)
+            for d in diffs:
+                print(f"  {d}", file=out)
+    if bad:
+        print(f"{bad} of {len(set(replayed.states) | set(theirs))} functions differ", file=out)
+        return 1
+    print(f"verified: {len(theirs)} functions equal to the running controller's state (up to seq {end})", file=out)
+    return 0
+
+
+async def show(js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout) -> int:
+    timeline: list[str] = []
+    subject = event_subject(key) if key is not None else stream.ALL
+    seen = (lambda seq, b: timeline.append(explain.batch(seq, b))) if key is not None else None
+    replayed = await replay(js, subject, until_seq, until_ms, seen=seen)
+    if key is not None:
+        if key not in replayed.states:
+            print(f"no events for function {key!r}", file=out)
+            return 1
+        print(f"timeline of {key}:", file=out)
+        for line in timeline:
+            print(f"  {line}", file=out)
+        print(file=out)
+    for k in sorted(replayed.states):
+        for line in explain.state(replayed.states[k], replayed.last_seq[k]):
+            print(line, file=out)
+    print(f"\n{len(replayed.states)} functions from {replayed.batches} batches, {replayed.events} events", file=out)
+    return 0
+
+
+async def _connect(url: str):
+    async def quiet(e: Exception) -> None:
+        pass
+
+    try:
+        async with asyncio.timeout(5):
+            return await nats.connect(url, connect_timeout=2, max_reconnect_attempts=1, error_cb=quiet)
+    except Exception as e:
+        raise ValueError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
+
+
+async def _main(args: argparse.Namespace) -> int:
+    until_ms = parse_time(args.until) if args.until else None
+    server = held = None
+    if args.data_dir:
+        if args.verify:
+            raise ValueError("--verify compares with a running controller: use --nats, not --data-dir")
+        store = Path(args.data_dir) / "nats"
+        if not store.is_dir():
+            raise ValueError(f"no NATS store in {store} (what `scaler up --data-dir {args.data_dir}` writes)")
+        try:
+            held = claim(args.data_dir)
+        except StoreBusy as e:
+            raise ValueError(f"{e}: read it live with --nats URL") from None
+        server = NatsServer(store)
+        url = await server.start()
+    else:
+        url = args.nats or "nats://127.0.0.1:4222"
+    try:
+        nc = await _connect(url)
+        try:
+            js = nc.jetstream()
+            try:
+                if args.verify:
+                    return await verify(nc, js, args.key)
+                return await show(js, args.key, args.until_seq, until_ms)
+            except NotFoundError:
+                raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None
+            except TimeoutError:
+                raise ValueError(f"no controller answered on {state_service.SUBJECT} at {url}") from None
+        finally:
+            await nc.close()
+    finally:
+        if server is not None:
+            await server.stop()
+        if held is not None:
+            held.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_main(args))
+    except (ValueError, stream.UnreadableStream) as e:
+        print(f"scaler replay: {e}", file=sys.stderr)
+        return 2

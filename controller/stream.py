@@ -1,0 +1,96 @@
+"""Reading the EVENTS stream in order: how the controller rebuilds at start and how `scaler replay` reads.
+
+An ordered push consumer is the fast way to read a stream front to back. It is told where to
+start; it stops at the stream's last sequence as it was when reading began (or `until_seq`), so
+a live stream that keeps growing cannot make a reader wait forever, and an empty range returns
+at once. A batch this version cannot decode stops the read with a clear error instead of
+silently leaving it out of the state.
+"""
+
+import asyncio
+from collections.abc import Callable
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from proto.events import Batch, decode_batch
+from proto.subjects import EVENTS, EVT
+
+ALL = f"{EVT}.>"
+
+# Called for each batch in stream order with its stream sequence; returning True stops the read.
+OnBatch = Callable[[int, Batch], bool | None]
+
+
+class UnreadableStream(Exception):
+    """A stored batch could not be decoded: the state cannot be rebuilt past it."""
+
+
+async def last_seq(js: JetStreamContext, subject: str = ALL) -> int:
+    """The stream sequence of the newest batch on `subject` (0 when there is none)."""
+    if subject == ALL:
+        return (await js.stream_info(EVENTS)).state.last_seq
+    try:
+        return (await js.get_last_msg(EVENTS, subject)).seq
+    except NotFoundError:
+        return 0
+
+
+async def stream_id(js: JetStreamContext) -> str:
+    """Which incarnation of the EVENTS stream this is (its creation time): a deleted and recreated
+    store has the same name but another history, and a snapshot of the old one must not be used."""
+    info = await js.stream_info(EVENTS)
+    return info.created.isoformat() if info.created else ""
+
+
+async def read(
+    js: JetStreamContext, on_batch: OnBatch, subject: str = ALL, after_seq: int = 0, until_seq: int | None = None
+) -> int:
+    """Call `on_batch` for every batch on `subject` with after_seq < seq <= end, in order; return how many.
+
+    `end` is `until_seq`, or else the subject's last sequence when the read starts.
+    """
+    end = await last_seq(js, subject)
+    if until_seq is not None:
+        end = min(end, until_seq)
+    if end <= after_seq:
+        return 0
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    count = 0
+
+    async def deliver(msg: Msg) -> None:
+        nonlocal count
+        if done.done():
+            return
+        meta = msg.metadata
+        seq = meta.sequence.stream
+        if seq > end:  # a live stream grew past where this read ends
+            done.set_result(None)
+            return
+        try:
+            batch = decode_batch(msg.data)
+        except Exception as e:
+            done.set_exception(UnreadableStream(f"EVENTS seq {seq} on {msg.subject}: {e}"))
+            return
+        count += 1
+        try:
+            stop = on_batch(seq, batch)
+        except Exception as e:
+            done.set_exception(e)
+            return
+        if stop or seq >= end or meta.num_pending == 0:
+            done.set_result(None)
+
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1)
+    sub = await js.subscribe(subject, stream=EVENTS, ordered_consumer=True, cb=deliver, config=config)
+    try:
+        # Batches in the range may all have been deleted: then nothing is delivered at all.
+        probe = await sub.consumer_info()
+        if probe.num_pending == 0 and probe.delivered.consumer_seq == 0:
+            return 0
+        await done
+    finally:
+        await sub.unsubscribe()
+    return count

@@ -1,0 +1,179 @@
+"""The scaler as `scaler up` runs it, one process per part, so a test can kill -9 one and start it again.
+
+The platform stub stays in the test's process: it is the platform, which outlives our crashes,
+and the test reads its exact accounting. A small driver plays clients that assign, hold, idle.
+"""
+
+import argparse
+import asyncio
+import itertools
+import signal
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from controller import state_service
+from controller.core.state import FnState, Phase
+from platform_stub.server import PlatformStub
+from proto import serverless_sim_pb2 as pb
+from proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.bus import close, connect
+from scaler.up import Child, Supervisor
+
+
+class Parts:
+    """controller, platform_worker, gc_worker and gateway as real subprocesses."""
+
+    ORDER = ("controller", "platform_worker", "gc_worker", "gateway")
+
+    def __init__(self, nats_url: str, platform: str, snapshots: str = "", reply_timeout_s: float = 30) -> None:
+        self.platform = platform
+        self.snapshots = snapshots
+        self.reply_timeout_s = reply_timeout_s
+        self.supervisor = Supervisor(argparse.Namespace())
+        self.supervisor.env = {"SCALER_NATS_URL": nats_url, "SCALER_LOG_LEVEL": "WARNING", "SCALER_SPEED": "1"}
+        self.running: dict[str, Child] = {}
+
+    def argv(self, part: str) -> list[str]:
+        return {
+            "controller": ["--snapshots", self.snapshots] if self.snapshots else [],
+            "platform_worker": ["--platform", self.platform],
+            "gc_worker": ["--platform", self.platform],
+            "gateway": ["--listen", "127.0.0.1:0", "--reply-timeout", str(self.reply_timeout_s)],
+        }[part]
+
+    async def start(self, part: str) -> float:
+        """Start one part; returns how long it took to be ready (seconds)."""
+        began = time.monotonic()
+        self.running[part] = await self.supervisor.spawn(part, *self.argv(part))
+        return time.monotonic() - began
+
+    async def __aenter__(self) -> "Parts":
+        for part in self.ORDER:
+            await self.start(part)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.supervisor.stop()
+
+    @property
+    def gateway(self) -> str:
+        return self.running["gateway"].address
+
+    async def kill(self, part: str) -> None:
+        """kill -9: no cleanup, no ack, no goodbye."""
+        proc = self.running[part].proc
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+
+@dataclass
+class Call:
+    request_id: str
+    key: str
+    instance: str = ""
+    got_at: float = 0.0  # monotonic: answer received
+    idle_at: float = 0.0  # monotonic: Idle sent
+    error: str = ""
+    idle_retries: int = 0
+
+
+RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+IDLE_ATTEMPTS = 20
+
+
+@dataclass
+class Driver:
+    """Clients that each loop assign → hold → idle on a few functions until told to stop."""
+
+    gateway: str
+    keys: tuple[str, ...] = ("fa", "fb", "fc")
+    clients: int = 6
+    hold_s: float = 0.05
+    timeout_s: float = 60
+    calls: list[Call] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        async with grpc.aio.insecure_channel(self.gateway) as channel:
+            scaler = pb_grpc.ScalerStub(channel)
+            await asyncio.gather(*(self._client(scaler, n) for n in range(self.clients)))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _client(self, scaler: pb_grpc.ScalerStub, n: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            call = Call(f"c{n}-{i}", self.keys[(n + i) % len(self.keys)])
+            self.calls.append(call)
+            await self.one(scaler, call)
+            i += 1
+
+    async def one(self, scaler: pb_grpc.ScalerStub, call: Call) -> None:
+        meta = pb.Meta(key=call.key, runtime="python", memory_in_mb=128)
+        try:
+            reply = await scaler.Assign(
+                pb.AssignRequest(request_id=call.request_id, meta_data=meta), timeout=self.timeout_s
+            )
+            call.got_at, call.instance = time.monotonic(), reply.assigment.instance_id
+            await asyncio.sleep(self.hold_s)
+            call.idle_at = time.monotonic()
+            result = pb.Result(status_code=200, duration_in_ms=int(self.hold_s * 1000))
+            idle = pb.IdleRequest(assigment=reply.assigment, result=result)
+            for attempt in range(IDLE_ATTEMPTS):  # as a platform would: Idle is safe to repeat
+                try:
+                    await scaler.Idle(idle, timeout=self.timeout_s)
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() not in RETRY or attempt == IDLE_ATTEMPTS - 1:
+                        raise
+                    call.idle_retries += 1
+                    await asyncio.sleep(0.5)
+        except grpc.aio.AioRpcError as e:
+            call.error = f"{e.code().name}: {e.details()}"
+
+    async def one_on(self, call: Call) -> None:
+        """One call on a channel of its own, not counted in `calls`."""
+        async with grpc.aio.insecure_channel(self.gateway) as channel:
+            await self.one(pb_grpc.ScalerStub(channel), call)
+
+    def overlaps(self) -> list[str]:
+        """Instances handed to a request while an earlier holder had not yet let go."""
+        held: dict[str, list[Call]] = {}
+        for c in self.calls:
+            if c.instance:
+                held.setdefault(c.instance, []).append(c)
+        out = []
+        for instance, calls in held.items():
+            calls.sort(key=lambda c: c.got_at)
+            for a, b in itertools.pairwise(calls):
+                if not a.idle_at or b.got_at <= a.idle_at:
+                    out.append(f"{instance}: {b.request_id} got it while {a.request_id} held it")
+        return out
+
+
+async def controller_state(nats_url: str) -> state_service.StateChunk:
+    nc = await connect(nats_url, "test")
+    try:
+        return await state_service.fetch(nc)
+    finally:
+        await close(nc)
+
+
+def slots_of(states: dict[str, FnState]) -> set[str]:
+    return {i.slot_id for s in states.values() for i in s.instances.values() if i.slot_id}
+
+
+async def settled(nats_url: str, stub: PlatformStub, seconds: float = 40) -> dict[str, FnState]:
+    """Wait until nothing is being created or destroyed and the platform's slots are the state's."""
+    async with asyncio.timeout(seconds):
+        while True:
+            states = (await controller_state(nats_url)).states
+            moving = any(
+                i.phase in (Phase.CREATING, Phase.RETIRING) for s in states.values() for i in s.instances.values()
+            )
+            if not moving and slots_of(states) == set(stub.accounting.live):
+                return states
+            await asyncio.sleep(0.1)

@@ -1,0 +1,153 @@
+"""`scaler replay`: the state rebuilt from the stream, readable, and equal to the running controller's."""
+
+import asyncio
+import io
+import re
+import sys
+
+import msgspec
+from msgspec.structs import replace
+
+from controller import replay, state_service
+from controller.core.state import Phase
+from controller.snapshots import Snapshot
+from scaler.bus import close, connect
+from tests.stack import Stack
+from tests.test_up import assign_and_idle, start_up, stop
+
+
+async def scaler_replay(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "scaler.cli",
+        "replay",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def traffic(stack: Stack) -> None:
+    first = await stack.assign("r1")
+    await stack.idle(first)
+    second = await stack.assign("r2")  # reuses fn-1
+    third = await stack.assign("r3")  # cold-starts fn-2
+    await stack.idle(third, need_destroy=True)
+    await stack.settled()
+    assert second.assigment.instance_id == "fn-1"
+
+
+async def test_replay_prints_the_state_and_a_readable_timeline(nats_url):
+    async with Stack(nats_url) as stack:
+        await traffic(stack)
+        code, out, err = await scaler_replay("--nats", nats_url, "--key", "fn")
+    assert code == 0, err
+    timeline, _, summary = out.partition("\n\n")
+    assert "seq 1 assign:r1 → function seen: 256 MB python, timeout 60s; request r1 queued; start fn-1 for r1 (" in (
+        timeline
+    )
+    assert "ready:fn-1 → fn-1 ready on slot-" in timeline and "r1 → fn-1" in timeline
+    assert "idle:r1 → r1 done with fn-1 (status 200, ran 10 ms); fn-1 kept alive until " in timeline
+    assert "fn-2 retired (need_destroy)" in timeline and "destroyed:fn-2 → fn-2 gone with slot-" in timeline
+    assert "next deadline" in timeline
+    assert "arrivals 3, cold starts 2" in summary
+    assert re.search(r"fn-1 +busy +slot-\S+, held by r2", summary)
+    assert "fn-2" not in summary
+
+
+async def test_replay_up_to_a_sequence_or_a_time(nats_url):
+    async with Stack(nats_url) as stack:
+        await traffic(stack)
+        nc = await connect(nats_url, "test")
+        try:
+            js = nc.jetstream()
+            early = await replay.replay(js, until_seq=1)
+            assert early.batches == 1 and early.states["fn"].in_phase(Phase.CREATING)
+            whole = await replay.replay(js)
+            assert whole.states == stack.controller.states
+            first_at = early.states["fn"].stats.last_arrival_ms
+            by_time = await replay.replay(js, until_ms=first_at)
+            assert by_time.states == early.states
+        finally:
+            await close(nc)
+    assert replay.parse_time("2023-01-01T00:00:00") == 1_672_531_200_000 == replay.parse_time("1672531200000")
+    assert replay.parse_time("2023-01-01T01:00:00+01:00") == 1_672_531_200_000
+
+
+async def test_verify_finds_the_running_state_equal_and_then_a_difference(nats_url):
+    async with Stack(nats_url) as stack:
+        await traffic(stack)
+        nc = await connect(nats_url, "test")
+        try:
+            out = io.StringIO()
+            assert await replay.verify(nc, nc.jetstream(), None, out) == 0
+            assert "verified: 1 functions equal" in out.getvalue()
+            # Corrupt the running state behind the log's back: verify must say where.
+            s = stack.controller.states["fn"]
+            inst = s.instances["fn-1"]
+            stack.controller.states["fn"] = replace(s, instances={"fn-1": replace(inst, phase=Phase.IDLE)})
+            out = io.StringIO()
+            assert await replay.verify(nc, nc.jetstream(), None, out) == 1
+            assert "MISMATCH fn:\n  instances.fn-1.phase: replayed 'busy', controller 'idle'" in out.getvalue()
+        finally:
+            await close(nc)
+        code, out, _ = await scaler_replay("--nats", nats_url, "--verify")
+        assert code == 1 and "MISMATCH fn" in out
+
+
+async def test_verify_while_the_controller_keeps_appending(nats_url):
+    async with Stack(nats_url) as stack:
+        load = asyncio.gather(*(stack.assign(f"r{n}", key=f"fn{n % 5}") for n in range(60)))
+        nc = await connect(nats_url, "test")
+        try:
+            for _ in range(5):
+                assert await replay.verify(nc, nc.jetstream(), None, io.StringIO()) == 0
+        finally:
+            await close(nc)
+        await load
+
+
+def test_a_large_state_travels_in_several_messages():
+    snap = Snapshot(seq=7, stream="s", last_seq={f"k{n}": n for n in range(50)}, states={})
+    with_states = replace(snap, states={k: state_service.FnState(key=k) for k in snap.last_seq})
+    parts = state_service.chunks(with_states, max_bytes=1200)
+    assert len(parts) > 1 and all(len(p) <= 1200 for p in parts)
+    decoded = [msgspec.msgpack.decode(p, type=state_service.StateChunk) for p in parts]
+    assert [c.more for c in decoded] == [True] * (len(parts) - 1) + [False]
+    assert {k: v for c in decoded for k, v in c.states.items()} == with_states.states
+    assert {k: v for c in decoded for k, v in c.last_seq.items()} == snap.last_seq
+
+
+async def test_replay_reads_the_store_a_stopped_scaler_up_left(tmp_path):
+    proc, address, _ = await start_up("--data-dir", str(tmp_path))
+    try:
+        await assign_and_idle(address, "r1")
+        code, _, err = await scaler_replay("--data-dir", str(tmp_path))
+        assert code == 2 and "is in use by a running scaler: read it live with --nats URL" in err
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
+    code, out, err = await scaler_replay("--data-dir", str(tmp_path), "--key", "hello")
+    assert code == 0, err
+    assert "assign:r1 → function seen: 128 MB python" in out and re.search(r"hello-1 +idle", out)
+
+
+async def test_replay_refuses_bad_input_clearly(tmp_path, nats_url):
+    cases = [
+        (["--data-dir", str(tmp_path / "nothing")], "no NATS store in"),
+        (["--nats", nats_url], "no EVENTS stream at"),
+        (["--nats", nats_url, "--until", "yesterday"], "neither epoch ms nor an ISO time"),
+        (["--nats", "nats://127.0.0.1:1"], "cannot reach NATS at nats://127.0.0.1:1"),
+        (["--data-dir", str(tmp_path), "--verify"], "use --nats, not --data-dir"),
+    ]
+    for args, message in cases:
+        code, _, err = await scaler_replay(*args)
+        assert code == 2 and message in err and "Traceback" not in err, (args, err)
+    async with Stack(nats_url):
+        pass
+    code, _, err = await scaler_replay("--nats", nats_url, "--verify")
+    assert code == 2 and "no controller answered on scaler.controller.state" in err
