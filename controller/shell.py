@@ -20,7 +20,7 @@ from controller import state_service, stream
 from controller.core import reconcile
 from controller.core.decide import Decision, decide
 from controller.core.policy import Policy
-from controller.core.state import FnState, Phase, apply
+from controller.core.state import FnState, Phase, Totals, apply
 from controller.snapshots import Snapshot, SnapshotStore
 from proto.commands import AnyCommand, Reconcile, Reply, Tick, command_id, decode_command, encode
 from proto.events import Batch, encode_batch
@@ -56,6 +56,7 @@ class Controller:
         self.policy = policy
         self.clock = clock or Clock()
         self.states: dict[str, FnState] = {}
+        self.totals = Totals()  # the run so far, summed over functions, for the policy
         self.last_seq: dict[str, int] = {}  # per function: stream sequence of its last batch
         self.applied_seq = 0  # the newest stream sequence known: any append still to come gets a higher one
         self.rebuilt_from = 0  # the snapshot's sequence the last rebuild started from (0: the whole stream)
@@ -110,13 +111,15 @@ class Controller:
     async def rebuild(self) -> int:
         """Load the newest usable snapshot, then fold the batches after it. Returns the number of batches read."""
         self.states.clear()
+        self.totals = Totals()
         self.last_seq.clear()
         self.applied_seq = self.rebuilt_from = 0
         self._stream = await stream.stream_id(self._js)
         if self._store is not None:
             snap = await self._store.load(self._stream, await stream.last_seq(self._js))
             if snap is not None:
-                self.states.update(snap.states)
+                for key, state in snap.states.items():
+                    self._put_state(key, state)
                 self.last_seq.update(snap.last_seq)
                 self.applied_seq = self.rebuilt_from = snap.seq
         return await stream.read(self._js, self._fold, after_seq=self.rebuilt_from)
@@ -128,8 +131,12 @@ class Controller:
         s = self.states.get(batch.key) or FnState(key=batch.key)
         for event in batch.events:
             s = apply(s, event)
-        self.states[batch.key] = s
+        self._put_state(batch.key, s)
         self.last_seq[batch.key] = seq
+
+    def _put_state(self, key: str, s: FnState) -> None:
+        self.totals.change(self.states.get(key), s)
+        self.states[key] = s
 
     def snapshot(self) -> Snapshot:
         """A consistent copy of the state: FnState is immutable, so copying the dicts is enough."""
@@ -207,7 +214,8 @@ class Controller:
 
     async def _reload(self, key: str) -> None:
         """Catch one function up from its subject after a conflict."""
-        self.states.pop(key, None)
+        if (old := self.states.pop(key, None)) is not None:
+            self.totals.add(old.stats, -1)
         self.last_seq.pop(key, None)
         await stream.read(self._js, self._fold, subject=event_subject(key))
 
@@ -272,7 +280,7 @@ class Controller:
         for _ in range(APPEND_ATTEMPTS):
             now = self.clock.now_ms()
             s = self.states.get(cmd.key) or FnState(key=cmd.key)
-            decision = decide(s, cmd, now, self.policy)
+            decision = decide(s, cmd, now, self.policy, self.totals)
             # A Tick that found nothing due yet still re-arms the gc worker's timer.
             rearm = isinstance(cmd, Tick) and decision.wake_ms is not None
             if decision.events or rearm:
@@ -293,7 +301,7 @@ class Controller:
                         del self._appending[floor]
                 self.last_seq[cmd.key] = seq
                 self.applied_seq = max(self.applied_seq, seq)
-                self.states[cmd.key] = decision.state
+                self._put_state(cmd.key, decision.state)
                 self._maybe_snapshot(len(decision.events))
             return decision  # no events: nothing changed, and a function with no batch has no state
         raise RuntimeError(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key}")

@@ -91,6 +91,7 @@ class Released(Event, tag="released"):
     status_code: int = 200
     duration_ms: int = 0
     reason: str = ""
+    need_destroy: bool = False  # the instance dies with this release (it is retired next)
 
 
 class KeptAlive(Event, tag="kept-alive"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from controller.core.decide import decide
 from controller.core.policy import Policy
-from controller.core.state import FnState
+from controller.core.state import FnState, Totals
 from proto import commands as c
 from proto import events as e
 from simulator.dataset import Dataset
@@ -41,6 +41,7 @@ class Simulation:
     policy: Policy
     create_latency_ms: int = 100
     states: dict[str, FnState] = field(default_factory=dict)
+    totals: Totals = field(default_factory=Totals)  # the run so far, as the controller keeps it
     slots: dict[str, Slot] = field(default_factory=dict)  # by slot id (= the instance id here)
     arrival_ms: dict[str, int] = field(default_factory=dict)
     invocations: dict[str, Invocation] = field(default_factory=dict)
@@ -81,8 +82,9 @@ class Simulation:
         self.command(c.Assign(key=r.meta_key, request_id=str(n), meta=meta), now)
 
     def command(self, cmd: c.AnyCommand, now: int) -> None:
-        s = self.states.get(cmd.key) or FnState(key=cmd.key)
-        d = decide(s, cmd, now, self.policy)
+        old = self.states.get(cmd.key)
+        d = decide(old or FnState(key=cmd.key), cmd, now, self.policy, self.totals)
+        self.totals.change(old, d.state)
         self.states[cmd.key] = d.state
         for event in d.events:
             self.effect(cmd.key, event, now)

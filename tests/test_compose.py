@@ -201,7 +201,9 @@ async def run(command: list[str]) -> int:
 async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(tmp_path, monkeypatch):
     for var in [v for v in os.environ if v.startswith("SCALER_")]:
         monkeypatch.delenv(var)  # a container sees only what compose.yaml gives it
-    compose = c.load({**SIM_ENV, "SCALER_SPEED": SPEED})  # a shell variable wins over sim.env, as in compose
+    # A shell variable wins over sim.env, as in compose. The demo policy's fixed 5-minute keep-alive
+    # makes "every slot is destroyed" observable in bounded time; ours may keep an instance for hours.
+    compose = c.load({**SIM_ENV, "SCALER_SPEED": SPEED, "SCALER_POLICY": "demo"})
     services = c.enabled(compose, {"sim"})
     loopback = c.Loopback(services)
     supervisor = Supervisor(None)

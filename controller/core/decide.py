@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from controller.core import reconcile
 from controller.core.policy import Policy
-from controller.core.state import FnState, Instance, Phase, apply
+from controller.core.state import FnState, Instance, Phase, Totals, apply
 from proto.commands import AnyCommand, Assign, Cancel, Code, Idle, Reply, SlotDestroyed, SlotFailed, SlotReady, Tick
 from proto.events import (
     Assigned,
@@ -60,7 +60,10 @@ class _Draft:
             self.reply(to, request_id, **kw)
 
 
-def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
+def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None) -> Decision:
+    """`totals`: the whole run so far, for a policy that weighs its choices by it (`Policy.bind`)."""
+    if totals is not None:
+        policy = policy.bind(totals, now)
     d = _Draft(s, now)
     match cmd:
         case Assign():
@@ -129,6 +132,7 @@ def _idle(d: _Draft, cmd: Idle) -> None:
                 status_code=cmd.status_code,
                 duration_ms=cmd.duration_ms,
                 reason=cmd.reason,
+                need_destroy=cmd.need_destroy,
             )
         )
         if cmd.need_destroy:

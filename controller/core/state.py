@@ -59,11 +59,11 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
+BURSTS_KEPT = 32  # recent burst-to-burst periods
 IDLE_BINS = 240  # idle-time histogram: 1-minute bins over 4 hours ("Serverless in the Wild")
 GAP_BINS = 48  # inter-arrival histogram: half-octave bins from 1 ms to 4.6 h
 GAP_HALF_LIFE_MS = 30 * 60_000  # its counts halve every 30 minutes, so rare long gaps are remembered
-PEAK_HALF_LIFE_MS = 5 * 60_000  # the remembered peak load halves every 5 minutes
-SHORT_GAPS = 8  # arrivals that make the short-term rate
+UNKNOWN_START_MS = 1_000  # assumed CreateSlot + Init before the function's first instance is ready
 
 
 def gap_bin(gap_ms: int) -> int:
@@ -77,18 +77,25 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     cold_starts: int = 0  # instances started for a waiting request
     prewarms: int = 0  # instances started with no request waiting
     failures: int = 0  # requests answered with an error
+    deaths: int = 0  # instances lost with their request (need_destroy)
     last_arrival_ms: int = 0
     last_end_ms: int = 0  # when the function last had no request left in flight
     gaps: tuple[int, ...] = ()  # recent inter-arrival times, oldest first
-    last_idle_ms: int = 0  # when an instance last became idle with nobody waiting (0: an arrival came since)
-    idle_gaps: tuple[int, ...] = ()  # recent times from an instance going idle to the next arrival
     runs: tuple[int, ...] = ()  # recent execution times (assignment to release)
     start_ms: int = 0  # the last instance's start: SlotWanted to ready (CreateSlot + Init + our overhead)
+    burst_start_ms: int = 0  # the arrival that began the current burst (after a gap > 2 starts)
+    bursts: tuple[int, ...] = ()  # recent times from one burst's start to the next's
     gap_hist: tuple[float, ...] = ()  # inter-arrival times, decayed counts per half-octave (gap_bin)
-    peak_load: float = 0.0  # highest recent offered load (short-term rate x mean run), decaying
-    peak_at_ms: int = 0
     idle_hist: tuple[int, ...] = ()  # idle times (nothing in flight until the next arrival), by minute
     idle_oob: int = 0  # idle times beyond the histogram's 4 hours
+    # What the challenge's score is made of, summed over the function's life (see Totals).
+    exec_ms: float = 0.0  # time instances were busy with requests
+    exec_gb_ms: float = 0.0
+    wait_ms: float = 0.0  # time requests waited for an instance
+    slot_gb_ms: float = 0.0  # memory x life of instances already gone
+    live_gb: float = 0.0  # memory of instances not gone yet
+    live_gb_since: float = 0.0  # sum of their memory x start time, so open slot time is now x live_gb - this
+    ideal_gb_ms: float = 0.0  # idle slot time a clairvoyant scaler would pay: min(gap, start) x memory per arrival
 
 
 def _ring(values: tuple[int, ...], value: int, keep: int) -> tuple[int, ...]:
@@ -117,10 +124,27 @@ def _put(s: FnState, inst: Instance) -> FnState:
     return replace(s, instances={**s.instances, inst.id: inst})
 
 
-def _drop(s: FnState, instance_id: str) -> FnState:
+def _gone(s: FnState, instance_id: str, t: int) -> FnState:
+    """The instance is gone: its slot time is closed (from when it was wanted until now)."""
     instances = dict(s.instances)
-    instances.pop(instance_id, None)
-    return replace(s, instances=instances)
+    inst = instances.pop(instance_id, None)
+    if inst is None:
+        return s
+    st = s.stats
+    if inst.wanted_ms:  # started by us (an orphan slot found later has no start of ours)
+        gb = inst.memory_mb / 1024
+        st = replace(
+            st,
+            slot_gb_ms=st.slot_gb_ms + gb * (t - inst.wanted_ms),
+            live_gb=st.live_gb - gb,
+            live_gb_since=st.live_gb_since - gb * inst.wanted_ms,
+        )
+    return replace(s, instances=instances, stats=st)
+
+
+def _opened(st: FnStats, inst: Instance) -> FnStats:
+    gb = inst.memory_mb / 1024
+    return replace(st, live_gb=st.live_gb + gb, live_gb_since=st.live_gb_since + gb * inst.wanted_ms)
 
 
 def _dequeue(s: FnState, request_id: str) -> FnState:
@@ -154,7 +178,7 @@ def apply(s: FnState, e: Event) -> FnState:
             inst = Instance(
                 id=i, phase=Phase.CREATING, since_ms=t, memory_mb=meta.memory_mb, wanted_ms=t, for_request=r
             )
-            s = replace(_put(s, inst), started=s.started + 1)
+            s = replace(_put(s, inst), started=s.started + 1, stats=_opened(s.stats, inst))
             return _bump(s, cold_starts=1) if r else _bump(s, prewarms=1)
         case InstanceReady(instance_id=i, slot_id=slot, init_ms=init, at_ms=t) if i in s.instances:
             old = s.instances[i]
@@ -163,16 +187,21 @@ def apply(s: FnState, e: Event) -> FnState:
         case Assigned(request_id=r, instance_id=i, at_ms=t) if i in s.instances:
             waiting = s.pending(r)
             waiters = waiting.waiters if waiting else ()
+            if waiting is not None:
+                s = replace(s, stats=replace(s.stats, wait_ms=s.stats.wait_ms + t - waiting.since_ms))
             inst = replace(s.instances[i], phase=Phase.BUSY, since_ms=t, request_id=r, waiters=waiters, keep_until_ms=0)
             return _put(_dequeue(s, r), inst)
-        case Released(instance_id=i, at_ms=t) if i in s.instances:
+        case Released(instance_id=i, at_ms=t, need_destroy=dies) if i in s.instances:
             old = s.instances[i]
             s = _put(s, replace(old, phase=Phase.IDLE, since_ms=t, keep_until_ms=0))
             st = s.stats
+            if old.phase is Phase.BUSY:
+                busy = t - old.since_ms
+                st = replace(st, exec_ms=st.exec_ms + busy, exec_gb_ms=st.exec_gb_ms + busy * old.memory_mb / 1024)
             runs = _ring(st.runs, t - old.since_ms, RUNS_KEPT) if old.phase is Phase.BUSY else st.runs
             last_end = t if not s.queue and not s.in_phase(Phase.BUSY) else st.last_end_ms
-            last_idle = st.last_idle_ms if s.queue else t  # with a queue it is reassigned at once
-            return replace(s, stats=replace(st, runs=runs, last_end_ms=last_end, last_idle_ms=last_idle))
+            st = replace(st, runs=runs, last_end_ms=last_end, deaths=st.deaths + dies)
+            return replace(s, stats=st)
         case KeptAlive(instance_id=i, until_ms=until) if i in s.instances:
             return _put(s, replace(s.instances[i], keep_until_ms=until))
         case RequestFailed(request_id=r):
@@ -183,12 +212,12 @@ def apply(s: FnState, e: Event) -> FnState:
             old = s.instances.get(i)
             slot = slot or (old.slot_id if old else "")
             if not slot:  # nothing on the platform to destroy
-                return _drop(s, i)
+                return _gone(s, i, t)
             if old is None:  # a slot we never knew: track it until destroyed
                 old = Instance(id=i, phase=Phase.RETIRING, since_ms=t, memory_mb=0)
             return _put(s, replace(old, phase=Phase.RETIRING, since_ms=t, slot_id=slot))
-        case InstanceDestroyed(instance_id=i):
-            return _drop(s, i)
+        case InstanceDestroyed(instance_id=i, at_ms=t):
+            return _gone(s, i, t)
         case Waiting():
             return s  # explains a decision; changes nothing
         case InstanceReady() | Assigned() | Released() | KeptAlive():
@@ -199,6 +228,12 @@ def apply(s: FnState, e: Event) -> FnState:
 def _arrival(s: FnState, t: int) -> FnStats:
     st = s.stats
     gaps, gap_hist = st.gaps, st.gap_hist
+    burst_start, bursts = st.burst_start_ms, st.bursts
+    # A burst begins after a gap long enough to retire an instance and start one again.
+    if not st.arrivals or t - st.last_arrival_ms > 2 * (st.start_ms or UNKNOWN_START_MS):
+        if burst_start:
+            bursts = _ring(bursts, t - burst_start, BURSTS_KEPT)
+        burst_start = t
     if st.arrivals:
         gap = t - st.last_arrival_ms
         gaps = _ring(gaps, gap, GAPS_KEPT)
@@ -206,22 +241,6 @@ def _arrival(s: FnState, t: int) -> FnStats:
         gap_hist = tuple(c * decay for c in gap_hist) if gap_hist else (0.0,) * GAP_BINS
         b = gap_bin(gap)
         gap_hist = (*gap_hist[:b], gap_hist[b] + 1.0, *gap_hist[b + 1 :])
-    idle_gaps = _ring(st.idle_gaps, t - st.last_idle_ms, GAPS_KEPT) if st.last_idle_ms else st.idle_gaps
-    peak, peak_at = st.peak_load, st.peak_at_ms
-    recent = gaps[-SHORT_GAPS:]
-    if st.runs and recent:
-        # Offered load now: the short-term arrival rate x the mean run, but never more than the
-        # arrivals that really overlap within one run (a burst of long runs is not a storm).
-        run = sum(st.runs) / len(st.runs)
-        overlapping, back = 1, 0
-        for g in reversed(gaps):
-            back += g
-            if back > run:
-                break
-            overlapping += 1
-        load = min(len(recent) / max(sum(recent), 1) * run, overlapping)
-        peak = max(peak * 0.5 ** ((t - peak_at) / PEAK_HALF_LIFE_MS), load)
-        peak_at = t
     hist, oob = st.idle_hist, st.idle_oob
     if st.last_end_ms and not s.queue and not s.in_phase(Phase.BUSY):  # the function was idle until now
         minute = (t - st.last_end_ms) // 60_000
@@ -230,19 +249,55 @@ def _arrival(s: FnState, t: int) -> FnStats:
             hist = (*hist[:minute], hist[minute] + 1, *hist[minute + 1 :])
         else:
             oob += 1
+    # A clairvoyant scaler keeps the instance that ran the previous request through the gap after it,
+    # or starts one just in time: the arrival costs that idle time, at most one start (none when
+    # the requests overlap). From the arrivals alone, so it does not depend on our own choices.
+    gb = s.meta.memory_mb / 1024 if s.meta else 1.0
+    start = st.start_ms or UNKNOWN_START_MS
+    run = sum(st.runs) / len(st.runs) if st.runs else 0.0
+    ideal = min(max(t - st.last_arrival_ms - run, 0.0), start) if st.arrivals else start
     return replace(
         st,
+        ideal_gb_ms=st.ideal_gb_ms + ideal * gb,
         arrivals=st.arrivals + 1,
         last_arrival_ms=t,
         gaps=gaps,
+        burst_start_ms=burst_start,
+        bursts=bursts,
         gap_hist=gap_hist,
-        peak_load=peak,
-        peak_at_ms=peak_at,
-        last_idle_ms=0,
-        idle_gaps=idle_gaps,
         idle_hist=hist,
         idle_oob=oob,
     )
+
+
+class Totals(msgspec.Struct, kw_only=True):
+    """The whole run so far, summed over functions: what the score is made of."""
+
+    exec_ms: float = 0.0
+    exec_gb_ms: float = 0.0
+    wait_ms: float = 0.0
+    slot_gb_ms: float = 0.0
+    live_gb: float = 0.0
+    live_gb_since: float = 0.0
+    ideal_gb_ms: float = 0.0
+
+    def add(self, st: FnStats, sign: int = 1) -> None:
+        self.exec_ms += sign * st.exec_ms
+        self.exec_gb_ms += sign * st.exec_gb_ms
+        self.wait_ms += sign * st.wait_ms
+        self.slot_gb_ms += sign * st.slot_gb_ms
+        self.live_gb += sign * st.live_gb
+        self.live_gb_since += sign * st.live_gb_since
+        self.ideal_gb_ms += sign * st.ideal_gb_ms
+
+    def change(self, old: FnState | None, new: FnState) -> None:
+        """Account for one function's state replacing its previous one."""
+        if old is not None:
+            self.add(old.stats, -1)
+        self.add(new.stats)
+
+    def slot_gb_ms_at(self, now: int) -> float:
+        return self.slot_gb_ms + now * self.live_gb - self.live_gb_since
 
 
 def replay(s: FnState, events: Iterable[Event]) -> FnState:

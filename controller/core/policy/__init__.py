@@ -14,7 +14,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "public-adaptive": PublicAdaptive,
     "learned": Learned,
 }
-DEFAULT_POLICY = "demo"
+DEFAULT_POLICY = "learned"
 
 
 def get_policy(name: str) -> Policy:

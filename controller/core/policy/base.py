@@ -1,8 +1,9 @@
 """What a policy decides, and the defaults: the challenge's demo scaler."""
 
 from dataclasses import dataclass
+from typing import Self
 
-from controller.core.state import FnState, Instance
+from controller.core.state import FnState, Instance, Totals
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class Policy:
     """
 
     name = "base"
+
+    def bind(self, totals: Totals, now: int) -> Self:
+        """This policy as it should decide given the whole run so far (most ignore it)."""
+        return self
 
     def pick(self, s: FnState, idle: list[Instance], now: int) -> Instance:
         """The idle instance that serves the next waiting request: the most recently idled one."""

@@ -1,8 +1,6 @@
 """Estimates policies share: what the function's history says about the near future."""
 
-from controller.core.state import FnState, Phase
-
-UNKNOWN_START_MS = 1_000  # assumed CreateSlot + Init before the function's first instance is ready
+from controller.core.state import UNKNOWN_START_MS, FnState, Phase
 
 
 def median(values: tuple[int, ...] | list[int]) -> float:

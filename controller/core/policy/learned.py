@@ -2,30 +2,37 @@
 
 The challenge's score trades slot memory x time (GB·s) against time requests wait. Every choice
 here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth.
+It is learned from the run itself (`exchange_rate`): the rate at which the score trades the two
+at the best point this workload allows, so a trace of tiny executions (where memory is what a
+scaler can save) and one of long executions (where waiting is) each get their own.
 
-- Pool size: while a function is active, keep the number of instances k that minimises
-  memory x k + wait_gb x expected waiting (Erlang C on its recent arrival rate and run time).
-  An instance beyond it retires when it goes idle.
-- Lulls: how long after the last arrival to keep the pool, from a time-decayed histogram of the
-  function's gaps (rare long gaps stay remembered): keep until T when the expected memory
-  until the next arrival costs less than a miss. A miss costs the start time for the first
-  request and for every request that arrives while the new instance starts.
-- Waiting: a request with no idle instance waits for a busy one when that is cheaper than a
-  new instance's start (the queue is simulated against the busy instances' expected rests).
-- Pre-warm: when nothing is left, recent exact gaps predict the next arrival; an instance is
-  started so as to be ready just before it when that beats the expected cost of a cold start
-  (periodic functions, bursts that recur).
+- Pool: while a function is active, keep the number of instances k that minimises memory x k
+  + wait_gb x expected waiting (Erlang C on its recent arrival rate and run time), plus spares
+  for instances lost with their request (need_destroy) during a start. A clearly larger pool
+  shrinks as instances go idle.
+- Lulls: how long after the last arrival to keep the last instance, from a time-decayed
+  histogram of the function's gaps (rare long gaps stay remembered): keep while the expected
+  memory until the next arrival costs less than a miss. A miss costs the start time for the
+  first request and for those that arrive meanwhile (followers, at the rate within a burst).
+  Memory enters both sides: a large function is kept for less time than a small one.
+- Waiting: with no idle instance, start the number of instances that minimises the queue's
+  expected total wait (the queue now and the arrivals to come, simulated against the busy
+  instances' expected rests) x wait_gb plus their cost; the others wait for a busy one.
+- Pre-warm: when nothing is left, the recent burst-to-burst periods predict the next burst; an
+  instance is started to be ready just before it when that beats the expected cost of a cold
+  start (periodic functions, bursts that recur).
 """
 
 import heapq
 import math
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from controller.core.policy.estimate import start_ms
-from controller.core.state import GAP_BINS, PEAK_HALF_LIFE_MS, FnState, Instance, Phase
+from controller.core.state import GAP_BINS, FnState, Instance, Phase, Totals
 
+_POOL_MEMO: dict[tuple[int, int, float], tuple[object, int]] = {}  # pool targets within a decision
 _UPPER = [2 ** ((i + 1) / 2) for i in range(GAP_BINS)]  # upper edge of each gap bin, ms
 _MID = [2 ** ((i + 0.5) / 2) for i in range(GAP_BINS)]
 
@@ -33,8 +40,15 @@ _MID = [2 ** ((i + 0.5) / 2) for i in range(GAP_BINS)]
 @dataclass(frozen=True)
 class Learned(Policy):
     name: str = "learned"
-    wait_gb: float = 20.0  # slot GB·s one second of waiting is worth
+    wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
     min_samples: int = 3
+
+    def bind(self, totals: Totals, now: int) -> "Learned":
+        """Value waiting at the rate the score trades it for memory, given the run so far."""
+        rate = exchange_rate(totals, now)
+        if rate is None:
+            return self
+        return replace(self, wait_gb=min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB))
 
     # --- what the history says -------------------------------------------------------------
 
@@ -50,27 +64,46 @@ class Learned(Policy):
         return len(gaps) / max(span, 1)
 
     def miss_cost(self, s: FnState, gb: float) -> float:
-        """GB·ms lost when a request finds no instance: it and those arriving meanwhile wait a start."""
+        """GB·ms lost when a request finds no instance: it and those arriving meanwhile wait a start.
+
+        Followers arrive at the rate within a burst (gaps shorter than two starts), at most as many
+        as a burst holds.
+        """
         start = start_ms(s)
-        followers = self._rate(s) * start
+        near = [g for g in s.stats.gaps if g <= 2 * start]
+        far = len(s.stats.gaps) - len(near)
+        followers = 0.0
+        if near:
+            per_burst = len(near) / max(far, 1)  # followers a burst brings after its first request
+            followers = min(len(near) / max(sum(near), 1) * start, per_burst)
         return self.wait_gb * start * (1 + followers / 2) + gb * start
 
     def pool_target(self, s: FnState, now: int) -> int:
         """Instances worth keeping for the recent load: memory x k against expected waiting (M/M/k)."""
+        key = (id(s.stats), now, self.wait_gb)
+        hit = _POOL_MEMO.get(key)
+        if hit is not None and hit[0] is s.stats:  # FnStats are immutable: the same object, the same answer
+            return hit[1]
+        if len(_POOL_MEMO) > 256:
+            _POOL_MEMO.clear()
+        target = self._pool_target(s, now)
+        _POOL_MEMO[key] = (s.stats, target)
+        return target
+
+    def _pool_target(self, s: FnState, now: int) -> int:
         runs = s.stats.runs
         if not runs:
             return 1
         run = max(sum(runs) / len(runs), 1.0)
-        st = s.stats
-        peak = st.peak_load * 0.5 ** ((now - st.peak_at_ms) / PEAK_HALF_LIFE_MS)
-        load = max(self._rate(s, now) * run, peak)  # provision for the recent peak: a start is slow
-        rate = load / run
+        rate = self._rate(s, now)
+        load = rate * run
         gb = self._gb(s)
         k = max(1, math.ceil(load + 1e-9))
         erlang_b = 1.0
         for j in range(1, k + 1):
             erlang_b = load * erlang_b / (j + load * erlang_b)
         best = math.inf
+        spares = self._spares(s, rate, gb)
         while True:  # the cost is convex in k: stop at its first rise
             if k > load:
                 wait = k * erlang_b / (k - load * (1 - erlang_b)) * run / (k - load)  # Erlang C x run / (k - load)
@@ -78,10 +111,34 @@ class Learned(Policy):
             else:
                 cost = math.inf
             if cost >= best:
-                return k - 1
+                return k - 1 + spares
             best = cost
             k += 1
             erlang_b = load * erlang_b / (k + load * erlang_b)
+
+    def _spares(self, s: FnState, rate: float, gb: float) -> int:
+        """Instances kept beyond the load for those lost with their request (need_destroy).
+
+        Deaths come at `rate` x the share of requests that kill their instance; one that finds no
+        spare makes every arrival during a start wait. Keep the number of spares s that minimises
+        memory x s + wait_gb x (deaths that find none) x (their wait), deaths being Poisson within a start.
+        """
+        st = s.stats
+        if not st.deaths or not rate:
+            return 0
+        deaths = rate * st.deaths / st.arrivals  # per ms
+        start = start_ms(s)
+        expected = deaths * start  # deaths within one start
+        cost_of_one = rate * start * start / 2  # ms of waiting when no spare covers it
+        best_s, best, tail, term = 0, math.inf, 1.0, math.exp(-expected)
+        for spare in range(8):
+            tail -= term  # P(more than `spare` deaths within a start)
+            cost = gb * spare + self.wait_gb * deaths * max(tail, 0.0) * cost_of_one
+            if cost >= best:
+                break
+            best_s, best = spare, cost
+            term *= expected / (spare + 1)
+        return best_s
 
     def lull_deadline(self, s: FnState, now: int) -> tuple[int, str]:
         """Until when the function's last instance is worth keeping, counted from its last arrival."""
@@ -124,19 +181,25 @@ class Learned(Policy):
     def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
         target = self.pool_target(s, now)
-        if live > target:
-            return None  # surplus: the pool is larger than the load needs
+        if live > target + max(1, target // 10):
+            return None  # surplus: the pool is clearly larger than the load needs (slack: no churn)
         until, why = self.lull_deadline(s, now)
         return KeepAlive(until, why) if until > now else None
 
     def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
+        """Start the number of instances that minimises the queue's total wait x `wait_gb` plus their cost.
+
+        The queue is simulated first-come first-served against the busy instances' expected rests
+        and the instances being created, and against m new ones ready after a start; a new one
+        costs its start and as much again of idle tail.
+        """
         runs = sorted(s.stats.runs)
         if len(runs) < self.min_samples or not s.stats.start_ms:
             return QueuePlan(starts=uncovered)
         start = start_ms(s)
         typical = runs[len(runs) // 2]
         gb = self._gb(s)
-        free = []  # when each instance is expected to take the next waiting request
+        free = []  # when each instance is expected to take its next waiting request
         for inst in s.instances.values():
             if inst.phase is Phase.BUSY:
                 left = _remaining(runs, now - inst.since_ms)
@@ -144,27 +207,42 @@ class Learned(Policy):
                     free.append(now + left)
             elif inst.phase is Phase.CREATING:
                 free.append(max(now, inst.wanted_ms + start))
-        heapq.heapify(free)
-        starts, first_wait = 0, None
-        for _ in s.queue:
-            fresh = now + start
-            if free and self.wait_gb * (free[0] - fresh) <= gb * start:
-                at = heapq.heappop(free)  # waiting costs less than a new slot's start
-                if first_wait is None and at > now:
-                    first_wait = at
-                heapq.heappush(free, at + typical)
-            else:
-                starts += 1
-                heapq.heappush(free, fresh + typical)
+        # Who will want an instance: the queue now, and arrivals over the next two starts at the
+        # recent rate (a queue that cannot keep up with them keeps growing).
+        arrivals = [float(now)] * len(s.queue[:QUEUE_SIMULATED])
+        rate = self._rate(s)
+        if rate:
+            arrivals += [now + (j + 1) / rate for j in range(min(int(rate * 2 * start), QUEUE_SIMULATED))]
+
+        def waits(extra: int) -> tuple[float, float | None]:
+            """Total expected wait of those requests, and when the first one waiting now is served."""
+            heap = free + [now + start] * extra
+            heapq.heapify(heap)
+            total, first = 0.0, None
+            for arrived in arrivals:
+                at = max(heapq.heappop(heap) if heap else math.inf, arrived)
+                total += at - arrived
+                first = at if first is None else first
+                heapq.heappush(heap, at + typical)
+            return total, first
+
+        best_m, (wait, first) = 0, waits(0)
+        best = self.wait_gb * wait
+        for m in range(1, min(uncovered, MAX_STARTS) + 1):
+            total, at = waits(m)
+            cost = self.wait_gb * total + m * 2 * gb * start
+            if cost >= best:
+                break
+            best_m, best, first = m, cost, at
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        starts = min(max(starts, self.pool_target(s, now) - live), uncovered)
-        if starts == uncovered or first_wait is None:
+        starts = min(max(best_m, self.pool_target(s, now) - live), uncovered)
+        if starts == uncovered or first is None or first == math.inf:
             return QueuePlan(starts=starts)
         return QueuePlan(
             starts=starts,
-            why=f"wait ~{first_wait - now:.0f} ms for a busy instance rather than a {start} ms start",
-            recheck_ms=int(first_wait + max(5, typical // 4)),
-            expected_ms=int(first_wait),
+            why=f"wait ~{first - now:.0f} ms for a busy instance rather than a {start} ms start",
+            recheck_ms=int(first + max(5, typical // 4)),
+            expected_ms=int(first),
         )
 
     def prewarm(self, s: FnState, now: int) -> Prewarm:
@@ -183,43 +261,91 @@ class Learned(Policy):
         return Prewarm(1, f"pre-warm: next arrival expected {(begin + start_ms(s) - now) / 1000:.3g}s from now")
 
     def _prewarm_plan(self, s: FnState, now: int) -> tuple[int, int] | None:
-        """(when to start an instance, until when to hold it), or None when a cold start is cheaper.
-
-        Over recent exact gaps longer than the current one: an instance ready at R and held until
-        R + H costs its start and its wait for an arrival; an arrival before R waits (or misses
-        if the start has not begun), one after R + H misses.
-        """
-        last = s.stats.last_arrival_ms
-        elapsed = now - last
-        xs = sorted(g for g in s.stats.gaps if g > elapsed)
-        if len(xs) < self.min_samples or not s.stats.start_ms:
+        """(when to start an instance, until when to hold it) for the next burst, or None when a
+        cold start is cheaper. From recent burst-to-burst periods longer than the time since this
+        burst began."""
+        st = s.stats
+        since = now - st.burst_start_ms
+        xs = sorted(p for p in st.bursts if p > since)
+        if len(xs) < self.min_samples or not st.start_ms:
             return None
-        gb, start, lam = self._gb(s), start_ms(s), self.wait_gb
-        miss = self.miss_cost(s, gb)
-        prefix = [0]
-        for x in xs:
-            prefix.append(prefix[-1] + x)
-        n = len(xs)
+        gb = self._gb(s)
+        burst_gap = 2 * start_ms(s)
+        near = [g for g in st.gaps if g <= burst_gap]
+        rate = len(near) / max(sum(near), 1) if near else 0.0  # arrivals per ms within a burst
+        plan = best_prewarm(xs, since, start_ms(s), gb, self.wait_gb, self.miss_cost(s, gb), rate)
+        if plan is None:
+            return None
+        ready, hold_end, _ = plan
+        return st.burst_start_ms + int(ready) - start_ms(s), st.burst_start_ms + int(hold_end) + 1
 
-        def span(lo: float, hi: float, right: bool = False) -> tuple[int, float]:
-            i, j = bisect_left(xs, lo), (bisect_right if right else bisect_left)(xs, hi)
-            return j - i, prefix[j] - prefix[i]
 
-        best, plan = n * miss, None
-        for ready in sorted(set(xs)):
-            if ready - start < elapsed:
-                continue  # too late to be ready by then
-            early, _ = span(-math.inf, ready - start)
-            waits, waits_sum = span(ready - start, ready)
-            base = early * miss + lam * (waits * ready - waits_sum) + waits * gb * start
-            for hold_end in xs[bisect_left(xs, ready) :]:
-                served, served_sum = span(ready, hold_end, right=True)
-                late = n - early - waits - served
-                cost = base + gb * (served * (start - ready) + served_sum)
-                cost += late * (gb * (start + hold_end - ready) + miss)
-                if cost < best:
-                    best, plan = cost, (last + int(ready) - start, last + int(hold_end) + 1)
-        return plan
+def best_prewarm(
+    xs: list[int],
+    elapsed: float,
+    start: int,
+    gb: float,
+    lam: float,
+    miss: float,
+    rate: float = 0.0,
+    candidates: int = 16,
+) -> tuple[float, float, float] | None:
+    """The instance to have ready at R and hold until H (times after the last arrival) for arrivals at
+    the sorted gaps `xs` (all > `elapsed`, when nothing is kept), and its expected total cost; None
+    when letting every arrival miss is cheaper. An arrival before R - start misses; one before R
+    waits for the starting instance, and so do those arriving at `rate` (per ms) meanwhile; one
+    after H misses. Costs in GB·ms (`lam` per ms of waiting).
+    """
+    n = len(xs)
+    prefix, squares = [0.0], [0.0]
+    for x in xs:
+        prefix.append(prefix[-1] + x)
+        squares.append(squares[-1] + x * x)
+
+    def span(lo: float, hi: float, right: bool = False) -> tuple[int, int]:
+        return bisect_left(xs, lo), (bisect_right if right else bisect_left)(xs, hi)
+
+    step = max(1, n // candidates)
+    readies = sorted({x for x in xs[::step] if x - start >= elapsed})
+    best, plan = n * miss, None
+    for ready in readies:
+        i0, i1 = span(-math.inf, ready - start)
+        early = i1 - i0
+        j0, j1 = span(ready - start, ready)
+        waits = j1 - j0
+        # sum over waiting arrivals of w (1 + rate w / 2), with w = ready - g
+        w1 = waits * ready - (prefix[j1] - prefix[j0])
+        w2 = waits * ready * ready - 2 * ready * (prefix[j1] - prefix[j0]) + (squares[j1] - squares[j0])
+        base = early * miss + lam * (w1 + rate * w2 / 2) + waits * gb * start
+        for hold_end in xs[bisect_left(xs, ready) :: step]:
+            k0, k1 = span(ready, hold_end, right=True)
+            served, served_sum = k1 - k0, prefix[k1] - prefix[k0]
+            late = n - early - waits - served
+            cost = base + gb * (served * (start - ready) + served_sum) + late * (gb * (start + hold_end - ready) + miss)
+            if cost < best:
+                best, plan = cost, (ready, hold_end, cost)
+    return plan
+
+
+QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
+MAX_STARTS = 32  # instances started in one decision at most
+MIN_EXEC_MS = 30_000  # execution the run needs before its exchange rate is trusted
+MIN_WAIT_GB, MAX_WAIT_GB = 0.1, 1000.0
+
+
+def exchange_rate(t: Totals, now: int) -> float | None:
+    """GB·s of slot time that one second of waiting costs the score, at the run's best reachable point.
+
+    score = 50 E_gb / S + 50 E / (E + W): d/dW = -50 E / (E + W)^2, d/dS = -50 E_gb / S^2, so a
+    second of waiting is worth (E / (E + W)^2) / (E_gb / S^2) GB·s. Taken at our own S and W, this
+    feeds on itself (keep more, memory looks cheaper, keep more); so it is taken where a
+    clairvoyant scaler would be on this workload: W = 0 and S = E_gb + the idle it could not avoid.
+    """
+    if t.exec_ms < MIN_EXEC_MS or t.exec_gb_ms <= 0:
+        return None
+    e, e_gb = t.exec_ms / 1000, t.exec_gb_ms / 1000
+    slot = e_gb + t.ideal_gb_ms / 1000
+    return slot * slot / (e * e_gb)
 
 
 def caught_share(bins: list[tuple[float, float]], until: float, total: float) -> float:
