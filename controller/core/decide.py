@@ -28,6 +28,8 @@ from proto.events import (
     Waiting,
 )
 
+LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
+
 
 class Decision(NamedTuple):
     events: list[Event]
@@ -201,6 +203,16 @@ def _settle(d: _Draft, policy: Policy) -> int | None:
     instance has a keep-alive, none outlives it. Reuse comes before expiry, so an Assign that
     raced a late timer still gets the instance.
     """
+    # A request busy past its function's timeout lost its caller (no Idle will come): free the
+    # instance, and retire it, as the run may have left it in any state.
+    lease = d.s.meta.timeout_s * 1000 + LEASE_GRACE_MS if d.s.meta is not None and d.s.meta.timeout_s > 0 else 0
+    if lease:
+        for inst in d.s.in_phase(Phase.BUSY):
+            if inst.since_ms + lease <= d.now:
+                why = f"no Idle within the function's {d.s.meta.timeout_s}s timeout"
+                lost = Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why)
+                d.emit(lost)
+                d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
     # Every waiting request takes an idle instance while there is one (FIFO).
     while d.s.queue and (idle := d.s.in_phase(Phase.IDLE)):
         inst = policy.pick(d.s, idle, d.now)
@@ -208,7 +220,7 @@ def _settle(d: _Draft, policy: Policy) -> int | None:
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
         d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
     # Requests that no instance under creation covers: the policy starts some, the rest wait.
-    wakes = []
+    wakes: list[int | None] = []
     uncovered = d.s.queue[len(d.s.in_phase(Phase.CREATING)) :]
     if uncovered and d.s.meta is not None:
         plan = policy.plan_queue(d.s, len(uncovered), d.now)
@@ -246,4 +258,6 @@ def _settle(d: _Draft, policy: Policy) -> int | None:
             d.emit(SlotWanted(at_ms=d.now, instance_id=d.s.next_instance_id(), meta=d.s.meta, reason=warm.why))
         wakes.append(warm.next_ms)
     wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
+    if lease:
+        wakes += [i.since_ms + lease for i in d.s.in_phase(Phase.BUSY)]
     return min((w for w in wakes if w is not None and w > d.now), default=None)

@@ -73,7 +73,7 @@ def test_keep_alive_expires_on_tick_and_reuse_before_the_tick_wins():
     assert deadline == 20 + 5 * 60_000
     reused, _ = run(assign("r2"), s=s, at=deadline + 5)  # the timer is late: the Assign still reuses
     d = decide(reused, c.Tick(key=KEY, due_ms=deadline), deadline + 6, DEMO)
-    assert d.events == [] and d.wake_ms is None
+    assert d.events == [] and d.wake_ms == deadline + 5 + META.timeout_s * 1000 + 30_000  # only r2's lease
     d = decide(s, c.Tick(key=KEY, due_ms=deadline), deadline, DEMO)
     assert kinds(d) == ["InstanceRetired"] and d.events[0].slot_id == "s1"
     assert d.state.instances["fn-1"].phase is Phase.RETIRING
@@ -188,3 +188,16 @@ def test_cancel_of_a_shared_assignment_does_not_free_it():
         c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"),
     )
     assert s.instances["fn-1"].phase is Phase.BUSY
+
+
+def test_an_instance_held_past_the_function_timeout_is_freed_and_retired():
+    s, (_, d) = run(assign("r1"), ready())
+    lease = META.timeout_s * 1000 + 30_000
+    assert d.wake_ms == 10 + lease  # the gc worker will tick then
+    early = decide(s, c.Tick(key=KEY, due_ms=0), 10 + lease - 1, DEMO)
+    assert early.events == []
+    late = decide(s, c.Tick(key=KEY, due_ms=0), 10 + lease, DEMO)
+    assert kinds(late) == ["Released", "InstanceRetired"] and "timeout" in late.events[0].reason
+    assert late.state.instances["fn-1"].phase is Phase.RETIRING
+    after = decide(late.state, idle("r1"), 10 + lease + 5, DEMO)  # the lost caller comes back after all
+    assert after.events == [] and after.replies[0].code is c.Code.OK
