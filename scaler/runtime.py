@@ -66,15 +66,21 @@ def signal_ready(what: str, address: str = "") -> None:
             f.write(json.dumps({"what": what, "address": address}) + "\n")
 
 
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: the way every process of ours is asked to stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespace) -> None:
     """Run one component until SIGINT or SIGTERM, then stop it cleanly."""
     setup_logging(args.log_level)
 
     async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         component = make(args)
         try:
             what = await component.start()

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES
 from scaler.natsd import NatsServer, claim
-from scaler.runtime import READY_FD, env, setup_logging
+from scaler.runtime import READY_FD, env, setup_logging, stop_on_signals
 
 log = logging.getLogger("scaler.up")
 
@@ -154,10 +153,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
 
     async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         supervisor = Supervisor(args)
         try:
             log.info(await supervisor.start())
