@@ -6,15 +6,18 @@ trace's status is not 200). With speed N the timeline, the platform's latencies 
 all run N times faster; the scaler must run at the same speed (`scaler up --speed N`).
 
 How schedule time is counted, so that it is comparable across speeds: of an Assign's wait, the
-parts the simulator controls (CreateSlot, Init, and executions on the instance it got) count in
-trace time, and the rest (the scaler's own work) counts at its real, unscaled duration. At
-speed 1 this is simply the measured time. Idle time is the Idle call's real duration.
+parts the simulator controls count at their nominal length in trace time (CreateSlot and Init
+of the instance it got, and executions of earlier requests on that instance), and the rest (the
+scaler's own work, and any lag of this process) counts at its real, unscaled duration. At speed
+1 this is simply the measured time. Idle time is the Idle call's real duration.
 """
 
 import asyncio
 import secrets
+import socket
 import sys
-from collections import defaultdict
+from bisect import bisect_left
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import grpc
@@ -25,6 +28,12 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.clock import Clock
 from simulator.dataset import Dataset, Request
 from simulator.score import Invocation, Run
+
+GATEWAY_WAIT_S = 5.0  # how long a gateway may take to accept the connection before we give up
+
+
+class LiveError(Exception):
+    """The live run could not be done, or its figures would be meaningless; the message says why."""
 
 
 @dataclass
@@ -73,6 +82,10 @@ class LiveRun:
         self.calls = [Call(r) for r in dataset.requests]
         self.progress = Progress(len(self.calls), progress)
         self._tag = secrets.token_hex(4)  # request ids never repeat across runs against one scaler
+        self._metas = {
+            key: pb.Meta(key=key, runtime=m.runtime, timeout_in_secs=m.timeout_in_secs, memory_in_mb=m.memory_in_mb)
+            for key, m in dataset.metas.items()
+        }
 
     async def run(self) -> Run:
         loop = asyncio.get_running_loop()
@@ -91,14 +104,12 @@ class LiveRun:
 
     async def _invoke(self, n: int, call: Call) -> None:
         r = call.request
-        meta = self.dataset.metas[r.meta_key]
-        pb_meta = pb.Meta(
-            key=r.meta_key, runtime=meta.runtime, timeout_in_secs=meta.timeout_in_secs, memory_in_mb=meta.memory_in_mb
-        )
         self.progress.in_flight += 1
         try:
             call.assign_start = self.clock.now_ms()
-            request = pb.AssignRequest(request_id=f"{self._tag}-{n}", timestamp=r.start_time, meta_data=pb_meta)
+            request = pb.AssignRequest(
+                request_id=f"{self._tag}-{n}", timestamp=r.start_time, meta_data=self._metas[r.meta_key]
+            )
             reply = await self.scaler.Assign(request)
             call.assign_end = self.clock.now_ms()
             call.instance_id = reply.assigment.instance_id
@@ -111,27 +122,61 @@ class LiveRun:
             call.idle_end = self.clock.now_ms()
         except grpc.aio.AioRpcError as e:
             call.error = f"{e.code().name}: {e.details()}"
-            call.assign_end = call.assign_end or self.clock.now_ms()
+            now = self.clock.now_ms()
+            call.assign_end = call.assign_end or now
+            if call.idle_start:
+                call.idle_end = now
             self.progress.failed += 1
         finally:
             self.progress.in_flight -= 1
             self.progress.done += 1
 
+    def slots_by_instance(self) -> dict[str, SlotRecord]:
+        return {s.instance_id: s for s in self.stub.accounting.slots.values() if s.instance_id}
+
+    def foreign_instances(self) -> set[str]:
+        """Instances the scaler handed out that this run's platform never started."""
+        return {c.instance_id for c in self.calls if c.instance_id} - self.slots_by_instance().keys()
+
+    def errors(self) -> Counter[str]:
+        return Counter(c.error for c in self.calls if c.error)
+
     def result(self, end_ms: int) -> Run:
-        slots = {s.instance_id: s for s in self.stub.accounting.slots.values() if s.instance_id}
+        slots = self.slots_by_instance()
+        # Executions on each instance, at their nominal length; one at a time, so in start order
+        # their ends ascend too.
         executions: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for c in self.calls:
-            if c.instance_id and c.idle_start:
-                executions[c.instance_id].append((c.assign_end, c.idle_start))
-        invocations = [self._invocation(c, slots.get(c.instance_id), executions[c.instance_id]) for c in self.calls]
+            if c.instance_id:
+                executions[c.instance_id].append((c.assign_end, c.assign_end + c.request.durations_in_ms))
+        starts: dict[str, list[int]] = {}
+        for instance, runs in executions.items():
+            runs.sort()
+            starts[instance] = [a for a, _ in runs]
+        invocations = []
+        for c in self.calls:
+            slot = slots.get(c.instance_id)
+            controlled = self._platform_work(slot)
+            if c.instance_id:
+                controlled += _ending_after(
+                    starts[c.instance_id], executions[c.instance_id], c.assign_start, c.assign_end
+                )
+            invocations.append(self._invocation(c, slot, controlled))
         a = self.stub.accounting
         return Run(invocations, a.gb_s(end_ms), a.created, a.gb_s_by_key(end_ms))
 
-    def _invocation(self, c: Call, slot: SlotRecord | None, executions: list[tuple[int, int]]) -> Invocation:
+    def _platform_work(self, slot: SlotRecord | None) -> list[tuple[int, int]]:
+        """CreateSlot and Init of a slot, at the lengths the stub was asked to take."""
+        if slot is None:
+            return []
+        init_ms = slot.init_reply.init_duration_in_ms if slot.init_reply else slot.ready_ms - slot.init_started_ms
+        return [
+            (slot.created_ms, slot.created_ms + self.stub.create_latency_ms),
+            (slot.init_started_ms, slot.init_started_ms + init_ms),
+        ]
+
+    def _invocation(self, c: Call, slot: SlotRecord | None, controlled: list[tuple[int, int]]) -> Invocation:
         meta = self.dataset.metas[c.request.meta_key]
-        controlled = list(executions)
-        if slot is not None:
-            controlled += [(slot.created_ms, slot.created_done_ms), (slot.init_started_ms, slot.ready_ms)]
         window = c.assign_end - c.assign_start
         overlap = _overlap(c.assign_start, c.assign_end, controlled)
         schedule = overlap + (window - overlap) / self.clock.speed
@@ -146,6 +191,15 @@ class LiveRun:
         )
 
 
+def _ending_after(starts: list[int], runs: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The runs (sorted, ends ascending) that overlap [start, end]."""
+    hi = bisect_left(starts, end)
+    lo = hi
+    while lo > 0 and runs[lo - 1][1] > start:
+        lo -= 1
+    return runs[lo:hi]
+
+
 def _overlap(start: int, end: int, intervals: list[tuple[int, int]]) -> int:
     """Length of [start, end] covered by the union of `intervals`."""
     covered = 0
@@ -158,6 +212,24 @@ def _overlap(start: int, end: int, intervals: list[tuple[int, int]]) -> int:
     return covered
 
 
+def _check_free(listen: str) -> None:
+    """Refuse an address another process listens on: gRPC binds with SO_REUSEPORT, so it would share it."""
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit():
+        raise LiveError(f"--platform-listen {listen!r}: expected HOST:PORT")
+    if int(port) == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise LiveError(f"cannot serve the Platform API on {listen}: {e.strerror or e}") from None
+
+
 async def run_live(
     dataset: Dataset,
     gateway: str,
@@ -168,13 +240,31 @@ async def run_live(
 ) -> Run:
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`."""
     clock = Clock(speed)
-    stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
-    await stub.start()
-    try:
-        async with grpc.aio.insecure_channel(gateway) as channel:
-            return await LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress).run()
-    finally:
-        await stub.stop()
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        try:
+            await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
+        except TimeoutError:
+            raise LiveError(
+                f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
+            ) from None
+        _check_free(platform_listen)
+        stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
+        try:
+            await stub.start()
+        except RuntimeError as e:
+            await stub.stop()
+            raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e}") from None
+        try:
+            driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress)
+            run = await driver.run()
+        finally:
+            await stub.stop()
+    if foreign := driver.foreign_instances():
+        raise LiveError(
+            f"the scaler handed out {len(foreign)} instances this simulator's platform never started: start a fresh"
+            f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` for each run, HOST being this machine"
+        )
+    return run
 
 
-__all__ = ["LiveRun", "run_live"]
+__all__ = ["LiveError", "LiveRun", "run_live"]
