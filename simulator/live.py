@@ -240,6 +240,7 @@ async def run_live(
 ) -> Run:
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`."""
     clock = Clock(speed)
+    _check_free(platform_listen)
     async with grpc.aio.insecure_channel(gateway) as channel:
         try:
             await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
@@ -247,7 +248,6 @@ async def run_live(
             raise LiveError(
                 f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
             ) from None
-        _check_free(platform_listen)
         stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
         try:
             await stub.start()
