@@ -2,11 +2,13 @@
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from controller.core.policy import get_policy
+from controller.core.policy import POLICIES, get_policy
 from platform_stub.server import PlatformStub, SlotRecord
 from proto import serverless_sim_pb2 as pb
 from scaler.cli import main
@@ -232,3 +234,13 @@ def test_offline_runs_the_five_hour_trace(capsys):
     code, out, _ = simulate_cli(capsys, SHARED / "dataSet_1", "--offline")
     assert code == 0
     assert "dataSet_1: offline, policy demo, 22868 requests" in out
+
+
+def test_the_policy_bench_prints_a_row_per_policy_and_the_bound():
+    bench = Path(__file__).resolve().parents[1] / "bench" / "policies.py"
+    args = ["--datasets-dir", str(SMOKE.parent), "--datasets", SMOKE.name]
+    result = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" | ") for line in result.stdout.splitlines()[2:]]
+    assert [r[1] for r in rows] == [*POLICIES, "clairvoyant bound"]
+    assert rows[-1][-2] == "57.42"  # the bound of the smoke test
