@@ -13,6 +13,7 @@ scaler's own work, and any lag of this process) counts at its real, unscaled dur
 """
 
 import asyncio
+import contextlib
 import secrets
 import socket
 import sys
@@ -212,6 +213,18 @@ def _overlap(start: int, end: int, intervals: list[tuple[int, int]]) -> int:
     return covered
 
 
+async def _platform_quiet(stub: PlatformStub, dataset: Dataset) -> None:
+    """Let CreateSlot and Init calls still under way finish before the platform goes, so that the
+    scaler sees them answered rather than cut off. They no longer count: the run is accounted."""
+    longest_ms = stub.create_latency_ms + max(m.init_duration_in_ms for m in dataset.metas.values())
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(stub.clock.real_s(longest_ms) + 1):
+            while True:
+                if all(s.ready_ms for s in stub.accounting.live.values()):
+                    return
+                await asyncio.sleep(0.05)
+
+
 def _check_free(listen: str) -> None:
     """Refuse an address another process listens on: gRPC binds with SO_REUSEPORT, so it would share it."""
     host, _, port = listen.rpartition(":")
@@ -257,6 +270,7 @@ async def run_live(
         try:
             driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress)
             run = await driver.run()
+            await _platform_quiet(stub, dataset)
         finally:
             await stub.stop()
     if foreign := driver.foreign_instances():
