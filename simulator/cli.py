@@ -124,7 +124,7 @@ def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
     speed = args.speed or 1.0
     gateway = args.gateway or DEFAULT_GATEWAY
     started = time.perf_counter()
-    run = asyncio.run(
+    run, errors = asyncio.run(
         run_live(
             dataset,
             gateway,
@@ -145,6 +145,8 @@ def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
             f"schedule time at speed {speed:g}: CreateSlot + Init (and waits for executions) in trace time, the"
             f" scaler's own latency unscaled (as measured, not x{speed:g}); idle time unscaled too"
         )
+    for message, count in errors.most_common(3):
+        heading.append(f"failed: {count} x {message}")
     return run, heading
 
 

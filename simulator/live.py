@@ -37,7 +37,7 @@ class LiveError(Exception):
     """The live run could not be done, or its figures would be meaningless; the message says why."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One request as the driver saw it, in clock ms."""
 
@@ -92,14 +92,27 @@ class LiveRun:
         loop = asyncio.get_running_loop()
         begin = loop.time()
         ticker = asyncio.create_task(self.progress.run())
-        tasks = []
+        # Only calls under way are held: a 436k-request trace would otherwise keep every task.
+        pending: set[asyncio.Task] = set()
+        crashed: list[BaseException] = []
+
+        def finished(task: asyncio.Task) -> None:
+            pending.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                crashed.append(task.exception())
+
         for n, call in enumerate(self.calls):
             at = begin + self.clock.real_s(call.request.start_time - self.dataset.start_ms)
             if (delay := at - loop.time()) > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(self._invoke(n, call)))
-        await asyncio.gather(*tasks)
+            task = asyncio.create_task(self._invoke(n, call))
+            pending.add(task)
+            task.add_done_callback(finished)
+        if pending:
+            await asyncio.wait(pending)
         ticker.cancel()
+        if crashed:
+            raise crashed[0]
         self.progress.show(final=True)
         return self.result(self.clock.now_ms())
 
@@ -250,8 +263,11 @@ async def run_live(
     platform_listen: str = "0.0.0.0:50051",
     create_latency_ms: int = 100,
     progress: bool = False,
-) -> Run:
-    """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`."""
+) -> tuple[Run, Counter[str]]:
+    """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
+
+    Returns the run and how its failed calls failed (message -> count).
+    """
     clock = Clock(speed)
     _check_free(platform_listen)
     async with grpc.aio.insecure_channel(gateway) as channel:
@@ -278,7 +294,7 @@ async def run_live(
             f"the scaler handed out {len(foreign)} instances this simulator's platform never started: start a fresh"
             f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` for each run, HOST being this machine"
         )
-    return run
+    return run, driver.errors()
 
 
 __all__ = ["LiveError", "LiveRun", "run_live"]
