@@ -5,7 +5,8 @@ measure. Start the scaler first, at the same speed, pointed at this platform:
     scaler up --platform 127.0.0.1:50051 --speed N      then      scaler simulate DIR --speed N
 Offline (--offline): run the controller's pure core and a policy on a virtual clock, no NATS or
 gRPC; deterministic, seconds for hours of trace. Both end in the same scoring code.
-Exit status: 0 when the run completed (whatever the score), 1 when it could not be done.
+Exit status: 0 when the run completed (whatever the score), 1 when it could not be done, 2 for a
+command line argparse refuses.
 """
 
 import argparse
@@ -48,13 +49,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offline", action="store_true", help="simulate the pure core on a virtual clock")
     p.add_argument(
         "--policy",
+        metavar="NAME",
         help=f"offline: the policy to score (default {DEFAULT_POLICY}; one of {', '.join(POLICIES)}); live mode"
         " measures the running scaler's policy (scaler up --policy)",
     )
-    p.add_argument("--speed", type=_speed, help="live: replay N times faster; the scaler must run at --speed N too")
-    p.add_argument("--gateway", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})")
     p.add_argument(
-        "--platform-listen", help=f"live: where to serve the Platform API (default {DEFAULT_PLATFORM_LISTEN})"
+        "--speed", type=_speed, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
+    )
+    p.add_argument(
+        "--gateway", metavar="HOST:PORT", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
+    )
+    p.add_argument(
+        "--platform-listen",
+        metavar="HOST:PORT",
+        help=f"live: where to serve the Platform API (default {DEFAULT_PLATFORM_LISTEN})",
     )
     p.add_argument("--json", metavar="PATH", help="also write the statistics as a JSON object to PATH")
 
@@ -69,12 +77,9 @@ def to_json(stats: Stats, functions: list[FunctionRow]) -> bytes:
 def run(args: argparse.Namespace) -> int:
     try:
         dataset = load_dataset(args.dataset)
-        if args.offline:
-            run, heading = _offline(dataset, args)
-        else:
-            run, heading = _live(dataset, args)
-        stats = run.stats()
-        functions = worst_functions(run.invocations, run.slot_gb_s_by_key, stats, WORST)
+        outcome, heading = _offline(dataset, args) if args.offline else _live(dataset, args)
+        stats = outcome.stats()
+        functions = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, WORST)
         if args.json:
             _write(Path(args.json), to_json(stats, functions))
     except (DatasetError, LiveError, Failure) as e:
