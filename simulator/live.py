@@ -51,9 +51,14 @@ class Call:
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
+    """One line on stderr: requests done, in flight and failed, and how far into the trace we are."""
+
+    def __init__(self, total: int, span_ms: int, clock: Clock, enabled: bool) -> None:
         self.total = total
+        self.span_ms = span_ms
+        self.clock = clock
         self.enabled = enabled
+        self.begin_ms = clock.now_ms()
         self.done = self.failed = self.in_flight = 0
 
     def show(self, final: bool = False) -> None:
@@ -63,13 +68,20 @@ class Progress:
         filled = width * self.done // max(self.total, 1)
         line = f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
         line += f"  in flight {self.in_flight}  failed {self.failed}"
-        sys.stderr.write(line + ("\n" if final else ""))
+        line += f"  trace {_hms(self.clock.now_ms() - self.begin_ms)} of {_hms(self.span_ms)}"
+        sys.stderr.write(line + ("\n" if final else "\x1b[K"))
         sys.stderr.flush()
 
     async def run(self) -> None:
+        self.begin_ms = self.clock.now_ms()
         while True:
             self.show()
             await asyncio.sleep(0.5)
+
+
+def _hms(ms: int) -> str:
+    s = max(ms, 0) // 1000
+    return f"{s // 3600}:{s // 60 % 60:02}:{s % 60:02}"
 
 
 class LiveRun:
@@ -81,7 +93,8 @@ class LiveRun:
         self.stub = stub
         self.clock = clock
         self.calls = [Call(r) for r in dataset.requests]
-        self.progress = Progress(len(self.calls), progress)
+        span_ms = dataset.requests[-1].start_time - dataset.start_ms if dataset.requests else 0
+        self.progress = Progress(len(self.calls), span_ms, clock, progress)
         self._tag = secrets.token_hex(4)  # request ids never repeat across runs against one scaler
         self._metas = {
             key: pb.Meta(key=key, runtime=m.runtime, timeout_in_secs=m.timeout_in_secs, memory_in_mb=m.memory_in_mb)
