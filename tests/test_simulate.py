@@ -134,7 +134,7 @@ def test_an_empty_trace_is_bad_input(tmp_path, capsys):
 def test_an_unknown_policy_is_refused_in_both_modes(capsys, mode):
     code, _, err = simulate_cli(capsys, SMOKE, "--policy", "clairvoyant", *mode)
     assert code == 1
-    assert "unknown policy 'clairvoyant'; choose one of demo" in err
+    assert "unknown policy 'clairvoyant'; choose one of " in err
 
 
 def test_an_unreachable_gateway_is_said_plainly(capsys, monkeypatch):
@@ -231,7 +231,7 @@ def test_offline_counts_what_the_gentle_trace_implies(tmp_path):
 
 @pytest.mark.skipif(not (SHARED / "dataSet_1").is_dir(), reason=f"the shared datasets are not at {SHARED}")
 def test_offline_runs_the_five_hour_trace(capsys):
-    code, out, _ = simulate_cli(capsys, SHARED / "dataSet_1", "--offline")
+    code, out, _ = simulate_cli(capsys, SHARED / "dataSet_1", "--offline", "--policy", "demo")
     assert code == 0
     assert "dataSet_1: offline, policy demo, 22868 requests" in out
 

@@ -72,7 +72,8 @@ def free_port() -> int:
 async def test_simulate_drives_scaler_up_end_to_end(tmp_path):
     folder = gentle(tmp_path / "g")
     platform = f"127.0.0.1:{free_port()}"
-    proc, gateway, _ = await start_up("--platform", platform, "--speed", "100", "--data-dir", str(tmp_path / "up"))
+    up = ("--platform", platform, "--speed", "100", "--policy", "demo", "--data-dir", str(tmp_path / "up"))
+    proc, gateway, _ = await start_up(*up)
     try:
         simulator = await asyncio.create_subprocess_exec(
             sys.executable,
