@@ -5,6 +5,7 @@ import sys
 
 from controller import replay
 from scaler import up
+from simulator import cli as simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,12 +20,20 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
+    simulate.add_arguments(
+        sub.add_parser(
+            "simulate",
+            help="replay a dataset against the scaler and score it",
+            description=simulate.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    commands = {"up": up.run, "replay": replay.run}
+    commands = {"up": up.run, "replay": replay.run, "simulate": simulate.run}
     sys.exit(commands[args.command](args))
 
 

@@ -53,5 +53,7 @@ def load_dataset(folder: str | Path) -> Dataset:
         if request.durations_in_ms < 0:
             raise DatasetError(f"{path}:{n}: durationsInMs is negative")
         requests.append(request)
+    if not requests:
+        raise DatasetError(f"{path}: no requests")
     requests.sort(key=lambda r: r.start_time)  # stable: ties keep file order
     return Dataset(folder.name, metas, requests)

@@ -6,15 +6,19 @@ trace's status is not 200). With speed N the timeline, the platform's latencies 
 all run N times faster; the scaler must run at the same speed (`scaler up --speed N`).
 
 How schedule time is counted, so that it is comparable across speeds: of an Assign's wait, the
-parts the simulator controls (CreateSlot, Init, and executions on the instance it got) count in
-trace time, and the rest (the scaler's own work) counts at its real, unscaled duration. At
-speed 1 this is simply the measured time. Idle time is the Idle call's real duration.
+parts the simulator controls count at their nominal length in trace time (CreateSlot and Init
+of the instance it got, and executions of earlier requests on that instance), and the rest (the
+scaler's own work, and any lag of this process) counts at its real, unscaled duration. At speed
+1 this is simply the measured time. Idle time is the Idle call's real duration.
 """
 
 import asyncio
+import contextlib
 import secrets
+import socket
 import sys
-from collections import defaultdict
+from bisect import bisect_left
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import grpc
@@ -26,8 +30,14 @@ from scaler.clock import Clock
 from simulator.dataset import Dataset, Request
 from simulator.score import Invocation, Run
 
+GATEWAY_WAIT_S = 5.0  # how long a gateway may take to accept the connection before we give up
 
-@dataclass
+
+class LiveError(Exception):
+    """The live run could not be done, or its figures would be meaningless; the message says why."""
+
+
+@dataclass(slots=True)
 class Call:
     """One request as the driver saw it, in clock ms."""
 
@@ -41,9 +51,14 @@ class Call:
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
+    """One line on stderr: requests done, in flight and failed, and how far into the trace we are."""
+
+    def __init__(self, total: int, span_ms: int, clock: Clock, enabled: bool) -> None:
         self.total = total
+        self.span_ms = span_ms
+        self.clock = clock
         self.enabled = enabled
+        self.begin_ms = clock.now_ms()
         self.done = self.failed = self.in_flight = 0
 
     def show(self, final: bool = False) -> None:
@@ -53,13 +68,20 @@ class Progress:
         filled = width * self.done // max(self.total, 1)
         line = f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
         line += f"  in flight {self.in_flight}  failed {self.failed}"
-        sys.stderr.write(line + ("\n" if final else ""))
+        line += f"  trace {_hms(self.clock.now_ms() - self.begin_ms)} of {_hms(self.span_ms)}"
+        sys.stderr.write(line + ("\n" if final else "\x1b[K"))
         sys.stderr.flush()
 
     async def run(self) -> None:
+        self.begin_ms = self.clock.now_ms()
         while True:
             self.show()
             await asyncio.sleep(0.5)
+
+
+def _hms(ms: int) -> str:
+    s = max(ms, 0) // 1000
+    return f"{s // 3600}:{s // 60 % 60:02}:{s % 60:02}"
 
 
 class LiveRun:
@@ -71,34 +93,50 @@ class LiveRun:
         self.stub = stub
         self.clock = clock
         self.calls = [Call(r) for r in dataset.requests]
-        self.progress = Progress(len(self.calls), progress)
+        span_ms = dataset.requests[-1].start_time - dataset.start_ms if dataset.requests else 0
+        self.progress = Progress(len(self.calls), span_ms, clock, progress)
         self._tag = secrets.token_hex(4)  # request ids never repeat across runs against one scaler
+        self._metas = {
+            key: pb.Meta(key=key, runtime=m.runtime, timeout_in_secs=m.timeout_in_secs, memory_in_mb=m.memory_in_mb)
+            for key, m in dataset.metas.items()
+        }
 
     async def run(self) -> Run:
         loop = asyncio.get_running_loop()
         begin = loop.time()
         ticker = asyncio.create_task(self.progress.run())
-        tasks = []
+        # Only calls under way are held: a 436k-request trace would otherwise keep every task.
+        pending: set[asyncio.Task] = set()
+        crashed: list[BaseException] = []
+
+        def finished(task: asyncio.Task) -> None:
+            pending.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                crashed.append(task.exception())
+
         for n, call in enumerate(self.calls):
             at = begin + self.clock.real_s(call.request.start_time - self.dataset.start_ms)
             if (delay := at - loop.time()) > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(self._invoke(n, call)))
-        await asyncio.gather(*tasks)
+            task = asyncio.create_task(self._invoke(n, call))
+            pending.add(task)
+            task.add_done_callback(finished)
+        if pending:
+            await asyncio.wait(pending)
         ticker.cancel()
+        if crashed:
+            raise crashed[0]
         self.progress.show(final=True)
         return self.result(self.clock.now_ms())
 
     async def _invoke(self, n: int, call: Call) -> None:
         r = call.request
-        meta = self.dataset.metas[r.meta_key]
-        pb_meta = pb.Meta(
-            key=r.meta_key, runtime=meta.runtime, timeout_in_secs=meta.timeout_in_secs, memory_in_mb=meta.memory_in_mb
-        )
         self.progress.in_flight += 1
         try:
             call.assign_start = self.clock.now_ms()
-            request = pb.AssignRequest(request_id=f"{self._tag}-{n}", timestamp=r.start_time, meta_data=pb_meta)
+            request = pb.AssignRequest(
+                request_id=f"{self._tag}-{n}", timestamp=r.start_time, meta_data=self._metas[r.meta_key]
+            )
             reply = await self.scaler.Assign(request)
             call.assign_end = self.clock.now_ms()
             call.instance_id = reply.assigment.instance_id
@@ -111,27 +149,61 @@ class LiveRun:
             call.idle_end = self.clock.now_ms()
         except grpc.aio.AioRpcError as e:
             call.error = f"{e.code().name}: {e.details()}"
-            call.assign_end = call.assign_end or self.clock.now_ms()
+            now = self.clock.now_ms()
+            call.assign_end = call.assign_end or now
+            if call.idle_start:
+                call.idle_end = now
             self.progress.failed += 1
         finally:
             self.progress.in_flight -= 1
             self.progress.done += 1
 
+    def slots_by_instance(self) -> dict[str, SlotRecord]:
+        return {s.instance_id: s for s in self.stub.accounting.slots.values() if s.instance_id}
+
+    def foreign_instances(self) -> set[str]:
+        """Instances the scaler handed out that this run's platform never started."""
+        return {c.instance_id for c in self.calls if c.instance_id} - self.slots_by_instance().keys()
+
+    def errors(self) -> Counter[str]:
+        return Counter(c.error for c in self.calls if c.error)
+
     def result(self, end_ms: int) -> Run:
-        slots = {s.instance_id: s for s in self.stub.accounting.slots.values() if s.instance_id}
+        slots = self.slots_by_instance()
+        # Executions on each instance, at their nominal length; one at a time, so in start order
+        # their ends ascend too.
         executions: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for c in self.calls:
-            if c.instance_id and c.idle_start:
-                executions[c.instance_id].append((c.assign_end, c.idle_start))
-        invocations = [self._invocation(c, slots.get(c.instance_id), executions[c.instance_id]) for c in self.calls]
+            if c.instance_id:
+                executions[c.instance_id].append((c.assign_end, c.assign_end + c.request.durations_in_ms))
+        starts: dict[str, list[int]] = {}
+        for instance, runs in executions.items():
+            runs.sort()
+            starts[instance] = [a for a, _ in runs]
+        invocations = []
+        for c in self.calls:
+            slot = slots.get(c.instance_id)
+            controlled = self._platform_work(slot)
+            if c.instance_id:
+                controlled += _ending_after(
+                    starts[c.instance_id], executions[c.instance_id], c.assign_start, c.assign_end
+                )
+            invocations.append(self._invocation(c, slot, controlled))
         a = self.stub.accounting
         return Run(invocations, a.gb_s(end_ms), a.created, a.gb_s_by_key(end_ms))
 
-    def _invocation(self, c: Call, slot: SlotRecord | None, executions: list[tuple[int, int]]) -> Invocation:
+    def _platform_work(self, slot: SlotRecord | None) -> list[tuple[int, int]]:
+        """CreateSlot and Init of a slot, at the lengths the stub was asked to take."""
+        if slot is None:
+            return []
+        init_ms = slot.init_reply.init_duration_in_ms if slot.init_reply else slot.ready_ms - slot.init_started_ms
+        return [
+            (slot.created_ms, slot.created_ms + self.stub.create_latency_ms),
+            (slot.init_started_ms, slot.init_started_ms + init_ms),
+        ]
+
+    def _invocation(self, c: Call, slot: SlotRecord | None, controlled: list[tuple[int, int]]) -> Invocation:
         meta = self.dataset.metas[c.request.meta_key]
-        controlled = list(executions)
-        if slot is not None:
-            controlled += [(slot.created_ms, slot.created_done_ms), (slot.init_started_ms, slot.ready_ms)]
         window = c.assign_end - c.assign_start
         overlap = _overlap(c.assign_start, c.assign_end, controlled)
         schedule = overlap + (window - overlap) / self.clock.speed
@@ -146,6 +218,15 @@ class LiveRun:
         )
 
 
+def _ending_after(starts: list[int], runs: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The runs (sorted, ends ascending) that overlap [start, end]."""
+    hi = bisect_left(starts, end)
+    lo = hi
+    while lo > 0 and runs[lo - 1][1] > start:
+        lo -= 1
+    return runs[lo:hi]
+
+
 def _overlap(start: int, end: int, intervals: list[tuple[int, int]]) -> int:
     """Length of [start, end] covered by the union of `intervals`."""
     covered = 0
@@ -158,6 +239,36 @@ def _overlap(start: int, end: int, intervals: list[tuple[int, int]]) -> int:
     return covered
 
 
+async def _platform_quiet(stub: PlatformStub, dataset: Dataset) -> None:
+    """Let CreateSlot and Init calls still under way finish before the platform goes, so that the
+    scaler sees them answered rather than cut off. They no longer count: the run is accounted."""
+    longest_ms = stub.create_latency_ms + max(m.init_duration_in_ms for m in dataset.metas.values())
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(stub.clock.real_s(longest_ms) + 1):
+            while True:
+                if all(s.ready_ms for s in stub.accounting.live.values()):
+                    return
+                await asyncio.sleep(0.05)
+
+
+def _check_free(listen: str) -> None:
+    """Refuse an address another process listens on: gRPC binds with SO_REUSEPORT, so it would share it."""
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit():
+        raise LiveError(f"--platform-listen {listen!r}: expected HOST:PORT")
+    if int(port) == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise LiveError(f"cannot serve the Platform API on {listen}: {e.strerror or e}") from None
+
+
 async def run_live(
     dataset: Dataset,
     gateway: str,
@@ -165,16 +276,38 @@ async def run_live(
     platform_listen: str = "0.0.0.0:50051",
     create_latency_ms: int = 100,
     progress: bool = False,
-) -> Run:
-    """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`."""
+) -> tuple[Run, Counter[str]]:
+    """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
+
+    Returns the run and how its failed calls failed (message -> count).
+    """
     clock = Clock(speed)
-    stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
-    await stub.start()
-    try:
-        async with grpc.aio.insecure_channel(gateway) as channel:
-            return await LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress).run()
-    finally:
-        await stub.stop()
+    _check_free(platform_listen)
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        try:
+            await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
+        except TimeoutError:
+            raise LiveError(
+                f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
+            ) from None
+        stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
+        try:
+            await stub.start()
+        except RuntimeError as e:
+            await stub.stop()
+            raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e}") from None
+        try:
+            driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress)
+            run = await driver.run()
+            await _platform_quiet(stub, dataset)
+        finally:
+            await stub.stop()
+    if foreign := driver.foreign_instances():
+        raise LiveError(
+            f"the scaler handed out {len(foreign)} instances this simulator's platform never started: start a fresh"
+            f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` for each run, HOST being this machine"
+        )
+    return run, driver.errors()
 
 
-__all__ = ["LiveRun", "run_live"]
+__all__ = ["LiveError", "LiveRun", "run_live"]

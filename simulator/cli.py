@@ -1,0 +1,186 @@
+"""`scaler simulate`: replay a dataset and score it like the 2023 serverless scaler challenge.
+
+Live (default): serve the Platform API, drive a running scaler's gateway through the trace, and
+measure. Start the scaler first, at the same speed, pointed at this platform:
+    scaler up --platform 127.0.0.1:50051 --speed N      then      scaler simulate DIR --speed N
+Offline (--offline): run the controller's pure core and a policy on a virtual clock, no NATS or
+gRPC; deterministic, seconds for hours of trace. Both end in the same scoring code.
+Exit status: 0 when the run completed (whatever the score), 1 when it could not be done, 2 for a
+command line argparse refuses.
+"""
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from platform_stub.metas import DatasetError
+from simulator.dataset import Dataset, load_dataset
+from simulator.live import LiveError, run_live
+from simulator.offline import simulate
+from simulator.score import FunctionRow, Run, Stats, worst_functions
+
+DEFAULT_GATEWAY = "127.0.0.1:9001"
+DEFAULT_PLATFORM_LISTEN = "0.0.0.0:50051"
+CREATE_LATENCY_MS = 100  # the platform's CreateSlot latency, in both modes
+WORST = 10  # functions listed as the worst offenders
+
+
+class Failure(Exception):
+    """The run could not be done; said in one line."""
+
+
+def _speed(text: str) -> float:
+    try:
+        speed = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not speed > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return speed
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", metavar="DATASET_DIR", help="a folder with `metas` and `requests` (JSON lines)")
+    p.add_argument("--offline", action="store_true", help="simulate the pure core on a virtual clock")
+    p.add_argument(
+        "--policy",
+        metavar="NAME",
+        help=f"offline: the policy to score (default {DEFAULT_POLICY}; one of {', '.join(POLICIES)}); live mode"
+        " measures the running scaler's policy (scaler up --policy)",
+    )
+    p.add_argument(
+        "--speed", type=_speed, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
+    )
+    p.add_argument(
+        "--gateway", metavar="HOST:PORT", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
+    )
+    p.add_argument(
+        "--platform-listen",
+        metavar="HOST:PORT",
+        help=f"live: where to serve the Platform API (default {DEFAULT_PLATFORM_LISTEN})",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the statistics as a JSON object to PATH")
+
+
+def to_json(stats: Stats, functions: list[FunctionRow]) -> bytes:
+    """The challenge's statistics under their own names, plus the worst functions."""
+    fields = msgspec.to_builtins(stats)
+    fields["functions"] = msgspec.to_builtins(functions)
+    return msgspec.json.format(msgspec.json.encode(fields), indent=2) + b"\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        dataset = load_dataset(args.dataset)
+        outcome, heading = _offline(dataset, args) if args.offline else _live(dataset, args)
+        stats = outcome.stats()
+        functions = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, WORST)
+        if args.json:
+            _write(Path(args.json), to_json(stats, functions))
+    except (DatasetError, LiveError, Failure) as e:
+        print(f"scaler simulate: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("scaler simulate: interrupted", file=sys.stderr)
+        return 130
+    print("\n".join(heading))
+    print(render(stats, functions))
+    return 0
+
+
+def _policy(name: str | None) -> str:
+    name = name or DEFAULT_POLICY
+    try:
+        get_policy(name)
+    except ValueError as e:
+        raise Failure(str(e)) from None
+    return name
+
+
+def _note(flags: list[str], why: str) -> None:
+    if flags:
+        print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
+
+
+def _offline(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
+    name = _policy(args.policy)
+    given = [flag for flag, value in (("--speed", args.speed), ("--gateway", args.gateway)) if value is not None]
+    given += ["--platform-listen"] if args.platform_listen is not None else []
+    _note(given, "offline mode runs no scaler and no clock")
+    started = time.perf_counter()
+    run = simulate(dataset, get_policy(name), CREATE_LATENCY_MS)
+    took = time.perf_counter() - started
+    return run, [
+        f"{dataset.name}: offline, policy {name}, {len(dataset.requests)} requests, simulated in {took:.1f}s",
+        f"schedule time: CreateSlot ({CREATE_LATENCY_MS} ms) + Init waits in trace time; the scaler's own latency"
+        " counts as zero offline",
+    ]
+
+
+def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
+    if args.policy is not None:
+        name = _policy(args.policy)
+        _note(["--policy"], f"live mode measures the running scaler's policy; start it with `--policy {name}`")
+    speed = args.speed or 1.0
+    gateway = args.gateway or DEFAULT_GATEWAY
+    started = time.perf_counter()
+    run, errors = asyncio.run(
+        run_live(
+            dataset,
+            gateway,
+            speed,
+            args.platform_listen or DEFAULT_PLATFORM_LISTEN,
+            CREATE_LATENCY_MS,
+            progress=sys.stderr.isatty(),
+        )
+    )
+    took = time.perf_counter() - started
+    heading = [
+        f"{dataset.name}: live against {gateway} at speed {speed:g}, {len(dataset.requests)} requests in {took:.0f}s"
+    ]
+    if speed == 1:
+        heading.append("schedule time: measured Assign time, CreateSlot + Init + the scaler's own latency")
+    else:
+        heading.append(
+            f"schedule time at speed {speed:g}: CreateSlot + Init (and waits for executions) in trace time, the"
+            f" scaler's own latency unscaled (as measured, not x{speed:g}); idle time unscaled too"
+        )
+    for message, count in errors.most_common(3):
+        heading.append(f"failed: {count} x {message}")
+    return run, heading
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise Failure(f"{path}: cannot write: {e.strerror}") from None
+
+
+def render(stats: Stats, functions: list[FunctionRow]) -> str:
+    """The statistics as a two-column table, then the worst functions."""
+    fields = msgspec.to_builtins(stats)
+    width = max(map(len, fields))
+    lines = [f"  {name:<{width}}  {_number(value)}" for name, value in fields.items()]
+    if functions:
+        lines += ["", "worst functions (score lost to idle slots and waiting):"]
+        header = ("metaKey", "requests", "coldStarts", "scheduleSecs", "executionGBs", "slotGBs", "lostScore")
+        rows = [
+            (f.key, f.requests, f.cold_starts, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, f.lost_score)
+            for f in functions
+        ]
+        key_width = max(len(header[0]), *(len(r[0]) for r in rows))
+        lines.append(f"  {header[0]:<{key_width}}" + "".join(f"{h:>14}" for h in header[1:]))
+        lines += [f"  {r[0]:<{key_width}}" + "".join(f"{_number(v):>14}" for v in r[1:]) for r in rows]
+    return "\n".join(lines)
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.4f}" if abs(value) < 1 else f"{value:,.2f}"
