@@ -196,7 +196,11 @@ class LiveRun:
         """CreateSlot and Init of a slot, at the lengths the stub was asked to take."""
         if slot is None:
             return []
-        init_ms = slot.init_reply.init_duration_in_ms if slot.init_reply else slot.ready_ms - slot.init_started_ms
+        done = slot.init_done
+        if done is not None and done.done() and not done.cancelled() and done.exception() is None:
+            init_ms = done.result().init_duration_in_ms
+        else:
+            init_ms = slot.ready_ms - slot.init_started_ms
         return [
             (slot.created_ms, slot.created_ms + self.stub.create_latency_ms),
             (slot.init_started_ms, slot.init_started_ms + init_ms),

@@ -188,7 +188,7 @@ def test_dockerfile_builds_in_stages_generates_the_proto_code_and_runs_unprivile
 
 # --- as local processes -----------------------------------------------------------------------
 
-SPEED = "100"  # the demo's 5-minute keep-alive lasts 3 s, so every slot is destroyed before the test ends
+SPEED = "20"  # the demo's 5-minute keep-alive lasts 15 s, so every slot is destroyed before the test ends
 
 
 async def run(command: list[str]) -> int:
@@ -242,7 +242,10 @@ async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(
                 # No slot leaks: once keep-alive runs out, every slot created is destroyed, all initialised.
                 await eventually(lambda: not platform.accounting.live, seconds=60)
                 a = platform.accounting
-                assert a.created == a.destroyed == a.inits == stats.total_live_slot_count > 0
+                assert a.created == a.destroyed == a.inits > 0
+                # Slots asked for while requests waited may still be created after the last reply, when
+                # the burst outran the scaler: the run's figure, taken at that reply, can only be lower.
+                assert 0 < stats.total_live_slot_count <= a.created
             finally:
                 await platform.stop()
 

@@ -1,5 +1,6 @@
 """`scaler simulate`: both modes, the scoring they share, and how they report bad input."""
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -162,13 +163,14 @@ def test_a_platform_port_in_use_is_refused(capsys):
 # Live mode's accounting, on a run whose timings we set.
 
 
-def test_live_counts_platform_work_in_trace_time_and_the_scaler_unscaled(tmp_path):
+async def test_live_counts_platform_work_in_trace_time_and_the_scaler_unscaled(tmp_path):
     dataset = load_dataset(write_dataset(tmp_path / "d", [meta("a", 1024, 500)], [request(0, "a", 150)] * 2))
     stub = PlatformStub("127.0.0.1:0", dataset.metas, 100, Clock(10))
     driver = live.LiveRun(dataset, None, stub, Clock(10))
     slot = SlotRecord("s1", 1024, created_ms=1010, request_id="a-1", created_done_ms=1125, key="a", instance_id="a-1")
     slot.init_started_ms, slot.ready_ms = 1130, 1650  # Init took 520 of clock time; 500 asked for
-    slot.init_reply = pb.InitReply(status=pb.Ok, init_duration_in_ms=500)
+    slot.init_done = asyncio.get_running_loop().create_future()
+    slot.init_done.set_result(pb.InitReply(status=pb.Ok, init_duration_in_ms=500))
     stub.accounting.slots["s1"] = slot
     first, second = driver.calls
     first.assign_start, first.assign_end, first.idle_start, first.idle_end = 1000, 1700, 1860, 1880
