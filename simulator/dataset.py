@@ -5,7 +5,7 @@ from pathlib import Path
 
 import msgspec
 
-from platform_stub.metas import DatasetError, FunctionMeta, load_metas
+from platform_stub.metas import DatasetError, FunctionMeta, json_lines, load_metas
 
 
 class Request(msgspec.Struct, frozen=True, rename="camel"):
@@ -36,18 +36,8 @@ def load_dataset(folder: str | Path) -> Dataset:
         raise DatasetError(f"{folder}: not a dataset folder (expected `metas` and `requests` inside)")
     metas = load_metas(folder / "metas")
     path = folder / "requests"
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot read: {e.strerror}") from None
     requests = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            request = _decoder.decode(line)
-        except msgspec.DecodeError as e:
-            raise DatasetError(f"{path}:{n}: {e}") from None
+    for n, request in json_lines(path, _decoder):
         if request.meta_key not in metas:
             raise DatasetError(f"{path}:{n}: metaKey {request.meta_key!r} has no entry in {folder / 'metas'}")
         if request.durations_in_ms < 0:
