@@ -125,6 +125,10 @@ class EffectWorker:
         alive = asyncio.create_task(_working_on(msg))
         try:
             await asyncio.gather(*(self._one(key, e) for e in events))
+        except PlatformError as e:  # expected while the platform is away: one line, no traceback
+            log.error("%s: batch %s failed; it will be redelivered: %s", self.name, msg.metadata.sequence.stream, e)
+            await msg.nak(delay=5)
+            return
         except Exception:
             log.exception("%s: batch %s failed; it will be redelivered", self.name, msg.metadata.sequence.stream)
             await msg.nak(delay=5)

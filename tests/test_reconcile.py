@@ -101,3 +101,15 @@ async def test_a_platform_that_cannot_list_slots_is_left_alone(nats_url, caplog)
             await gc.stop()
     finally:
         await server.stop(0)
+
+
+async def test_a_platform_gone_away_is_one_line_in_the_log(nats_url, caplog):
+    async with Stack(nats_url) as stack:
+        reply = await stack.assign("r1")
+        await stack.stub.stop()  # the platform goes away while its slot is still to be destroyed
+        with caplog.at_level(logging.ERROR, logger="scaler.effects"):
+            await stack.idle(reply, need_destroy=True)
+            await eventually(lambda: "redelivered: DestroySlot: UNAVAILABLE" in caplog.text, seconds=10)
+        failure = next(r for r in caplog.records if "DestroySlot" in r.getMessage())
+        assert failure.getMessage().startswith("gc worker: batch ")
+        assert failure.exc_info is None  # an expected failure: no traceback
