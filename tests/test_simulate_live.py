@@ -78,14 +78,17 @@ async def test_our_policy_live_agrees_with_offline_on_dataSet_1s_busiest_minute(
     # offline does, give or take one instance: a live instance is busy ~3 ms longer per request
     # (the Idle's trip back through the scaler), which offline does not see, and an instance
     # started in such a moment is kept while the function stays busy (the pool retires only
-    # beyond one spare). Measured, six runs: slot GB·s +1..+16 % (one function once +46 %: one
-    # instance more), cold starts 44 against 42; schedule time +3.0..3.2 ms per request, the
-    # scaler's own latency, which offline counts as zero.
+    # beyond one spare). Measured, ten runs: slot GB·s +1..+28 % in all, each function at most
+    # one instance over (13.9 GB·s at 256 MB); cold starts 44..45 against 42; schedule time
+    # +3.0..3.2 ms per request, the scaler's own latency, which offline counts as zero.
     folder = window(SHARED / "dataSet_1", tmp_path / "peak", 18_600, 18_660)
     live, offline = await replay(nats_url, folder, speed=1, policy="learned")
     live_stats, offline_stats = live.stats(), offline.stats()
     assert live_stats.total_requests_count == offline_stats.total_requests_count == 2731
-    assert live.slot_gb_s == pytest.approx(offline.slot_gb_s, rel=0.25)
+    metas = load_dataset(folder).metas
+    for key, gb_s in offline.slot_gb_s_by_key.items():
+        one_instance = metas[key].memory_in_mb / 1024 * 62  # one instance kept all minute, and the last runs
+        assert 0.8 * gb_s <= live.slot_gb_s_by_key[key] <= gb_s + one_instance, key
     assert offline_stats.cold_starts - 3 <= live_stats.cold_starts <= 1.25 * offline_stats.cold_starts
     own_ms = (live_stats.invocation_schedule_time_in_secs - offline_stats.invocation_schedule_time_in_secs) * 1000
     assert 0 < own_ms / live_stats.total_requests_count < 20
