@@ -23,7 +23,7 @@ from controller.shell import Controller
 from proto import commands as c
 from proto.events import Batch, Meta, encode_batch
 from proto.subjects import event_subject
-from scaler.bus import close, connect, ensure_streams
+from scaler.bus import connected, ensure_streams
 from scaler.natsd import NatsServer
 
 POLICY = get_policy("demo")
@@ -73,8 +73,7 @@ def workload(events: int, functions: int, seed: int = 1) -> tuple[list[tuple[str
 async def write(js_url: str, batches: list[tuple[str, bytes]]) -> None:
     """Core publishes, in order on one connection, paced so JetStream never drops any: without acks
     there is no back-pressure, and an overloaded server drops what it cannot take."""
-    nc = await connect(js_url, "bench")
-    try:
+    async with connected(js_url, "bench") as nc:
         js = nc.jetstream()
         await ensure_streams(js)
         for start in range(0, len(batches), WINDOW):
@@ -82,8 +81,6 @@ async def write(js_url: str, batches: list[tuple[str, bytes]]) -> None:
                 await nc.publish(subject, data)
             await nc.flush()
             await stored(js, min(start + WINDOW, len(batches)))
-    finally:
-        await close(nc)
 
 
 async def stored(js, count: int) -> None:
@@ -120,16 +117,13 @@ async def main(args: argparse.Namespace) -> None:
             rows.append(("write to JetStream (core publish)", f"{seconds:.1f} s, {rate:,.0f} batches/s"))
             del batches
 
-            nc = await connect(nats.url, "bench")
-            try:
+            async with connected(nats.url, "bench") as nc:
                 js = nc.jetstream()
                 seconds, _ = await timed(stream.read(js, lambda seq, b: None))
                 rows.append(("read + decode (ordered consumer)", f"{seconds:.1f} s, {events / seconds:,.0f} events/s"))
                 seconds, r = await timed(replay.replay(js))
                 assert r.events == events, (r.events, events)
                 rows.append(("replay: read + decode + fold", f"{seconds:.1f} s, {events / seconds:,.0f} events/s"))
-            finally:
-                await close(nc)
 
             seconds, controller = await start_controller(nats.url, None)
             rows.append(("controller start, no snapshot", f"{seconds * 1000:,.0f} ms"))

@@ -1,8 +1,9 @@
 """The NATS side every component shares: connecting, and the two streams."""
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import nats
 from nats.aio.client import Client
@@ -92,3 +93,13 @@ async def close(nc: Client | None) -> None:
         await asyncio.wait_for(nc.drain(), 5)
     except Exception:
         await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def connected(url: str, name: str) -> AsyncIterator[Client]:
+    """A connection for one piece of work, drained and closed when it is done."""
+    nc = await connect(url, name)
+    try:
+        yield nc
+    finally:
+        await close(nc)

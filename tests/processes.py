@@ -18,7 +18,7 @@ from controller.core.state import FnState, Phase
 from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.bus import close, connect
+from scaler.bus import connected
 from scaler.up import Child, Supervisor
 
 
@@ -155,11 +155,8 @@ class Driver:
 
 
 async def controller_state(nats_url: str) -> state_service.StateChunk:
-    nc = await connect(nats_url, "test")
-    try:
+    async with connected(nats_url, "test") as nc:
         return await state_service.fetch(nc)
-    finally:
-        await close(nc)
 
 
 def slots_of(states: dict[str, FnState]) -> set[str]:

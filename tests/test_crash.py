@@ -20,7 +20,7 @@ from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.events import Assigned
-from scaler.bus import close, connect
+from scaler.bus import connected
 from scaler.natsd import NatsServer
 from tests.processes import Call, Driver, Parts, settled
 from tests.stack import eventually
@@ -28,8 +28,7 @@ from tests.stack import eventually
 
 async def check_the_log(nats_url: str, driver: Driver, extra_arrivals: int = 0) -> None:
     """One arrival and at most one assignment per request; the running state equals the replay."""
-    nc = await connect(nats_url, "test")
-    try:
+    async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
         assigned: Counter[str] = Counter()
 
@@ -44,8 +43,6 @@ async def check_the_log(nats_url: str, driver: Driver, extra_arrivals: int = 0) 
         assert arrivals == len(driver.calls) + extra_arrivals
         out = io.StringIO()
         assert await replay.verify(nc, js, None, out) == 0, out.getvalue()
-    finally:
-        await close(nc)
 
 
 @pytest.fixture
@@ -191,11 +188,8 @@ async def test_nats_restarted_with_its_store(tmp_path, stub):
             states = await settled(nats.url, stub)
             held = [i for s in states.values() for i in s.instances.values() if i.phase.value == "busy"]
             assert held == [], "a request whose caller gave up still holds an instance"
-            nc = await connect(nats.url, "test")
-            try:
+            async with connected(nats.url, "test") as nc:
                 out = io.StringIO()
                 assert await replay.verify(nc, nc.jetstream(), None, out) == 0, out.getvalue()
-            finally:
-                await close(nc)
     finally:
         await nats.stop()

@@ -13,7 +13,7 @@ from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.events import InstanceDestroyed, InstanceRetired
-from scaler.bus import close, connect
+from scaler.bus import connected
 from tests.stack import Stack, eventually
 
 
@@ -57,16 +57,13 @@ async def test_reconcile_on_start_destroys_strays_and_drops_what_is_gone(nats_ur
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
         assert (await stack.assign("r3")).assigment.instance_id == "fn-2"
 
-        nc = await connect(nats_url, "test")
-        try:
+        async with connected(nats_url, "test") as nc:
             reasons = []
             await replay.replay(nc.jetstream(), seen=lambda seq, b: reasons.extend(why(ev) for ev in b.events))
             assert "fn-1: slot gone: the platform no longer lists " + slots["fn-1"] in reasons
             unknown = {f"fn-9@{x1}", f"slot@{x2}", f"ghost-1@{x3}"}
             assert {f"{i}: unknown to the state" for i in unknown} <= set(reasons)
             assert await replay.verify(nc, nc.jetstream(), None, io.StringIO()) == 0
-        finally:
-            await close(nc)
 
 
 def why(ev) -> str:

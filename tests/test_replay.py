@@ -11,7 +11,7 @@ from msgspec.structs import replace
 from controller import replay, state_service
 from controller.core.state import Phase
 from controller.snapshots import Snapshot
-from scaler.bus import close, connect
+from scaler.bus import connected
 from tests.stack import Stack
 from tests.test_up import assign_and_idle, start_up, stop
 
@@ -62,8 +62,7 @@ async def test_replay_prints_the_state_and_a_readable_timeline(nats_url):
 async def test_replay_up_to_a_sequence_or_a_time(nats_url):
     async with Stack(nats_url) as stack:
         await traffic(stack)
-        nc = await connect(nats_url, "test")
-        try:
+        async with connected(nats_url, "test") as nc:
             js = nc.jetstream()
             early = await replay.replay(js, until_seq=1)
             assert early.batches == 1 and early.states["fn"].in_phase(Phase.CREATING)
@@ -72,8 +71,6 @@ async def test_replay_up_to_a_sequence_or_a_time(nats_url):
             first_at = early.states["fn"].stats.last_arrival_ms
             by_time = await replay.replay(js, until_ms=first_at)
             assert by_time.states == early.states
-        finally:
-            await close(nc)
     assert replay.parse_time("2023-01-01T00:00:00") == 1_672_531_200_000 == replay.parse_time("1672531200000")
     assert replay.parse_time("2023-01-01T01:00:00+01:00") == 1_672_531_200_000
 
@@ -81,8 +78,7 @@ async def test_replay_up_to_a_sequence_or_a_time(nats_url):
 async def test_verify_finds_the_running_state_equal_and_then_a_difference(nats_url):
     async with Stack(nats_url) as stack:
         await traffic(stack)
-        nc = await connect(nats_url, "test")
-        try:
+        async with connected(nats_url, "test") as nc:
             out = io.StringIO()
             assert await replay.verify(nc, nc.jetstream(), None, out) == 0
             assert "verified: 1 functions equal" in out.getvalue()
@@ -93,8 +89,6 @@ async def test_verify_finds_the_running_state_equal_and_then_a_difference(nats_u
             out = io.StringIO()
             assert await replay.verify(nc, nc.jetstream(), None, out) == 1
             assert "MISMATCH fn:\n  instances.fn-1.phase: replayed 'busy', controller 'idle'" in out.getvalue()
-        finally:
-            await close(nc)
         code, out, _ = await scaler_replay("--nats", nats_url, "--verify")
         assert code == 1 and "MISMATCH fn" in out
 
@@ -102,12 +96,9 @@ async def test_verify_finds_the_running_state_equal_and_then_a_difference(nats_u
 async def test_verify_while_the_controller_keeps_appending(nats_url):
     async with Stack(nats_url) as stack:
         load = asyncio.gather(*(stack.assign(f"r{n}", key=f"fn{n % 5}") for n in range(60)))
-        nc = await connect(nats_url, "test")
-        try:
+        async with connected(nats_url, "test") as nc:
             for _ in range(5):
                 assert await replay.verify(nc, nc.jetstream(), None, io.StringIO()) == 0
-        finally:
-            await close(nc)
         await load
 
 

@@ -10,7 +10,7 @@ from controller.core.policy import get_policy
 from controller.core.state import FnState, apply
 from controller.shell import Controller
 from controller.snapshots import Snapshot, SnapshotStore
-from scaler.bus import close, connect, ensure_streams
+from scaler.bus import connected, ensure_streams
 from tests.stack import Stack
 
 DEMO = get_policy("demo")
@@ -30,13 +30,10 @@ def folder(states: dict[str, FnState], last: dict[str, int]):
 
 
 async def full_replay(nats_url: str) -> dict[str, FnState]:
-    nc = await connect(nats_url, "test")
-    try:
+    async with connected(nats_url, "test") as nc:
         states: dict[str, FnState] = {}
         await stream.read(nc.jetstream(), folder(states, {}))
         return states
-    finally:
-        await close(nc)
 
 
 async def some_traffic(stack: Stack, tag: str, n: int = 12) -> None:
@@ -112,24 +109,18 @@ async def test_every_snapshot_taken_under_load_restores_the_replayed_state(nats_
         taken = [msgspec.msgpack.decode(body, type=Snapshot) async for (body,) in rows]
     await store.close()
     assert len(taken) > 3
-    nc = await connect(nats_url, "test")
-    try:
+    async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
         for snap in taken:
             states = dict(snap.states)
             await stream.read(js, folder(states, dict(snap.last_seq)), after_seq=snap.seq)
             assert states == expected, f"the snapshot at seq {snap.seq} restores another state"
-    finally:
-        await close(nc)
 
 
 async def snapshot_of(nats_url: str, seq: int = 1) -> Snapshot:
-    nc = await connect(nats_url, "test")
-    try:
+    async with connected(nats_url, "test") as nc:
         await ensure_streams(nc.jetstream())
         return Snapshot(seq=seq, stream=await stream.stream_id(nc.jetstream()), last_seq={}, states={})
-    finally:
-        await close(nc)
 
 
 async def test_only_a_snapshot_known_to_fit_is_used(nats_url, tmp_path, monkeypatch):
@@ -161,13 +152,10 @@ def test_the_shape_stamp_follows_the_state_definition():
 
 
 async def test_an_unreadable_batch_stops_the_start_with_its_sequence(nats_url):
-    nc = await connect(nats_url, "test")
-    try:
+    async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
         await ensure_streams(js)
         await js.publish("evt.fn", b"\x93not a batch")
-    finally:
-        await close(nc)
     controller = Controller(nats_url, DEMO)
     with pytest.raises(stream.UnreadableStream, match=r"seq 1 on evt\.fn"):
         await controller.start()
