@@ -102,7 +102,7 @@ async def main(calls: int, functions: int, concurrency: int) -> None:
         proc.send_signal(2)
         await proc.wait()
         await stub.stop()
-    print("| load | calls | Assign p50 ms | Assign p99 ms | Idle p50 ms | Idle p99 ms | calls/s |")
+    print("| load | calls | Assign p50 ms | Assign p99 ms | Idle p50 ms | Idle p99 ms | Assign + Idle pairs/s |")
     print("|---|---|---|---|---|---|---|")
     print(row("one function, one call at a time", one, one_s))
     print(row(f"{concurrency} callers over {functions} functions", many, many_s))
