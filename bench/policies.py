@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 from controller.core.policy import POLICIES, get_policy
-from platform_stub.metas import DatasetError
 from simulator.bound import clairvoyant_bound
-from simulator.dataset import load_dataset
+from simulator.dataset import DatasetError, load_dataset
 from simulator.offline import simulate
 
 DATASETS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"

@@ -23,8 +23,8 @@ from controller.shell import Controller
 from proto import commands as c
 from proto.events import Batch, Meta, encode_batch
 from proto.subjects import event_subject
-from scaler.bus import connected, ensure_streams
-from scaler.natsd import NatsServer
+from runtime.bus import connected, ensure_streams
+from runtime.natsd import NatsServer
 
 POLICY = get_policy("demo")
 WINDOW = 2_000  # batches published before waiting for JetStream to have stored them

@@ -22,7 +22,7 @@ from controller import explain, state_service, stream
 from controller.core.state import FnState, apply
 from proto.events import Batch
 from proto.subjects import event_subject
-from scaler.natsd import NatsServer, StoreBusy, claim
+from runtime.natsd import NatsServer, StoreBusy, claim
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

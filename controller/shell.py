@@ -25,8 +25,8 @@ from controller.snapshots import Snapshot, SnapshotStore
 from proto.commands import AnyCommand, Reconcile, Reply, Tick, command_id, decode_command, encode
 from proto.events import Batch, encode_batch
 from proto.subjects import COMMANDS, SYSTEM_KEY, event_subject
-from scaler.bus import close, connect, ensure_streams
-from scaler.clock import Clock
+from runtime.bus import close, connect, ensure_streams
+from runtime.clock import Clock
 
 log = logging.getLogger("scaler.controller")
 

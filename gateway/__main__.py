@@ -3,16 +3,16 @@
 import argparse
 
 from gateway.server import Gateway
-from scaler import runtime
+from runtime import service
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = runtime.parser("python -m gateway", __doc__, uses_clock=False)
-    p.add_argument("--listen", default=runtime.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]")
+    p = service.parser("python -m gateway", __doc__, uses_clock=False)
+    p.add_argument("--listen", default=service.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]")
     p.add_argument(
         "--reply-timeout",
         type=float,
-        default=float(runtime.env("REPLY_TIMEOUT", "60")),
+        default=float(service.env("REPLY_TIMEOUT", "60")),
         help="seconds to wait for the controller's answer [SCALER_REPLY_TIMEOUT]",
     )
     return p
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
-    runtime.main(lambda a: Gateway(a.nats, a.listen, a.reply_timeout), args)
+    service.main(lambda a: Gateway(a.nats, a.listen, a.reply_timeout), args)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import AnyCommand, Assign, Cancel, Code, Idle, Reply, command_id, decode_reply, encode
 from proto.events import Meta
 from proto.subjects import command_subject, key_problem
-from scaler.bus import close, connect, ensure_streams, publish_command
+from runtime.bus import close, connect, ensure_streams, publish_command
 
 log = logging.getLogger("scaler.gateway")
 

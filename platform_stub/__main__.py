@@ -2,20 +2,20 @@
 
 import argparse
 
-from platform_stub.metas import DatasetError, load_metas
 from platform_stub.server import PlatformStub
-from scaler import runtime
-from scaler.clock import Clock
+from runtime import service
+from runtime.clock import Clock
+from simulator.dataset import DatasetError, load_metas
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = runtime.parser("python -m platform_stub", __doc__, uses_nats=False)
-    p.add_argument("--listen", default=runtime.env("PLATFORM_LISTEN", "0.0.0.0:50051"), help="[SCALER_PLATFORM_LISTEN]")
-    p.add_argument("--metas", default=runtime.env("METAS", ""), help="metas file or dataset folder [SCALER_METAS]")
+    p = service.parser("python -m platform_stub", __doc__, uses_nats=False)
+    p.add_argument("--listen", default=service.env("PLATFORM_LISTEN", "0.0.0.0:50051"), help="[SCALER_PLATFORM_LISTEN]")
+    p.add_argument("--metas", default=service.env("METAS", ""), help="metas file or dataset folder [SCALER_METAS]")
     p.add_argument(
         "--create-latency-ms",
         type=int,
-        default=int(runtime.env("CREATE_LATENCY_MS", "100")),
+        default=int(service.env("CREATE_LATENCY_MS", "100")),
         help="CreateSlot latency [SCALER_CREATE_LATENCY_MS]",
     )
     return p
@@ -28,7 +28,7 @@ def main() -> None:
         metas = load_metas(args.metas) if args.metas else {}
     except DatasetError as e:
         p.error(str(e))
-    runtime.main(lambda a: PlatformStub(a.listen, metas, a.create_latency_ms, Clock(a.speed)), args)
+    service.main(lambda a: PlatformStub(a.listen, metas, a.create_latency_ms, Clock(a.speed)), args)
 
 
 if __name__ == "__main__":

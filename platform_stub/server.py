@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from platform_stub.metas import FunctionMeta
 from proto import platform_admin_pb2 as admin
 from proto import platform_admin_pb2_grpc as admin_grpc
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.clock import Clock
+from runtime.clock import Clock
+from simulator.dataset import FunctionMeta
 
 log = logging.getLogger("scaler.platform_stub")
 

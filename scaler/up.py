@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES
-from scaler.natsd import NatsServer, claim
-from scaler.runtime import READY_FD, env, setup_logging, stop_on_signals
+from runtime.natsd import NatsServer, claim
+from runtime.service import READY_FD, env, setup_logging, stop_on_signals
 
 log = logging.getLogger("scaler.up")
 
@@ -98,8 +98,8 @@ class Supervisor:
             platform = (await self.spawn("platform_stub", *stub_args)).address
         await asyncio.gather(
             self.spawn("controller", "--policy", a.policy, *snapshots),
-            self.spawn("platform_worker", "--platform", platform),
-            self.spawn("gc_worker", "--platform", platform),
+            self.spawn("workers", "platform", "--platform", platform),
+            self.spawn("workers", "gc", "--platform", platform),
         )
         gateway = await self.spawn("gateway", "--listen", f"0.0.0.0:{a.port}")
         stub = "" if a.platform else " (bundled stub)"

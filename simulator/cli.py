@@ -18,8 +18,7 @@ from pathlib import Path
 import msgspec
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
-from platform_stub.metas import DatasetError
-from simulator.dataset import Dataset, load_dataset
+from simulator.dataset import Dataset, DatasetError, load_dataset
 from simulator.live import LiveError, run_live
 from simulator.offline import simulate
 from simulator.score import FunctionRow, Run, Stats, worst_functions

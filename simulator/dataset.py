@@ -1,11 +1,63 @@
-"""A dataset in the challenge's format: a folder with `metas` and `requests`, JSON lines each."""
+"""A dataset in the challenge's format: a folder with `metas` and `requests`, JSON lines each.
 
+`metas` has one function per line (the platform stub reads only this file, for init times);
+`requests` one request per line, sorted by start time.
+"""
+
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
-from platform_stub.metas import DatasetError, FunctionMeta, json_lines, load_metas
+T = TypeVar("T")
+
+
+class FunctionMeta(msgspec.Struct, frozen=True, rename="camel"):
+    key: str
+    memory_in_mb: int
+    init_duration_in_ms: int
+    runtime: str = ""
+    timeout_in_secs: int = 0
+
+
+class DatasetError(ValueError):
+    """Bad dataset input, said with its file and line."""
+
+
+_meta_decoder = msgspec.json.Decoder(FunctionMeta)
+
+
+def metas_path(path: str | Path) -> Path:
+    """Accept a dataset folder or the metas file itself."""
+    path = Path(path)
+    return path / "metas" if path.is_dir() else path
+
+
+def json_lines(path: Path, decoder: msgspec.json.Decoder[T]) -> Iterator[tuple[int, T]]:
+    """Each non-blank line of a JSON-lines file, decoded, with its number; errors name file and line."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read: {e.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, decoder.decode(line)
+        except msgspec.DecodeError as e:
+            raise DatasetError(f"{path}:{n}: {e}") from None
+
+
+def load_metas(path: str | Path) -> dict[str, FunctionMeta]:
+    path = metas_path(path)
+    metas: dict[str, FunctionMeta] = {}
+    for n, meta in json_lines(path, _meta_decoder):
+        if meta.memory_in_mb <= 0:
+            raise DatasetError(f"{path}:{n}: memoryInMb must be positive")
+        metas[meta.key] = meta
+    return metas
 
 
 class Request(msgspec.Struct, frozen=True, rename="camel"):
@@ -26,7 +78,7 @@ class Dataset:
         return self.requests[0].start_time if self.requests else 0
 
 
-_decoder = msgspec.json.Decoder(Request)
+_request_decoder = msgspec.json.Decoder(Request)
 
 
 def load_dataset(folder: str | Path) -> Dataset:
@@ -37,7 +89,7 @@ def load_dataset(folder: str | Path) -> Dataset:
     metas = load_metas(folder / "metas")
     path = folder / "requests"
     requests = []
-    for n, request in json_lines(path, _decoder):
+    for n, request in json_lines(path, _request_decoder):
         if request.meta_key not in metas:
             raise DatasetError(f"{path}:{n}: metaKey {request.meta_key!r} has no entry in {folder / 'metas'}")
         if request.durations_in_ms < 0:

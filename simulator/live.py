@@ -26,7 +26,7 @@ import grpc
 from platform_stub.server import PlatformStub, SlotRecord
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.clock import Clock
+from runtime.clock import Clock
 from simulator.dataset import Dataset, Request
 from simulator.score import Invocation, Run
 

@@ -18,7 +18,8 @@ from unittest import mock
 
 import yaml
 
-from scaler import cli, runtime
+from runtime import service as component_service
+from scaler import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"
@@ -125,7 +126,7 @@ def is_part(service: dict) -> bool:
 def parse(name: str, service: dict) -> Parsed:
     """Run the service's command through its component's own parser, with the service's environment.
 
-    The parser is built while runtime.env records what it is asked for, so `reads` is exactly the
+    The parser is built while service.env records what it is asked for, so `reads` is exactly the
     set of variables the component honours. A bad flag or value fails as it would at start.
     """
     command = service["command"]
@@ -144,7 +145,7 @@ def parse(name: str, service: dict) -> Parsed:
         argv = command[1:]
     else:
         raise ValueError(f"{name}: {command} is neither `python -m <part>` nor `scaler ...`")
-    with mock.patch.object(runtime, "env", env):
+    with mock.patch.object(component_service, "env", env):
         parser = build()
     try:
         args = parser.parse_args(argv)
@@ -152,7 +153,8 @@ def parse(name: str, service: dict) -> Parsed:
         raise ValueError(f"{name}: {command} does not parse (exit {e.code}), see stderr") from None
     for action in parser._actions:  # argparse checks the choices of flags given, not of defaults from variables
         value = getattr(args, action.dest, None)
-        if action.choices is not None and value not in action.choices:
+        values = value if isinstance(value, list) else [value]
+        if action.choices is not None and any(v not in action.choices for v in values):
             raise ValueError(f"{name}: {action.dest}={value!r} is not one of {sorted(action.choices)}")
     return Parsed(args, reads)
 

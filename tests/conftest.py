@@ -1,6 +1,6 @@
 import pytest
 
-from scaler.natsd import NatsServer
+from runtime.natsd import NatsServer
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from controller.core.state import FnState, Phase
 from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.bus import connected
+from runtime.bus import connected
 from scaler.up import Child, Supervisor
 
 
@@ -36,17 +36,18 @@ class Parts:
         self.running: dict[str, Child] = {}
 
     def argv(self, part: str) -> list[str]:
+        """`python -m` and the arguments that start `part`."""
         return {
-            "controller": ["--snapshots", self.snapshots] if self.snapshots else [],
-            "platform_worker": ["--platform", self.platform],
-            "gc_worker": ["--platform", self.platform],
-            "gateway": ["--listen", "127.0.0.1:0", "--reply-timeout", str(self.reply_timeout_s)],
+            "controller": ["controller", *(["--snapshots", self.snapshots] if self.snapshots else [])],
+            "platform_worker": ["workers", "platform", "--platform", self.platform],
+            "gc_worker": ["workers", "gc", "--platform", self.platform],
+            "gateway": ["gateway", "--listen", "127.0.0.1:0", "--reply-timeout", str(self.reply_timeout_s)],
         }[part]
 
     async def start(self, part: str) -> float:
         """Start one part; returns how long it took to be ready (seconds)."""
         began = time.monotonic()
-        self.running[part] = await self.supervisor.spawn(part, *self.argv(part))
+        self.running[part] = await self.supervisor.spawn(*self.argv(part))
         return time.monotonic() - began
 
     async def __aenter__(self) -> "Parts":

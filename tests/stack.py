@@ -8,13 +8,13 @@ import grpc
 from controller.core.policy import get_policy
 from controller.shell import Controller
 from gateway.server import Gateway
-from gc_worker.worker import GcWorker
-from platform_stub.metas import FunctionMeta
 from platform_stub.server import Faults, PlatformStub
-from platform_worker.worker import PlatformWorker
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.clock import Clock
+from runtime.clock import Clock
+from simulator.dataset import FunctionMeta
+from workers.gc import GcWorker
+from workers.platform import PlatformWorker
 
 
 async def eventually(condition, seconds: float = 10.0) -> None:

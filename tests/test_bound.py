@@ -2,9 +2,8 @@
 
 import pytest
 
-from platform_stub.metas import FunctionMeta
 from simulator.bound import clairvoyant_bound
-from simulator.dataset import Dataset, Request
+from simulator.dataset import Dataset, FunctionMeta, Request
 
 
 def test_bound_on_a_hand_made_trace():

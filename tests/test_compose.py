@@ -20,8 +20,8 @@ from platform_stub.server import PlatformStub
 from proto import platform_admin_pb2 as admin
 from proto import platform_admin_pb2_grpc as admin_grpc
 from proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.clock import Clock
-from scaler.natsd import NatsServer
+from runtime.clock import Clock
+from runtime.natsd import NatsServer
 from scaler.up import Supervisor
 from simulator.dataset import load_dataset
 from simulator.live import LiveRun

@@ -15,13 +15,13 @@ import grpc
 import pytest
 
 from controller import replay
-from platform_stub.metas import FunctionMeta
 from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.events import Assigned
-from scaler.bus import connected
-from scaler.natsd import NatsServer
+from runtime.bus import connected
+from runtime.natsd import NatsServer
+from simulator.dataset import FunctionMeta
 from tests.processes import Call, Driver, Parts, settled
 from tests.stack import eventually
 

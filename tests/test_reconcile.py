@@ -8,13 +8,13 @@ import grpc
 import pytest
 
 from controller import replay
-from gc_worker.worker import GcWorker
 from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.events import InstanceDestroyed, InstanceRetired
-from scaler.bus import connected
+from runtime.bus import connected
 from tests.stack import Stack, eventually
+from workers.gc import GcWorker
 
 
 async def stray_slot(stub: PlatformStub, request_id: str, instance_id: str = "", key: str = "fn") -> str:

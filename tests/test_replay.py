@@ -11,7 +11,7 @@ from msgspec.structs import replace
 from controller import replay, state_service
 from controller.core.state import Phase
 from controller.snapshots import Snapshot
-from scaler.bus import connected
+from runtime.bus import connected
 from tests.stack import Stack
 from tests.test_up import assign_and_idle, start_up, stop
 

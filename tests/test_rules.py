@@ -7,7 +7,7 @@ import pytest
 
 from platform_stub.server import Faults
 from proto import serverless_sim_pb2 as pb
-from scaler.clock import Clock
+from runtime.clock import Clock
 from tests.stack import Stack, eventually
 
 

@@ -12,8 +12,8 @@ import pytest
 from controller.core.policy import POLICIES, get_policy
 from platform_stub.server import PlatformStub, SlotRecord
 from proto import serverless_sim_pb2 as pb
+from runtime.clock import Clock
 from scaler.cli import main
-from scaler.clock import Clock
 from simulator import live
 from simulator.dataset import load_dataset
 from simulator.offline import simulate

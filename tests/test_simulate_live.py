@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller.core.policy import get_policy
-from scaler.clock import Clock
+from runtime.clock import Clock
 from simulator.dataset import load_dataset
 from simulator.live import LiveError, LiveRun, run_live
 from simulator.offline import simulate

@@ -10,7 +10,7 @@ from controller.core.policy import get_policy
 from controller.core.state import FnState, apply
 from controller.shell import Controller
 from controller.snapshots import Snapshot, SnapshotStore
-from scaler.bus import connected, ensure_streams
+from runtime.bus import connected, ensure_streams
 from tests.stack import Stack
 
 DEMO = get_policy("demo")

@@ -10,7 +10,7 @@ import grpc
 from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.natsd import NatsServer
+from runtime.natsd import NatsServer
 
 READY = re.compile(r"scaler ready: gRPC [\d.]+:(\d+),")
 

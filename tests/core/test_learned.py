@@ -7,10 +7,9 @@ from controller.core.decide import decide
 from controller.core.policy import get_policy
 from controller.core.policy.learned import Learned, exchange_rate
 from controller.core.state import FnState, Phase, Totals
-from platform_stub.metas import FunctionMeta
 from proto import commands as c
 from proto import events as e
-from simulator.dataset import Dataset, Request
+from simulator.dataset import Dataset, FunctionMeta, Request
 from simulator.offline import Simulation
 
 LEARNED = get_policy("learned")

@@ -3,7 +3,7 @@
 from proto import serverless_sim_pb2 as pb
 from proto.commands import AnyCommand, SlotFailed, SlotReady
 from proto.events import Event, SlotWanted
-from scaler.effects import EffectWorker, PlatformError, call_platform
+from workers.effects import EffectWorker, PlatformError, call_platform
 
 
 class PlatformWorker(EffectWorker):

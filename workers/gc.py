@@ -24,9 +24,9 @@ from proto.commands import AnyCommand, PlatformSlot, Reconcile, SlotDestroyed, T
 from proto.events import Event, InstanceRetired, decode_batch
 from proto.platform_admin_pb2_grpc import PlatformAdminStub
 from proto.subjects import EVENTS, EVT, SYSTEM_KEY
-from scaler.bus import publish_command
-from scaler.clock import Clock
-from scaler.effects import EffectWorker, call_platform
+from runtime.bus import publish_command
+from runtime.clock import Clock
+from workers.effects import EffectWorker, call_platform
 
 log = logging.getLogger("scaler.gc_worker")
 

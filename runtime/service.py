@@ -22,6 +22,20 @@ class Component(Protocol):
     async def stop(self) -> None: ...
 
 
+class Together:
+    """Several components run as one: started in order, stopped in reverse."""
+
+    def __init__(self, parts: list[Component]) -> None:
+        self.parts = parts
+
+    async def start(self) -> str:
+        return "; ".join([await part.start() for part in self.parts])
+
+    async def stop(self) -> None:
+        for part in reversed(self.parts):
+            await part.stop()
+
+
 def address_of(component: Component) -> str:
     """host:port a listening component serves on, once started ("" for the others)."""
     listen = getattr(component, "listen", "")

@@ -18,7 +18,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import AnyCommand
 from proto.events import Event, decode_batch
 from proto.subjects import EVENTS, EVT
-from scaler.bus import close, connect, ensure_streams, publish_command
+from runtime.bus import close, connect, ensure_streams, publish_command
 
 log = logging.getLogger("scaler.effects")
 
