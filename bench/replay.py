@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 
 from controller import replay, stream
-from controller.core.decide import decide
 from controller.core.policy import get_policy
-from controller.core.state import FnState, Phase
+from controller.core.state import Phase
+from controller.ledger import Ledger
 from controller.shell import Controller
 from proto import commands as c
-from proto.events import Batch, Meta, encode_batch
+from proto.events import Meta, encode_batch
 from proto.subjects import event_subject
-from runtime.bus import connected, ensure_streams
+from runtime.bus import connected, ensure_stream
 from runtime.natsd import NatsServer
 
 POLICY = get_policy("demo")
@@ -36,17 +36,17 @@ def workload(events: int, functions: int, seed: int = 1) -> tuple[list[tuple[str
     rng = random.Random(seed)
     keys = [f"fn{n:05d}" for n in range(functions)]
     weights = [1 / (n + 1) for n in range(functions)]  # a few hot functions, a long tail
-    states = {k: FnState(key=k) for k in keys}
+    ledger = Ledger()
     out: list[tuple[str, bytes]] = []
     now, count, req, slot = 1_700_000_000_000, 0, 0, 0
 
     def run(cmd) -> list:
         nonlocal count
-        d = decide(states[cmd.key], cmd, now, POLICY)
-        states[cmd.key] = d.state
-        if d.events:
-            batch = Batch(key=cmd.key, at_ms=now, cause=c.command_id(cmd), events=d.events, wake_ms=d.wake_ms)
-            out.append((event_subject(cmd.key), encode_batch(batch)))
+        d = ledger.decide(cmd, now, POLICY)
+        batch = ledger.batch(cmd, d, now)
+        ledger.commit(cmd, d, len(out) + 1 if batch is not None else None)
+        if batch is not None:
+            out.append((event_subject(cmd.key, batch.effects), encode_batch(batch)))
             count += len(d.events)
         return d.events
 
@@ -61,10 +61,12 @@ def workload(events: int, functions: int, seed: int = 1) -> tuple[list[tuple[str
         req += 1
         r = f"r{req}"
         run(c.Assign(key=key, request_id=r, meta=META, reply_to=f"_INBOX.bench.{req}"))
-        for inst in states[key].in_phase(Phase.CREATING):
+        for inst in ledger.state(key).in_phase(Phase.CREATING):
             slot += 1
             run(c.SlotReady(key=key, instance_id=inst.id, slot_id=f"slot-{slot}", create_ms=100, init_ms=300))
-        held = next((i for i in states[key].instances.values() if i.request_id == r and i.phase is Phase.BUSY), None)
+        held = next(
+            (i for i in ledger.state(key).instances.values() if i.request_id == r and i.phase is Phase.BUSY), None
+        )
         if held is not None:
             run(c.Idle(key=key, request_id=r, instance_id=held.id, duration_ms=rng.randint(5, 500)))
     return out, count
@@ -75,7 +77,7 @@ async def write(js_url: str, batches: list[tuple[str, bytes]]) -> None:
     there is no back-pressure, and an overloaded server drops what it cannot take."""
     async with connected(js_url, "bench") as nc:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_stream(js)
         for start in range(0, len(batches), WINDOW):
             for subject, data in batches[start : start + WINDOW]:
                 await nc.publish(subject, data)

@@ -1,4 +1,8 @@
-"""`python -m controller`: the single writer of events."""
+"""`python -m controller`: the single writer of its functions' events, answering commands sent over NATS.
+
+Alone it serves front gateways (`python -m gateway`) and the workers; `scaler node` runs it with
+the gRPC service in one process.
+"""
 
 import argparse
 
@@ -8,8 +12,7 @@ from runtime import service
 from runtime.clock import Clock
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = service.parser("python -m controller", __doc__)
+def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy", default=service.env("POLICY", DEFAULT_POLICY), choices=sorted(POLICIES), help="[SCALER_POLICY]"
     )
@@ -19,12 +22,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="sqlite file for state snapshots, so a start replays only what follows the newest (none: full replay)"
         " [SCALER_SNAPSHOTS]",
     )
+
+
+def make(a: argparse.Namespace) -> Controller:
+    return Controller(a.nats, get_policy(a.policy), Clock(a.speed), a.snapshots or None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = service.parser("python -m controller", __doc__)
+    add_options(p)
     return p
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    service.main(lambda a: Controller(a.nats, get_policy(a.policy), Clock(a.speed), a.snapshots or None), args)
+    service.main(make, build_parser().parse_args())
 
 
 if __name__ == "__main__":

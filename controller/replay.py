@@ -19,9 +19,10 @@ import nats
 from nats.js.errors import NotFoundError
 
 from controller import explain, state_service, stream
-from controller.core.state import FnState, apply
+from controller.core.state import FnState
+from controller.ledger import Ledger
 from proto.events import Batch
-from proto.subjects import event_subject
+from proto.subjects import function_events
 from runtime.natsd import NatsServer, StoreBusy, claim
 
 
@@ -53,10 +54,13 @@ def parse_time(text: str) -> int:
 
 @dataclass
 class Replayed:
-    states: dict[str, FnState] = field(default_factory=dict)
-    last_seq: dict[str, int] = field(default_factory=dict)
+    ledger: Ledger = field(default_factory=Ledger)
     batches: int = 0
     events: int = 0
+
+    @property
+    def states(self) -> dict[str, FnState]:
+        return self.ledger.states
 
 
 async def replay(
@@ -75,11 +79,7 @@ async def replay(
             return True
         if keep is not None and not keep(seq, batch):
             return False
-        s = out.states.get(batch.key) or FnState(key=batch.key)
-        for e in batch.events:
-            s = apply(s, e)
-        out.states[batch.key] = s
-        out.last_seq[batch.key] = seq
+        out.ledger.fold(seq, batch)
         out.batches += 1
         out.events += len(batch.events)
         if seen is not None:
@@ -97,7 +97,7 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
     end = max([running.seq, *running.last_seq.values()])
     replayed = await replay(
         js,
-        subject=event_subject(key) if key is not None else stream.ALL,
+        subject=function_events(key) if key is not None else stream.ALL,
         until_seq=end,
         keep=lambda seq, b: seq <= running.last_seq.get(b.key, running.seq),
     )
@@ -119,7 +119,7 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
 
 async def show(js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout) -> int:
     timeline: list[str] = []
-    subject = event_subject(key) if key is not None else stream.ALL
+    subject = function_events(key) if key is not None else stream.ALL
     seen = (lambda seq, b: timeline.append(explain.batch(seq, b))) if key is not None else None
     replayed = await replay(js, subject, until_seq, until_ms, seen=seen)
     if key is not None:
@@ -131,7 +131,7 @@ async def show(js, key: str | None, until_seq: int | None, until_ms: int | None,
             print(f"  {line}", file=out)
         print(file=out)
     for k in sorted(replayed.states):
-        for line in explain.state(replayed.states[k], replayed.last_seq[k]):
+        for line in explain.state(replayed.states[k], replayed.ledger.last_seq[k]):
             print(line, file=out)
     print(f"\n{len(replayed.states)} functions from {replayed.batches} batches, {replayed.events} events", file=out)
     return 0

@@ -1,45 +1,65 @@
-"""The controller's I/O: commands in from JetStream, decisions appended to EVENTS, replies out.
+"""The controller's I/O: the single writer of the functions it owns.
 
-The single writer of events. For each command it reads the clock once, asks the pure core,
-appends the resulting batch with the expected last sequence of the function's subject (so a
-second writer fails instead of corrupting the stream), then replies and acks. Commands of one
-function are handled in arrival order; different functions proceed concurrently.
+For each command it reads the clock once, asks the pure core (through the ledger), appends the
+resulting batch to the function's subjects with the expected last sequence of the function (so
+a second writer fails instead of corrupting the stream), and only then answers. Commands of one
+function are decided in arrival order under its lock; different functions proceed concurrently.
+
+Commands come three ways: `call` from the gateway in the same process (the hot path: no NATS hop
+but the append), core NATS requests on `cmd.<partition>` (front gateways and the workers'
+reports), and the controller's own timers (Tick, when a function's deadline is due).
 """
 
 import asyncio
+import itertools
 import logging
-from collections import Counter
+import secrets
 from pathlib import Path
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import APIError, NotFoundError
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError
 
 from controller import state_service, stream
 from controller.core import reconcile
-from controller.core.decide import Decision, decide
+from controller.core.decide import Decision
 from controller.core.policy import Policy
-from controller.core.state import FnState, Phase, Totals, apply
+from controller.core.state import FnState, Phase, Totals
+from controller.ledger import Ledger
 from controller.snapshots import Snapshot, SnapshotStore
-from proto.commands import AnyCommand, Reconcile, Reply, Tick, command_id, decode_command, encode
+from controller.timers import Timers
+from proto.commands import (
+    AnyCommand,
+    Assign,
+    Cancel,
+    Code,
+    Idle,
+    Reconcile,
+    Reply,
+    Tick,
+    command_id,
+    decode_command,
+    encode,
+)
 from proto.events import Batch, encode_batch
-from proto.subjects import COMMANDS, SYSTEM_KEY, event_subject
-from runtime.bus import close, connect, ensure_streams
+from proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition
+from runtime.bus import Unavailable, close, connect, ensure_stream
 from runtime.clock import Clock
 
 log = logging.getLogger("scaler.controller")
 
-DURABLE = "controller"
 WRONG_LAST_SEQUENCE = 10071
 APPEND_ATTEMPTS = 3
-ACK_WAIT_S = 10  # a command delivered but lost in a NATS outage comes back after this
+APPEND_TIMEOUT_S = 5.0
+CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
 SNAPSHOT_EVERY = 10_000  # events
 SNAPSHOT_INTERVAL_S = 60.0
+LOCAL = "_L."  # reply_to of callers in the controller's own process (`call`): never a NATS subject
 
 
 class Conflict(Exception):
-    """Someone else appended to the function's subject since we last read it."""
+    """Someone else appended to the function's subjects since we last read them."""
 
 
 class Controller:
@@ -55,13 +75,14 @@ class Controller:
         self.nats_url = nats_url
         self.policy = policy
         self.clock = clock or Clock()
-        self.states: dict[str, FnState] = {}
-        self.totals = Totals()  # the run so far, summed over functions, for the policy
-        self.last_seq: dict[str, int] = {}  # per function: stream sequence of its last batch
-        self.applied_seq = 0  # the newest stream sequence known: any append still to come gets a higher one
+        self.ledger = Ledger()
         self.rebuilt_from = 0  # the snapshot's sequence the last rebuild started from (0: the whole stream)
-        self._appending: Counter[int] = Counter()  # appends in flight, by `applied_seq` when each began
+        self.timers = Timers(self.clock, self._tick)
+        self._appending: dict[int, int] = {}  # appends in flight, by the ledger's `seq` when each began
         self._locks: dict[str, asyncio.Lock] = {}
+        self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
+        self._prefix = f"{LOCAL}{secrets.token_hex(4)}."  # this process's callers: a restart's are new ones
+        self._tokens = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._store = SnapshotStore(snapshots) if snapshots else None
         self._snapshot_every = snapshot_every
@@ -72,21 +93,30 @@ class Controller:
         self._stream = ""
         self._nc = None
         self._js = None
-        self._sub = None
+        self._subs: list = []
         self._state_sub = None
 
+    # What tests and tools read; the ledger holds it.
+    @property
+    def states(self) -> dict[str, FnState]:
+        return self.ledger.states
+
+    @property
+    def totals(self) -> Totals:
+        return self.ledger.totals
+
     async def start(self) -> str:
-        self._nc = await connect(self.nats_url, "controller", reconnected=self._on_reconnect)
+        self._nc = await connect(self.nats_url, "controller")
         self._js = self._nc.jetstream()
-        await ensure_streams(self._js)
+        await ensure_stream(self._js)
+        await stream.check_layout(self._js)
         if self._store is not None:
             await self._store.open()
         count = await self.rebuild()
-        await self._redeliver_unacked()
-        try:
-            self._sub = await self._consume()
-        except Exception as e:
-            raise RuntimeError(f"cannot consume commands ({e}); is another controller running?") from e
+        for key, wake_ms in self.ledger.wake.items():
+            self.timers.set(key, wake_ms)
+        self.timers.start()
+        self._subs = [await self._nc.subscribe(f"{CMD}.{p}", cb=self._on_request) for p in range(PARTITIONS)]
         self._state_sub = await state_service.serve(self._nc, self.snapshot)
         await self._answer_again()
         self._saved_at = asyncio.get_running_loop().time()
@@ -94,10 +124,10 @@ class Controller:
         return f"controller ({self.policy.name} policy, {len(self.states)} functions from {start}{count} batches)"
 
     async def stop(self) -> None:
-        if self._state_sub is not None:
-            await self._state_sub.unsubscribe()
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        for sub in [*self._subs, self._state_sub]:
+            if sub is not None:
+                await sub.unsubscribe()
+        await self.timers.stop()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10)
         if self._store is not None:
@@ -110,114 +140,199 @@ class Controller:
 
     async def rebuild(self) -> int:
         """Load the newest usable snapshot, then fold the batches after it. Returns the number of batches read."""
-        self.states.clear()
-        self.totals = Totals()
-        self.last_seq.clear()
-        self.applied_seq = self.rebuilt_from = 0
+        self.ledger = Ledger()
+        self.rebuilt_from = 0
         self._stream = await stream.stream_id(self._js)
         if self._store is not None:
             snap = await self._store.load(self._stream, await stream.last_seq(self._js))
             if snap is not None:
-                for key, state in snap.states.items():
-                    self._put_state(key, state)
-                self.last_seq.update(snap.last_seq)
-                self.applied_seq = self.rebuilt_from = snap.seq
-        return await stream.read(self._js, self._fold, after_seq=self.rebuilt_from)
-
-    def _fold(self, seq: int, batch: Batch) -> None:
-        self.applied_seq = max(self.applied_seq, seq)
-        if seq <= self.last_seq.get(batch.key, 0):
-            return  # already in the snapshot's state
-        s = self.states.get(batch.key) or FnState(key=batch.key)
-        for event in batch.events:
-            s = apply(s, event)
-        self._put_state(batch.key, s)
-        self.last_seq[batch.key] = seq
-
-    def _put_state(self, key: str, s: FnState) -> None:
-        self.totals.change(self.states.get(key), s)
-        self.states[key] = s
+                self.ledger.restore(snap.states, snap.last_seq, snap.wake, snap.seq)
+                self.rebuilt_from = snap.seq
+        return await stream.read(self._js, self.ledger.fold, after_seq=self.rebuilt_from)
 
     def snapshot(self) -> Snapshot:
         """A consistent copy of the state: FnState is immutable, so copying the dicts is enough."""
-        watermark = min(self._appending, default=self.applied_seq)
-        return Snapshot(seq=watermark, stream=self._stream, last_seq=dict(self.last_seq), states=dict(self.states))
-
-    async def _redeliver_unacked(self) -> None:
-        """Have commands a crashed controller received but never acked delivered now, not after ack_wait.
-
-        COMMANDS is a work queue: what it still holds is exactly what no controller acked. An
-        unbound durable consumer redelivers its unacked messages only after ack_wait; a new
-        consumer delivers them at once. A bound one means another controller is running.
-        """
-        try:
-            info = await self._js.consumer_info(COMMANDS, DURABLE)
-        except NotFoundError:
-            return
-        if info.push_bound:
-            raise RuntimeError("another controller is consuming commands")
-        if info.num_ack_pending:
-            log.info("%d commands were in flight when the last controller stopped", info.num_ack_pending)
-            await self._js.delete_consumer(COMMANDS, DURABLE)
-
-    async def _consume(self):
-        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_ack_pending=20_000)
-        return await self._js.subscribe(
-            "cmd.>", durable=DURABLE, stream=COMMANDS, cb=self._on_command, manual_ack=True, config=config
+        watermark = min(self._appending, default=self.ledger.seq)
+        return Snapshot(
+            seq=watermark,
+            stream=self._stream,
+            last_seq=dict(self.ledger.last_seq),
+            states=dict(self.ledger.states),
+            wake=dict(self.ledger.wake),
         )
 
-    async def _on_reconnect(self) -> None:
-        """After a NATS outage, get at once the commands whose delivery or ack the outage lost.
+    # --- commands -----------------------------------------------------------------------------
 
-        They would otherwise come back only after ack_wait, while their callers wait. A new
-        consumer on the work queue delivers every unacked command now; the ones still being
-        handled here come twice, which deciding again turns into no-ops.
+    async def call(self, cmd: Assign | Idle, timeout_s: float | None) -> Reply:
+        """Decide a call from this process and wait for its answer (an Assign may wait for an instance).
+
+        An Assign whose caller stops waiting (timeout, cancellation, or the event store away when
+        its outcome is unknown) is cancelled in the background, so a stored request never holds
+        an instance for nobody.
         """
-        if self._sub is None:
-            return
-        old, self._sub = self._sub, None
-        for attempt in range(20):  # JetStream may need a moment after a server restart
+        to = f"{self._prefix}{next(self._tokens)}"
+        answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._local[to] = answer
+        cmd = replace(cmd, reply_to=to)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.handle(cmd)
+                return await answer
+        except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
+            if isinstance(cmd, Assign):
+                why = {TimeoutError: "no answer in time", Unavailable: "event store unavailable"}
+                self._give_up(cmd, why.get(type(e), "caller disconnected"))
+            raise
+        finally:
+            del self._local[to]
+
+    async def handle(self, cmd: AnyCommand) -> Decision:
+        """Decide one command of one function, append its batch, answer: in the function's arrival order."""
+        if isinstance(cmd, Reconcile) and cmd.partition >= 0:
+            return await self._reconcile(cmd)
+        async with self._locks.setdefault(cmd.key, asyncio.Lock()):
+            decision = await self._decide_and_append(cmd)
+        await self._answer(decision.replies)
+        return decision
+
+    async def _decide_and_append(self, cmd: AnyCommand) -> Decision:
+        for _ in range(APPEND_ATTEMPTS):
+            now = self.clock.now_ms()
+            decision = self.ledger.decide(cmd, now, self.policy)
+            batch = self.ledger.batch(cmd, decision, now)
+            seq = None
+            if batch is not None:
+                floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
+                self._appending[floor] = self._appending.get(floor, 0) + 1
+                try:
+                    seq = await self._append(batch)
+                except Conflict:
+                    log.warning("conflict on %s: catching up and deciding again", cmd.key)
+                    await self._catch_up(cmd.key)
+                    continue
+                finally:
+                    self._appending[floor] -= 1
+                    if not self._appending[floor]:
+                        del self._appending[floor]
+                self._maybe_snapshot(len(batch.events))
+            self.ledger.commit(cmd, decision, seq)
+            self.timers.set(cmd.key, self.ledger.wake.get(cmd.key))
+            return decision
+        raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key!r}")
+
+    async def _append(self, batch: Batch) -> int:
+        """Store the batch if the function's last batch is still the one we know of; returns its sequence.
+
+        The expected sequence also makes a repeated append (ack lost) fail as a conflict, after which
+        the catch-up shows the command already applied.
+        """
+        headers = {
+            "Nats-Expected-Last-Subject-Sequence": str(self.ledger.last_seq.get(batch.key, 0)),
+            "Nats-Expected-Last-Subject-Sequence-Subject": function_events(batch.key),
+        }
+        try:
+            ack = await self._js.publish(
+                event_subject(batch.key, batch.effects), encode_batch(batch), timeout=APPEND_TIMEOUT_S, headers=headers
+            )
+        except APIError as e:
+            if e.err_code == WRONG_LAST_SEQUENCE:
+                raise Conflict(batch.key) from e
+            raise Unavailable(f"event store refused the batch: {e.description}") from e
+        except (NatsError, TimeoutError) as e:
+            raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
+        return ack.seq
+
+    async def _catch_up(self, key: str) -> None:
+        """Fold one function again from its own batches, after another writer (or a lost ack) moved it on."""
+        self.ledger.forget(key)
+        await stream.read(self._js, self.ledger.fold, subject=function_events(key))
+
+    async def _reconcile(self, cmd: Reconcile) -> Decision:
+        """The platform's list for one partition, put to each of its functions in turn (those the list names
+        and those it doesn't), each deciding alone, so a repeat after a crash half-way repeats only no-ops."""
+        known = [k for k in self.ledger.states if partition(k) == cmd.partition]
+        for key, slots in reconcile.by_function(cmd.slots, known).items():
+            await self.handle(replace(cmd, key=key, slots=slots, partition=-1))
+        log.info("reconciled partition %d: %d functions, %d platform slots", cmd.partition, len(known), len(cmd.slots))
+        return Decision([], [], self.ledger.state(cmd.key), None)
+
+    async def _answer(self, replies: list[Reply]) -> None:
+        for reply in replies:
+            waiter = self._local.get(reply.to)
+            if waiter is not None:
+                if not waiter.done():
+                    waiter.set_result(reply)
+            elif not reply.to.startswith(LOCAL):  # a caller of another process, waiting on NATS
+                await self._nc.publish(reply.to, encode(reply))
+            # else a caller of this process (or a previous one) that stopped waiting
+
+    def _give_up(self, cmd: Assign, why: str) -> None:
+        cancel = Cancel(key=cmd.key, request_id=cmd.request_id, reply_to=cmd.reply_to, reason=why)
+        self._spawn(self._cancel(cancel))
+
+    async def _cancel(self, cancel: Cancel) -> None:
+        """Cancel through an outage of the event store: the Assign may have been stored all the same."""
+        deadline = asyncio.get_running_loop().time() + CANCEL_PATIENCE_S
+        delay = 0.05
+        while True:
             try:
-                await old.unsubscribe()
-            except Exception:
-                pass
-            try:
-                await self._js.delete_consumer(COMMANDS, DURABLE)
-            except NotFoundError:
-                pass
-            except Exception as e:
-                log.info("after reconnecting: %s; retrying", e)
-                await asyncio.sleep(0.25 * (attempt + 1))
-                continue
-            try:
-                self._sub = await self._consume()
-                log.info("reconnected: consuming commands again")
+                await self.handle(cancel)
                 return
-            except Exception as e:
-                log.info("after reconnecting: %s; retrying", e)
-                await asyncio.sleep(0.25 * (attempt + 1))
-        log.error("could not consume commands again after reconnecting; restart the controller")
+            except Unavailable as e:
+                if asyncio.get_running_loop().time() > deadline:
+                    log.warning("could not cancel %s: %s", cancel.request_id, e)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _tick(self, key: str, due_ms: int) -> None:
+        await self.handle(Tick(key=key, due_ms=due_ms))
+
+    async def _on_request(self, msg: Msg) -> None:
+        """A command from another process: a front gateway's call, or a worker's report."""
+        try:
+            cmd = decode_command(msg.data)
+        except Exception as e:
+            log.error("refusing an unreadable command on %s: %s", msg.subject, e)
+            if msg.reply:
+                await msg.respond(
+                    encode(Reply(to=msg.reply, request_id="", code=Code.INVALID_ARGUMENT, message=str(e)))
+                )
+            return
+        self._spawn(self._serve(cmd, msg))
+
+    async def _serve(self, cmd: AnyCommand, msg: Msg) -> None:
+        """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored."""
+        is_call = isinstance(cmd, Assign | Idle)
+        if is_call:
+            cmd = replace(cmd, reply_to=msg.reply)
+        try:
+            await self.handle(cmd)
+        except Unavailable as e:  # the sender tries again
+            log.warning("could not handle %s: %s", command_id(cmd), e)
+            if is_call and msg.reply:
+                reply = Reply(to=msg.reply, request_id=cmd.request_id, code=Code.UNAVAILABLE, message=str(e))
+                await self._nc.publish(msg.reply, encode(reply))
+            return
+        if not is_call and msg.reply:
+            await self._nc.publish(msg.reply, encode(Reply(to=msg.reply, request_id=command_id(cmd))))
 
     async def _answer_again(self) -> None:
-        """Send every busy instance's assignment to its callers once more.
+        """Send every busy instance's assignment once more to callers waiting on NATS.
 
-        A reply is sent after its batch is appended: a controller killed in between appended the
-        assignment but never told the caller, and the redelivered command finds nothing left to
-        do. A caller that already has its answer ignores the copy (each call has its own inbox).
+        An answer goes out after its batch is stored: a controller killed in between stored the
+        assignment but never told the caller, and a retried call finds it already done. A caller
+        that has its answer ignores the copy. Callers of a dead process are gone with it.
         """
         for s in self.states.values():
             for inst in s.instances.values():
                 if inst.phase is Phase.BUSY:
                     for to in inst.waiters:
-                        reply = Reply(to=to, request_id=inst.request_id, instance_id=inst.id)
-                        await self._nc.publish(to, encode(reply))
+                        if not to.startswith(LOCAL):
+                            reply = Reply(to=to, request_id=inst.request_id, instance_id=inst.id)
+                            await self._nc.publish(to, encode(reply))
 
-    async def _reload(self, key: str) -> None:
-        """Catch one function up from its subject after a conflict."""
-        if (old := self.states.pop(key, None)) is not None:
-            self.totals.add(old.stats, -1)
-        self.last_seq.pop(key, None)
-        await stream.read(self._js, self._fold, subject=event_subject(key))
+    # --- snapshots and tasks ------------------------------------------------------------------
 
     def _maybe_snapshot(self, events: int) -> None:
         self._unsaved += events
@@ -235,85 +350,7 @@ class Controller:
         except Exception as e:  # a snapshot is an optimisation: never let it stop command handling
             log.warning("could not write a snapshot: %s", e)
 
-    async def _on_command(self, msg: Msg) -> None:
-        try:
-            cmd = decode_command(msg.data)
-        except Exception as e:
-            log.error("dropping unreadable command on %s: %s", msg.subject, e)
-            await msg.term()
-            return
-        task = asyncio.create_task(self._handle(cmd, msg))
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _handle(self, cmd: AnyCommand, msg: Msg) -> None:
-        try:
-            if isinstance(cmd, Reconcile) and cmd.key == SYSTEM_KEY:
-                await self._reconcile(cmd)
-            else:
-                await self._settle(cmd)
-        except Exception:
-            log.exception("could not handle %s; it will be redelivered", command_id(cmd))
-            await msg.nak(delay=1)
-            return
-        await msg.ack()
-
-    async def _settle(self, cmd: AnyCommand) -> None:
-        """Decide one command of one function, append, reply: in the function's arrival order."""
-        async with self._locks.setdefault(cmd.key, asyncio.Lock()):
-            decision = await self._decide_and_append(cmd)
-            for reply in decision.replies:
-                await self._nc.publish(reply.to, encode(reply))
-
-    async def _reconcile(self, cmd: Reconcile) -> None:
-        """The platform's list, put to every function's core in turn, then the slots none of them claims.
-
-        Each function decides alone, so a redelivery after a crash half-way repeats only no-ops.
-        """
-        for key in [k for k in self.states if k != SYSTEM_KEY]:
-            await self._settle(replace(cmd, key=key))
-        orphans = reconcile.unclaimed(self.states.values(), cmd.slots)
-        await self._settle(replace(cmd, key=SYSTEM_KEY, slots=orphans))
-        log.info("reconciled %d functions with %d platform slots", len(self.states), len(cmd.slots))
-
-    async def _decide_and_append(self, cmd: AnyCommand) -> Decision:
-        for _ in range(APPEND_ATTEMPTS):
-            now = self.clock.now_ms()
-            s = self.states.get(cmd.key) or FnState(key=cmd.key)
-            decision = decide(s, cmd, now, self.policy, self.totals)
-            # A Tick that found nothing due yet still re-arms the gc worker's timer.
-            rearm = isinstance(cmd, Tick) and decision.wake_ms is not None
-            if decision.events or rearm:
-                batch = Batch(
-                    key=cmd.key, at_ms=now, cause=command_id(cmd), events=decision.events, wake_ms=decision.wake_ms
-                )
-                floor = self.applied_seq
-                self._appending[floor] += 1
-                try:
-                    seq = await self._append(batch)
-                except Conflict:
-                    log.warning("conflict on %s: catching up and deciding again", cmd.key)
-                    await self._reload(cmd.key)
-                    continue
-                finally:
-                    self._appending[floor] -= 1
-                    if not self._appending[floor]:
-                        del self._appending[floor]
-                self.last_seq[cmd.key] = seq
-                self.applied_seq = max(self.applied_seq, seq)
-                self._put_state(cmd.key, decision.state)
-                self._maybe_snapshot(len(decision.events))
-            return decision  # no events: nothing changed, and a function with no batch has no state
-        raise RuntimeError(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key}")
-
-    async def _append(self, batch: Batch) -> int:
-        # The expected sequence also makes a repeated append (ack lost, command redelivered) fail
-        # as a conflict, after which the catch-up shows the command already applied.
-        headers = {"Nats-Expected-Last-Subject-Sequence": str(self.last_seq.get(batch.key, 0))}
-        try:
-            ack = await self._js.publish(event_subject(batch.key), encode_batch(batch), headers=headers)
-        except APIError as e:
-            if e.err_code == WRONG_LAST_SEQUENCE:
-                raise Conflict(batch.key) from e
-            raise
-        return ack.seq

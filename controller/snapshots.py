@@ -31,6 +31,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     stream: str
     last_seq: dict[str, int]
     states: dict[str, FnState]
+    wake: dict[str, int] = {}  # each function's next deadline (clock ms)
 
 
 def _shape() -> str:

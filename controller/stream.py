@@ -38,6 +38,17 @@ async def last_seq(js: JetStreamContext, subject: str = ALL) -> int:
         return 0
 
 
+async def check_layout(js: JetStreamContext) -> None:
+    """Refuse a store written with one subject per function (`evt.<token>`, before partitions):
+    its batches are readable, but the order check of an append would not see them."""
+    info = await js.stream_info(EVENTS, subjects_filter=f"{EVT}.*")
+    if info.state.subjects:
+        raise RuntimeError(
+            f"the {EVENTS} stream holds batches in the old subject layout (evt.<metaKey>, {len(info.state.subjects)}"
+            " functions): it was written by an older scaler; start with a fresh store (another --data-dir)"
+        )
+
+
 async def stream_id(js: JetStreamContext) -> str:
     """Which incarnation of the EVENTS stream this is (its creation time): a deleted and recreated
     store has the same name but another history, and a snapshot of the old one must not be used."""

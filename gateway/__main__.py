@@ -1,26 +1,36 @@
-"""`python -m gateway`: the gRPC Scaler service in front of the event stream."""
+"""`python -m gateway`: a front gateway, serving the gRPC Scaler service and forwarding each call over NATS
+to the node that owns its function (`scaler node` serves it in the same process as the controller)."""
 
 import argparse
 
+from gateway.forward import Forwarder
 from gateway.server import Gateway
 from runtime import service
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = service.parser("python -m gateway", __doc__, uses_clock=False)
+def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=service.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]")
     p.add_argument(
         "--reply-timeout",
         type=float,
         default=float(service.env("REPLY_TIMEOUT", "60")),
-        help="seconds to wait for the controller's answer [SCALER_REPLY_TIMEOUT]",
+        help="seconds a call waits for its answer [SCALER_REPLY_TIMEOUT]",
     )
+
+
+def make(a: argparse.Namespace) -> service.Component:
+    forwarder = Forwarder(a.nats)
+    return service.Together([forwarder, Gateway(forwarder, a.listen, a.reply_timeout)])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = service.parser("python -m gateway", __doc__, uses_clock=False)
+    add_options(p)
     return p
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    service.main(lambda a: Gateway(a.nats, a.listen, a.reply_timeout), args)
+    service.main(make, build_parser().parse_args())
 
 
 if __name__ == "__main__":

@@ -1,24 +1,21 @@
-"""The gRPC `Scaler` service: each call becomes a command on JetStream, answered by the controller.
+"""The gRPC `Scaler` service: validates each call and hands it to whoever decides for its function.
 
-Stateless apart from the calls in flight: several gateways may run side by side. Bad input is
-refused here with INVALID_ARGUMENT before it reaches the stream.
+In a node that is the controller in the same process (`Controller.call`); in a front gateway, the
+`Forwarder`, which sends it over NATS to the node that owns the function. Bad input is refused here
+with INVALID_ARGUMENT before anything is stored.
 """
 
-import asyncio
-import itertools
 import logging
+from typing import Protocol
 
 import grpc
-from msgspec.structs import replace
-from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
 
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
-from proto.commands import AnyCommand, Assign, Cancel, Code, Idle, Reply, command_id, decode_reply, encode
+from proto.commands import Assign, Code, Idle, Reply
 from proto.events import Meta
-from proto.subjects import command_subject, key_problem
-from runtime.bus import close, connect, ensure_streams, publish_command
+from proto.subjects import key_problem
+from runtime.bus import Unavailable
 
 log = logging.getLogger("scaler.gateway")
 
@@ -30,7 +27,14 @@ GRPC_CODES = {
     Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
 MAX_ID_BYTES = 256
-CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through a NATS outage
+Call = Assign | Idle  # what the gateway passes on (named here: the servicer's methods shadow the commands)
+
+
+class Router(Protocol):
+    async def call(self, cmd: Call, timeout_s: float | None) -> Reply:
+        """The function's answer to the call. Raises Unavailable, or TimeoutError after `timeout_s`; a caller
+        that stops waiting (cancellation) is the router's to clean up after."""
+        ...
 
 
 class Refused(Exception):
@@ -87,25 +91,14 @@ def idle_command(request: pb.IdleRequest) -> Idle:
 
 
 class Gateway(pb_grpc.ScalerServicer):
-    def __init__(self, nats_url: str, listen: str = "0.0.0.0:9001", reply_timeout_s: float = 60.0) -> None:
-        self.nats_url = nats_url
+    def __init__(self, router: Router, listen: str = "0.0.0.0:9001", reply_timeout_s: float = 60.0) -> None:
+        self.router = router
         self.listen = listen
         self.reply_timeout_s = reply_timeout_s
         self.port = 0
-        self._waiters: dict[str, asyncio.Future[Reply]] = {}
-        self._cancels: set[asyncio.Task] = set()
-        self._tokens = itertools.count()
-        self._inbox = ""
-        self._nc = None
-        self._js = None
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
-        self._nc = await connect(self.nats_url, "gateway")
-        self._js = self._nc.jetstream()
-        await ensure_streams(self._js)
-        self._inbox = self._nc.new_inbox()
-        await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
         self._server = grpc.aio.server()
         pb_grpc.add_ScalerServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port(self.listen)
@@ -118,9 +111,6 @@ class Gateway(pb_grpc.ScalerServicer):
     async def stop(self) -> None:
         if self._server is not None:
             await self._server.stop(grace=5)
-        if self._cancels:
-            await asyncio.wait(self._cancels, timeout=5)
-        await close(self._nc)
 
     async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
         try:
@@ -138,64 +128,16 @@ class Gateway(pb_grpc.ScalerServicer):
             await context.abort(e.code, e.message)
         return pb.IdleReply(status=pb.Ok)
 
-    async def _call(self, cmd: AnyCommand, context: grpc.aio.ServicerContext) -> Reply:
-        """Publish the command and wait for the controller's reply; raise Refused on any failure."""
-        to = f"{self._inbox}.{next(self._tokens)}"
-        cmd = replace(cmd, reply_to=to)
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters[to] = waiter
+    async def _call(self, cmd: Call, context: grpc.aio.ServicerContext) -> Reply:
+        """The router's answer; raise Refused on any failure."""
         remaining = context.time_remaining()
         timeout = self.reply_timeout_s if remaining is None else min(remaining, self.reply_timeout_s)
         try:
-            await self._publish(cmd, retry_of_duplicate=True)
-            reply = await asyncio.wait_for(waiter, timeout)
-        except NatsError as e:  # before TimeoutError: nats-py's timeouts are TimeoutErrors too
-            await self._cancel(cmd, "event store unavailable")  # in case the command was stored after all
-            raise Refused(grpc.StatusCode.UNAVAILABLE, f"event store unavailable: {e!r}") from None
+            reply = await self.router.call(cmd, timeout)
+        except Unavailable as e:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         except TimeoutError:
-            await self._cancel(cmd, "no answer in time")
             raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:g}s") from None
-        except asyncio.CancelledError:  # the caller went away
-            await asyncio.shield(self._cancel(cmd, "caller disconnected"))
-            raise
-        finally:
-            self._waiters.pop(to, None)
         if reply.code is not Code.OK:
             raise Refused(GRPC_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message)
         return reply
-
-    async def _publish(self, cmd: AnyCommand, retry_of_duplicate: bool = False) -> None:
-        """Publish with the command's id as Nats-Msg-Id, so a retried publish is dropped by JetStream.
-
-        If JetStream reports a duplicate, the same request was sent before (a client retry): send
-        it once more under a fresh id, so the controller answers this caller from its state.
-        """
-        msg_id = command_id(cmd)
-        ack = await self._js.publish(command_subject(cmd.key), encode(cmd), headers={"Nats-Msg-Id": msg_id})
-        if ack.duplicate and retry_of_duplicate:
-            headers = {"Nats-Msg-Id": f"{msg_id}#{cmd.reply_to}"}
-            await self._js.publish(command_subject(cmd.key), encode(cmd), headers=headers)
-
-    async def _cancel(self, cmd: AnyCommand, why: str) -> None:
-        """Tell the controller this caller gave up, in the background and through a NATS outage.
-
-        The Assign may have been stored even though its publish failed: without the Cancel, the
-        request would get an instance and hold it forever. The caller gets its error at once.
-        """
-        if not isinstance(cmd, Assign):
-            return
-        cancel = Cancel(key=cmd.key, request_id=cmd.request_id, reply_to=cmd.reply_to, reason=why)
-        task = asyncio.create_task(self._send_cancel(cancel))
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
-
-    async def _send_cancel(self, cancel: Cancel) -> None:
-        try:
-            await publish_command(self._js, cancel, patience_s=CANCEL_PATIENCE_S)
-        except NatsError as e:
-            log.warning("could not cancel %s: %s", cancel.request_id, e)
-
-    async def _on_reply(self, msg: Msg) -> None:
-        waiter = self._waiters.get(msg.subject)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(decode_reply(msg.data))

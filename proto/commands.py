@@ -1,8 +1,10 @@
-"""Commands: what the controller is asked to handle, on `cmd.<token>` in the COMMANDS stream.
+"""Commands: what a function's controller is asked to handle, and its answers.
 
-The gateway sends the platform's calls (Assign, Idle, Cancel); the workers report what the
-platform did (SlotReady, SlotFailed, SlotDestroyed) and when a deadline is due (Tick). The
-controller answers some of them with a Reply over core NATS, on the command's `reply_to`.
+The gateway passes on the platform's calls (Assign, Idle, Cancel); the workers report what the
+platform did (SlotReady, SlotFailed, SlotDestroyed, Reconcile); the controller's own timers say
+when a deadline is due (Tick). In the node they are method calls; across processes, core NATS
+requests on `cmd.<partition>` (proto.subjects). Every command is answered with a `Reply` once
+its batch is stored: an Assign or Idle with its outcome, any other with an acknowledgement.
 """
 
 import enum
@@ -75,12 +77,20 @@ class PlatformSlot(msgspec.Struct, frozen=True, kw_only=True):
 
 class Reconcile(Command, tag="reconcile"):
     """The platform's live slots, listed at `listed_ms`: what the state has and the platform lacks is gone,
-    what the platform has and no state knows is destroyed. Sent by the gc worker on start, for the
-    system key; the controller asks each function's core in turn."""
+    what the platform has and no state knows is destroyed. Sent by the gc worker on start to each
+    partition, with the slots whose instances belong to it (`owner`); the controller asks each of
+    the partition's functions in turn (`key` is then that function)."""
 
     listed_ms: int
     slots: tuple[PlatformSlot, ...] = ()
     grace_ms: int = 0  # slots and instances younger than this may be in flight: left alone
+    partition: int = -1  # the partition whose functions to reconcile, each in turn (-1: just `key`)
+
+
+def owner(slot: PlatformSlot) -> str:
+    """The function whose instance a slot runs, from the instance id (`<key>-<n>`); "" when unknown."""
+    key, dash, n = slot.instance_id.rpartition("-")
+    return key if dash and n.isdigit() else ""
 
 
 AnyCommand = Assign | Idle | Cancel | SlotReady | SlotFailed | SlotDestroyed | Tick | Reconcile

@@ -1,4 +1,4 @@
-"""Events: what happened to a function, appended by the controller alone on `evt.<token>`.
+"""Events: what happened to a function, appended by its partition's controller alone (subjects: proto.subjects).
 
 One JetStream message holds one `Batch`: every event a single decision produced, so a decision is
 appended atomically or not at all. Rules that keep old streams readable:
@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
+from proto.subjects import effects_token
 
 SCHEMA_VERSION = 1
 
@@ -146,6 +148,16 @@ AnyEvent = (
 )
 
 
+def creates(e: Event) -> bool:
+    """The platform worker acts on this event: it starts an instance."""
+    return isinstance(e, SlotWanted)
+
+
+def destroys(e: Event) -> bool:
+    """The gc worker acts on this event: a slot to destroy."""
+    return isinstance(e, InstanceRetired) and bool(e.slot_id)
+
+
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
     """One decision's events for one function, appended as one message."""
 
@@ -153,8 +165,13 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     at_ms: int
     cause: str  # id of the command that caused the decision
     events: list[AnyEvent]
-    wake_ms: int | None = None  # the function's next deadline after this batch, for the gc worker
+    wake_ms: int | None = None  # the function's next deadline after this batch: when a Tick is due
     v: int = SCHEMA_VERSION
+
+    @property
+    def effects(self) -> str:
+        """The `<effects>` token of the subject it is appended on: which workers it concerns."""
+        return effects_token(any(map(creates, self.events)), any(map(destroys, self.events)))
 
 
 class SchemaError(ValueError):

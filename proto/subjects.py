@@ -1,13 +1,23 @@
-"""Where messages travel: stream names, subjects, and how a metaKey becomes a subject token.
+"""Where messages travel: the stream, its subjects, partitions, and how a metaKey becomes a subject token.
 
-This is part of the contract between the components: the gateway and the workers publish
-commands on `cmd.<token>`, the controller alone appends events on `evt.<token>`.
+This is part of the contract between the components:
+- Every function belongs to one of PARTITIONS partitions (a stable hash of its metaKey); one
+  controller at a time owns a partition and is the only writer of its functions' events.
+- Events: one batch per decision on `evt.<effects>.<partition>.<token>` in the stream EVENTS.
+  `<effects>` says which workers the batch concerns: `c` asks for an instance to be created
+  (SlotWanted), `d` for a slot to be destroyed (InstanceRetired with a slot), `cd` both, `n`
+  neither. A worker's consumer filters on its letters, so a warm Assign reaches no worker. The
+  per-function order check spans all four subjects (`function_events`).
+- Commands: core NATS requests on `cmd.<partition>`, answered by the partition's owner once the
+  command's batch is stored (gateways forwarding calls, workers reporting what the platform did).
 """
 
-COMMANDS = "COMMANDS"  # work-queue stream: what the controller must handle
+import zlib
+
 EVENTS = "EVENTS"  # the log: everything that happened, the source of all state
-CMD = "cmd"
 EVT = "evt"
+CMD = "cmd"
+PARTITIONS = 32  # fixed for a stream's life: partition numbers are part of its subjects
 
 MAX_KEY_BYTES = 256
 
@@ -62,9 +72,38 @@ def key_from_token(token: str) -> str:
     return out.decode()
 
 
+def partition(key: str) -> int:
+    """The partition a function belongs to: stable across processes, machines and versions."""
+    return zlib.crc32(key.encode()) % PARTITIONS
+
+
 def command_subject(key: str) -> str:
-    return f"{CMD}.{key_token(key)}"
+    """Where a command about `key` is sent: its partition's owner answers."""
+    return f"{CMD}.{partition(key)}"
 
 
-def event_subject(key: str) -> str:
-    return f"{EVT}.{key_token(key)}"
+NO_EFFECTS = "n"
+
+
+def effects_token(create: bool, destroy: bool) -> str:
+    """The `<effects>` token of a batch's subject: `c`, `d`, `cd` or `n`."""
+    return ("c" if create else "") + ("d" if destroy else "") or NO_EFFECTS
+
+
+def event_subject(key: str, effects: str = NO_EFFECTS) -> str:
+    return f"{EVT}.{effects}.{partition(key)}.{key_token(key)}"
+
+
+def function_events(key: str) -> str:
+    """Every batch of one function, whatever its effects: the subject its order check and catch-up read."""
+    return f"{EVT}.*.{partition(key)}.{key_token(key)}"
+
+
+def partition_events(p: int) -> str:
+    """Every batch of one partition's functions."""
+    return f"{EVT}.*.{p}.>"
+
+
+def worker_subjects(letter: str) -> list[str]:
+    """The subjects of the batches a worker acts on: those whose effects include `letter` (c or d)."""
+    return [f"{EVT}.{e}.>" for e in ("c", "d", "cd") if letter in e]

@@ -1,4 +1,4 @@
-"""The NATS side every component shares: connecting, and the two streams."""
+"""The NATS side every component shares: connecting, the event stream, and sending a command to its owner."""
 
 import asyncio
 import contextlib
@@ -12,32 +12,24 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from proto.commands import AnyCommand, command_id, encode
-from proto.subjects import CMD, COMMANDS, EVENTS, EVT, command_subject
+from proto.commands import AnyCommand, Reply, command_id, decode_reply, encode
+from proto.subjects import EVENTS, EVT, command_subject
 
 log = logging.getLogger("scaler.bus")
 
-DEDUPE_WINDOW_S = 120.0  # a command retried within this window (same Nats-Msg-Id) is dropped by JetStream
-
-STREAMS = (
-    # Commands are work: each is removed once the controller acks it.
-    StreamConfig(
-        name=COMMANDS,
-        subjects=[f"{CMD}.>"],
-        retention=RetentionPolicy.WORK_QUEUE,
-        storage=StorageType.FILE,
-        duplicate_window=DEDUPE_WINDOW_S,
-    ),
-    # Events are the log: kept whole, since all state is rebuilt from them.
-    StreamConfig(
-        name=EVENTS,
-        subjects=[f"{EVT}.>"],
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        discard=DiscardPolicy.NEW,
-        duplicate_window=DEDUPE_WINDOW_S,
-    ),
+# The log: kept whole, since all state is rebuilt from it.
+STREAM = StreamConfig(
+    name=EVENTS,
+    subjects=[f"{EVT}.>"],
+    retention=RetentionPolicy.LIMITS,
+    storage=StorageType.FILE,
+    discard=DiscardPolicy.NEW,
 )
+ATTEMPT_S = 10.0  # how long one attempt to reach a command's owner waits for its answer
+
+
+class Unavailable(Exception):
+    """The event store, or the owner of a command's function, could not be reached: nothing was answered."""
 
 
 async def connect(url: str, name: str, reconnected: Callable[[], Awaitable[None]] | None = None) -> Client:
@@ -57,30 +49,35 @@ async def connect(url: str, name: str, reconnected: Callable[[], Awaitable[None]
     )
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Create the streams, or bring existing ones to this configuration. Safe to run from every component."""
-    for config in STREAMS:
-        try:
-            await js.add_stream(config)
-        except BadRequestError:
-            await js.update_stream(config)
+async def ensure_stream(js: JetStreamContext) -> None:
+    """Create the stream, or bring an existing one to this configuration. Safe to run from every component."""
+    try:
+        await js.add_stream(STREAM)
+    except BadRequestError:
+        await js.update_stream(STREAM)
 
 
-async def publish_command(js: JetStreamContext, cmd: AnyCommand, patience_s: float = 60.0) -> None:
-    """Publish a report to the controller, retrying through a NATS outage for up to `patience_s`.
+async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: str = "") -> Reply:
+    """Send a command to its partition's owner and return the answer, retrying for up to `patience_s`.
 
-    The command's id is its Nats-Msg-Id, so a report published twice reaches the controller once.
+    Through a NATS outage, a controller's restart or a partition changing hands nobody answers
+    for a while; the command is sent again until someone does. Sending it twice is harmless: the
+    core turns a command it already applied into a no-op.
     """
-    delay = 0.05
-    deadline = asyncio.get_running_loop().time() + patience_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    subject = subject or command_subject(cmd.key)
+    delay, said = 0.05, False
     while True:
         try:
-            await js.publish(command_subject(cmd.key), encode(cmd), headers={"Nats-Msg-Id": command_id(cmd)})
-            return
-        except NatsError as e:
-            if asyncio.get_running_loop().time() > deadline:
+            msg = await nc.request(subject, encode(cmd), timeout=max(0.1, min(ATTEMPT_S, deadline - loop.time())))
+            return decode_reply(msg.data)
+        except (NatsError, TimeoutError) as e:
+            if loop.time() + delay > deadline:
                 raise
-            log.warning("publishing %s failed (%s); retrying", command_id(cmd), e)
+            if not said:  # once per command: an outage is one line, not one per attempt
+                log.warning("%s: no answer on %s (%s); retrying", command_id(cmd), subject, type(e).__name__)
+                said = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 

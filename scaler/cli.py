@@ -4,11 +4,12 @@ import argparse
 import sys
 
 from controller import replay
-from scaler import up
+from scaler import node, up
 from simulator import cli as simulate
 
 SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-line help)
     "up": (up, "run the whole scaler on this machine"),
+    "node": (node, "serve the gRPC Scaler service with the controller, in one process"),
     "replay": (replay, "rebuild the state from the event stream, show it or verify it"),
     "simulate": (simulate, "replay a dataset against the scaler and score it"),
 }

@@ -1,9 +1,9 @@
 """`scaler up`: the whole scaler on one machine, each component in its own process.
 
 Starts an embedded nats-server (unless --nats), the platform stub (unless --platform), then the
-controller, both workers and the gateway, with the same flags and SCALER_* variables a
+workers and the node (gRPC service + controller), with the same flags and SCALER_* variables a
 multi-machine or compose deployment uses. Logs one line when all are ready; on SIGINT/SIGTERM
-stops the gateway first and NATS last. If any part dies, everything stops with an error.
+stops the node first and NATS last. If any part dies, everything stops with an error.
 """
 
 import argparse
@@ -55,15 +55,15 @@ class Supervisor:
         self._tmp: str | None = None
         self._claim = None  # the data dir's lock, held while running
 
-    async def spawn(self, module: str, *argv: str, env_extra: dict[str, str] | None = None) -> Child:
-        """Start `python -m module` and wait for its ready line."""
+    async def spawn(self, module: str, *argv: str, name: str = "", env_extra: dict[str, str] | None = None) -> Child:
+        """Start `python -m module *argv` and wait for its ready line."""
         read_fd, write_fd = os.pipe()
         child_env = {**os.environ, **self.env, **(env_extra or {}), READY_FD: str(write_fd)}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, *argv, env=child_env, pass_fds=(write_fd,), start_new_session=True
         )
         os.close(write_fd)
-        child = Child(module, proc)
+        child = Child(name or module, proc)
         self.children.append(child)
         reader = asyncio.StreamReader()
         transport, _ = await asyncio.get_running_loop().connect_read_pipe(
@@ -96,15 +96,12 @@ class Supervisor:
         if not platform:
             stub_args = ["--listen", "127.0.0.1:0"] + (["--metas", a.metas] if a.metas else [])
             platform = (await self.spawn("platform_stub", *stub_args)).address
-        await asyncio.gather(
-            self.spawn("controller", "--policy", a.policy, *snapshots),
-            self.spawn("workers", "platform", "--platform", platform),
-            self.spawn("workers", "gc", "--platform", platform),
-        )
-        gateway = await self.spawn("gateway", "--listen", f"0.0.0.0:{a.port}")
+        listen = f"0.0.0.0:{a.port}"
+        node = await self.spawn("scaler", "node", "--listen", listen, "--policy", a.policy, *snapshots, name="node")
+        await self.spawn("workers", "--platform", platform)  # the gc worker reconciles with the node on start
         stub = "" if a.platform else " (bundled stub)"
         nats = f"{url} (embedded, store {self.nats.store_dir})" if self.nats else url
-        return f"scaler ready: gRPC {gateway.address}, policy {a.policy}, platform {platform}{stub}, nats {nats}"
+        return f"scaler ready: gRPC {node.address}, policy {a.policy}, platform {platform}{stub}, nats {nats}"
 
     def _make_tmp(self) -> str:
         self._tmp = tempfile.mkdtemp(prefix="scaler-")
@@ -125,8 +122,9 @@ class Supervisor:
         return 1
 
     async def stop(self) -> None:
-        """Gateway first (no new calls), then the rest together, NATS last."""
-        for group in (self.children[-1:], self.children[:-1]):
+        """The node first (no new calls), then the rest together, NATS last."""
+        first = [c for c in self.children if c.name == "node"]
+        for group in (first, [c for c in self.children if c not in first]):
             await asyncio.gather(*(self._terminate(c) for c in group))
         self.children.clear()
         if self.nats is not None:

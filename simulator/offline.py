@@ -2,20 +2,20 @@
 
 No NATS and no gRPC: commands go straight to `decide`, and the platform is modelled as the stub
 behaves (CreateSlot takes `create_latency_ms`, Init the function's initDurationInMs, DestroySlot
-is immediate). What the live shell would do with a decision, this does too: SlotWanted starts a
-creation, Assigned starts the request's execution (Idle follows after its duration), a retired
-slot is destroyed, and the batch's next deadline arms a Tick, exactly as the gc worker would
-(a deadline only travels in an appended batch, or the re-arm after a Tick). Deterministic, and
-the scaler's own latency counts as zero.
+is immediate). Decisions go through the same ledger as the
+node's (controller/ledger.py), so states, totals and deadlines follow the same rules; what the
+node's effects would do, this does too: SlotWanted starts a creation, Assigned starts the
+request's execution (Idle follows after its duration), a retired slot is destroyed, and the
+function's next deadline arms a Tick, as the node's timers would. Deterministic, and the
+scaler's own latency counts as zero.
 """
 
 import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from controller.core.decide import decide
 from controller.core.policy import Policy
-from controller.core.state import FnState, Totals
+from controller.ledger import Ledger
 from proto import commands as c
 from proto import events as e
 from simulator.dataset import Dataset
@@ -40,14 +40,13 @@ class Simulation:
     dataset: Dataset
     policy: Policy
     create_latency_ms: int = 100
-    states: dict[str, FnState] = field(default_factory=dict)
-    totals: Totals = field(default_factory=Totals)  # the run so far, as the controller keeps it
+    ledger: Ledger = field(default_factory=Ledger)
     slots: dict[str, Slot] = field(default_factory=dict)  # by slot id (= the instance id here)
     arrival_ms: dict[str, int] = field(default_factory=dict)
     invocations: dict[str, Invocation] = field(default_factory=dict)
-    deadlines: dict[str, int] = field(default_factory=dict)  # what the gc worker would hold
     _queue: list = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
+    _appended: itertools.count = field(default_factory=lambda: itertools.count(1))  # stands for stream sequences
 
     def at(self, t: int, kind: int, item) -> None:
         heapq.heappush(self._queue, (t, kind, next(self._seq), item))
@@ -62,9 +61,8 @@ class Simulation:
             now, kind, _, item = heapq.heappop(self._queue)
             if kind == TICK:
                 key, due = item
-                if self.deadlines.get(key) != due:
+                if self.ledger.wake.get(key) != due:
                     continue  # superseded
-                del self.deadlines[key]
                 self.command(c.Tick(key=key, due_ms=due), now)
             elif kind == ARRIVAL:
                 self.arrive(item, now)
@@ -82,18 +80,15 @@ class Simulation:
         self.command(c.Assign(key=r.meta_key, request_id=str(n), meta=meta), now)
 
     def command(self, cmd: c.AnyCommand, now: int) -> None:
-        old = self.states.get(cmd.key)
-        d = decide(old or FnState(key=cmd.key), cmd, now, self.policy, self.totals)
-        self.totals.change(old, d.state)
-        self.states[cmd.key] = d.state
+        before = self.ledger.wake.get(cmd.key)
+        d = self.ledger.decide(cmd, now, self.policy)
+        batch = self.ledger.batch(cmd, d, now)
+        self.ledger.commit(cmd, d, next(self._appended) if batch is not None else None)
         for event in d.events:
             self.effect(cmd.key, event, now)
-        if d.events or isinstance(cmd, c.Tick):  # only an appended batch tells the gc worker
-            if d.wake_ms is None:
-                self.deadlines.pop(cmd.key, None)
-            elif self.deadlines.get(cmd.key) != d.wake_ms:
-                self.deadlines[cmd.key] = d.wake_ms
-                self.at(max(d.wake_ms, now), TICK, (cmd.key, d.wake_ms))
+        wake = self.ledger.wake.get(cmd.key)
+        if wake is not None and wake != before:
+            self.at(max(wake, now), TICK, (cmd.key, wake))
 
     def effect(self, key: str, event: e.Event, now: int) -> None:
         match event:

@@ -162,7 +162,7 @@ def parse(name: str, service: dict) -> Parsed:
 def listen_ports(name: str, service: dict) -> set[int]:
     """Where a service accepts connections: its component's --listen, or what compose says it exposes."""
     exposed = {int(p) for p in service.get("expose", [])}
-    if is_ours(service) and is_part(service):
+    if is_ours(service):
         listen = getattr(parse(name, service).args, "listen", None)
         return exposed | ({port_of(listen)} if listen else set())
     return exposed
@@ -211,7 +211,7 @@ class Loopback:
         self.addresses[(service, port)] = address
 
     def rewrite(self, own: str, text: str) -> str:
-        """`gateway:9001` -> its loopback address; so is `0.0.0.0:9001` (or 127.0.0.1) in the gateway's own."""
+        """`node:9001` -> its loopback address; so is `0.0.0.0:9001` (or 127.0.0.1) in the node's own."""
 
         def local(m: re.Match) -> str:
             host, port = m.group(1), int(m.group(2))

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import itertools
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -23,35 +24,51 @@ from scaler.up import Child, Supervisor
 
 
 class Parts:
-    """controller, platform_worker, gc_worker and gateway as real subprocesses."""
+    """The node (gRPC gateway + controller), the platform worker and the gc worker as real subprocesses."""
 
-    ORDER = ("controller", "platform_worker", "gc_worker", "gateway")
+    ORDER = ("node", "platform_worker", "gc_worker")
 
-    def __init__(self, nats_url: str, platform: str, snapshots: str = "", reply_timeout_s: float = 30) -> None:
+    def __init__(
+        self,
+        nats_url: str,
+        platform: str,
+        snapshots: str = "",
+        reply_timeout_s: float = 30,
+        ack_wait_s: float = 2.0,
+        front: bool = False,
+    ) -> None:
         self.platform = platform
         self.snapshots = snapshots
         self.reply_timeout_s = reply_timeout_s
+        self.ack_wait_s = ack_wait_s  # short: a killed worker's event comes back soon
+        self.front = front  # a front gateway forwarding to the node, and the clients call it
+        self.ports = {"node": free_port(), "gateway": free_port()}  # kept across restarts, as a platform expects
         self.supervisor = Supervisor(argparse.Namespace())
         self.supervisor.env = {"SCALER_NATS_URL": nats_url, "SCALER_LOG_LEVEL": "WARNING", "SCALER_SPEED": "1"}
         self.running: dict[str, Child] = {}
 
     def argv(self, part: str) -> list[str]:
         """`python -m` and the arguments that start `part`."""
+        timeout = ["--reply-timeout", str(self.reply_timeout_s)]
+        workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s)]
         return {
-            "controller": ["controller", *(["--snapshots", self.snapshots] if self.snapshots else [])],
-            "platform_worker": ["workers", "platform", "--platform", self.platform],
-            "gc_worker": ["workers", "gc", "--platform", self.platform],
-            "gateway": ["gateway", "--listen", "127.0.0.1:0", "--reply-timeout", str(self.reply_timeout_s)],
+            "node": [
+                *("scaler", "node", "--listen", f"127.0.0.1:{self.ports['node']}", *timeout),
+                *(["--snapshots", self.snapshots] if self.snapshots else []),
+            ],
+            "platform_worker": ["workers", "platform", *workers],
+            "gc_worker": ["workers", "gc", *workers],
+            "gateway": ["gateway", "--listen", f"127.0.0.1:{self.ports['gateway']}", *timeout],
         }[part]
 
     async def start(self, part: str) -> float:
         """Start one part; returns how long it took to be ready (seconds)."""
         began = time.monotonic()
-        self.running[part] = await self.supervisor.spawn(*self.argv(part))
+        self.running[part] = await self.supervisor.spawn(*self.argv(part), name=part)
         return time.monotonic() - began
 
     async def __aenter__(self) -> "Parts":
-        for part in self.ORDER:
+        for part in self.ORDER + (("gateway",) if self.front else ()):
             await self.start(part)
         return self
 
@@ -60,7 +77,8 @@ class Parts:
 
     @property
     def gateway(self) -> str:
-        return self.running["gateway"].address
+        """Where clients call: the front gateway when there is one, else the node."""
+        return f"127.0.0.1:{self.ports['gateway' if self.front else 'node']}"
 
     async def kill(self, part: str) -> None:
         """kill -9: no cleanup, no ack, no goodbye."""
@@ -77,11 +95,17 @@ class Call:
     got_at: float = 0.0  # monotonic: answer received
     idle_at: float = 0.0  # monotonic: Idle sent
     error: str = ""
-    idle_retries: int = 0
+    retries: int = 0  # calls repeated because the scaler was unavailable
 
 
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-IDLE_ATTEMPTS = 20
+ATTEMPTS = 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
@@ -93,6 +117,7 @@ class Driver:
     clients: int = 6
     hold_s: float = 0.05
     timeout_s: float = 60
+    retry_assign: bool = False  # repeat an Assign refused as unavailable, with the same request id
     calls: list[Call] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -115,25 +140,28 @@ class Driver:
     async def one(self, scaler: pb_grpc.ScalerStub, call: Call) -> None:
         meta = pb.Meta(key=call.key, runtime="python", memory_in_mb=128)
         try:
-            reply = await scaler.Assign(
-                pb.AssignRequest(request_id=call.request_id, meta_data=meta), timeout=self.timeout_s
-            )
+            assign = pb.AssignRequest(request_id=call.request_id, meta_data=meta)
+            reply = await self._retried(call, lambda: scaler.Assign(assign, timeout=self.timeout_s), self.retry_assign)
             call.got_at, call.instance = time.monotonic(), reply.assigment.instance_id
             await asyncio.sleep(self.hold_s)
             call.idle_at = time.monotonic()
             result = pb.Result(status_code=200, duration_in_ms=int(self.hold_s * 1000))
             idle = pb.IdleRequest(assigment=reply.assigment, result=result)
-            for attempt in range(IDLE_ATTEMPTS):  # as a platform would: Idle is safe to repeat
-                try:
-                    await scaler.Idle(idle, timeout=self.timeout_s)
-                    break
-                except grpc.aio.AioRpcError as e:
-                    if e.code() not in RETRY or attempt == IDLE_ATTEMPTS - 1:
-                        raise
-                    call.idle_retries += 1
-                    await asyncio.sleep(0.5)
+            await self._retried(call, lambda: scaler.Idle(idle, timeout=self.timeout_s), True)
         except grpc.aio.AioRpcError as e:
             call.error = f"{e.code().name}: {e.details()}"
+
+    @staticmethod
+    async def _retried(call: Call, attempt, retry: bool):
+        """As a platform would: the same call again (same request id) while the scaler is unavailable."""
+        for n in range(ATTEMPTS if retry else 1):
+            try:
+                return await attempt()
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in RETRY or n == ATTEMPTS - 1 or not retry:
+                    raise
+                call.retries += 1
+                await asyncio.sleep(0.25)
 
     async def one_on(self, call: Call) -> None:
         """One call on a channel of its own, not counted in `calls`."""

@@ -1,4 +1,7 @@
-"""The whole scaler on loopback, in this process: real nats-server, real gRPC, the real stub."""
+"""The whole scaler on loopback, in this process: real nats-server, real gRPC, the real stub.
+
+The node (controller + gRPC gateway) and both workers, as `scaler up` runs them, but as objects a
+test can reach into."""
 
 import asyncio
 from dataclasses import dataclass, field
@@ -41,10 +44,10 @@ class Stack:
         await self.stub.start()
         platform = f"127.0.0.1:{self.stub.port}"
         self.controller = Controller(self.nats_url, get_policy(self.policy), self.clock, self.snapshots)
+        self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)
         self.gc_worker = GcWorker(self.nats_url, platform, self.clock)
-        self.gateway = Gateway(self.nats_url, "127.0.0.1:0", reply_timeout_s=30)
-        self.parts = [self.controller, self.platform_worker, self.gc_worker, self.gateway]
+        self.parts = [self.controller, self.gateway, self.platform_worker, self.gc_worker]
         for part in self.parts:
             await part.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.gateway.port}")

@@ -46,7 +46,7 @@ async def test_reconcile_on_start_destroys_strays_and_drops_what_is_gone(nats_ur
         # A gc worker (re)starts: it lists the platform's slots and the controller reconciles.
         await stack.gc_worker.stop()
         platform = f"127.0.0.1:{stack.stub.port}"
-        stack.gc_worker = stack.parts[2] = GcWorker(nats_url, platform, stack.clock, reconcile_grace_s=0)
+        stack.gc_worker = stack.parts[3] = GcWorker(nats_url, platform, stack.clock, reconcile_grace_s=0)
         assert "reconciled 4 platform slots" in await stack.gc_worker.start()
         await eventually(lambda: set(stack.stub.accounting.live) == {slots["fn-2"]})
         await stack.settled()
@@ -104,9 +104,10 @@ async def test_a_platform_gone_away_is_one_line_in_the_log(nats_url, caplog):
     async with Stack(nats_url) as stack:
         reply = await stack.assign("r1")
         await stack.stub.stop()  # the platform goes away while its slot is still to be destroyed
+        stack.gc_worker.patience_s = 0.5
         with caplog.at_level(logging.ERROR, logger="scaler.effects"):
             await stack.idle(reply, need_destroy=True)
-            await eventually(lambda: "redelivered: DestroySlot: UNAVAILABLE" in caplog.text, seconds=10)
+            await eventually(lambda: "redelivered: DestroySlot: still UNAVAILABLE" in caplog.text, seconds=10)
         failure = next(r for r in caplog.records if "DestroySlot" in r.getMessage())
         assert failure.getMessage().startswith("gc worker: batch ")
         assert failure.exc_info is None  # an expected failure: no traceback

@@ -1,39 +1,29 @@
 """Snapshots only make starts faster: a start from any snapshot gives exactly the state a full replay gives."""
 
 import asyncio
+import re
 
 import msgspec
 import pytest
 
 from controller import snapshots, stream
 from controller.core.policy import get_policy
-from controller.core.state import FnState, apply
+from controller.core.state import FnState
+from controller.ledger import Ledger
 from controller.shell import Controller
 from controller.snapshots import Snapshot, SnapshotStore
-from runtime.bus import connected, ensure_streams
+from proto.subjects import event_subject, function_events
+from runtime.bus import connected, ensure_stream
 from tests.stack import Stack
 
 DEMO = get_policy("demo")
 
 
-def folder(states: dict[str, FnState], last: dict[str, int]):
-    """What a restore does with each batch after the snapshot: fold it unless the state has it."""
-
-    def fold(seq, batch):
-        if seq > last.get(batch.key, 0):
-            s = states.get(batch.key) or FnState(key=batch.key)
-            for e in batch.events:
-                s = apply(s, e)
-            states[batch.key], last[batch.key] = s, seq
-
-    return fold
-
-
 async def full_replay(nats_url: str) -> dict[str, FnState]:
     async with connected(nats_url, "test") as nc:
-        states: dict[str, FnState] = {}
-        await stream.read(nc.jetstream(), folder(states, {}))
-        return states
+        ledger = Ledger()
+        await stream.read(nc.jetstream(), ledger.fold)
+        return ledger.states
 
 
 async def some_traffic(stack: Stack, tag: str, n: int = 12) -> None:
@@ -88,8 +78,8 @@ async def test_a_snapshot_taken_during_an_append_does_not_claim_it(nats_url, tmp
         await appended.wait()
         await stack.assign("f1", key="fast")  # appended after the slow one, and applied
         snap = controller.snapshot()
-        slow_seq = await stream.last_seq(controller._js, "evt.slow")
-        assert controller.applied_seq > slow_seq
+        slow_seq = await stream.last_seq(controller._js, function_events("slow"))
+        assert controller.ledger.seq > slow_seq
         assert snap.seq < slow_seq and "slow" not in snap.states
         gate.set()
         await slow
@@ -112,14 +102,15 @@ async def test_every_snapshot_taken_under_load_restores_the_replayed_state(nats_
     async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
         for snap in taken:
-            states = dict(snap.states)
-            await stream.read(js, folder(states, dict(snap.last_seq)), after_seq=snap.seq)
-            assert states == expected, f"the snapshot at seq {snap.seq} restores another state"
+            ledger = Ledger()
+            ledger.restore(snap.states, snap.last_seq, snap.wake, snap.seq)
+            await stream.read(js, ledger.fold, after_seq=snap.seq)
+            assert ledger.states == expected, f"the snapshot at seq {snap.seq} restores another state"
 
 
 async def snapshot_of(nats_url: str, seq: int = 1) -> Snapshot:
     async with connected(nats_url, "test") as nc:
-        await ensure_streams(nc.jetstream())
+        await ensure_stream(nc.jetstream())
         return Snapshot(seq=seq, stream=await stream.stream_id(nc.jetstream()), last_seq={}, states={})
 
 
@@ -154,9 +145,9 @@ def test_the_shape_stamp_follows_the_state_definition():
 async def test_an_unreadable_batch_stops_the_start_with_its_sequence(nats_url):
     async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
-        await ensure_streams(js)
-        await js.publish("evt.fn", b"\x93not a batch")
+        await ensure_stream(js)
+        await js.publish(event_subject("fn"), b"\x93not a batch")
     controller = Controller(nats_url, DEMO)
-    with pytest.raises(stream.UnreadableStream, match=r"seq 1 on evt\.fn"):
+    with pytest.raises(stream.UnreadableStream, match=rf"seq 1 on {re.escape(event_subject('fn'))}"):
         await controller.start()
     await controller.stop()

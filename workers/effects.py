@@ -1,9 +1,11 @@
 """What the two effect executors share: react to chosen events, call the platform, report back.
 
-Each worker has a durable consumer on the EVENTS stream, so an event is acted on at least once:
-the batch is acked only after every outcome it caused was reported. The platform calls are
-made idempotent by request ids derived from the instance (a retried CreateSlot asks for the
-same slot), and the controller ignores repeated reports.
+Each worker has a durable consumer on the EVENTS stream that sees only the batches with work
+for it (their subject names their effects, proto.subjects), so an event is acted on at least
+once: the batch is acked only after every outcome it caused was reported to the function's
+controller, and answered (stored). The platform calls are made idempotent by request ids
+derived from the instance (a retried CreateSlot asks for the same slot), and the controller
+ignores repeated reports.
 """
 
 import asyncio
@@ -13,44 +15,72 @@ from typing import ClassVar
 import grpc
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 
+from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import AnyCommand
 from proto.events import Event, decode_batch
-from proto.subjects import EVENTS, EVT
-from runtime.bus import close, connect, ensure_streams, publish_command
+from proto.subjects import EVENTS, EVT, worker_subjects
+from runtime.bus import close, connect, ensure_stream, send
 
 log = logging.getLogger("scaler.effects")
 
-TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
+# Answers that mean "not now" rather than "no": the call is made again with backoff.
+BUSY = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
 CALL_TIMEOUT_S = 120.0
+PATIENCE_S = 30.0  # how long a throttled or unreachable platform is retried (a caller's Assign waits 60 s)
 # An event a crashed worker was performing is redelivered after ACK_WAIT_S: kept short so a
 # restarted worker resumes in seconds, while a long platform call in a live worker tells the
-# server every PROGRESS_S that it is still at work.
-ACK_WAIT_S = 10
-PROGRESS_S = 3
+# server every third of it that it is still at work.
+ACK_WAIT_S = 10.0
+REPORT_PATIENCE_S = 60.0  # how long a report is retried before the batch is left for redelivery
+# A platform that was away is tried again within 100 ms to 1 s (gRPC's default waits 1 s, growing
+# to 2 min): while it is away the Assigns wait, and each second counts. Each worker has its own
+# connection, so the gc worker finding the platform not yet up at start (the documented order:
+# the scaler first, then the platform's simulator) leaves the platform worker's untouched.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.use_local_subchannel_pool", 1),
+]
 
 
 class PlatformError(Exception):
     """A platform call failed for good; the message says which call and why."""
 
 
-async def call_platform(method, request, what: str, attempts: int = 5):
-    """Call a Platform RPC, retrying transient gRPC failures with backoff."""
-    for n in range(attempts):
+async def call_platform(method, request, what: str, patience_s: float = PATIENCE_S):
+    """Call a Platform RPC; an answer of Throttle, RESOURCE_EXHAUSTED or UNAVAILABLE is retried with backoff.
+
+    The challenge zeroes a run whose calls fail too often: a platform that is busy for a moment
+    must cost the waiting request time, not its answer. What still fails after `patience_s`
+    raises PlatformError with the platform's last word.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    delay = 0.05
+    while True:
         try:
-            return await method(request, timeout=CALL_TIMEOUT_S)
+            reply = await method(request, timeout=CALL_TIMEOUT_S)
+            if reply.status != pb.Throttle:
+                return reply
+            why = f"Throttle: {reply.error_message}" if reply.error_message else "Throttle"
         except grpc.aio.AioRpcError as e:
-            if e.code() not in TRANSIENT or n == attempts - 1:
+            if e.code() not in BUSY:
                 raise PlatformError(f"{what}: {e.code().name}: {e.details()}") from None
-            await asyncio.sleep(0.05 * 2**n)
-    raise AssertionError("unreachable")
+            why = f"{e.code().name}: {e.details()}"
+        if loop.time() + delay > deadline:
+            raise PlatformError(f"{what}: still {why} after {patience_s:g}s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
-async def _working_on(msg: Msg) -> None:
+async def _working_on(msg: Msg, every_s: float) -> None:
     """Keep a message from being redelivered while this live worker is still performing it."""
     while True:
-        await asyncio.sleep(PROGRESS_S)
+        await asyncio.sleep(every_s)
         try:
             await msg.in_progress()
         except Exception as e:  # NATS away: the ack after the outage settles it, or ack_wait will
@@ -62,10 +92,13 @@ class EffectWorker:
 
     durable: ClassVar[str]
     name: ClassVar[str]
+    effect: ClassVar[str]  # the letter in a batch's `<effects>` token that means work for this worker
 
-    def __init__(self, nats_url: str, platform: str, concurrency: int = 1024) -> None:
+    def __init__(self, nats_url: str, platform: str, concurrency: int = 1024, ack_wait_s: float = ACK_WAIT_S) -> None:
         self.nats_url = nats_url
         self.platform_addr = platform
+        self.ack_wait_s = ack_wait_s  # how soon an event a dead worker was performing comes back
+        self.patience_s = PATIENCE_S  # how long a busy platform is retried
         self._limit = asyncio.Semaphore(concurrency)
         self._max_pending = concurrency * 4
         self._tasks: set[asyncio.Task] = set()
@@ -82,16 +115,33 @@ class EffectWorker:
         raise NotImplementedError
 
     async def start(self) -> str:
-        self._channel = grpc.aio.insecure_channel(self.platform_addr)
+        self._channel = grpc.aio.insecure_channel(self.platform_addr, options=CHANNEL_OPTIONS)
         self.platform = pb_grpc.PlatformStub(self._channel)
         self._nc = await connect(self.nats_url, self.name)
         self._js = self._nc.jetstream()
-        await ensure_streams(self._js)
-        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_ack_pending=self._max_pending)
+        await ensure_stream(self._js)
+        subjects = worker_subjects(self.effect)
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_ack_pending=self._max_pending,
+            filter_subjects=subjects,
+        )
+        await self._drop_if_changed(subjects)
         self._sub = await self._js.subscribe(
             f"{EVT}.>", durable=self.durable, stream=EVENTS, cb=self._on_batch, manual_ack=True, config=config
         )
         return f"{self.name} (platform {self.platform_addr})"
+
+    async def _drop_if_changed(self, subjects: list[str]) -> None:
+        """A durable consumer keeps its filter: one made for other subjects is made again (it is not bound:
+        a worker that is running holds it)."""
+        try:
+            info = await self._js.consumer_info(EVENTS, self.durable)
+        except NotFoundError:
+            return
+        if sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) != sorted(subjects):
+            await self._js.delete_consumer(EVENTS, self.durable)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -115,14 +165,14 @@ class EffectWorker:
             log.error("%s: skipping unreadable batch %s: %s", self.name, msg.metadata.sequence.stream, e)
             await msg.term()
             return
-        chosen = [e for e in batch.events if self.wants(e)]
+        chosen = [e for e in batch.events if self.wants(e)]  # the subject said there is at least one
         if chosen:
             self.spawn(self._perform(batch.key, chosen, msg))
         else:
             await msg.ack()
 
     async def _perform(self, key: str, events: list[Event], msg: Msg) -> None:
-        alive = asyncio.create_task(_working_on(msg))
+        alive = asyncio.create_task(_working_on(msg, self.ack_wait_s / 3))
         try:
             await asyncio.gather(*(self._one(key, e) for e in events))
         except PlatformError as e:  # expected while the platform is away: one line, no traceback
@@ -140,4 +190,4 @@ class EffectWorker:
     async def _one(self, key: str, event: Event) -> None:
         async with self._limit:
             report = await self.act(key, event)
-        await publish_command(self._js, report)
+        await send(self._nc, report, patience_s=REPORT_PATIENCE_S)

@@ -2,16 +2,17 @@
 
 from proto import serverless_sim_pb2 as pb
 from proto.commands import AnyCommand, SlotFailed, SlotReady
-from proto.events import Event, SlotWanted
+from proto.events import Event, SlotWanted, creates
 from workers.effects import EffectWorker, PlatformError, call_platform
 
 
 class PlatformWorker(EffectWorker):
     durable = "platform-worker"
     name = "platform worker"
+    effect = "c"
 
     def wants(self, event: Event) -> bool:
-        return isinstance(event, SlotWanted)
+        return creates(event)
 
     async def act(self, key: str, event: SlotWanted) -> AnyCommand:
         """The instance id is the request id of both calls: a redelivered event asks for the same slot."""
@@ -19,7 +20,10 @@ class PlatformWorker(EffectWorker):
         config = pb.ResourceConfig(memory_in_megabytes=event.meta.memory_mb)
         try:
             created = await call_platform(
-                self.platform.CreateSlot, pb.CreateSlotRequest(request_id=i, resource_config=config), "CreateSlot"
+                self.platform.CreateSlot,
+                pb.CreateSlotRequest(request_id=i, resource_config=config),
+                "CreateSlot",
+                self.patience_s,
             )
         except PlatformError as e:
             return SlotFailed(key=key, instance_id=i, reason=str(e))
@@ -34,7 +38,7 @@ class PlatformWorker(EffectWorker):
         )
         request = pb.InitRequest(request_id=i, slot_id=slot.id, instance_id=i, meta_data=meta)
         try:
-            init = await call_platform(self.platform.Init, request, "Init")
+            init = await call_platform(self.platform.Init, request, "Init", self.patience_s)
         except PlatformError as e:
             return SlotFailed(key=key, instance_id=i, reason=str(e), slot_id=slot.id)
         if init.status != pb.Ok:

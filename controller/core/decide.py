@@ -104,11 +104,13 @@ def _assign(d: _Draft, cmd: Assign) -> None:
         if to and to not in waiting.waiters:
             d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
         return
-    if (held := _holder(d.s, r)) is not None:
-        if held.phase is Phase.BUSY:
-            d.reply(to, r, instance_id=held.id)
-        else:
-            d.reply(to, r, Code.FAILED_PRECONDITION, message=f"request {r} already finished on instance {held.id}")
+    if (held := _holder(d.s, r)) is not None and held.phase is Phase.BUSY:
+        if to and to not in held.waiters:  # a new caller of the request: its Cancel must not free it alone
+            d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
+        d.reply(to, r, instance_id=held.id)
+        return
+    if (done := d.s.finished_on(r)) is not None:
+        d.reply(to, r, Code.FAILED_PRECONDITION, message=f"request {r} already finished on instance {done}")
         return
     if d.s.meta != cmd.meta:
         d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
@@ -118,7 +120,9 @@ def _assign(d: _Draft, cmd: Assign) -> None:
 def _idle(d: _Draft, cmd: Idle) -> None:
     r, to = cmd.request_id, cmd.reply_to
     inst = d.s.instances.get(cmd.instance_id)
-    if inst is None:
+    if (r, cmd.instance_id) in d.s.finished and (inst is None or inst.request_id != r or inst.phase is not Phase.BUSY):
+        d.reply(to, r, message=f"instance {cmd.instance_id} was already released by request {r}")  # a retried Idle
+    elif inst is None:
         d.reply(to, r, Code.NOT_FOUND, message=f"no instance {cmd.instance_id!r} for metaKey {cmd.key!r}")
     elif inst.request_id != r:
         held = f"serves request {inst.request_id!r}" if inst.phase is Phase.BUSY else "is not assigned to it"

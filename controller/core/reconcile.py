@@ -10,25 +10,23 @@ and an instance started so recently that the list may predate its slot.
 from collections.abc import Iterable
 
 from controller.core.state import FnState, Phase
-from proto.commands import PlatformSlot, Reconcile
+from proto.commands import PlatformSlot, Reconcile, owner
 from proto.events import Event, InstanceDestroyed, InstanceRetired
 from proto.subjects import SYSTEM_KEY
 
 UNKNOWN = "unknown to the state"
 
 
-def owner(slot: PlatformSlot) -> str:
-    """The function whose instance a slot runs, from the instance id (`<key>-<n>`); "" when unknown."""
-    key, dash, n = slot.instance_id.rpartition("-")
-    return key if dash and n.isdigit() else ""
+def by_function(slots: Iterable[PlatformSlot], known: Iterable[str]) -> dict[str, tuple[PlatformSlot, ...]]:
+    """Who answers for each listed slot: the function its instance names (known or not), else the system key.
 
-
-def unclaimed(states: Iterable[FnState], slots: Iterable[PlatformSlot]) -> tuple[PlatformSlot, ...]:
-    """Slots no function can answer for: none of them knows the slot, and its instance names none of them."""
-    states = list(states)
-    keys = {s.key for s in states}
-    known = {i.slot_id for s in states for i in s.instances.values() if i.slot_id}
-    return tuple(p for p in slots if p.id not in known and owner(p) not in keys)
+    Every known function is in the result, with no slots when the platform lists none of its: then
+    whatever slots it holds are gone.
+    """
+    out: dict[str, list[PlatformSlot]] = {key: [] for key in known}
+    for slot in slots:
+        out.setdefault(owner(slot) or SYSTEM_KEY, []).append(slot)
+    return {key: tuple(found) for key, found in out.items()}
 
 
 def events(s: FnState, cmd: Reconcile, now: int) -> list[Event]:

@@ -57,6 +57,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     since_ms: int
 
 
+FINISHED_KEPT = 256  # recent releases remembered, so a repeated Idle or Assign is known for what it is
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
 BURSTS_KEPT = 32  # recent burst-to-burst periods
@@ -109,6 +110,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     queue: tuple[Pending, ...] = ()
     started: int = 0  # instances ever wanted: numbers the next instance id
     stats: FnStats = FnStats()
+    finished: tuple[tuple[str, str], ...] = ()  # (request, instance) of the latest releases, oldest first
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -118,6 +120,10 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
 
     def next_instance_id(self) -> str:
         return f"{self.key}-{self.started + 1}"
+
+    def finished_on(self, request_id: str) -> str | None:
+        """The instance a recently finished request was released from, if it is one."""
+        return next((i for r, i in reversed(self.finished) if r == request_id), None)
 
 
 def _put(s: FnState, inst: Instance) -> FnState:
@@ -152,9 +158,14 @@ def _dequeue(s: FnState, request_id: str) -> FnState:
 
 
 def _waiters(s: FnState, request_id: str, change) -> FnState:
-    return replace(
-        s, queue=tuple(replace(p, waiters=change(p.waiters)) if p.request_id == request_id else p for p in s.queue)
-    )
+    """Change who waits for a request's answer: while it is queued, or once an instance serves it."""
+    queue = tuple(replace(p, waiters=change(p.waiters)) if p.request_id == request_id else p for p in s.queue)
+    held = {
+        i.id: replace(i, waiters=change(i.waiters))
+        for i in s.instances.values()
+        if i.phase is Phase.BUSY and i.request_id == request_id
+    }
+    return replace(s, queue=queue, instances={**s.instances, **held} if held else s.instances)
 
 
 def _bump(s: FnState, **changes: int) -> FnState:
@@ -191,9 +202,10 @@ def apply(s: FnState, e: Event) -> FnState:
                 s = replace(s, stats=replace(s.stats, wait_ms=s.stats.wait_ms + t - waiting.since_ms))
             inst = replace(s.instances[i], phase=Phase.BUSY, since_ms=t, request_id=r, waiters=waiters, keep_until_ms=0)
             return _put(_dequeue(s, r), inst)
-        case Released(instance_id=i, at_ms=t, need_destroy=dies) if i in s.instances:
+        case Released(request_id=r, instance_id=i, at_ms=t, need_destroy=dies) if i in s.instances:
             old = s.instances[i]
             s = _put(s, replace(old, phase=Phase.IDLE, since_ms=t, keep_until_ms=0))
+            s = replace(s, finished=(*s.finished[1 - FINISHED_KEPT :], (r, i)))
             st = s.stats
             if old.phase is Phase.BUSY:
                 busy = t - old.since_ms

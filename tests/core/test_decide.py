@@ -91,8 +91,37 @@ def test_idle_errors_are_clear():
     d = decide(s, idle("r2", i="fn-1"), 100, DEMO)  # fn-1 serves r1
     assert d.replies[0].code is c.Code.FAILED_PRECONDITION and "r1" in d.replies[0].message
     moved_on, _ = run(idle("r1"), s=s)  # r2 was waiting: fn-1 went straight to it
+    d = decide(moved_on, idle("r3", i="fn-1"), 200, DEMO)  # r3 never held fn-1
+    assert d.replies[0].code is c.Code.FAILED_PRECONDITION
+
+
+def test_an_idle_repeated_after_its_release_was_recorded_is_ok_whatever_became_of_the_instance():
+    s, _ = run(assign("r1"), ready(), assign("r2"))
+    moved_on, _ = run(idle("r1"), s=s)  # r2 was waiting: fn-1 went straight to it
     again = decide(moved_on, idle("r1"), 200, DEMO)
-    assert again.events == [] and again.replies[0].code is c.Code.FAILED_PRECONDITION
+    assert again.events == [] and again.replies[0].code is c.Code.OK
+    gone, _ = run(idle("r2", need_destroy=True), c.SlotDestroyed(key=KEY, instance_id="fn-1"), s=moved_on)
+    assert "fn-1" not in gone.instances
+    for r in ("r1", "r2"):
+        again = decide(gone, idle(r), 300, DEMO)
+        assert again.events == [] and again.replies[0].code is c.Code.OK, r
+    d = decide(gone, idle("r9"), 300, DEMO)
+    assert d.replies[0].code is c.Code.NOT_FOUND
+
+
+def test_an_assign_repeated_after_its_request_finished_is_refused_even_once_the_instance_moved_on():
+    s, _ = run(assign("r1"), ready(), assign("r2"), idle("r1"))  # fn-1 now serves r2
+    d = decide(s, assign("r1", to="late-retry"), 300, DEMO)
+    assert d.events == [] and d.replies[0].code is c.Code.FAILED_PRECONDITION and "fn-1" in d.replies[0].message
+
+
+def test_a_second_caller_of_a_served_request_holds_it_too_so_the_first_ones_cancel_does_not_free_it():
+    s, _ = run(assign("r1", to="first"), ready())
+    s, (retry,) = run(assign("r1", to="second"), s=s)
+    assert [r.instance_id for r in retry.replies] == ["fn-1"]
+    assert s.instances["fn-1"].waiters == ("first", "second")
+    s, (cancel,) = run(c.Cancel(key=KEY, request_id="r1", reply_to="first"), s=s)
+    assert cancel.events == [] and s.instances["fn-1"].phase is Phase.BUSY
 
 
 def test_idle_retried_while_the_instance_is_still_idle_is_ok():
@@ -150,7 +179,9 @@ def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
 def test_assign_retried_after_assignment_gets_the_same_instance():
     s, _ = run(assign("r1"), ready())
     d = decide(s, assign("r1", to="inbox.again"), 100, DEMO)
-    assert d.events == [] and d.replies[0].instance_id == "fn-1" and d.replies[0].to == "inbox.again"
+    assert d.events == [e.RequestRetried(at_ms=100, request_id="r1", reply_to="inbox.again")]
+    assert d.replies == [c.Reply(to="inbox.again", request_id="r1", instance_id="fn-1")]
+    assert decide(d.state, assign("r1", to="inbox.again"), 110, DEMO).events == [], "the same caller again: no event"
 
 
 def test_meta_change_is_recorded_and_used_for_new_instances():

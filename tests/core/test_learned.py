@@ -32,7 +32,7 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call():
     run = sim.result(40 * period)
     late = run.invocations[10:]  # once the period is learned
     assert sum(i.cold for i in late) == 0 and max(i.schedule_ms for i in late) == 0
-    stats = sim.states["fn"].stats
+    stats = sim.ledger.states["fn"].stats
     assert stats.prewarms >= 25  # started ahead of the calls...
     # ...and not kept through the gaps: each slot lives about a start plus a run, not 30 s.
     assert run.slot_gb_s < 40 * 0.5 * 1.0
@@ -41,7 +41,7 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call():
 def test_prewarm_is_planned_just_before_the_predicted_arrival():
     period, start = 30_000, 150
     sim = simulate(dataset([n * period for n in range(20)]))
-    s = sim.states["fn"]
+    s = sim.ledger.states["fn"]
     last = s.stats.last_arrival_ms
     plan = LEARNED.prewarm(s, last + 1_000)
     assert plan.count == 0 and plan.next_ms is not None
@@ -124,6 +124,6 @@ def test_the_run_totals_equal_the_sum_of_the_functions_stats():
     sim = Simulation(dataset(arrivals, key="a"), LEARNED)
     sim.run()
     again = Totals()
-    for s in sim.states.values():
+    for s in sim.ledger.states.values():
         again.add(s.stats)
-    assert again == sim.totals and sim.totals.exec_ms == pytest.approx(200 * 50)
+    assert again == sim.ledger.totals and sim.ledger.totals.exec_ms == pytest.approx(200 * 50)

@@ -77,19 +77,24 @@ def test_reconcile_twice_is_reconcile_once():
     assert decide(first.state, cmd, T + 6, DEMO).events == []
 
 
-def test_slots_no_function_claims_go_to_the_system_key():
-    s = two_instances()
+def test_each_slot_goes_to_the_function_its_instance_names_else_to_the_system_key():
     slots = (slot("s1", "fn-1"), slot("s9", "fn-7"), slot("s10"), slot("s11", "gone-fn-2"), slot("s12", "a-b"))
-    orphans = reconcile.unclaimed([s], slots)
-    assert [p.id for p in orphans] == ["s10", "s11", "s12"]
-    d = decide(FnState(key=SYSTEM_KEY), listing(*orphans, key=SYSTEM_KEY), T + 5, DEMO)
+    routed = reconcile.by_function(slots, known=[KEY, "quiet"])
+    assert {k: [p.id for p in v] for k, v in routed.items()} == {
+        KEY: ["s1", "s9"],
+        "quiet": [],  # known, and the platform lists none of its slots
+        "gone-fn": ["s11"],  # a function no state knows: its own core retires the slot
+        SYSTEM_KEY: ["s10", "s12"],
+    }
+    gone = decide(FnState(key="gone-fn"), listing(*routed["gone-fn"], key="gone-fn"), T + 5, DEMO)
+    assert [(ev.instance_id, ev.reason) for ev in gone.events] == [("gone-fn-2@s11", "unknown to the state")]
+    d = decide(FnState(key=SYSTEM_KEY), listing(*routed[SYSTEM_KEY], key=SYSTEM_KEY), T + 5, DEMO)
     assert [(ev.instance_id, ev.reason) for ev in d.events] == [
         ("slot@s10", "unknown to the state"),
-        ("gone-fn-2@s11", "unknown to the state"),
         ("a-b@s12", "unknown to the state"),
     ]
     assert all(i.phase is Phase.RETIRING for i in d.state.instances.values())
-    assert decide(d.state, listing(*orphans, key=SYSTEM_KEY), T + 6, DEMO).events == []
+    assert decide(d.state, listing(*routed[SYSTEM_KEY], key=SYSTEM_KEY), T + 6, DEMO).events == []
     assert d.wake_ms is None
 
 

@@ -1,0 +1,86 @@
+"""The folded stream: every function's state, where its last batch is, when it next wakes, and the run's totals.
+
+Written once and used by everything that folds EVENTS or turns decisions into batches: the node,
+`scaler replay`, the offline simulator and the tests. So "offline equals live" and "replay equals
+the running state" rest on this one piece of code, not on copies kept in sync. Pure like the core
+(no I/O, no clock: time and sequences come in), but a container that changes in place: it holds
+the latest immutable state of each function.
+"""
+
+from controller.core.decide import Decision, decide
+from controller.core.policy import Policy
+from controller.core.state import FnState, Totals, apply
+from proto.commands import AnyCommand, Tick, command_id
+from proto.events import Batch
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.states: dict[str, FnState] = {}
+        self.last_seq: dict[str, int] = {}  # per function: stream sequence of its last batch
+        self.wake: dict[str, int] = {}  # per function: when it next wants a Tick
+        self.totals = Totals()  # the run so far, summed over functions, for the policy
+        self.seq = 0  # the newest stream sequence folded or appended
+
+    def state(self, key: str) -> FnState:
+        return self.states.get(key) or FnState(key=key)
+
+    def fold(self, seq: int, batch: Batch) -> None:
+        """Fold a stored batch, unless the function's state already holds it (a snapshot's, or a repeat)."""
+        self.seq = max(self.seq, seq)
+        if seq <= self.last_seq.get(batch.key, 0):
+            return
+        s = self.state(batch.key)
+        for event in batch.events:
+            s = apply(s, event)
+        self._put(batch.key, s, seq)
+        self._wake(batch.key, batch.wake_ms)
+
+    def decide(self, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
+        return decide(self.state(cmd.key), cmd, now, policy, self.totals)
+
+    @staticmethod
+    def batch(cmd: AnyCommand, d: Decision, now: int) -> Batch | None:
+        """What a decision appends: its events as one batch, or None when it changed nothing."""
+        if not d.events:
+            return None
+        return Batch(key=cmd.key, at_ms=now, cause=command_id(cmd), events=d.events, wake_ms=d.wake_ms)
+
+    def commit(self, cmd: AnyCommand, d: Decision, seq: int | None) -> None:
+        """The decision is done: its batch stored at `seq` (None when it had none to store).
+
+        Its next deadline counts when it changed something or answered a Tick: a Tick that found
+        nothing due yet re-arms the timer, while any other decision that changed nothing leaves
+        the deadline as it was (the one a restart finds in the last batch).
+        """
+        if seq is not None:
+            self._put(cmd.key, d.state, seq)
+            self.seq = max(self.seq, seq)
+        if seq is not None or isinstance(cmd, Tick):
+            self._wake(cmd.key, d.wake_ms)
+
+    def forget(self, key: str) -> None:
+        """Drop one function, to fold it again from its own batches (after another writer's append)."""
+        if (old := self.states.pop(key, None)) is not None:
+            self.totals.add(old.stats, -1)
+        self.last_seq.pop(key, None)
+        self.wake.pop(key, None)
+
+    def restore(self, states: dict[str, FnState], last_seq: dict[str, int], wake: dict[str, int], seq: int) -> None:
+        """Start from a snapshot: these states hold every batch up to `seq`, and each one's up to its last_seq."""
+        for key, s in states.items():
+            self._put(key, s, last_seq.get(key, 0))
+        self.wake.update(wake)
+        self.seq = max(self.seq, seq)
+
+    def _put(self, key: str, s: FnState, seq: int) -> None:
+        self.totals.change(self.states.get(key), s)
+        self.states[key] = s
+        if seq:
+            self.last_seq[key] = seq
+
+    def _wake(self, key: str, wake_ms: int | None) -> None:
+        if wake_ms is None:
+            self.wake.pop(key, None)
+        else:
+            self.wake[key] = wake_ms
