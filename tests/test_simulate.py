@@ -246,9 +246,12 @@ def test_offline_runs_the_five_hour_trace(capsys):
 
 def test_the_policy_bench_prints_a_row_per_policy_and_the_bound():
     bench = Path(__file__).resolve().parents[1] / "bench" / "policies.py"
-    args = ["--datasets-dir", str(SMOKE.parent), "--datasets", SMOKE.name]
+    args = ["--datasets-dir", str(SMOKE.parent), "--traces", SMOKE.name, "gen-oneoff"]
     result = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     rows = [line.split(" | ") for line in result.stdout.splitlines()[2:]]
-    assert [r[1] for r in rows] == [*POLICIES, "clairvoyant bound"]
-    assert rows[-1][-2] == "57.42"  # the bound of the smoke test
+    assert [(r[0].strip("| "), r[1]) for r in rows] == [
+        (trace, policy) for trace in (SMOKE.name, "gen-oneoff") for policy in (*POLICIES, "clairvoyant bound")
+    ]
+    assert {r[2] for r in rows} == {"100.00"}  # success %
+    assert rows[len(POLICIES)][-2] == "57.42"  # the bound of the smoke test
