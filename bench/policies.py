@@ -1,10 +1,14 @@
-"""Every policy on every dataset, in the offline simulator, against each dataset's clairvoyant bound.
+"""Every policy on every trace, in the offline simulator, against each trace's clairvoyant bound.
 
-    .venv/bin/python bench/policies.py [--datasets NAME ...] [--policies NAME ...] [--datasets-dir DIR]
+    .venv/bin/python bench/policies.py [--traces NAME ...] [--policies NAME ...] [--seed N] [--datasets-dir DIR]
 
-Prints a Markdown table: dataset x policy -> cold starts, schedule s, slot GB·s, the two
-sub-scores, the score, and the wall time of the simulation. The bound row is what a scaler that
-knew the trace could reach (simulator/bound.py): no waiting, minimal idle slot time.
+Traces: the shared datasets (folders in --datasets-dir) and the generated shapes (`gen-mixed`,
+`gen-timer`, ...: simulator/shapes.py, from --seed). dataSet_3 takes about a minute per policy;
+`--traces gen-mixed gen-burst --policies learned public-adaptive` runs only those.
+Prints a Markdown table: trace x policy -> success rate, cold starts, schedule s, slot GB·s, the
+two sub-scores, the score (0 below 99.95 % success), and the wall time of the simulation. The
+bound row is what a scaler that knew the trace could reach (simulator/bound.py): no waiting,
+minimal idle slot time.
 """
 
 import argparse
@@ -13,32 +17,35 @@ import time
 from pathlib import Path
 
 from controller.core.policy import POLICIES, get_policy
+from simulator import shapes
 from simulator.bound import clairvoyant_bound
-from simulator.dataset import DatasetError, load_dataset
+from simulator.dataset import Dataset, DatasetError, load_dataset
 from simulator.offline import simulate
 
 DATASETS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 DATASETS = ["function_smoke_test", "dataSet_1", "dataSet_3"]
-COLUMNS = ("dataset", "policy", "cold starts", "schedule s", "slot GB·s", "resource", "cold-start", "score", "wall s")
+GENERATED = [f"gen-{trace}" for trace in shapes.TRACES]
+COLUMNS = (
+    "trace",
+    "policy",
+    "success %",
+    "cold starts",
+    "schedule s",
+    "slot GB·s",
+    "resource",
+    "cold-start",
+    "score",
+    "wall s",
+)
 
 
-def row(
-    dataset: str,
-    policy: str,
-    cold: int,
-    schedule_s: float,
-    slot: float,
-    resource: float,
-    cold_score: float,
-    score: float,
-    took: float,
-) -> str:
-    cells = (dataset, policy, f"{cold:,}", f"{schedule_s:,.1f}", f"{slot:,.0f}", f"{resource:.2f}", f"{cold_score:.2f}")
-    return "| " + " | ".join((*cells, f"{score:.2f}", f"{took:.1f}")) + " |"
+def row(trace: str, policy: str, success: float, cold: int, schedule_s: float, slot: float, *scores: float) -> str:
+    resource, cold_score, score, took = scores
+    cells = (trace, policy, f"{100 * success:.2f}", f"{cold:,}", f"{schedule_s:,.1f}", f"{slot:,.0f}")
+    return "| " + " | ".join((*cells, f"{resource:.2f}", f"{cold_score:.2f}", f"{score:.2f}", f"{took:.1f}")) + " |"
 
 
-def rows(folder: Path, policies: list[str]):
-    dataset = load_dataset(folder)
+def rows(dataset: Dataset, policies: list[str]):
     for name in policies:
         started = time.perf_counter()
         s = simulate(dataset, get_policy(name)).stats()
@@ -46,6 +53,7 @@ def rows(folder: Path, policies: list[str]):
         yield row(
             dataset.name,
             name,
+            s.success_rate,
             s.cold_starts,
             s.invocation_schedule_time_in_secs,
             s.total_slot_time_in_g_bs,
@@ -57,23 +65,32 @@ def rows(folder: Path, policies: list[str]):
     started = time.perf_counter()
     b = clairvoyant_bound(dataset)
     took = time.perf_counter() - started
-    yield row(dataset.name, "clairvoyant bound", 0, 0.0, b.slot_gb_s, b.resource_usage_score, 50.0, b.score, took)
+    yield row(dataset.name, "clairvoyant bound", 1.0, 0, 0.0, b.slot_gb_s, b.resource_usage_score, 50.0, b.score, took)
+
+
+def load(name: str, datasets_dir: Path, seed: int) -> Dataset:
+    if name in GENERATED:
+        return shapes.generate(name.removeprefix("gen-"), seed)
+    return load_dataset(datasets_dir / name)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", nargs="+", default=DATASETS, metavar="NAME")
+    p.add_argument("--traces", nargs="+", default=DATASETS + GENERATED, metavar="NAME")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES), metavar="NAME")
+    p.add_argument("--seed", type=int, default=0, help="of the generated traces (default 0)")
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR, metavar="DIR")
     args = p.parse_args()
     print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "|".join("---" if c in ("dataset", "policy") else "---:" for c in COLUMNS) + "|")
-    for name in args.datasets:
+    print("|" + "|".join("---" if c in ("trace", "policy") else "---:" for c in COLUMNS) + "|")
+    for name in args.traces:
         try:
-            for line in rows(args.datasets_dir / name, args.policies):
-                print(line, flush=True)
+            dataset = load(name, args.datasets_dir, args.seed)
         except DatasetError as e:
             print(f"bench: skipping {name}: {e}", file=sys.stderr)
+            continue
+        for line in rows(dataset, args.policies):
+            print(line, flush=True)
     return 0
 
 

@@ -21,7 +21,7 @@ from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from simulator.dataset import Dataset, DatasetError, load_dataset
 from simulator.live import LiveError, run_live
 from simulator.offline import simulate
-from simulator.score import FunctionRow, Run, Stats, worst_functions
+from simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
 
 DEFAULT_GATEWAY = "127.0.0.1:9001"
 DEFAULT_PLATFORM_LISTEN = "0.0.0.0:50051"
@@ -163,9 +163,17 @@ def _write(path: Path, data: bytes) -> None:
 
 def render(stats: Stats, functions: list[FunctionRow]) -> str:
     """The statistics as a two-column table, then the worst functions."""
-    fields = msgspec.to_builtins(stats)
-    width = max(map(len, fields))
-    lines = [f"  {name:<{width}}  {_number(value)}" for name, value in fields.items()]
+    fields: list[tuple[str, float | int]] = []
+    for name, value in msgspec.to_builtins(stats).items():
+        if name == "failuresByCause":  # one line each, under failedRequestsCount
+            fields += [(f"  {cause}", count) for cause, count in value.items()]
+        else:
+            fields.append((name, value))
+    width = max(len(name) for name, _ in fields)
+    lines = [f"  {name:<{width}}  {_number(value)}" for name, value in fields]
+    if stats.success_rate < SUCCESS_THRESHOLD:
+        why = f"success rate {stats.success_rate:.2%} is below {SUCCESS_THRESHOLD:.2%}"
+        lines.append(f"  score 0: {why} (the sub-scores are what the run would have scored)")
     if functions:
         lines += ["", "worst functions (score lost to idle slots and waiting):"]
         header = ("metaKey", "requests", "coldStarts", "scheduleSecs", "executionGBs", "slotGBs", "lostScore")

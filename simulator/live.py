@@ -10,10 +10,17 @@ parts the simulator controls count at their nominal length in trace time (Create
 of the instance it got, and executions of earlier requests on that instance), and the rest (the
 scaler's own work, and any lag of this process) counts at its real, unscaled duration. At speed
 1 this is simply the measured time. Idle time is the Idle call's real duration.
+
+Each answer is checked as the challenge's platform did: the instance must run on one of this
+platform's live slots, be initialised, and run no other request (`Holds`, our own bookkeeping
+of who runs where); a request whose slot is destroyed before its execution ends fails too. A
+request that failed at its Assign is not executed, and what it was given is handed back with
+an Idle at once. After the last Idle the platform runs on for RUN_TAIL_MS (the end of the run).
 """
 
 import asyncio
 import contextlib
+import itertools
 import secrets
 import socket
 import sys
@@ -28,7 +35,8 @@ from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.clock import Clock
 from simulator.dataset import Dataset, Request
-from simulator.score import Invocation, Run
+from simulator.holds import Holds
+from simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
 
 GATEWAY_WAIT_S = 5.0  # how long a gateway may take to accept the connection before we give up
 
@@ -47,7 +55,8 @@ class Call:
     idle_start: int = 0
     idle_end: int = 0
     instance_id: str = ""
-    error: str = ""
+    failure: Failure | None = None
+    error: str = ""  # the first call error's message
 
 
 class Progress:
@@ -86,12 +95,23 @@ def _hms(ms: int) -> str:
 
 class LiveRun:
     def __init__(
-        self, dataset: Dataset, scaler: pb_grpc.ScalerStub, stub: PlatformStub, clock: Clock, progress: bool = False
+        self,
+        dataset: Dataset,
+        scaler: pb_grpc.ScalerStub,
+        stub: PlatformStub,
+        clock: Clock,
+        progress: bool = False,
+        tail_ms: int = RUN_TAIL_MS,
     ) -> None:
         self.dataset = dataset
         self.scaler = scaler
         self.stub = stub
         self.clock = clock
+        self.tail_ms = tail_ms
+        self.holds = Holds()
+        self._by_instance: dict[str, SlotRecord] = {}  # slots indexed by the instance Init put on them
+        self._indexed = 0  # slots of the platform's accounting looked at so far
+        self._unnamed: list[SlotRecord] = []  # those no Init had reached then
         self.calls = [Call(r) for r in dataset.requests]
         span_ms = dataset.requests[-1].start_time - dataset.start_ms if dataset.requests else 0
         self.progress = Progress(len(self.calls), span_ms, clock, progress)
@@ -123,6 +143,8 @@ class LiveRun:
             task.add_done_callback(finished)
         if pending:
             await asyncio.wait(pending)
+        if not crashed:
+            await self.clock.sleep_ms(self.tail_ms)
         ticker.cancel()
         if crashed:
             raise crashed[0]
@@ -131,39 +153,69 @@ class LiveRun:
 
     async def _invoke(self, n: int, call: Call) -> None:
         r = call.request
+        request_id = f"{self._tag}-{n}"
         self.progress.in_flight += 1
         try:
             call.assign_start = self.clock.now_ms()
-            request = pb.AssignRequest(
-                request_id=f"{self._tag}-{n}", timestamp=r.start_time, meta_data=self._metas[r.meta_key]
-            )
-            reply = await self.scaler.Assign(request)
+            request = pb.AssignRequest(request_id=request_id, timestamp=r.start_time, meta_data=self._metas[r.meta_key])
+            try:
+                reply = await self.scaler.Assign(request)
+            except grpc.aio.AioRpcError as e:
+                call.assign_end = self.clock.now_ms()
+                self._failed(call, Failure.ASSIGN_ERROR, f"{e.code().name}: {e.details()}")
+                return
             call.assign_end = self.clock.now_ms()
+            if reply.status != pb.Ok:
+                self._failed(call, Failure.ASSIGN_ERROR, f"{pb.Status.Name(reply.status)}: {reply.error_message}")
+                return
             call.instance_id = reply.assigment.instance_id
-            await self.clock.sleep_ms(r.durations_in_ms)
+            slot = self._slot_of(call.instance_id)
+            live = slot is not None and slot.destroyed_ms is None
+            call.failure = self.holds.assign(call.instance_id, request_id, live=live, ready=live and slot.ready_ms > 0)
+            if call.failure is None:
+                await self.clock.sleep_ms(r.durations_in_ms)
+                call.failure = self.holds.finish(call.instance_id, request_id, live=slot.destroyed_ms is None)
             result = pb.Result(
                 status_code=r.status_code, duration_in_ms=r.durations_in_ms, need_destroy=r.status_code != 200
             )
             call.idle_start = self.clock.now_ms()
-            await self.scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=result))
+            try:
+                idle = await self.scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=result))
+                if idle.status != pb.Ok:
+                    self._failed(call, Failure.IDLE_ERROR, f"{pb.Status.Name(idle.status)}: {idle.error_message}")
+            except grpc.aio.AioRpcError as e:
+                self._failed(call, Failure.IDLE_ERROR, f"{e.code().name}: {e.details()}")
             call.idle_end = self.clock.now_ms()
-        except grpc.aio.AioRpcError as e:
-            call.error = f"{e.code().name}: {e.details()}"
-            now = self.clock.now_ms()
-            call.assign_end = call.assign_end or now
-            if call.idle_start:
-                call.idle_end = now
-            self.progress.failed += 1
         finally:
+            self.progress.failed += call.failure is not None
             self.progress.in_flight -= 1
             self.progress.done += 1
+
+    @staticmethod
+    def _failed(call: Call, failure: Failure, error: str) -> None:
+        call.failure = call.failure or failure
+        call.error = call.error or error
+
+    def _slot_of(self, instance_id: str) -> SlotRecord | None:
+        """The slot Init put `instance_id` on; slots are indexed as they get one (a trace makes thousands)."""
+        if instance_id not in self._by_instance:
+            slots = self.stub.accounting.slots
+            if new := len(slots) - self._indexed:
+                self._unnamed += itertools.islice(reversed(slots.values()), new)
+                self._indexed = len(slots)
+            for slot in self._unnamed:
+                if slot.instance_id:
+                    self._by_instance.setdefault(slot.instance_id, slot)
+            self._unnamed = [slot for slot in self._unnamed if not slot.instance_id]
+        return self._by_instance.get(instance_id)
 
     def slots_by_instance(self) -> dict[str, SlotRecord]:
         return {s.instance_id: s for s in self.stub.accounting.slots.values() if s.instance_id}
 
-    def foreign_instances(self) -> set[str]:
-        """Instances the scaler handed out that this run's platform never started."""
-        return {c.instance_id for c in self.calls if c.instance_id} - self.slots_by_instance().keys()
+    def elsewhere(self) -> bool:
+        """The scaler handed out instances, and not one of them ran on this run's platform."""
+        handed = {c.instance_id for c in self.calls if c.instance_id}
+        return bool(handed) and handed.isdisjoint(self.slots_by_instance())
 
     def errors(self) -> Counter[str]:
         return Counter(c.error for c in self.calls if c.error)
@@ -218,7 +270,7 @@ class LiveRun:
             schedule_ms=schedule,
             idle_ms=(c.idle_end - c.idle_start) / self.clock.speed,
             cold=slot is not None and slot.ready_ms > c.assign_start,
-            failed=bool(c.error),
+            failure=c.failure,
         )
 
 
@@ -306,9 +358,9 @@ async def run_live(
             await _platform_quiet(stub, dataset)
         finally:
             await stub.stop()
-    if foreign := driver.foreign_instances():
+    if driver.elsewhere():
         raise LiveError(
-            f"the scaler handed out {len(foreign)} instances this simulator's platform never started: start a fresh"
+            "the scaler handed out instances, none of which this simulator's platform started: start a fresh"
             f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` for each run, HOST being this machine"
         )
     return run, driver.errors()

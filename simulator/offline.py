@@ -2,24 +2,33 @@
 
 No NATS and no gRPC: commands go straight to `decide`, and the platform is modelled as the stub
 behaves (CreateSlot takes `create_latency_ms`, Init the function's initDurationInMs, DestroySlot
-is immediate). Decisions go through the same ledger as the
-node's (controller/ledger.py), so states, totals and deadlines follow the same rules; what the
-node's effects would do, this does too: SlotWanted starts a creation, Assigned starts the
-request's execution (Idle follows after its duration), a retired slot is destroyed, and the
-function's next deadline arms a Tick, as the node's timers would. Deterministic, and the
-scaler's own latency counts as zero.
+is immediate). Decisions go through the same ledger as the node's (controller/ledger.py), so
+states, totals and deadlines follow the same rules; what the node's effects would do, this does
+too: SlotWanted starts a creation, Assigned starts the request's execution (Idle follows after
+its duration), a retired slot is destroyed, and the function's next deadline arms a Tick, as the
+node's timers would. Deterministic, and the scaler's own latency counts as zero.
+
+The platform's side is kept apart from the fold: each Assigned is checked against the slots
+and who runs on them (`Holds`), an Idle the core refuses fails its request, and the run ends
+RUN_TAIL_MS after the last request's Idle, with the Ticks and destructions due until then.
 """
 
 import heapq
 import itertools
 from dataclasses import dataclass, field
 
+from msgspec.structs import replace
+
+from controller.core.decide import Decision
 from controller.core.policy import Policy
 from controller.ledger import Ledger
 from proto import commands as c
 from proto import events as e
 from simulator.dataset import Dataset
-from simulator.score import Invocation, Run
+from simulator.holds import Holds
+from simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
+
+SIMULATOR = "simulator"  # the reply_to of our Idle calls, so the core's answer says whether it took them
 
 # What can happen next, in the order the loop takes simultaneous things: a request's arrival
 # comes after the Idle, readiness and Tick due at the same instant.
@@ -40,10 +49,13 @@ class Simulation:
     dataset: Dataset
     policy: Policy
     create_latency_ms: int = 100
+    tail_ms: int = RUN_TAIL_MS
     ledger: Ledger = field(default_factory=Ledger)
     slots: dict[str, Slot] = field(default_factory=dict)  # by slot id (= the instance id here)
     arrival_ms: dict[str, int] = field(default_factory=dict)
     invocations: dict[str, Invocation] = field(default_factory=dict)
+    holds: Holds = field(default_factory=Holds)
+    unanswered: int = 0  # requests with neither an Idle nor a failure yet
     _queue: list = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
     _appended: itertools.count = field(default_factory=lambda: itertools.count(1))  # stands for stream sequences
@@ -55,9 +67,9 @@ class Simulation:
         start = self.dataset.start_ms
         for n, r in enumerate(self.dataset.requests):
             self.at(r.start_time - start, ARRIVAL, n)
-        remaining = len(self.dataset.requests)
-        now = 0
-        while remaining and self._queue:
+        self.unanswered = len(self.dataset.requests)
+        now, end = 0, None
+        while self._queue and (end is None or self._queue[0][0] <= end):
             now, kind, _, item = heapq.heappop(self._queue)
             if kind == TICK:
                 key, due = item
@@ -66,11 +78,13 @@ class Simulation:
                 self.command(c.Tick(key=key, due_ms=due), now)
             elif kind == ARRIVAL:
                 self.arrive(item, now)
+            elif kind == IDLE:
+                self.idle(item, now)
             else:
-                if kind == IDLE:
-                    remaining -= 1
                 self.command(item, now)
-        return self.result(now)
+            if end is None and not self.unanswered:
+                end = now + self.tail_ms
+        return self.result(now if end is None else end)
 
     def arrive(self, n: int, now: int) -> None:
         r = self.dataset.requests[n]
@@ -79,7 +93,7 @@ class Simulation:
         self.arrival_ms[str(n)] = now
         self.command(c.Assign(key=r.meta_key, request_id=str(n), meta=meta), now)
 
-    def command(self, cmd: c.AnyCommand, now: int) -> None:
+    def command(self, cmd: c.AnyCommand, now: int) -> Decision:
         before = self.ledger.wake.get(cmd.key)
         d = self.ledger.decide(cmd, now, self.policy)
         batch = self.ledger.batch(cmd, d, now)
@@ -89,6 +103,7 @@ class Simulation:
         wake = self.ledger.wake.get(cmd.key)
         if wake is not None and wake != before:
             self.at(max(wake, now), TICK, (cmd.key, wake))
+        return d
 
     def effect(self, key: str, event: e.Event, now: int) -> None:
         match event:
@@ -101,43 +116,79 @@ class Simulation:
                 )
                 self.at(ready, READY, report)
             case e.Assigned(request_id=r, instance_id=i):
-                request = self.dataset.requests[int(r)]
-                slot = self.slots[i]
-                self.invocations[r] = Invocation(
-                    key=key,
-                    memory_mb=slot.memory_mb,
-                    execution_ms=request.durations_in_ms,
-                    schedule_ms=now - self.arrival_ms[r],
-                    idle_ms=0.0,
-                    cold=slot.ready_ms > self.arrival_ms[r],
-                )
-                idle = c.Idle(
-                    key=key,
-                    request_id=r,
-                    instance_id=i,
-                    status_code=request.status_code,
-                    duration_ms=request.durations_in_ms,
-                    need_destroy=request.status_code != 200,
-                )
-                self.at(now + request.durations_in_ms, IDLE, idle)
+                self.assigned(key, r, i, now)
             case e.RequestFailed(request_id=r):
                 m = self.dataset.metas[key]
                 request = self.dataset.requests[int(r)]
-                self.invocations[r] = Invocation(
-                    key, m.memory_in_mb, request.durations_in_ms, now - self.arrival_ms[r], 0.0, False, failed=True
-                )
+                schedule_ms = now - self.arrival_ms[r]
+                invocation = Invocation(key, m.memory_in_mb, request.durations_in_ms, schedule_ms, 0.0, False)
+                self.invocations[r] = replace(invocation, failure=Failure.ASSIGN_ERROR)
+                self.unanswered -= 1
             case e.InstanceRetired(instance_id=i, slot_id=slot_id) if slot_id:
                 self.slots[slot_id].destroyed_ms = now
                 self.at(now, DESTROYED, c.SlotDestroyed(key=key, instance_id=i, slot_id=slot_id))
+
+    # The platform's side: what it checks of an assignment and of an execution's end.
+
+    def assigned(self, key: str, r: str, i: str, now: int) -> None:
+        """The request runs on the instance for its duration, then calls Idle; or fails at once."""
+        request = self.dataset.requests[int(r)]
+        slot = self.slots.get(i)
+        live = slot is not None and slot.destroyed_ms is None
+        failure = self.holds.assign(i, r, live=live, ready=live and slot.ready_ms <= now)
+        self.invocations[r] = Invocation(
+            key=key,
+            memory_mb=self.dataset.metas[key].memory_in_mb,
+            execution_ms=request.durations_in_ms,
+            schedule_ms=now - self.arrival_ms[r],
+            idle_ms=0.0,
+            cold=slot is not None and slot.ready_ms > self.arrival_ms[r],
+            failure=failure,
+        )
+        idle = c.Idle(
+            key=key,
+            request_id=r,
+            instance_id=i,
+            status_code=request.status_code,
+            duration_ms=request.durations_in_ms,
+            need_destroy=request.status_code != 200,
+            reply_to=SIMULATOR,
+        )
+        self.at(now if failure else now + request.durations_in_ms, IDLE, idle)
+
+    def idle(self, idle: c.Idle, now: int) -> None:
+        r = idle.request_id
+        invocation = self.invocations[r]
+        if not invocation.failed:
+            slot = self.slots[idle.instance_id]
+            invocation = self._fail(r, self.holds.finish(idle.instance_id, r, live=slot.destroyed_ms is None))
+        refused = any(reply.code != c.Code.OK for reply in self.command(idle, now).replies)
+        if refused and not invocation.failed:
+            self._fail(r, Failure.IDLE_ERROR)
+        self.unanswered -= 1
+
+    def _fail(self, r: str, failure: Failure | None) -> Invocation:
+        if failure is not None:
+            self.invocations[r] = replace(self.invocations[r], failure=failure)
+        return self.invocations[r]
 
     def result(self, end_ms: int) -> Run:
         by_key: dict[str, float] = {}
         for slot in self.slots.values():
             end = end_ms if slot.destroyed_ms is None else slot.destroyed_ms
             by_key[slot.key] = by_key.get(slot.key, 0.0) + slot.memory_mb / 1024 * (end - slot.created_ms) / 1000
-        invocations = [self.invocations[str(n)] for n in range(len(self.dataset.requests))]
+        invocations = [
+            self.invocations.get(str(n)) or self._unanswered(n, end_ms) for n in range(len(self.dataset.requests))
+        ]
         return Run(invocations, sum(by_key.values()), len(self.slots), by_key)
 
+    def _unanswered(self, n: int, end_ms: int) -> Invocation:
+        """A request the core never answered: its Assign failed, having waited until the end."""
+        r = self.dataset.requests[n]
+        memory = self.dataset.metas[r.meta_key].memory_in_mb
+        schedule_ms = end_ms - self.arrival_ms.get(str(n), end_ms)
+        return Invocation(r.meta_key, memory, r.durations_in_ms, schedule_ms, 0.0, False, Failure.ASSIGN_ERROR)
 
-def simulate(dataset: Dataset, policy: Policy, create_latency_ms: int = 100) -> Run:
-    return Simulation(dataset, policy, create_latency_ms).run()
+
+def simulate(dataset: Dataset, policy: Policy, create_latency_ms: int = 100, tail_ms: int = RUN_TAIL_MS) -> Run:
+    return Simulation(dataset, policy, create_latency_ms, tail_ms).run()

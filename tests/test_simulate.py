@@ -17,6 +17,7 @@ from scaler.cli import main
 from simulator import live
 from simulator.dataset import load_dataset
 from simulator.offline import simulate
+from simulator.score import Failure
 
 SMOKE = Path(__file__).parent / "fixtures" / "function_smoke_test"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
@@ -24,6 +25,7 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 STATS_FIELDS = {
     "totalRequestsCount",
     "failedRequestsCount",
+    "failuresByCause",
     "successRate",
     "invocationLatencyInSecs",
     "invocationExecutionTimeInSecs",
@@ -202,8 +204,11 @@ def test_offline_prints_and_writes_the_challenges_statistics(tmp_path, capsys):
     assert 0 < len(stats["functions"]) <= 10
     lost = [f["lostScore"] for f in stats["functions"]]
     assert lost == sorted(lost, reverse=True)
-    for name in STATS_FIELDS:
+    for name in STATS_FIELDS - {"failuresByCause"}:
         assert f"\n  {name} " in out
+    assert stats["failuresByCause"] == dict.fromkeys(Failure, 0)
+    for cause in Failure:  # under failedRequestsCount, indented
+        assert f"\n    {cause} " in out
     assert "schedule time:" in out
     assert stats["functions"][0]["key"] in out
 
@@ -227,8 +232,9 @@ def test_offline_counts_what_the_gentle_trace_implies(tmp_path):
     assert stats.invocation_schedule_time_in_secs == pytest.approx((3 * 600 + 2 * 2100) / 1000)
     assert stats.invocation_execution_time_in_g_bs == pytest.approx(4.2 + 0.4)
     # Slots, GB x s from CreateSlot: a1 0 -> 310.1 (5 min after its last use at 10.1), a2 1 -> 302.6,
-    # b1 20 -> 22.2 (destroyed after its failed request), b2 40 -> 342.2, a4's 400 -> 400.7 (the end).
-    assert stats.total_slot_time_in_g_bs == pytest.approx(310.1 + 301.6 + 2 * 2.2 + 2 * 302.2 + 0.7)
+    # b1 20 -> 22.2 (destroyed after its failed request), b2 40 -> 342.2, a4's 400 -> 420.7 (the end
+    # of the run: its Idle at 400.7, and 20 s more).
+    assert stats.total_slot_time_in_g_bs == pytest.approx(310.1 + 301.6 + 2 * 2.2 + 2 * 302.2 + 20.7)
 
 
 @pytest.mark.skipif(not (SHARED / "dataSet_1").is_dir(), reason=f"the shared datasets are not at {SHARED}")
@@ -240,9 +246,12 @@ def test_offline_runs_the_five_hour_trace(capsys):
 
 def test_the_policy_bench_prints_a_row_per_policy_and_the_bound():
     bench = Path(__file__).resolve().parents[1] / "bench" / "policies.py"
-    args = ["--datasets-dir", str(SMOKE.parent), "--datasets", SMOKE.name]
+    args = ["--datasets-dir", str(SMOKE.parent), "--traces", SMOKE.name, "gen-oneoff"]
     result = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     rows = [line.split(" | ") for line in result.stdout.splitlines()[2:]]
-    assert [r[1] for r in rows] == [*POLICIES, "clairvoyant bound"]
-    assert rows[-1][-2] == "57.42"  # the bound of the smoke test
+    assert [(r[0].strip("| "), r[1]) for r in rows] == [
+        (trace, policy) for trace in (SMOKE.name, "gen-oneoff") for policy in (*POLICIES, "clairvoyant bound")
+    ]
+    assert {r[2] for r in rows} == {"100.00"}  # success %
+    assert rows[len(POLICIES)][-2] == "57.42"  # the bound of the smoke test
