@@ -132,6 +132,13 @@ def test_a_simulation_starts_from_an_empty_store():
     assert c.option(DEFAULT["services"]["nats"]["command"], "-sd") not in nats["tmpfs"]
 
 
+def test_nats_is_published_on_the_hosts_loopback_only():
+    # For `scaler replay` from the host; NATS has no authentication here, so nowhere else.
+    (published,) = DEFAULT["services"]["nats"]["ports"]
+    host, _, container = published.split(":")
+    assert host == "127.0.0.1" and int(container) in c.listen_ports("nats", DEFAULT["services"]["nats"])
+
+
 def test_one_image_for_all_our_services_and_restart_policies():
     images = {(s["image"], s["build"]) for s in ours(SIM).values()}
     assert len(images) == 1, images
