@@ -308,8 +308,10 @@ async def run_live(
             await stub.stop()
     if foreign := driver.foreign_instances():
         raise LiveError(
-            f"the scaler handed out {len(foreign)} instances this simulator's platform never started: start a fresh"
-            f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` for each run, HOST being this machine"
+            f"the scaler handed out {len(foreign)} instances this simulator's platform never started: it remembers"
+            " an earlier platform's. Each run needs a scaler with an empty store: a fresh"
+            f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` (HOST being this machine), or compose's"
+            " sim profile with `--env-file sim.env` (NATS's store on a tmpfs)"
         )
     return run, driver.errors()
 
