@@ -1,4 +1,6 @@
 # One image for every part of the scaler; compose.yaml runs each as `python -m <part>`.
+# PYTHON: any Python 3.11 base with `python`, venv and useradd (`docker compose build --build-arg PYTHON=...`;
+# scripts/compose_check.py --stand-ins builds one from Debian packages where no registry is reachable).
 ARG PYTHON=python:3.11-slim-bookworm
 
 # Build: generate the gRPC code from proto/*.proto (the checkout's generated files are not in the

@@ -6,14 +6,17 @@ measure. Start the scaler first, at the same speed, pointed at this platform:
 Offline (--offline): run the controller's pure core and a policy on a virtual clock, no NATS or
 gRPC; deterministic, seconds for hours of trace. Both end in the same scoring code.
 Exit status: 0 when the run completed (whatever the score), 1 when it could not be done, 2 for a
-command line argparse refuses.
+command line argparse refuses, 130 after Ctrl-C and 143 after SIGTERM (`docker stop`).
 """
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -27,10 +30,35 @@ DEFAULT_GATEWAY = "127.0.0.1:9001"
 DEFAULT_PLATFORM_LISTEN = "0.0.0.0:50051"
 CREATE_LATENCY_MS = 100  # the platform's CreateSlot latency, in both modes
 WORST = 10  # functions listed as the worst offenders
+T = TypeVar("T")
 
 
 class Failure(Exception):
     """The run could not be done; said in one line."""
+
+
+class Terminated(Exception):
+    """SIGTERM (`docker stop`, compose stopping the stack). As PID 1 in a container a signal with no
+    handler does nothing, so the simulator would run on until Docker kills it after the grace period."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+async def _until_terminated(run: Awaitable[T]) -> T:
+    """Await `run`; on SIGTERM cancel it, so that its cleanup runs, and raise Terminated."""
+    task = asyncio.ensure_future(run)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)  # wakes the loop, whichever thread gets the signal
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():
+            raise  # cancelled from outside, not by SIGTERM
+        raise Terminated from None
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _speed(text: str) -> float:
@@ -74,6 +102,7 @@ def to_json(stats: Stats, functions: list[FunctionRow]) -> bytes:
 
 
 def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _terminate)  # offline; live mode's event loop has its own handler
     try:
         dataset = load_dataset(args.dataset)
         outcome, heading = _offline(dataset, args) if args.offline else _live(dataset, args)
@@ -87,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("scaler simulate: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("scaler simulate: stopped by SIGTERM", file=sys.stderr)
+        return 143
     print("\n".join(heading))
     print(render(stats, functions))
     return 0
@@ -129,13 +161,15 @@ def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
     gateway = args.gateway or DEFAULT_GATEWAY
     started = time.perf_counter()
     run, errors = asyncio.run(
-        run_live(
-            dataset,
-            gateway,
-            speed,
-            args.platform_listen or DEFAULT_PLATFORM_LISTEN,
-            CREATE_LATENCY_MS,
-            progress=sys.stderr.isatty(),
+        _until_terminated(
+            run_live(
+                dataset,
+                gateway,
+                speed,
+                args.platform_listen or DEFAULT_PLATFORM_LISTEN,
+                CREATE_LATENCY_MS,
+                progress=sys.stderr.isatty(),
+            )
         )
     )
     took = time.perf_counter() - started

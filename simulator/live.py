@@ -360,8 +360,10 @@ async def run_live(
             await stub.stop()
     if driver.elsewhere():
         raise LiveError(
-            "the scaler handed out instances, none of which this simulator's platform started: start a fresh"
-            f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` for each run, HOST being this machine"
+            "the scaler handed out instances, none of which this simulator's platform started: it remembers"
+            " an earlier platform's. Each run needs a scaler with an empty store: a fresh"
+            f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` (HOST being this machine), or compose's"
+            " sim profile with `--env-file sim.env` (NATS's store on a tmpfs)"
         )
     return run, driver.errors()
 

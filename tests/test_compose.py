@@ -124,6 +124,21 @@ def test_nats_keeps_jetstream_on_a_volume():
     assert c.volume_source(nats, store) in DEFAULT["volumes"], f"the JetStream store {store} is not a named volume"
 
 
+def test_a_simulation_starts_from_an_empty_store():
+    # Each run's platform is new: a store kept from the last run would make the scaler hand out
+    # instances this platform never started. A tmpfs is emptied at every start of the container.
+    nats = SIM["services"]["nats"]
+    assert c.option(nats["command"], "-sd") in nats["tmpfs"]
+    assert c.option(DEFAULT["services"]["nats"]["command"], "-sd") not in nats["tmpfs"]
+
+
+def test_nats_is_published_on_the_hosts_loopback_only():
+    # For `scaler replay` from the host; NATS has no authentication here, so nowhere else.
+    (published,) = DEFAULT["services"]["nats"]["ports"]
+    host, _, container = published.split(":")
+    assert host == "127.0.0.1" and int(container) in c.listen_ports("nats", DEFAULT["services"]["nats"])
+
+
 def test_one_image_for_all_our_services_and_restart_policies():
     images = {(s["image"], s["build"]) for s in ours(SIM).values()}
     assert len(images) == 1, images

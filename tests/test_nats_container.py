@@ -1,9 +1,12 @@
 """The integration suite (tests/test_rules.py) against NATS in a container: compose.yaml's nats
 service, its image and command, waited for through its health check's endpoint.
 
-Runs when a Docker engine is reachable; otherwise every test here is skipped, saying why.
+Runs when a Docker engine is reachable and has the images (compose's nats image, NATS_IMAGE if set as
+compose reads it, and testcontainers' Ryuk unless TESTCONTAINERS_RYUK_DISABLED=true), pulled if need
+be; otherwise every test here is skipped, saying why.
 """
 
+import os
 import re
 import time
 import urllib.request
@@ -29,19 +32,41 @@ def docker_problem() -> str | None:
     return None
 
 
+def image_problem(image: str) -> str | None:
+    """Why the engine cannot have `image`, here or pulled, or None. With no registry reachable the
+    pull fails at once; the tests are then skipped rather than errors."""
+    import docker
+
+    client = docker.from_env(timeout=300)
+    try:
+        client.images.get(image)
+        return None
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        client.images.pull(image)
+    except docker.errors.APIError as e:
+        return f"cannot pull {image}: {e.explanation or e}"
+    return None
+
+
 @pytest.fixture(scope="module")
 def nats_container():
     if problem := docker_problem():
         pytest.skip(f"no Docker engine reachable ({problem}): these rules run only on the embedded nats-server")
+    from testcontainers.core.config import testcontainers_config
     from testcontainers.core.container import DockerContainer
 
-    service = c.load()["services"]["nats"]
+    service = c.load(os.environ)["services"]["nats"]  # the image compose would run here
+    images = [service["image"]] + ([] if testcontainers_config.ryuk_disabled else [testcontainers_config.ryuk_image])
+    if problems := [p for p in map(image_problem, images) if p]:
+        pytest.skip(f"{'; '.join(problems)}: these rules run only on the embedded nats-server")
     url = next(a for a in service["healthcheck"]["test"] if a.startswith("http"))
     monitor = int(re.search(r":(\d+)/", url).group(1))
     (client,) = c.listen_ports("nats", service)
     container = DockerContainer(service["image"]).with_command(service["command"])
-    container.with_exposed_ports(client, monitor).start()
-    try:
+    try:  # stopped (and removed) even when it fails to start or to become healthy
+        container.with_exposed_ports(client, monitor).start()
         host = container.get_container_host_ip()
         health = re.sub(r"//[^/]+/", f"//{host}:{container.get_exposed_port(monitor)}/", url)
         deadline = time.monotonic() + 60

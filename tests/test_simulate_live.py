@@ -144,3 +144,26 @@ async def test_simulate_drives_scaler_up_end_to_end(tmp_path):
     assert (stats["totalRequestsCount"], stats["failedRequestsCount"], stats["coldStarts"]) == (6, 0, 5)
     assert "at speed 100" in out.decode()
     assert "the scaler's own latency unscaled" in out.decode()
+
+
+async def test_sigterm_stops_a_live_run_cleanly(tmp_path):
+    # As PID 1 in a container SIGTERM has no default action: unhandled, the simulator would run on
+    # until Docker kills it. A gateway that accepts the connection but never speaks holds the run at
+    # its start, past the point where the handler is set; unhandled here, SIGTERM would kill it (-15).
+    accepted = asyncio.Event()
+    server = await asyncio.start_server(lambda r, w: accepted.set(), "127.0.0.1", 0)
+    gateway = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    command = [sys.executable, "-m", "scaler.cli", "simulate", str(gentle(tmp_path / "g")), "--gateway", gateway]
+    command += ["--platform-listen", "127.0.0.1:0"]
+    simulator = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(30):
+            await accepted.wait()
+            simulator.terminate()
+            _, err = await simulator.communicate()
+    finally:
+        server.close()
+        if simulator.returncode is None:
+            simulator.kill()
+            await simulator.wait()
+    assert (simulator.returncode, err.decode()) == (143, "scaler simulate: stopped by SIGTERM\n")
