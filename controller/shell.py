@@ -18,8 +18,6 @@ from pathlib import Path
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
-from nats.js.errors import APIError
 
 from controller import state_service, stream
 from controller.core import reconcile
@@ -49,17 +47,12 @@ from runtime.clock import Clock
 
 log = logging.getLogger("scaler.controller")
 
-WRONG_LAST_SEQUENCE = 10071
 APPEND_ATTEMPTS = 3
 APPEND_TIMEOUT_S = 5.0
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
 SNAPSHOT_EVERY = 10_000  # events
 SNAPSHOT_INTERVAL_S = 60.0
 LOCAL = "_L."  # reply_to of callers in the controller's own process (`call`): never a NATS subject
-
-
-class Conflict(Exception):
-    """Someone else appended to the function's subjects since we last read them."""
 
 
 class Controller:
@@ -206,7 +199,7 @@ class Controller:
                 self._appending[floor] = self._appending.get(floor, 0) + 1
                 try:
                     seq = await self._append(batch)
-                except Conflict:
+                except stream.Conflict:
                     log.warning("conflict on %s: catching up and deciding again", cmd.key)
                     await self._catch_up(cmd.key)
                     continue
@@ -226,21 +219,11 @@ class Controller:
         The expected sequence also makes a repeated append (ack lost) fail as a conflict, after which
         the catch-up shows the command already applied.
         """
-        headers = {
-            "Nats-Expected-Last-Subject-Sequence": str(self.ledger.last_seq.get(batch.key, 0)),
-            "Nats-Expected-Last-Subject-Sequence-Subject": function_events(batch.key),
-        }
-        try:
-            ack = await self._js.publish(
-                event_subject(batch.key, batch.effects), encode_batch(batch), timeout=APPEND_TIMEOUT_S, headers=headers
-            )
-        except APIError as e:
-            if e.err_code == WRONG_LAST_SEQUENCE:
-                raise Conflict(batch.key) from e
-            raise Unavailable(f"event store refused the batch: {e.description}") from e
-        except (NatsError, TimeoutError) as e:
-            raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
-        return ack.seq
+        subject = event_subject(batch.key, batch.effects)
+        last = self.ledger.last_seq.get(batch.key, 0)
+        return await stream.append(
+            self._nc, subject, encode_batch(batch), function_events(batch.key), last, APPEND_TIMEOUT_S
+        )
 
     async def _catch_up(self, key: str) -> None:
         """Fold one function again from its own batches, after another writer (or a lost ack) moved it on."""

@@ -1,4 +1,5 @@
-"""Reading the EVENTS stream in order: how the controller rebuilds at start and how `scaler replay` reads.
+"""The EVENTS stream: appending a batch, and reading in order (how the controller rebuilds at start and
+how `scaler replay` reads).
 
 An ordered push consumer is the fast way to read a stream front to back. It is told where to
 start; it stops at the stream's last sequence as it was when reading began (or `until_seq`), so
@@ -10,13 +11,17 @@ silently leaving it out of the state.
 import asyncio
 from collections.abc import Callable
 
+import msgspec
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from proto.events import Batch, decode_batch
 from proto.subjects import EVENTS, EVT
+from runtime.bus import Unavailable
 
 ALL = f"{EVT}.>"
 
@@ -26,6 +31,47 @@ OnBatch = Callable[[int, Batch], bool | None]
 
 class UnreadableStream(Exception):
     """A stored batch could not be decoded: the state cannot be rebuilt past it."""
+
+
+class Conflict(Exception):
+    """Someone else appended to the function's subjects since we last read them."""
+
+
+class _ApiError(msgspec.Struct):
+    err_code: int = 0
+    description: str = ""
+
+
+class _Ack(msgspec.Struct):
+    seq: int = 0
+    error: _ApiError | None = None
+
+
+_ack = msgspec.json.Decoder(_Ack)
+WRONG_LAST_SEQUENCE = 10071
+
+
+async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_seq: int, timeout_s: float) -> int:
+    """Store one batch if the last one on `key_subjects` is still `last_seq`; returns its stream sequence.
+
+    Raises Conflict when another batch came first (another writer, or our own whose ack was lost)
+    and Unavailable when JetStream did not take it. The publish is done by hand: nats-py's
+    js.publish parses its ack with json and a dataclass, a tenth of the append's CPU.
+    """
+    headers = {
+        "Nats-Expected-Last-Subject-Sequence": str(last_seq),
+        "Nats-Expected-Last-Subject-Sequence-Subject": key_subjects,
+    }
+    try:
+        msg = await nc.request(subject, data, timeout=timeout_s, headers=headers)
+    except (NatsError, TimeoutError) as e:
+        raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
+    ack = _ack.decode(msg.data)
+    if ack.error is not None:
+        if ack.error.err_code == WRONG_LAST_SEQUENCE:
+            raise Conflict(subject)
+        raise Unavailable(f"event store refused the batch: {ack.error.description}")
+    return ack.seq
 
 
 async def last_seq(js: JetStreamContext, subject: str = ALL) -> int:

@@ -21,7 +21,7 @@ from runtime.bus import Unavailable, close, connect, send
 
 log = logging.getLogger("scaler.gateway.forward")
 
-RESEND_S = 5.0  # no answer this long: send the call again (its owner may have died with it)
+RESEND_S = 2.0  # no answer this long: send the call again (its owner may have died with it)
 CANCEL_PATIENCE_S = 120.0
 NO_RESPONDERS = "503"
 

@@ -12,6 +12,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -48,12 +49,27 @@ class SlotRecord:
         return self.memory_mb / 1024 * (end - self.created_ms) / 1000
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """An answer other than Ok, for a fault to give: the challenge's statuses (Throttle: try again later)."""
+
+    message: str
+    status: int = pb.InternalError
+
+
+Fault = Callable[[Any], str | Refusal | None]  # a message (InternalError), a Refusal, or None to go ahead
+
+
 @dataclass
 class Faults:
-    """Failures to inject, for tests: each returns an error message to fail the call with, or None."""
+    """Failures to inject, for tests: each returns how to refuse the call, or None to serve it."""
 
-    create: Callable[[pb.CreateSlotRequest], str | None] = lambda _: None
-    init: Callable[[pb.InitRequest], str | None] = lambda _: None
+    create: Fault = lambda _: None
+    init: Fault = lambda _: None
+
+
+def _refusal(fault: str | Refusal | None) -> Refusal | None:
+    return Refusal(fault) if isinstance(fault, str) else fault
 
 
 @dataclass
@@ -123,8 +139,8 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         known = self._by_request.get(request.request_id) if request.request_id else None
         if known is not None and known.id in self.accounting.live:
             return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(known))
-        if error := self.faults.create(request):
-            return pb.CreateSlotReply(status=pb.InternalError, error_message=error)
+        if refused := _refusal(self.faults.create(request)):
+            return pb.CreateSlotReply(status=refused.status, error_message=refused.message)
         # The slot costs from the moment it is asked for: creation time is slot time too.
         record = SlotRecord(
             id=f"slot-{self._run}-{next(self._ids)}",
@@ -156,8 +172,8 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         if record.instance_id:
             message = f"slot {record.id} already runs instance {record.instance_id}"
             return pb.InitReply(status=pb.InvalidArgument, error_message=message)
-        if error := self.faults.init(request):
-            return pb.InitReply(status=pb.InternalError, error_message=error)
+        if refused := _refusal(self.faults.init(request)):
+            return pb.InitReply(status=refused.status, error_message=refused.message)
         record.instance_id = request.instance_id
         record.key = request.meta_data.key
         # Init runs to its end even if this caller goes away: a retry (a restarted worker) joins it.

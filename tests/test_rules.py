@@ -5,8 +5,14 @@ import asyncio
 import grpc
 import pytest
 
-from platform_stub.server import Faults
+from controller import replay
+from controller.core.policy import get_policy
+from controller.shell import Controller
+from platform_stub.server import Faults, Refusal
 from proto import serverless_sim_pb2 as pb
+from proto.commands import Assign
+from proto.events import Meta
+from runtime.bus import connected
 from runtime.clock import Clock
 from tests.stack import Stack, eventually
 
@@ -81,6 +87,22 @@ async def test_platform_failure_answers_promptly_and_leaks_nothing(nats_url, whe
         await stack.settled()
         assert stack.stub.accounting.live == {} and stack.live_instances() == {}
         assert stack.stub.accounting.created == (0 if where == "create" else 1)
+
+
+async def test_a_platform_that_throttles_the_first_attempts_still_serves_every_request(nats_url):
+    """Throttle (and RESOURCE_EXHAUSTED, UNAVAILABLE) mean "not now": the start is tried again, the Assign waits."""
+    attempts: dict[str, int] = {}
+
+    def throttle_three_times(request) -> Refusal | None:
+        attempts[request.request_id] = attempts.get(request.request_id, 0) + 1
+        return Refusal("too many slots being created", pb.Throttle) if attempts[request.request_id] <= 3 else None
+
+    async with Stack(nats_url, faults=Faults(create=throttle_three_times)) as stack:
+        replies = await asyncio.gather(*(stack.assign(f"r{n}", key=f"fn{n % 3}") for n in range(9)))
+        assert all(r.status == pb.Ok for r in replies)
+        assert len({r.assigment.instance_id for r in replies}) == 9
+        assert set(attempts.values()) == {4}, "each start was refused three times, then served"
+        assert stack.stub.accounting.created == 9
 
 
 async def assign_raw(stack: Stack, request: pb.AssignRequest) -> grpc.aio.AioRpcError:
@@ -164,3 +186,23 @@ async def test_a_retried_assign_is_not_a_second_command(nats_url):
         assert again.assigment.instance_id == "fn-1"
         assert stack.stub.accounting.created == 1
         assert stack.controller.states["fn"].stats.arrivals == 1
+
+
+async def test_a_writer_that_missed_appends_is_fenced_by_the_expected_sequence(nats_url):
+    """A second controller with a stale view cannot overwrite: its append conflicts, it catches up, decides again."""
+    async with Stack(nats_url) as stack:
+        stale = Controller(nats_url, get_policy("demo"))
+        await stale.start()  # it has read the stream as it is now: empty
+        try:
+            first = await stack.assign("r1")
+            await stack.idle(first)  # fn-1 idle, which the stale controller has not seen
+            meta = Meta(memory_mb=256, runtime="python", timeout_s=60)
+            reply = await stale.call(Assign(key="fn", request_id="r2", meta=meta), 30)
+            assert reply.instance_id == "fn-1", "after catching up it reuses the idle instance"
+            assert stack.stub.accounting.created == 1, "no second slot from a decision on a stale state"
+            async with connected(nats_url, "test") as nc:
+                replayed = await replay.replay(nc.jetstream())
+            assert replayed.states["fn"] == stale.states["fn"]
+            assert replayed.states["fn"].instances["fn-1"].request_id == "r2"
+        finally:
+            await stale.stop()

@@ -120,7 +120,8 @@ def _assign(d: _Draft, cmd: Assign) -> None:
 def _idle(d: _Draft, cmd: Idle) -> None:
     r, to = cmd.request_id, cmd.reply_to
     inst = d.s.instances.get(cmd.instance_id)
-    if (r, cmd.instance_id) in d.s.finished and (inst is None or inst.request_id != r or inst.phase is not Phase.BUSY):
+    released = d.s.finished.get(r) == cmd.instance_id
+    if released and (inst is None or inst.request_id != r or inst.phase is not Phase.BUSY):
         d.reply(to, r, message=f"instance {cmd.instance_id} was already released by request {r}")  # a retried Idle
     elif inst is None:
         d.reply(to, r, Code.NOT_FOUND, message=f"no instance {cmd.instance_id!r} for metaKey {cmd.key!r}")

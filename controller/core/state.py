@@ -110,7 +110,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     queue: tuple[Pending, ...] = ()
     started: int = 0  # instances ever wanted: numbers the next instance id
     stats: FnStats = FnStats()
-    finished: tuple[tuple[str, str], ...] = ()  # (request, instance) of the latest releases, oldest first
+    finished: dict[str, str] = {}  # request -> instance of the latest releases, oldest first
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -123,7 +123,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
 
     def finished_on(self, request_id: str) -> str | None:
         """The instance a recently finished request was released from, if it is one."""
-        return next((i for r, i in reversed(self.finished) if r == request_id), None)
+        return self.finished.get(request_id)
 
 
 def _put(s: FnState, inst: Instance) -> FnState:
@@ -146,6 +146,15 @@ def _gone(s: FnState, instance_id: str, t: int) -> FnState:
             live_gb_since=st.live_gb_since - gb * inst.wanted_ms,
         )
     return replace(s, instances=instances, stats=st)
+
+
+def _remember(finished: dict[str, str], request_id: str, instance_id: str) -> dict[str, str]:
+    kept = dict(finished)
+    kept.pop(request_id, None)  # a reused request id moves to the newest end
+    kept[request_id] = instance_id
+    if len(kept) > FINISHED_KEPT:
+        del kept[next(iter(kept))]
+    return kept
 
 
 def _opened(st: FnStats, inst: Instance) -> FnStats:
@@ -205,7 +214,7 @@ def apply(s: FnState, e: Event) -> FnState:
         case Released(request_id=r, instance_id=i, at_ms=t, need_destroy=dies) if i in s.instances:
             old = s.instances[i]
             s = _put(s, replace(old, phase=Phase.IDLE, since_ms=t, keep_until_ms=0))
-            s = replace(s, finished=(*s.finished[1 - FINISHED_KEPT :], (r, i)))
+            s = replace(s, finished=_remember(s.finished, r, i))
             st = s.stats
             if old.phase is Phase.BUSY:
                 busy = t - old.since_ms

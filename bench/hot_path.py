@@ -1,0 +1,233 @@
+"""What the scaler adds to a call: a bare grpc.aio echo server, the node, and a front gateway + node, side by side.
+
+    python bench/hot_path.py [--json PATH] [--pairs N] [--seconds S]
+
+Real processes on loopback, and the client in its own process, as a platform would be:
+- echo: a Scaler service that answers Assign and Idle at once (the floor of any Python scaler);
+- node: `scaler up` (embedded NATS, the platform stub, the workers, the node), demo policy;
+- front + node: the same, called through `python -m gateway` (a front gateway forwarding over NATS).
+For each: warm Assign and Idle latency with one caller, back to back (after every function has its
+instance), then Assign + Idle pairs per second with 50 callers over 50 functions, and the Assign
+p99 under that load. `--json` writes the node's figures with the echo server's beside them.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from proto import serverless_sim_pb2 as pb  # noqa: E402
+from proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
+from runtime.service import run  # noqa: E402
+
+FUNCTIONS = 50
+CALLERS = 50
+_DRAINS: set[asyncio.Task] = set()
+
+
+class Echo(pb_grpc.ScalerServicer):
+    async def Assign(self, request, context):
+        a = pb.Assignment(request_id=request.request_id, meta_key=request.meta_data.key, instance_id="echo-1")
+        return pb.AssignReply(status=pb.Ok, assigment=a)
+
+    async def Idle(self, request, context):
+        return pb.IdleReply(status=pb.Ok)
+
+
+async def serve_echo() -> None:
+    server = grpc.aio.server()
+    pb_grpc.add_ScalerServicer_to_server(Echo(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"echo on 127.0.0.1:{port}", flush=True)
+    await server.wait_for_termination()
+
+
+# --- the client (its own process) ----------------------------------------------------------------
+
+
+def meta(n: int) -> pb.Meta:
+    return pb.Meta(key=f"bench-{n}", runtime="python", timeout_in_secs=60, memory_in_mb=128)
+
+
+async def pair(scaler: pb_grpc.ScalerStub, request_id: str, m: pb.Meta) -> tuple[float, float]:
+    """One Assign then its Idle; their latencies in ms."""
+    t0 = time.perf_counter()
+    reply = await scaler.Assign(pb.AssignRequest(request_id=request_id, meta_data=m), timeout=60)
+    t1 = time.perf_counter()
+    result = pb.Result(status_code=200, duration_in_ms=1)
+    await scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=result), timeout=60)
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1000, (t2 - t1) * 1000
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(address: str, pairs: int, seconds: float) -> dict:
+    tag = os.urandom(3).hex()
+    async with grpc.aio.insecure_channel(address) as channel:
+        scaler = pb_grpc.ScalerStub(channel)
+        await asyncio.gather(*(pair(scaler, f"{tag}-warm-{n}", meta(n)) for n in range(FUNCTIONS)))  # cold starts
+        for n in range(200):  # warm the path itself
+            await pair(scaler, f"{tag}-w{n}", meta(n % FUNCTIONS))
+        assigns, idles = [], []
+        for n in range(pairs):
+            a, i = await pair(scaler, f"{tag}-one-{n}", meta(n % FUNCTIONS))
+            assigns.append(a)
+            idles.append(i)
+        done, loaded = 0, []
+        stop = time.perf_counter() + seconds
+
+        async def caller(c: int) -> None:
+            nonlocal done
+            n = 0
+            while time.perf_counter() < stop:
+                a, _ = await pair(scaler, f"{tag}-load-{c}-{n}", meta(c % FUNCTIONS))
+                loaded.append(a)
+                done += 1
+                n += 1
+
+        began = time.perf_counter()
+        await asyncio.gather(*(caller(c) for c in range(CALLERS)))
+        took = time.perf_counter() - began
+    return {
+        "p50_ms": statistics.median(assigns),
+        "p99_ms": pct(assigns, 0.99),
+        "idle_p50_ms": statistics.median(idles),
+        "idle_p99_ms": pct(idles, 0.99),
+        "pairs_per_s": done / took,
+        "p99_ms_at_load": pct(loaded, 0.99),
+    }
+
+
+# --- the runner ------------------------------------------------------------------------------------
+
+
+async def spawn(*argv: str, ready: str) -> tuple[asyncio.subprocess.Process, re.Match]:
+    """Start a process and wait for the line that says it serves; returns it and the match."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=ROOT
+    )
+    seen = []
+    async with asyncio.timeout(60):
+        while True:
+            line = (await proc.stdout.readline()).decode()
+            if not line:
+                raise RuntimeError(f"{argv[:4]} exited: {''.join(seen)[-2000:]}")
+            seen.append(line)
+            if found := re.search(ready, line):
+                _DRAINS.add(asyncio.create_task(_drain(proc)))  # keep reading its output, or it blocks
+                return proc, found
+
+
+async def _drain(proc: asyncio.subprocess.Process) -> None:
+    while await proc.stdout.readline():
+        pass
+
+
+async def stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+        await proc.wait()
+
+
+async def client(address: str, pairs: int, seconds: float) -> dict:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--client", address, "--pairs", str(pairs), "--seconds", str(seconds),
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"the client failed on {address}")
+    return json.loads(out)
+
+
+async def bench(pairs: int, seconds: float) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    echo, found = await spawn(sys.executable, __file__, "--serve-echo", ready=r"echo on (\S+)")
+    try:
+        results["bare grpc.aio echo server"] = await client(found[1], pairs, seconds)
+    finally:
+        await stop(echo)
+    up, found = await spawn(
+        sys.executable, "-m", "scaler", "up", "--port", "0", "--policy", "demo",
+        ready=r"scaler ready: gRPC \S+:(\d+), .* nats (nats://\S+)",
+    )  # fmt: skip
+    try:
+        node = f"127.0.0.1:{found[1]}"
+        results["node (gRPC + controller)"] = await client(node, pairs, seconds)
+        front, at = await spawn(
+            sys.executable, "-m", "gateway", "--nats", found[2], "--listen", "127.0.0.1:0", "--log-level", "INFO",
+            ready=r"ready: .*gateway on (\S+)",
+        )  # fmt: skip
+        try:
+            results["front gateway + node"] = await client(at[1], pairs, seconds)
+        finally:
+            await stop(front)
+    finally:
+        await stop(up)
+    return results
+
+
+def table(results: dict[str, dict]) -> str:
+    lines = [
+        "| server | warm Assign p50 | p99 | Idle p50 | p99 | pairs/s, 50 callers | Assign p99 at that load |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['idle_p50_ms']:.2f} ms"
+            f" | {r['idle_p99_ms']:.2f} ms | {r['pairs_per_s']:,.0f} | {r['p99_ms_at_load']:.1f} ms |"
+        )
+    echo, node = results["bare grpc.aio echo server"], results["node (gRPC + controller)"]
+    front = results["front gateway + node"]
+    lines.append("")
+    lines.append(f"node / echo, warm Assign p50: {node['p50_ms'] / echo['p50_ms']:.2f}x")
+    lines.append(f"the front gateway adds {front['p50_ms'] - node['p50_ms']:.2f} ms to a warm Assign (p50)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="PATH", help="write the node's figures (and the echo server's) here")
+    p.add_argument("--pairs", type=int, default=2000, help="Assign + Idle pairs with one caller")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long 50 callers run")
+    p.add_argument("--client", metavar="ADDRESS", help=argparse.SUPPRESS)
+    p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_echo:
+        run(serve_echo())
+        return
+    if args.client:
+        print(json.dumps(run(measure(args.client, args.pairs, args.seconds))))
+        return
+    results = run(bench(args.pairs, args.seconds))
+    print(table(results))
+    if args.json:
+        node, echo = results["node (gRPC + controller)"], results["bare grpc.aio echo server"]
+        front = results["front gateway + node"]
+        out = {
+            **{k: node[k] for k in ("p50_ms", "p99_ms", "idle_p50_ms", "pairs_per_s", "p99_ms_at_load")},
+            "echo_p50_ms": echo["p50_ms"],
+            "echo_pairs_per_s": echo["pairs_per_s"],
+            "front_p50_ms": front["p50_ms"],
+            "front_pairs_per_s": front["pairs_per_s"],
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
