@@ -17,15 +17,16 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--policy", default=service.env("POLICY", DEFAULT_POLICY), choices=sorted(POLICIES), help="[SCALER_POLICY]"
     )
     p.add_argument(
-        "--snapshots",
-        default=service.env("SNAPSHOTS", ""),
-        help="sqlite file for state snapshots, so a start replays only what follows the newest (none: full replay)"
-        " [SCALER_SNAPSHOTS]",
+        "--replicas",
+        type=int,
+        default=int(service.env("REPLICAS", "1")),
+        help="copies JetStream keeps of the stream, leases and snapshots it creates: 3 on a NATS cluster"
+        " (an existing stream's are never lowered) [SCALER_REPLICAS]",
     )
 
 
 def make(a: argparse.Namespace) -> Controller:
-    return Controller(a.nats, get_policy(a.policy), Clock(a.speed), a.snapshots or None)
+    return Controller(a.nats, get_policy(a.policy), Clock(a.speed), replicas=a.replicas)
 
 
 def build_parser() -> argparse.ArgumentParser:

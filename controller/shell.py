@@ -1,20 +1,24 @@
-"""The controller's I/O: the single writer of the functions it owns.
+"""The controller's I/O: the single writer of the functions of the partitions it leases.
 
 For each command it reads the clock once, asks the pure core (through the ledger), appends the
 resulting batch to the function's subjects with the expected last sequence of the function (so
 a second writer fails instead of corrupting the stream), and only then answers. Commands of one
 function are decided in arrival order under its lock; different functions proceed concurrently.
 
-Commands come three ways: `call` from the gateway in the same process (the hot path: no NATS hop
-but the append), core NATS requests on `cmd.<partition>` (front gateways and the workers'
-reports), and the controller's own timers (Tick, when a function's deadline is due).
+Partitions come and go with their leases (controller/leases.py): one gained is loaded from its
+snapshot and the batches after it, then served; one lost stops being served, is snapshotted and
+dropped. Commands come three ways: `call` from the gateway in the same process (the hot path:
+no NATS hop but the append; a call for a partition served elsewhere is forwarded), core NATS
+requests on `cmd.<partition>` (front gateways, other nodes and the workers' reports), and the
+controller's own timers (Tick, when a function's deadline is due).
 """
 
 import asyncio
 import itertools
 import logging
 import secrets
-from pathlib import Path
+import socket
+from collections import Counter
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
@@ -24,9 +28,11 @@ from controller.core import reconcile
 from controller.core.decide import Decision
 from controller.core.policy import Policy
 from controller.core.state import FnState, Phase, Totals
+from controller.leases import EVERY_S, TTL_S, Leases
 from controller.ledger import Ledger
 from controller.snapshots import Snapshot, SnapshotStore
 from controller.timers import Timers
+from gateway.forward import Forwarder
 from proto.commands import (
     AnyCommand,
     Assign,
@@ -38,11 +44,12 @@ from proto.commands import (
     Tick,
     command_id,
     decode_command,
+    decode_reply,
     encode,
 )
 from proto.events import Batch, encode_batch
-from proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition
-from runtime.bus import Unavailable, close, connect, ensure_stream
+from proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition, partition_events
+from runtime.bus import Unavailable, close, connect, ensure_stream, send
 from runtime.clock import Clock
 
 log = logging.getLogger("scaler.controller")
@@ -50,9 +57,13 @@ log = logging.getLogger("scaler.controller")
 APPEND_ATTEMPTS = 3
 APPEND_TIMEOUT_S = 5.0
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
-SNAPSHOT_EVERY = 10_000  # events
+SNAPSHOT_EVERY = 10_000  # events in a partition
 SNAPSHOT_INTERVAL_S = 60.0
-LOCAL = "_L."  # reply_to of callers in the controller's own process (`call`): never a NATS subject
+OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
+
+
+class NotServing(Unavailable):
+    """This node does not (or no longer) serve the command's partition: another node, or soon."""
 
 
 class Controller:
@@ -61,32 +72,45 @@ class Controller:
         nats_url: str,
         policy: Policy,
         clock: Clock | None = None,
-        snapshots: str | Path | None = None,
+        replicas: int = 1,
+        node: str = "",
+        lease_ttl_s: float = TTL_S,
+        lease_every_s: float = EVERY_S,
         snapshot_every: int = SNAPSHOT_EVERY,
         snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
     ) -> None:
         self.nats_url = nats_url
         self.policy = policy
         self.clock = clock or Clock()
+        self.replicas = replicas
+        self.node = node or f"{socket.gethostname()}-{secrets.token_hex(3)}"
+        self.lease_ttl_s = lease_ttl_s
+        self.lease_every_s = lease_every_s
         self.ledger = Ledger()
-        self.rebuilt_from = 0  # the snapshot's sequence the last rebuild started from (0: the whole stream)
+        self.serving: set[int] = set()  # partitions loaded and answered here
+        self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.timers = Timers(self.clock, self._tick)
+        self.forwarder: Forwarder | None = None  # for calls whose partition another node serves
+        self.leases: Leases | None = None
+        self._loading: dict[int, asyncio.Task] = {}
+        self._subs: dict[int, object] = {}
+        self._in_flight: Counter[int] = Counter()  # handles under way, by partition
+        self._drained = asyncio.Event()  # set when a partition's handles under way reach none
         self._appending: dict[int, int] = {}  # appends in flight, by the ledger's `seq` when each began
         self._locks: dict[str, asyncio.Lock] = {}
         self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
-        self._prefix = f"{LOCAL}{secrets.token_hex(4)}."  # this process's callers: a restart's are new ones
         self._tokens = itertools.count()
+        self._inbox = ""
         self._tasks: set[asyncio.Task] = set()
-        self._store = SnapshotStore(snapshots) if snapshots else None
+        self._store: SnapshotStore | None = None
         self._snapshot_every = snapshot_every
         self._snapshot_interval_s = snapshot_interval_s
-        self._unsaved = 0  # events appended since the last snapshot
-        self._saved_at = 0.0
-        self._saving: asyncio.Task | None = None
+        self._unsaved: Counter[int] = Counter()  # events appended since the partition's last snapshot
+        self._saved_at: dict[int, float] = {}
+        self._saving: dict[int, asyncio.Task] = {}
         self._stream = ""
         self._nc = None
         self._js = None
-        self._subs: list = []
         self._state_sub = None
 
     # What tests and tools read; the ledger holds it.
@@ -98,60 +122,141 @@ class Controller:
     def totals(self) -> Totals:
         return self.ledger.totals
 
+    def serves(self, key: str) -> bool:
+        return partition(key) in self.serving
+
     async def start(self) -> str:
-        self._nc = await connect(self.nats_url, "controller")
+        self._nc = await connect(self.nats_url, f"controller {self.node}")
         self._js = self._nc.jetstream()
-        await ensure_stream(self._js)
+        await ensure_stream(self._js, self.replicas)
         await stream.check_layout(self._js)
-        if self._store is not None:
-            await self._store.open()
-        count = await self.rebuild()
-        for key, wake_ms in self.ledger.wake.items():
-            self.timers.set(key, wake_ms)
+        self._stream = await stream.stream_id(self._js)
+        self._store = SnapshotStore(self._js, self.replicas)
+        await self._store.open()
+        self._inbox = self._nc.new_inbox()
+        await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
+        self.forwarder = Forwarder.over(self._nc)
+        await self.forwarder.start()
         self.timers.start()
-        self._subs = [await self._nc.subscribe(f"{CMD}.{p}", cb=self._on_request) for p in range(PARTITIONS)]
-        self._state_sub = await state_service.serve(self._nc, self.snapshot)
-        await self._answer_again()
-        self._saved_at = asyncio.get_running_loop().time()
-        start = f"snapshot at seq {self.rebuilt_from} + " if self.rebuilt_from else ""
-        return f"controller ({self.policy.name} policy, {len(self.states)} functions from {start}{count} batches)"
+        self._state_sub = await state_service.serve(self._nc, self.node, self.snapshot)
+        self.leases = Leases(
+            self._js, self.node, self._gained, self._lost, self.lease_ttl_s, self.lease_every_s, self.replicas
+        )
+        await self.leases.start()
+        if self._loading:  # the first partitions: ready once they are served (a broken stream stops the start)
+            await asyncio.gather(*set(self._loading.values()))
+        return (
+            f"controller {self.node} ({self.policy.name} policy, {len(self.serving)} of {PARTITIONS} partitions,"
+            f" {len(self.states)} functions, {self.loaded_batches} batches read)"
+        )
 
     async def stop(self) -> None:
-        for sub in [*self._subs, self._state_sub]:
-            if sub is not None:
-                await sub.unsubscribe()
+        if self.leases is not None:
+            await self.leases.stop()  # gives every partition back, each snapshotted
+        if self._state_sub is not None:
+            await self._state_sub.unsubscribe()
         await self.timers.stop()
+        if self.forwarder is not None:
+            await self.forwarder.stop()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10)
-        if self._store is not None:
-            if self._saving is not None:
-                await self._saving
-            if self._unsaved:
-                await self._save(self.snapshot())
-            await self._store.close()
         await close(self._nc)
 
-    async def rebuild(self) -> int:
-        """Load the newest usable snapshot, then fold the batches after it. Returns the number of batches read."""
-        self.ledger = Ledger()
-        self.rebuilt_from = 0
-        self._stream = await stream.stream_id(self._js)
-        if self._store is not None:
-            snap = await self._store.load(self._stream, await stream.last_seq(self._js))
-            if snap is not None:
-                self.ledger.restore(snap.states, snap.last_seq, snap.wake, snap.seq)
-                self.rebuilt_from = snap.seq
-        return await stream.read(self._js, self.ledger.fold, after_seq=self.rebuilt_from)
+    # --- partitions -----------------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
-        """A consistent copy of the state: FnState is immutable, so copying the dicts is enough."""
+    async def _gained(self, partitions: list[int]) -> None:
+        """Leased: load them in the background (the lease round must go on renewing meanwhile)."""
+        task = asyncio.create_task(self._load(partitions))
+        for p in partitions:
+            self._loading[p] = task
+
+    async def _load(self, partitions: list[int]) -> None:
+        """Each partition's snapshot, then its batches after it; then serve it."""
+        try:
+            last = await stream.last_seq(self._js)
+            snaps = await asyncio.gather(*(self._store.load(p, self._stream, last) for p in partitions))
+            after = {}
+            for p, snap in zip(partitions, snaps, strict=True):
+                after[p] = snap.seq if snap is not None else 0
+                if snap is not None:
+                    self.ledger.restore(snap.states, snap.last_seq, snap.wake, snap.seq)
+
+            folded = 0
+
+            def fold(seq: int, batch: Batch) -> None:
+                nonlocal folded
+                if seq > after.get(partition(batch.key), seq):
+                    self.ledger.fold(seq, batch)
+                    folded += 1
+
+            if len(partitions) > PARTITIONS // 2:  # most of the stream: one read of all of it
+                await stream.read(self._js, fold, after_seq=min(after.values()))
+            else:
+                await asyncio.gather(*(stream.read(self._js, fold, partition_events(p), after[p]) for p in partitions))
+            self.loaded_batches += folded
+            now = asyncio.get_running_loop().time()
+            for p in partitions:
+                if after[p] < last:  # a snapshot now spares the next start (or owner) what was just read
+                    self._unsaved[p] += 1
+                self._subs[p] = await self._nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self._on_request)
+                self._saved_at[p] = now
+                self.serving.add(p)
+            for key in self._keys(partitions):
+                self.timers.set(key, self.ledger.wake.get(key))
+            await self._answer_again(partitions)
+        except Exception as e:
+            log.error("could not load partitions %s; giving them back: %s", partitions, e)
+            self._spawn(self._drop(partitions))
+            raise
+        finally:
+            for p in partitions:
+                self._loading.pop(p, None)
+
+    async def _lost(self, partitions: list[int]) -> None:
+        """Stop serving them: no new command, the ones under way finish, a snapshot, and their state goes."""
+        for p in partitions:
+            if (task := self._loading.pop(p, None)) is not None:
+                task.cancel()
+            self.serving.discard(p)
+            if (sub := self._subs.pop(p, None)) is not None:
+                await sub.unsubscribe()
+        try:
+            async with asyncio.timeout(APPEND_TIMEOUT_S * APPEND_ATTEMPTS):
+                while any(self._in_flight[p] for p in partitions):
+                    self._drained.clear()
+                    await self._drained.wait()
+        except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
+            log.warning("partitions %s given up with commands still under way", partitions)
+        for p in partitions:
+            await self._save(p)
+        self._forget(partitions)
+
+    async def _drop(self, partitions: list[int]) -> None:
+        if self.leases is not None:
+            await self.leases.give_back(partitions)
+
+    def _forget(self, partitions: list[int]) -> None:
+        for key in self._keys(partitions):
+            self.timers.set(key, None)
+            self.ledger.forget(key)
+            self._locks.pop(key, None)
+        for p in partitions:
+            self._unsaved.pop(p, None)
+
+    def _keys(self, partitions: list[int]) -> list[str]:
+        wanted = set(partitions)
+        return [k for k in self.ledger.states if partition(k) in wanted]
+
+    def snapshot(self, partitions: set[int] | None = None) -> Snapshot:
+        """A consistent copy of the state (of some partitions): FnState is immutable, so copying is enough."""
         watermark = min(self._appending, default=self.ledger.seq)
+        keys = self.ledger.states if partitions is None else self._keys(list(partitions))
         return Snapshot(
             seq=watermark,
             stream=self._stream,
-            last_seq=dict(self.ledger.last_seq),
-            states=dict(self.ledger.states),
-            wake=dict(self.ledger.wake),
+            last_seq={k: self.ledger.last_seq[k] for k in keys if k in self.ledger.last_seq},
+            states={k: self.ledger.states[k] for k in keys},
+            wake={k: self.ledger.wake[k] for k in keys if k in self.ledger.wake},
         )
 
     # --- commands -----------------------------------------------------------------------------
@@ -159,37 +264,54 @@ class Controller:
     async def call(self, cmd: Assign | Idle, timeout_s: float | None) -> Reply:
         """Decide a call from this process and wait for its answer (an Assign may wait for an instance).
 
-        An Assign whose caller stops waiting (timeout, cancellation, or the event store away when
-        its outcome is unknown) is cancelled in the background, so a stored request never holds
-        an instance for nobody.
+        A call whose partition another node serves is forwarded to it. An Assign whose caller stops
+        waiting (timeout, cancellation, or the event store away when its outcome is unknown) is
+        cancelled in the background, so a stored request never holds an instance for nobody.
         """
-        to = f"{self._prefix}{next(self._tokens)}"
+        if not self.serves(cmd.key):
+            return await self.forwarder.call(cmd, timeout_s)
+        to = f"{self._inbox}.{next(self._tokens)}"  # a real subject: after a hand-over the new owner answers it
         answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._local[to] = answer
         cmd = replace(cmd, reply_to=to)
         try:
             async with asyncio.timeout(timeout_s):
-                await self.handle(cmd)
+                try:
+                    await self.handle(cmd)
+                except NotServing:  # the partition went elsewhere just now
+                    del self._local[to]
+                    return await self.forwarder.call(cmd, timeout_s)
                 return await answer
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
-            if isinstance(cmd, Assign):
+            if isinstance(cmd, Assign) and to in self._local:
                 why = {TimeoutError: "no answer in time", Unavailable: "event store unavailable"}
                 self._give_up(cmd, why.get(type(e), "caller disconnected"))
             raise
         finally:
-            del self._local[to]
+            self._local.pop(to, None)
 
     async def handle(self, cmd: AnyCommand) -> Decision:
         """Decide one command of one function, append its batch, answer: in the function's arrival order."""
         if isinstance(cmd, Reconcile) and cmd.partition >= 0:
             return await self._reconcile(cmd)
-        async with self._locks.setdefault(cmd.key, asyncio.Lock()):
-            decision = await self._decide_and_append(cmd)
+        p = partition(cmd.key)
+        if p not in self.serving:
+            raise NotServing(f"partition {p} is not served by {self.node}")
+        self._in_flight[p] += 1
+        try:
+            async with self._locks.setdefault(cmd.key, asyncio.Lock()):
+                decision = await self._decide_and_append(cmd, p)
+        finally:
+            self._in_flight[p] -= 1
+            if not self._in_flight[p]:
+                self._drained.set()
         await self._answer(decision.replies)
         return decision
 
-    async def _decide_and_append(self, cmd: AnyCommand) -> Decision:
+    async def _decide_and_append(self, cmd: AnyCommand, p: int) -> Decision:
         for _ in range(APPEND_ATTEMPTS):
+            if p not in self.serving:
+                raise NotServing(f"partition {p} was given up")
             now = self.clock.now_ms()
             decision = self.ledger.decide(cmd, now, self.policy)
             batch = self.ledger.batch(cmd, decision, now)
@@ -207,7 +329,7 @@ class Controller:
                     self._appending[floor] -= 1
                     if not self._appending[floor]:
                         del self._appending[floor]
-                self._maybe_snapshot(len(batch.events))
+                self._maybe_snapshot(p, len(batch.events))
             self.ledger.commit(cmd, decision, seq)
             self.timers.set(cmd.key, self.ledger.wake.get(cmd.key))
             return decision
@@ -226,17 +348,18 @@ class Controller:
         )
 
     async def _catch_up(self, key: str) -> None:
-        """Fold one function again from its own batches, after another writer (or a lost ack) moved it on."""
-        self.ledger.forget(key)
-        await stream.read(self._js, self.ledger.fold, subject=function_events(key))
+        """Fold the function's batches after the last one we hold: another writer, or our own lost ack."""
+        await stream.read(self._js, self.ledger.fold, function_events(key), after_seq=self.ledger.last_seq.get(key, 0))
 
     async def _reconcile(self, cmd: Reconcile) -> Decision:
         """The platform's list for one partition, put to each of its functions in turn (those the list names
         and those it doesn't), each deciding alone, so a repeat after a crash half-way repeats only no-ops."""
-        known = [k for k in self.ledger.states if partition(k) == cmd.partition]
+        if cmd.partition not in self.serving:
+            raise NotServing(f"partition {cmd.partition} is not served by {self.node}")
+        known = self._keys([cmd.partition])
         for key, slots in reconcile.by_function(cmd.slots, known).items():
             await self.handle(replace(cmd, key=key, slots=slots, partition=-1))
-        log.info("reconciled partition %d: %d functions, %d platform slots", cmd.partition, len(known), len(cmd.slots))
+        log.debug("reconciled partition %d: %d functions, %d platform slots", cmd.partition, len(known), len(cmd.slots))
         return Decision([], [], self.ledger.state(cmd.key), None)
 
     async def _answer(self, replies: list[Reply]) -> None:
@@ -245,23 +368,32 @@ class Controller:
             if waiter is not None:
                 if not waiter.done():
                     waiter.set_result(reply)
-            elif not reply.to.startswith(LOCAL):  # a caller of another process, waiting on NATS
+            elif not reply.to.startswith(self._inbox):  # a caller of another process, waiting on NATS
                 await self._nc.publish(reply.to, encode(reply))
-            # else a caller of this process (or a previous one) that stopped waiting
+            # else a caller of this process that stopped waiting
+
+    async def _on_answer(self, msg: Msg) -> None:
+        """An answer decided by another node for a caller of ours (its partition changed hands meanwhile)."""
+        waiter = self._local.get(msg.subject)
+        if waiter is not None and not waiter.done() and msg.data:
+            waiter.set_result(decode_reply(msg.data))
 
     def _give_up(self, cmd: Assign, why: str) -> None:
         cancel = Cancel(key=cmd.key, request_id=cmd.request_id, reply_to=cmd.reply_to, reason=why)
         self._spawn(self._cancel(cancel))
 
     async def _cancel(self, cancel: Cancel) -> None:
-        """Cancel through an outage of the event store: the Assign may have been stored all the same."""
+        """Cancel through an outage or a hand-over: the Assign may have been stored all the same."""
         deadline = asyncio.get_running_loop().time() + CANCEL_PATIENCE_S
         delay = 0.05
         while True:
             try:
-                await self.handle(cancel)
+                if self.serves(cancel.key):
+                    await self.handle(cancel)
+                else:
+                    await send(self._nc, cancel, patience_s=max(0.1, deadline - asyncio.get_running_loop().time()))
                 return
-            except Unavailable as e:
+            except (Unavailable, TimeoutError) as e:
                 if asyncio.get_running_loop().time() > deadline:
                     log.warning("could not cancel %s: %s", cancel.request_id, e)
                     return
@@ -269,18 +401,18 @@ class Controller:
                 delay = min(delay * 2, 2.0)
 
     async def _tick(self, key: str, due_ms: int) -> None:
-        await self.handle(Tick(key=key, due_ms=due_ms))
+        if self.serves(key):
+            await self.handle(Tick(key=key, due_ms=due_ms))
 
     async def _on_request(self, msg: Msg) -> None:
-        """A command from another process: a front gateway's call, or a worker's report."""
+        """A command from another process: a gateway's call, or a worker's report."""
         try:
             cmd = decode_command(msg.data)
         except Exception as e:
             log.error("refusing an unreadable command on %s: %s", msg.subject, e)
             if msg.reply:
-                await msg.respond(
-                    encode(Reply(to=msg.reply, request_id="", code=Code.INVALID_ARGUMENT, message=str(e)))
-                )
+                reply = Reply(to=msg.reply, request_id="", code=Code.INVALID_ARGUMENT, message=str(e))
+                await self._nc.publish(msg.reply, encode(reply))
             return
         self._spawn(self._serve(cmd, msg))
 
@@ -292,46 +424,50 @@ class Controller:
         try:
             await self.handle(cmd)
         except Unavailable as e:  # the sender tries again
-            log.warning("could not handle %s: %s", command_id(cmd), e)
-            if is_call and msg.reply:
-                reply = Reply(to=msg.reply, request_id=cmd.request_id, code=Code.UNAVAILABLE, message=str(e))
-                await self._nc.publish(msg.reply, encode(reply))
+            log.info("could not handle %s: %s", command_id(cmd), e)
+            if msg.reply:
+                reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=Code.UNAVAILABLE)
+                await self._nc.publish(msg.reply, encode(replace(reply, message=str(e))))
             return
         if not is_call and msg.reply:
             await self._nc.publish(msg.reply, encode(Reply(to=msg.reply, request_id=command_id(cmd))))
 
-    async def _answer_again(self) -> None:
-        """Send every busy instance's assignment once more to callers waiting on NATS.
+    async def _answer_again(self, partitions: list[int]) -> None:
+        """Send every busy instance's assignment once more to its callers.
 
         An answer goes out after its batch is stored: a controller killed in between stored the
         assignment but never told the caller, and a retried call finds it already done. A caller
-        that has its answer ignores the copy. Callers of a dead process are gone with it.
+        that has its answer ignores the copy; one of a dead process is gone with it.
         """
-        for s in self.states.values():
-            for inst in s.instances.values():
+        for key in self._keys(partitions):
+            for inst in self.ledger.states[key].instances.values():
                 if inst.phase is Phase.BUSY:
-                    for to in inst.waiters:
-                        if not to.startswith(LOCAL):
-                            reply = Reply(to=to, request_id=inst.request_id, instance_id=inst.id)
-                            await self._nc.publish(to, encode(reply))
+                    await self._answer([Reply(to=to, request_id=inst.request_id, instance_id=inst.id)
+                                        for to in inst.waiters])  # fmt: skip
 
     # --- snapshots and tasks ------------------------------------------------------------------
 
-    def _maybe_snapshot(self, events: int) -> None:
-        self._unsaved += events
-        if self._store is None or (self._saving is not None and not self._saving.done()):
+    def _maybe_snapshot(self, p: int, events: int) -> None:
+        self._unsaved[p] += events
+        if (saving := self._saving.get(p)) is not None and not saving.done():
             return
         now = asyncio.get_running_loop().time()
-        if self._unsaved >= self._snapshot_every or now - self._saved_at >= self._snapshot_interval_s:
-            self._unsaved, self._saved_at = 0, now
-            self._saving = asyncio.create_task(self._save(self.snapshot()))
+        if self._unsaved[p] >= self._snapshot_every or now - self._saved_at.get(p, now) >= self._snapshot_interval_s:
+            self._saving[p] = asyncio.create_task(self._save(p))
 
-    async def _save(self, snap: Snapshot) -> None:
+    async def _save(self, p: int) -> None:
+        """Snapshot one partition (after the one being written, if any)."""
+        if (saving := self._saving.get(p)) is not None and saving is not asyncio.current_task():
+            await asyncio.shield(saving)
+        if not self._unsaved[p]:
+            return
+        self._unsaved[p], self._saved_at[p] = 0, asyncio.get_running_loop().time()
+        snap = self.snapshot({p})
         try:
-            size = await self._store.save(snap)
-            log.info("snapshot at seq %d: %d functions, %d bytes", snap.seq, len(snap.states), size)
+            size = await self._store.save(p, snap)
+            log.debug("snapshot of partition %d at seq %d: %d functions, %d bytes", p, snap.seq, len(snap.states), size)
         except Exception as e:  # a snapshot is an optimisation: never let it stop command handling
-            log.warning("could not write a snapshot: %s", e)
+            log.warning("could not write the snapshot of partition %d: %s", p, e)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)

@@ -1,15 +1,18 @@
-"""Snapshots of the controller's state in sqlite, so that a start replays only what came after.
+"""Snapshots of each partition's state, in a JetStream object store: a start or a take-over replays only what followed.
 
-A snapshot is an optimisation and never a source of truth: deleting the file changes nothing but
-start time. That holds because a snapshot is used only when it is certainly right:
+Kept in NATS beside the stream, so whichever node takes a partition over (on any machine) reads
+its snapshot, and the stream may drop what every snapshot already holds (its retention). A
+snapshot is an optimisation and never a source of truth while the stream still holds everything:
+deleting the bucket changes nothing but start time. That holds because a snapshot is used only
+when it is certainly right:
 - it is stamped with the shape of the state (a hash of the msgspec schema of what it stores and
   of the fold's source, `controller/core/state.py`): any change there makes old snapshots
   unreadable by design, so they are ignored (full replay), never misread;
 - it is stamped with the EVENTS stream it was taken from (its creation time): a snapshot of
   another store is ignored;
-- `seq` is a low watermark: every batch at or below it is in `states`. Batches above it may be in
-  too; `last_seq` (per function, the last batch folded into its state) tells which, so replay
-  after the snapshot skips those and folds the rest.
+- `seq` is a low watermark: every batch of the partition at or below it is in `states`. Batches
+  above it may be in too; `last_seq` (per function, the last batch folded into its state) tells
+  which, so replay after the snapshot skips those and folds the rest.
 """
 
 import hashlib
@@ -17,13 +20,17 @@ import inspect
 import logging
 from pathlib import Path
 
-import aiosqlite
 import msgspec
+from nats.js import JetStreamContext
+from nats.js.api import ObjectStoreConfig, StorageType
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
 import controller.core.state
 from controller.core.state import FnState
 
 log = logging.getLogger("scaler.controller.snapshots")
+
+BUCKET = "scaler_snapshots"
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,6 +39,15 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: dict[str, int]
     states: dict[str, FnState]
     wake: dict[str, int] = {}  # each function's next deadline (clock ms)
+
+
+class _Stored(msgspec.Struct, frozen=True, kw_only=True):
+    """What the object holds: the stamps, readable whatever the shape, then the snapshot."""
+
+    shape: str
+    stream: str
+    seq: int
+    body: bytes
 
 
 def _shape() -> str:
@@ -44,71 +60,58 @@ def _shape() -> str:
 
 
 SHAPE = _shape()
-KEEP = 3  # snapshots kept: the newest few, in case the newest is unreadable
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Snapshot)
+_stored = msgspec.msgpack.Decoder(_Stored)
+_snapshot = msgspec.msgpack.Decoder(Snapshot)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS snapshots (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    shape TEXT NOT NULL,
-    stream TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    taken_at TEXT NOT NULL DEFAULT (datetime('now')),
-    body BLOB NOT NULL
-)
-"""
+
+def name(partition: int) -> str:
+    return f"p{partition}"
 
 
 class SnapshotStore:
-    """The controller's snapshot file: written in the background, read once at start."""
-
-    def __init__(self, path: str | Path, keep: int = KEEP) -> None:
-        self.path = Path(path)
-        self.keep = keep
-        self._db: aiosqlite.Connection | None = None
+    def __init__(self, js: JetStreamContext, replicas: int = 1) -> None:
+        self.js = js
+        self.replicas = replicas
+        self._store = None
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = await aiosqlite.connect(self.path)
-        await self._db.execute("PRAGMA journal_mode=WAL")
-        await self._db.execute(_SCHEMA)
-        await self._db.commit()
+        try:
+            self._store = await self.js.object_store(BUCKET)
+        except (BucketNotFoundError, NotFoundError):
+            config = ObjectStoreConfig(bucket=BUCKET, storage=StorageType.FILE, replicas=self.replicas)
+            self._store = await self.js.create_object_store(BUCKET, config=config)
 
-    async def close(self) -> None:
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
-
-    async def save(self, snapshot: Snapshot) -> int:
-        """Store a snapshot and drop all but the newest few; returns its size in bytes."""
-        assert self._db is not None
-        body = _encoder.encode(snapshot)
-        await self._db.execute(
-            "INSERT INTO snapshots (shape, stream, seq, body) VALUES (?, ?, ?, ?)",
-            (SHAPE, snapshot.stream, snapshot.seq, body),
+    async def save(self, partition: int, snapshot: Snapshot) -> int:
+        """Store the partition's snapshot in place of the one before; returns its size in bytes."""
+        body = _encoder.encode(
+            _Stored(shape=SHAPE, stream=snapshot.stream, seq=snapshot.seq, body=_encoder.encode(snapshot))
         )
-        await self._db.execute(
-            "DELETE FROM snapshots WHERE id NOT IN (SELECT id FROM snapshots ORDER BY id DESC LIMIT ?)", (self.keep,)
-        )
-        await self._db.commit()
+        await self._store.put(name(partition), body)
         return len(body)
 
-    async def load(self, stream: str, stream_last_seq: int) -> Snapshot | None:
-        """The newest snapshot usable for this stream, or None (then the whole stream is replayed)."""
-        assert self._db is not None
-        async with self._db.execute("SELECT id, shape, stream, seq, body FROM snapshots ORDER BY id DESC") as rows:
-            async for row_id, shape, of_stream, seq, body in rows:
-                if shape != SHAPE:
-                    log.info("snapshot %s ignored: taken by a version with another state shape", row_id)
-                elif of_stream != stream:
-                    log.info("snapshot %s ignored: taken from another EVENTS stream", row_id)
-                elif seq > stream_last_seq:
-                    log.warning("snapshot %s ignored: ahead of the stream (%s > %s)", row_id, seq, stream_last_seq)
-                else:
-                    try:
-                        return _decoder.decode(body)
-                    except msgspec.DecodeError as e:
-                        log.warning("snapshot %s ignored: unreadable (%s)", row_id, e)
+    async def load(self, partition: int, stream: str, stream_last_seq: int) -> Snapshot | None:
+        """The partition's snapshot if it is usable for this stream, else None (then its batches are all read)."""
+        try:
+            found = await self._store.get(name(partition))
+        except (ObjectNotFoundError, NotFoundError):
+            return None
+        try:
+            stored = _stored.decode(found.data)
+        except msgspec.DecodeError as e:
+            log.warning("snapshot of partition %d ignored: unreadable (%s)", partition, e)
+            return None
+        if stored.shape != SHAPE:
+            log.info("snapshot of partition %d ignored: taken by a version with another state shape", partition)
+        elif stored.stream != stream:
+            log.info("snapshot of partition %d ignored: taken from another EVENTS stream", partition)
+        elif stored.seq > stream_last_seq:
+            log.warning("snapshot of partition %d ignored: ahead of the stream (%d > %d)", partition, stored.seq,
+                        stream_last_seq)  # fmt: skip
+        else:
+            try:
+                return _snapshot.decode(stored.body)
+            except msgspec.DecodeError as e:
+                log.warning("snapshot of partition %d ignored: unreadable (%s)", partition, e)
         return None

@@ -30,6 +30,7 @@ class Forwarder:
     def __init__(self, nats_url: str, resend_s: float = RESEND_S) -> None:
         self.nats_url = nats_url
         self.resend_s = resend_s
+        self._own_connection = True
         self.sent = 0  # sends, repeats included: how often calls had to be sent again shows here
         self._inbox = ""
         self._waiting: dict[str, asyncio.Queue[Reply | None]] = {}
@@ -37,8 +38,16 @@ class Forwarder:
         self._cancels: set[asyncio.Task] = set()
         self._nc = None
 
+    @classmethod
+    def over(cls, nc) -> "Forwarder":
+        """A forwarder on a connection someone else opened (and closes): a node's, for partitions it does not serve."""
+        forwarder = cls("")
+        forwarder._nc, forwarder._own_connection = nc, False
+        return forwarder
+
     async def start(self) -> str:
-        self._nc = await connect(self.nats_url, "gateway")
+        if self._own_connection:
+            self._nc = await connect(self.nats_url, "gateway")
         self._inbox = self._nc.new_inbox()
         await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
         return f"forwarding calls over {self.nats_url}"
@@ -46,7 +55,8 @@ class Forwarder:
     async def stop(self) -> None:
         if self._cancels:
             await asyncio.wait(self._cancels, timeout=5)
-        await close(self._nc)
+        if self._own_connection:
+            await close(self._nc)
 
     async def call(self, cmd: Assign | Idle, timeout_s: float | None) -> Reply:
         to = f"{self._inbox}.{next(self._tokens)}"

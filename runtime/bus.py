@@ -4,15 +4,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
 import nats
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import NotFoundError
 
-from proto.commands import AnyCommand, Reply, command_id, decode_reply, encode
+from proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
 from proto.subjects import EVENTS, EVT, command_subject
 
 log = logging.getLogger("scaler.bus")
@@ -49,12 +50,25 @@ async def connect(url: str, name: str, reconnected: Callable[[], Awaitable[None]
     )
 
 
-async def ensure_stream(js: JetStreamContext) -> None:
-    """Create the stream, or bring an existing one to this configuration. Safe to run from every component."""
+async def ensure_stream(js: JetStreamContext, replicas: int = 1) -> None:
+    """Create the stream, or bring an existing one to this configuration. Safe to run from every component.
+
+    An existing stream keeps its replicas when they are more than asked for: an operator (or a
+    node started with `--replicas 3`) raised them, and a component started without the flag must
+    not put them back.
+    """
     try:
-        await js.add_stream(STREAM)
-    except BadRequestError:
-        await js.update_stream(STREAM)
+        info = await js.stream_info(EVENTS)
+    except NotFoundError:
+        await js.add_stream(replace(STREAM, num_replicas=replicas))
+        return
+    wanted = replace(STREAM, num_replicas=max(replicas, info.config.num_replicas or 1))
+    if _differs(info.config, wanted):
+        await js.update_stream(wanted)
+
+
+def _differs(have: StreamConfig, want: StreamConfig) -> bool:
+    return any(getattr(have, f) != getattr(want, f) for f in ("subjects", "retention", "discard", "num_replicas"))
 
 
 async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: str = "") -> Reply:
@@ -71,15 +85,19 @@ async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: s
     while True:
         try:
             msg = await nc.request(subject, encode(cmd), timeout=max(0.1, min(ATTEMPT_S, deadline - loop.time())))
-            return decode_reply(msg.data)
+            reply = decode_reply(msg.data)
+            if reply.code is not Code.UNAVAILABLE:
+                return reply
+            failure: Exception = Unavailable(reply.message)  # its owner could not store it, or no longer owns it
         except (NatsError, TimeoutError) as e:
-            if loop.time() + delay > deadline:
-                raise
-            if not said:  # once per command: an outage is one line, not one per attempt
-                log.warning("%s: no answer on %s (%s); retrying", command_id(cmd), subject, type(e).__name__)
-                said = True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            failure = e
+        if loop.time() + delay > deadline:
+            raise failure
+        if not said:  # once per command: an outage is one line, not one per attempt
+            log.warning("%s: no answer on %s (%s); retrying", command_id(cmd), subject, type(failure).__name__)
+            said = True
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 async def close(nc: Client | None) -> None:

@@ -44,12 +44,27 @@ def claim(data_dir: str | Path):
 
 
 class NatsServer:
-    """Runs `nats-server -js` on loopback with its store in `store_dir`; `port=-1` picks a free port."""
+    """Runs `nats-server -js` on loopback with its store in `store_dir`; `port=-1` picks a free port.
 
-    def __init__(self, store_dir: str | Path, port: int = -1, host: str = "127.0.0.1") -> None:
+    With `cluster_port` and `routes` it is one node of a JetStream cluster (each node needs its own
+    `name`, and a cluster needs at least three for replicated streams to survive losing one).
+    """
+
+    def __init__(
+        self,
+        store_dir: str | Path,
+        port: int = -1,
+        host: str = "127.0.0.1",
+        name: str = "scaler",
+        cluster_port: int = 0,
+        routes: tuple[str, ...] = (),
+    ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
         self.host = host
+        self.name = name
+        self.cluster_port = cluster_port
+        self.routes = routes
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -57,7 +72,10 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="natsd-ports-") as ports_dir:
             args = ["-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
-            args += ["--ports_file_dir", ports_dir, "-n", "scaler"]
+            args += ["--ports_file_dir", ports_dir, "-n", self.name]
+            if self.cluster_port:
+                args += ["--cluster_name", "scaler", "--cluster", f"nats://{self.host}:{self.cluster_port}"]
+                args += ["--routes", ",".join(self.routes)]
             self._proc = await asyncio.create_subprocess_exec(
                 server_binary(),
                 *args,

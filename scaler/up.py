@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=9001, help="gRPC port of the Scaler service (0: any free port)")
     p.add_argument(
         "--data-dir",
-        help="where the embedded NATS keeps its store (DIR/nats) and the controller its snapshots"
-        " (DIR/controller.sqlite); default: a temporary folder, no snapshots",
+        help="where the embedded NATS keeps its store (DIR/nats: the events, leases and snapshots); default: a"
+        " temporary folder, removed at exit",
     )
     p.add_argument("--metas", help="the stub's init times: a dataset folder or its metas file")
     p.add_argument("--policy", default=env("POLICY", DEFAULT_POLICY), choices=sorted(POLICIES))
@@ -82,7 +82,7 @@ class Supervisor:
     async def start(self) -> str:
         a = self.args
         if a.data_dir:
-            self._claim = claim(a.data_dir)  # its store and snapshots are this run's alone
+            self._claim = claim(a.data_dir)  # its store is this run's alone
         if a.nats:
             url = a.nats
         else:
@@ -90,14 +90,12 @@ class Supervisor:
             self.nats = NatsServer(store / "nats")
             url = await self.nats.start()
         self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING"}
-        # Snapshots only pay off across runs: with no data dir the store is gone at exit anyway.
-        snapshots = ["--snapshots", str(Path(a.data_dir) / "controller.sqlite")] if a.data_dir else []
         platform = a.platform
         if not platform:
             stub_args = ["--listen", "127.0.0.1:0"] + (["--metas", a.metas] if a.metas else [])
             platform = (await self.spawn("platform_stub", *stub_args)).address
         listen = f"0.0.0.0:{a.port}"
-        node = await self.spawn("scaler", "node", "--listen", listen, "--policy", a.policy, *snapshots, name="node")
+        node = await self.spawn("scaler", "node", "--listen", listen, "--policy", a.policy, name="node")
         await self.spawn("workers", "--platform", platform)  # the gc worker reconciles with the node on start
         stub = "" if a.platform else " (bundled stub)"
         nats = f"{url} (embedded, store {self.nats.store_dir})" if self.nats else url

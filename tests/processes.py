@@ -32,13 +32,11 @@ class Parts:
         self,
         nats_url: str,
         platform: str,
-        snapshots: str = "",
         reply_timeout_s: float = 30,
         ack_wait_s: float = 2.0,
         front: bool = False,
     ) -> None:
         self.platform = platform
-        self.snapshots = snapshots
         self.reply_timeout_s = reply_timeout_s
         self.ack_wait_s = ack_wait_s  # short: a killed worker's event comes back soon
         self.front = front  # a front gateway forwarding to the node, and the clients call it
@@ -52,10 +50,7 @@ class Parts:
         timeout = ["--reply-timeout", str(self.reply_timeout_s)]
         workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s)]
         return {
-            "node": [
-                *("scaler", "node", "--listen", f"127.0.0.1:{self.ports['node']}", *timeout),
-                *(["--snapshots", self.snapshots] if self.snapshots else []),
-            ],
+            "node": ["scaler", "node", "--listen", f"127.0.0.1:{self.ports['node']}", *timeout],
             "platform_worker": ["workers", "platform", *workers],
             "gc_worker": ["workers", "gc", *workers],
             "gateway": ["gateway", "--listen", f"127.0.0.1:{self.ports['gateway']}", *timeout],

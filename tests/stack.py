@@ -37,13 +37,12 @@ class Stack:
     clock: Clock = field(default_factory=Clock)
     faults: Faults = field(default_factory=Faults)
     create_latency_ms: int = 20
-    snapshots: str | None = None  # the controller's snapshot file, if any
 
     async def __aenter__(self) -> "Stack":
         self.stub = PlatformStub("127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults)
         await self.stub.start()
         platform = f"127.0.0.1:{self.stub.port}"
-        self.controller = Controller(self.nats_url, get_policy(self.policy), self.clock, self.snapshots)
+        self.controller = Controller(self.nats_url, get_policy(self.policy), self.clock)
         self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)
         self.gc_worker = GcWorker(self.nats_url, platform, self.clock)

@@ -75,7 +75,7 @@ async def test_node_killed_mid_run(tmp_path, stub):
     """Calls in flight get a clear error; the caller's retry (same request id) is served once."""
     async with NatsServer(tmp_path / "nats") as nats:
         platform = f"127.0.0.1:{stub.port}"
-        async with Parts(nats.url, platform, snapshots=str(tmp_path / "controller.sqlite")) as parts:
+        async with Parts(nats.url, platform) as parts:
             driver = Driver(parts.gateway, retry_assign=True)
             load = asyncio.create_task(driver.run())
             await eventually(lambda: sum(1 for c in driver.calls if c.idle_at) > 30)

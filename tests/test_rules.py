@@ -12,6 +12,7 @@ from platform_stub.server import Faults, Refusal
 from proto import serverless_sim_pb2 as pb
 from proto.commands import Assign
 from proto.events import Meta
+from proto.subjects import partition
 from runtime.bus import connected
 from runtime.clock import Clock
 from tests.stack import Stack, eventually
@@ -192,7 +193,8 @@ async def test_a_writer_that_missed_appends_is_fenced_by_the_expected_sequence(n
     """A second controller with a stale view cannot overwrite: its append conflicts, it catches up, decides again."""
     async with Stack(nats_url) as stack:
         stale = Controller(nats_url, get_policy("demo"))
-        await stale.start()  # it has read the stream as it is now: empty
+        await stale.start()  # every partition is leased to the stack's controller: it serves none
+        stale.serving.add(partition("fn"))  # ... but takes one as a node whose lease lapsed unnoticed would
         try:
             first = await stack.assign("r1")
             await stack.idle(first)  # fn-1 idle, which the stale controller has not seen

@@ -1,9 +1,8 @@
-"""Snapshots only make starts faster: a start from any snapshot gives exactly the state a full replay gives."""
+"""Snapshots only make starts and take-overs faster: a start from any snapshot gives the state a full replay gives."""
 
 import asyncio
 import re
 
-import msgspec
 import pytest
 
 from controller import snapshots, stream
@@ -12,7 +11,9 @@ from controller.core.state import FnState
 from controller.ledger import Ledger
 from controller.shell import Controller
 from controller.snapshots import Snapshot, SnapshotStore
-from proto.subjects import event_subject, function_events
+from proto.commands import Assign
+from proto.events import Meta
+from proto.subjects import event_subject, function_events, partition, partition_events
 from runtime.bus import connected, ensure_stream
 from tests.stack import Stack
 
@@ -32,33 +33,33 @@ async def some_traffic(stack: Stack, tag: str, n: int = 12) -> None:
     await stack.settled()
 
 
-async def test_a_start_loads_the_snapshot_and_replays_only_what_follows(nats_url, tmp_path):
-    path = str(tmp_path / "controller.sqlite")
-    async with Stack(nats_url, snapshots=path) as stack:
+async def test_a_start_loads_the_snapshots_and_replays_only_what_follows(nats_url):
+    async with Stack(nats_url) as stack:
         await some_traffic(stack, "a")
-    # Stopping wrote a snapshot of everything: a start reads no batch at all.
-    restarted = Controller(nats_url, DEMO, snapshots=path)
+    # Stopping gave every partition back, each snapshotted: a start reads no batch at all.
+    restarted = Controller(nats_url, DEMO)
     description = await restarted.start()
     try:
-        assert restarted.rebuilt_from > 0 and "snapshot at seq" in description and " + 0 batches" in description
+        assert restarted.loaded_batches == 0 and "0 batches read" in description
         assert restarted.states == await full_replay(nats_url)
+        # Traffic after the snapshots: the next start folds just that on top of them.
+        await restarted.call(stack_assign("late", "fn0"), 10)
     finally:
         await restarted.stop()
-
-    # Batches written without the snapshot store (an older run) are folded on top of the snapshot.
-    async with Stack(nats_url) as stack:
-        await some_traffic(stack, "b")
-    again = Controller(nats_url, DEMO, snapshots=path)
+    again = Controller(nats_url, DEMO)
     await again.start()
     try:
-        assert again.rebuilt_from > 0
         assert again.states == await full_replay(nats_url)
-        assert sum(s.stats.arrivals for s in again.states.values()) == 24
+        assert sum(s.stats.arrivals for s in again.states.values()) == 13
     finally:
         await again.stop()
 
 
-async def test_a_snapshot_taken_during_an_append_does_not_claim_it(nats_url, tmp_path):
+def stack_assign(request_id: str, key: str) -> Assign:
+    return Assign(key=key, request_id=request_id, meta=Meta(memory_mb=256, runtime="python", timeout_s=60))
+
+
+async def test_a_snapshot_taken_during_an_append_does_not_claim_it(nats_url):
     """The watermark stays below a batch that is stored but not yet applied, whatever came after it."""
     async with Stack(nats_url) as stack:
         controller = stack.controller
@@ -86,56 +87,47 @@ async def test_a_snapshot_taken_during_an_append_does_not_claim_it(nats_url, tmp
         assert controller.snapshot().seq >= await stream.last_seq(controller._js)
 
 
-async def test_every_snapshot_taken_under_load_restores_the_replayed_state(nats_url, tmp_path):
-    path = tmp_path / "controller.sqlite"
-    async with Stack(nats_url, snapshots=str(path)) as stack:
+async def test_every_snapshot_taken_under_load_restores_the_replayed_state(nats_url):
+    taken: list[tuple[int, Snapshot]] = []
+    async with Stack(nats_url) as stack:
         stack.controller._snapshot_every = 1  # a snapshot after every append that finds none being written
-        stack.controller._store.keep = 10_000
+        save = stack.controller._store.save
+
+        async def keep(p: int, snap: Snapshot) -> int:
+            taken.append((p, snap))
+            return await save(p, snap)
+
+        stack.controller._store.save = keep
         await some_traffic(stack, "a", n=40)
     expected = await full_replay(nats_url)
-    store = SnapshotStore(path)
-    await store.open()
-    async with store._db.execute("SELECT body FROM snapshots") as rows:
-        taken = [msgspec.msgpack.decode(body, type=Snapshot) async for (body,) in rows]
-    await store.close()
     assert len(taken) > 3
     async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
-        for snap in taken:
+        for p, snap in taken:
             ledger = Ledger()
             ledger.restore(snap.states, snap.last_seq, snap.wake, snap.seq)
-            await stream.read(js, ledger.fold, after_seq=snap.seq)
-            assert ledger.states == expected, f"the snapshot at seq {snap.seq} restores another state"
+            await stream.read(js, ledger.fold, partition_events(p), after_seq=snap.seq)
+            mine = {k: s for k, s in expected.items() if partition(k) == p}
+            assert ledger.states == mine, f"the snapshot of partition {p} at seq {snap.seq} restores another state"
 
 
-async def snapshot_of(nats_url: str, seq: int = 1) -> Snapshot:
+async def test_only_a_snapshot_known_to_fit_is_used(nats_url, monkeypatch):
     async with connected(nats_url, "test") as nc:
-        await ensure_stream(nc.jetstream())
-        return Snapshot(seq=seq, stream=await stream.stream_id(nc.jetstream()), last_seq={}, states={})
-
-
-async def test_only_a_snapshot_known_to_fit_is_used(nats_url, tmp_path, monkeypatch):
-    store = SnapshotStore(tmp_path / "s.sqlite")
-    await store.open()
-    try:
-        snap = await snapshot_of(nats_url, seq=5)
-        await store.save(snap)
-        assert await store.load(snap.stream, 5) == snap
-        assert await store.load(snap.stream, 4) is None, "ahead of the stream: the store was reset"
-        assert await store.load("another stream", 5) is None
+        js = nc.jetstream()
+        await ensure_stream(js)
+        snap = Snapshot(seq=5, stream=await stream.stream_id(js), last_seq={}, states={})
+        store = SnapshotStore(js)
+        await store.open()
+        await store.save(3, snap)
+        assert await store.load(3, snap.stream, 5) == snap
+        assert await store.load(4, snap.stream, 5) is None, "another partition's"
+        assert await store.load(3, snap.stream, 4) is None, "ahead of the stream: the store was reset"
+        assert await store.load(3, "another stream", 5) is None
         monkeypatch.setattr(snapshots, "SHAPE", "changed")
-        assert await store.load(snap.stream, 5) is None, "another state shape: never misread"
+        assert await store.load(3, snap.stream, 5) is None, "another state shape: never misread"
         monkeypatch.undo()
-        await store._db.execute(
-            "INSERT INTO snapshots (shape, stream, seq, body) VALUES (?, ?, 5, x'c1')", (snapshots.SHAPE, snap.stream)
-        )
-        assert await store.load(snap.stream, 5) == snap, "an unreadable newest one falls back to the one before"
-        for _ in range(5):
-            await store.save(snap)
-        async with store._db.execute("SELECT count(*) FROM snapshots") as rows:
-            assert (await rows.fetchone())[0] == snapshots.KEEP
-    finally:
-        await store.close()
+        await store._store.put(snapshots.name(3), b"\xc1 not a snapshot")
+        assert await store.load(3, snap.stream, 5) is None, "unreadable: the partition is read from the stream"
 
 
 def test_the_shape_stamp_follows_the_state_definition():

@@ -67,7 +67,7 @@ async def test_up_serves_and_stops_cleanly(tmp_path):
     assert "Traceback" not in rest
     assert await refuses_connections(address)
     assert any((tmp_path / "nats").rglob("*.blk")), "the embedded NATS kept its store in --data-dir"
-    assert (tmp_path / "controller.sqlite").exists(), "and the controller its snapshots"
+    assert any((tmp_path / "nats").rglob("OBJ_scaler_snapshots")), "and with it the controller's snapshots"
 
 
 async def test_up_uses_an_external_nats_and_platform(tmp_path):
