@@ -79,12 +79,19 @@ class Leases:
             await self._nodes.delete(self.node)
 
     async def _run(self) -> None:
+        failing = 0
         while True:
             await asyncio.sleep(self.every_s)
             try:
                 await self.round()
             except Exception as e:  # NATS away: the leases may lapse; the round after the outage sorts it out
-                log.warning("lease round failed: %s", e)
+                failing += 1
+                if failing == 1:  # a lasting fault is one line, and one when it ends
+                    log.warning("lease rounds fail (%s); retrying every %gs", e, self.every_s)
+                continue
+            if failing:
+                log.info("lease rounds work again after %d failed", failing)
+                failing = 0
 
     async def live_nodes(self) -> int:
         try:
@@ -106,8 +113,11 @@ class Leases:
         for p, revision in list(self.held.items()):
             try:
                 self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
-            except KeyWrongLastSequenceError:  # it expired and someone else took it, or it was deleted
-                lost.append(p)
+            except KeyWrongLastSequenceError:  # it lapsed (NATS was away a while): take it back if nobody did
+                try:
+                    self.held[p] = await self._leases.create(f"p{p}", self.node.encode())
+                except KeyWrongLastSequenceError:  # someone else holds it now
+                    lost.append(p)
         if lost:
             log.warning("leases lapsed on partitions %s: another node writes them now", lost)
             for p in lost:
@@ -141,6 +151,20 @@ class Leases:
             with contextlib.suppress(KeyWrongLastSequenceError, KeyNotFoundError):
                 await self._leases.delete(f"p{p}", last=revision)
         log.info("%s gave back partitions %s", self.node, _ranges(partitions))
+
+
+async def holders(js: JetStreamContext) -> dict[int, str]:
+    """Who holds each leased partition now (a lease given back meanwhile is left out)."""
+    try:
+        kv = await js.key_value(LEASES)
+        keys = await kv.keys()
+    except (BucketNotFoundError, NoKeysError):
+        return {}
+    held = {}
+    for key in keys:
+        with contextlib.suppress(KeyNotFoundError):  # deleted since it was listed
+            held[int(key[1:])] = (await kv.get(key)).value.decode()
+    return held
 
 
 def _ranges(partitions: list[int]) -> str:

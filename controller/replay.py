@@ -23,6 +23,7 @@ from controller.core.state import FnState
 from controller.ledger import Ledger
 from proto.events import Batch
 from proto.subjects import function_events
+from runtime.bus import servers
 from runtime.natsd import NatsServer, StoreBusy, claim
 
 
@@ -143,7 +144,7 @@ async def _connect(url: str):
 
     try:
         async with asyncio.timeout(5):
-            return await nats.connect(url, connect_timeout=2, max_reconnect_attempts=1, error_cb=quiet)
+            return await nats.connect(servers(url), connect_timeout=2, max_reconnect_attempts=1, error_cb=quiet)
     except Exception as e:
         raise ValueError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
 

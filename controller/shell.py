@@ -54,8 +54,9 @@ from runtime.clock import Clock
 
 log = logging.getLogger("scaler.controller")
 
-APPEND_ATTEMPTS = 3
+APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
 APPEND_TIMEOUT_S = 5.0
+APPEND_PATIENCE_S = 10.0  # how long an append is retried while JetStream does not answer (a cluster's failover)
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
 SNAPSHOT_EVERY = 10_000  # events in a partition
 SNAPSHOT_INTERVAL_S = 60.0
@@ -341,11 +342,20 @@ class Controller:
         The expected sequence also makes a repeated append (ack lost) fail as a conflict, after which
         the catch-up shows the command already applied.
         """
-        subject = event_subject(batch.key, batch.effects)
+        subject, data = event_subject(batch.key, batch.effects), encode_batch(batch)
         last = self.ledger.last_seq.get(batch.key, 0)
-        return await stream.append(
-            self._nc, subject, encode_batch(batch), function_events(batch.key), last, APPEND_TIMEOUT_S
-        )
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + APPEND_PATIENCE_S, 0.05
+        while True:  # a repeat is safe: if the first was stored after all, this one conflicts
+            try:
+                return await stream.append(self._nc, subject, data, function_events(batch.key), last, APPEND_TIMEOUT_S)
+            except stream.Conflict:
+                raise
+            except Unavailable:
+                if loop.time() + delay > deadline or batch.key not in self._locks:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def _catch_up(self, key: str) -> None:
         """Fold the function's batches after the last one we hold: another writer, or our own lost ack."""

@@ -13,10 +13,9 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.errors import BucketNotFoundError, NoKeysError
 
 from controller.core.state import FnState
-from controller.leases import LEASES
+from controller.leases import holders
 from controller.snapshots import Snapshot
 
 SUBJECT = "scaler.controller.state"
@@ -79,19 +78,9 @@ async def serve(nc: Client, node: str, take: Callable[[], Snapshot]) -> Subscrip
     return await nc.subscribe(SUBJECT, cb=answer)
 
 
-async def holders(nc: Client) -> set[str]:
-    """The nodes that hold a partition now."""
-    try:
-        kv = await nc.jetstream().key_value(LEASES)
-        keys = await kv.keys()
-    except (BucketNotFoundError, NoKeysError):
-        return set()
-    return {(await kv.get(k)).value.decode() for k in keys}
-
-
 async def fetch(nc: Client, timeout_s: float = 10.0) -> StateChunk:
     """Ask the running controllers for their state; TimeoutError when one holding partitions does not answer."""
-    expected = await holders(nc)
+    expected = set((await holders(nc.jetstream())).values())
     inbox = nc.new_inbox()
     parts: asyncio.Queue[Msg] = asyncio.Queue()
 

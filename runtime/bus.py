@@ -11,7 +11,7 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
 from proto.subjects import EVENTS, EVT, command_subject
@@ -33,14 +33,20 @@ class Unavailable(Exception):
     """The event store, or the owner of a command's function, could not be reached: nothing was answered."""
 
 
+def servers(url: str) -> list[str]:
+    """`nats://a:4222,nats://b:4222` -> each server of a cluster (nats-py wants a list)."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
 async def connect(url: str, name: str, reconnected: Callable[[], Awaitable[None]] | None = None) -> Client:
-    """A connection that keeps reconnecting: a NATS restart is an outage, not a crash."""
+    """A connection that keeps reconnecting: a NATS restart is an outage, not a crash. `url` may list
+    several servers, comma-separated: the client moves to another when its server goes."""
 
     async def on_error(e: Exception) -> None:
         log.warning("%s: nats: %s", name, e)
 
     return await nats.connect(
-        url,
+        servers(url),
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
@@ -50,13 +56,27 @@ async def connect(url: str, name: str, reconnected: Callable[[], Awaitable[None]
     )
 
 
-async def ensure_stream(js: JetStreamContext, replicas: int = 1) -> None:
+async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: float = 30.0) -> None:
     """Create the stream, or bring an existing one to this configuration. Safe to run from every component.
 
     An existing stream keeps its replicas when they are more than asked for: an operator (or a
     node started with `--replicas 3`) raised them, and a component started without the flag must
-    not put them back.
+    not put them back. A cluster's JetStream answers nothing until it has elected its leader:
+    that is waited for, up to `patience_s`.
     """
+    async with asyncio.timeout(patience_s):
+        while True:
+            try:
+                return await _ensure_stream(js, replicas)
+            except TimeoutError:
+                log.info("JetStream does not answer yet; waiting")
+            except APIError as e:
+                if e.code != 503:  # "JetStream system temporarily unavailable": a leader is being elected
+                    raise
+            await asyncio.sleep(0.2)
+
+
+async def _ensure_stream(js: JetStreamContext, replicas: int) -> None:
     try:
         info = await js.stream_info(EVENTS)
     except NotFoundError:

@@ -24,9 +24,8 @@ from scaler.up import Child, Supervisor
 
 
 class Parts:
-    """The node (gRPC gateway + controller), the platform worker and the gc worker as real subprocesses."""
-
-    ORDER = ("node", "platform_worker", "gc_worker")
+    """The nodes (gRPC gateway + controller: `node`, `node-1`, ...), the platform worker and the gc worker
+    as real subprocesses."""
 
     def __init__(
         self,
@@ -35,12 +34,17 @@ class Parts:
         reply_timeout_s: float = 30,
         ack_wait_s: float = 2.0,
         front: bool = False,
+        nodes: int = 1,
+        replicas: int = 1,
     ) -> None:
         self.platform = platform
         self.reply_timeout_s = reply_timeout_s
         self.ack_wait_s = ack_wait_s  # short: a killed worker's event comes back soon
         self.front = front  # a front gateway forwarding to the node, and the clients call it
-        self.ports = {"node": free_port(), "gateway": free_port()}  # kept across restarts, as a platform expects
+        self.replicas = replicas
+        self.nodes = ["node", *(f"node-{n}" for n in range(1, nodes))]
+        # kept across restarts, as a platform expects
+        self.ports = {name: free_port() for name in (*self.nodes, "gateway")}
         self.supervisor = Supervisor(argparse.Namespace())
         self.supervisor.env = {"SCALER_NATS_URL": nats_url, "SCALER_LOG_LEVEL": "WARNING", "SCALER_SPEED": "1"}
         self.running: dict[str, Child] = {}
@@ -49,8 +53,10 @@ class Parts:
         """`python -m` and the arguments that start `part`."""
         timeout = ["--reply-timeout", str(self.reply_timeout_s)]
         workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s)]
+        if part in self.nodes:
+            listen = f"127.0.0.1:{self.ports[part]}"
+            return ["scaler", "node", "--listen", listen, "--replicas", str(self.replicas), *timeout]
         return {
-            "node": ["scaler", "node", "--listen", f"127.0.0.1:{self.ports['node']}", *timeout],
             "platform_worker": ["workers", "platform", *workers],
             "gc_worker": ["workers", "gc", *workers],
             "gateway": ["gateway", "--listen", f"127.0.0.1:{self.ports['gateway']}", *timeout],
@@ -63,7 +69,7 @@ class Parts:
         return time.monotonic() - began
 
     async def __aenter__(self) -> "Parts":
-        for part in self.ORDER + (("gateway",) if self.front else ()):
+        for part in [*self.nodes, "platform_worker", "gc_worker", *(["gateway"] if self.front else [])]:
             await self.start(part)
         return self
 
@@ -72,8 +78,11 @@ class Parts:
 
     @property
     def gateway(self) -> str:
-        """Where clients call: the front gateway when there is one, else the node."""
-        return f"127.0.0.1:{self.ports['gateway' if self.front else 'node']}"
+        """Where clients call: the front gateway when there is one, else the (first) node."""
+        return self.address("gateway" if self.front else "node")
+
+    def address(self, part: str) -> str:
+        return f"127.0.0.1:{self.ports[part]}"
 
     async def kill(self, part: str) -> None:
         """kill -9: no cleanup, no ack, no goodbye."""
@@ -113,6 +122,7 @@ class Driver:
     hold_s: float = 0.05
     timeout_s: float = 60
     retry_assign: bool = False  # repeat an Assign refused as unavailable, with the same request id
+    tag: str = ""  # prefix of request ids: drivers side by side must not share them
     calls: list[Call] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -127,7 +137,7 @@ class Driver:
     async def _client(self, scaler: pb_grpc.ScalerStub, n: int) -> None:
         i = 0
         while not self._stop.is_set():
-            call = Call(f"c{n}-{i}", self.keys[(n + i) % len(self.keys)])
+            call = Call(f"{self.tag}c{n}-{i}", self.keys[(n + i) % len(self.keys)])
             self.calls.append(call)
             await self.one(scaler, call)
             i += 1
