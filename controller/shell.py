@@ -135,7 +135,7 @@ class Controller:
         self.last_seq[batch.key] = seq
 
     def _put_state(self, key: str, s: FnState) -> None:
-        self.totals.change(self.states.get(key), s)
+        self.totals = self.totals.change(self.states.get(key), s)
         self.states[key] = s
 
     def snapshot(self) -> Snapshot:
@@ -214,8 +214,7 @@ class Controller:
 
     async def _reload(self, key: str) -> None:
         """Catch one function up from its subject after a conflict."""
-        if (old := self.states.pop(key, None)) is not None:
-            self.totals.add(old.stats, -1)
+        self.totals = self.totals.change(self.states.pop(key, None), None)
         self.last_seq.pop(key, None)
         await stream.read(self._js, self._fold, subject=event_subject(key))
 

@@ -84,7 +84,7 @@ class Simulation:
     def command(self, cmd: c.AnyCommand, now: int) -> None:
         old = self.states.get(cmd.key)
         d = decide(old or FnState(key=cmd.key), cmd, now, self.policy, self.totals)
-        self.totals.change(old, d.state)
+        self.totals = self.totals.change(old, d.state)
         self.states[cmd.key] = d.state
         for event in d.events:
             self.effect(cmd.key, event, now)
