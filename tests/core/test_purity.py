@@ -243,3 +243,20 @@ def test_the_run_check_catches_a_global_assigned_at_run_time(monkeypatch):
     before = globals_of_the_core()
     monkeypatch.setattr(importlib.import_module("controller.core.decide"), "_LAST", None, raising=False)
     assert globals_of_the_core() != before
+
+
+OUR_PARTS = {"controller", "gateway", "workers", "platform_stub", "simulator", "runtime", "scaler", "bench"}
+
+
+def test_the_core_tests_need_only_the_core_and_proto():
+    """So they run first, alone and fast, and say something about the core alone."""
+    outside = {}
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                if name.split(".")[0] in OUR_PARTS and not (name + ".").startswith("controller.core."):
+                    outside.setdefault(f.name, []).append(name)
+    assert outside == {}
