@@ -22,8 +22,6 @@ async def test_smoke_test_dataset_all_succeed_without_leaks(nats_url, smoke):
         stats = (await driver.run()).stats()
         assert stats.total_requests_count == 980
         assert stats.failed_requests_count == 0, {c.error for c in driver.calls if c.error}
-        assert round(stats.invocation_execution_time_in_secs) == 349
-        assert round(stats.invocation_execution_time_in_g_bs) == 155
         await stack.settled()
         live = {s.id for s in stack.stub.accounting.live.values()}
         assert live == set(stack.live_instances().values())
