@@ -198,6 +198,7 @@ async def run(command: list[str]) -> int:
     return await proc.wait()
 
 
+@pytest.mark.live_trace
 async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(tmp_path, monkeypatch):
     for var in [v for v in os.environ if v.startswith("SCALER_")]:
         monkeypatch.delenv(var)  # a container sees only what compose.yaml gives it

@@ -19,6 +19,8 @@ from tests.stack import Stack
 from tests.test_simulate import SHARED, STATS_FIELDS, gentle
 from tests.test_up import start_up, stop
 
+pytestmark = pytest.mark.live_trace
+
 
 async def replay(nats_url: str, folder: Path, speed: float, policy: str = "demo"):
     dataset = load_dataset(folder)

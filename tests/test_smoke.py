@@ -12,6 +12,8 @@ from simulator.live import LiveRun
 from tests.decisions import Decisions
 from tests.stack import Stack
 
+pytestmark = pytest.mark.live_trace
+
 SMOKE = Path(__file__).parent / "fixtures" / "function_smoke_test"  # vendored: small, and the same as the shared one
 
 
