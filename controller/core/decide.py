@@ -281,18 +281,12 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
         return None
     plan = policy.plan_queue(d.s, len(uncovered), d.now)
     for waiting in uncovered[: plan.starts]:
-        wanted = SlotWanted(
-            at_ms=d.now,
-            instance_id=d.s.next_instance_id(),
-            meta=d.s.meta,
-            for_request=waiting.request_id,
-            reason=plan.why,
-        )
-        d.emit(wanted)
+        i = d.s.next_instance_id()
+        d.emit(SlotWanted(at_ms=d.now, instance_id=i, meta=d.s.meta, for_request=waiting.request_id, reason=plan.why))
     for waiting in uncovered[plan.starts :]:
         if waiting.since_ms == d.now:  # say so once, when it arrives
-            why, expected = plan.why, plan.expected_ms
-            d.emit(RequestWaiting(at_ms=d.now, request_id=waiting.request_id, expected_ms=expected, why=why))
+            r, expected = waiting.request_id, plan.expected_ms
+            d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=plan.why))
     return plan.recheck_ms
 
 
