@@ -21,6 +21,7 @@ from proto.events import (
     RequestCancelled,
     RequestFailed,
     RequestRetried,
+    RequestWaiting,
     SlotWanted,
     WaiterLeft,
 )
@@ -51,6 +52,8 @@ def event(e: Event) -> str:
             return f"request {r} asked again: one more caller waits"
         case WaiterLeft(request_id=r):
             return f"a caller of {r} gave up; others still wait"
+        case RequestWaiting(request_id=r, expected_ms=t, why=why):
+            return f"{r} waits for a busy instance" + (f", served about {clock(t)}" if t else "") + _why(why)
         case SlotWanted(instance_id=i, for_request=r, reason=why):
             return f"start {i} for {r}{_why(why)}" if r else f"pre-warm {i}{_why(why)}"
         case InstanceReady(instance_id=i, slot_id=slot, create_ms=c, init_ms=n):

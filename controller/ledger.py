@@ -61,8 +61,7 @@ class Ledger:
 
     def forget(self, key: str) -> None:
         """Drop one function, to fold it again from its own batches (after another writer's append)."""
-        if (old := self.states.pop(key, None)) is not None:
-            self.totals.add(old.stats, -1)
+        self.totals = self.totals.change(self.states.pop(key, None), None)
         self.last_seq.pop(key, None)
         self.wake.pop(key, None)
 
@@ -74,7 +73,7 @@ class Ledger:
         self.seq = max(self.seq, seq)
 
     def _put(self, key: str, s: FnState, seq: int) -> None:
-        self.totals.change(self.states.get(key), s)
+        self.totals = self.totals.change(self.states.get(key), s)
         self.states[key] = s
         if seq:
             self.last_seq[key] = seq

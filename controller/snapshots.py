@@ -5,9 +5,13 @@ its snapshot, and the stream may drop what every snapshot already holds (its ret
 snapshot is an optimisation and never a source of truth while the stream still holds everything:
 deleting the bucket changes nothing but start time. That holds because a snapshot is used only
 when it is certainly right:
-- it is stamped with the shape of the state (a hash of the msgspec schema of what it stores and
-  of the fold's source, `controller/core/state.py`): any change there makes old snapshots
-  unreadable by design, so they are ignored (full replay), never misread;
+- it is stamped with the shape of the state (`shape`): the msgspec schema of what it stores,
+  the source of the lifecycle fold (`controller/core/state.py`) and the version of the features
+  fold (`controller/core/features.VERSION`). Any change there makes old snapshots unreadable by
+  design, so they are ignored (full replay), never misread. The features fold is stamped by its
+  version, not its source: tidying it keeps snapshots; changing what it computes bumps the
+  version (a test pins its results per version), because a snapshot's features folded by the
+  old rules would differ from a replay's, and `scaler replay --verify` would rightly say so;
 - it is stamped with the EVENTS stream it was taken from (its creation time): a snapshot of
   another store is ignored;
 - `seq` is a low watermark: every batch of the partition at or below it is in `states`. Batches
@@ -19,13 +23,14 @@ import hashlib
 import inspect
 import logging
 from pathlib import Path
+from types import ModuleType
 
 import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
-import controller.core.state
+from controller.core import features, state
 from controller.core.state import FnState
 
 log = logging.getLogger("scaler.controller.snapshots")
@@ -50,16 +55,24 @@ class _Stored(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes
 
 
-def _shape() -> str:
-    schema = msgspec.json.encode(msgspec.json.schema(Snapshot))
+def shape(schema: bytes, lifecycle: bytes, features_version: int) -> str:
+    """The stamp of what a snapshot holds: its schema, the lifecycle fold's source, the features fold's version."""
+    return hashlib.sha256(b"\0".join((schema, lifecycle, str(features_version).encode()))).hexdigest()[:16]
+
+
+def _source(module: ModuleType) -> bytes:
     try:
-        fold = inspect.getsource(controller.core.state).encode()
+        return inspect.getsource(module).encode()
     except (OSError, TypeError):  # installed without sources: the compiled module stands for them
-        fold = Path(controller.core.state.__file__).read_bytes()
-    return hashlib.sha256(schema + b"\0" + fold).hexdigest()[:16]
+        return Path(module.__file__).read_bytes()
 
 
-SHAPE = _shape()
+def current_shape() -> str:
+    """The stamp of the code running now."""
+    return shape(msgspec.json.encode(msgspec.json.schema(Snapshot)), _source(state), features.VERSION)
+
+
+SHAPE = current_shape()
 
 _encoder = msgspec.msgpack.Encoder()
 _stored = msgspec.msgpack.Decoder(_Stored)

@@ -56,7 +56,7 @@ class WaiterLeft(Event, tag="waiter-left"):
     reply_to: str
 
 
-class Waiting(Event, tag="request-waiting"):
+class RequestWaiting(Event, tag="request-waiting"):
     """The policy let a queued request wait for an instance about to free up instead of starting one."""
 
     request_id: str
@@ -135,7 +135,7 @@ AnyEvent = (
     | RequestArrived
     | RequestRetried
     | WaiterLeft
-    | Waiting
+    | RequestWaiting
     | SlotWanted
     | InstanceReady
     | Assigned

@@ -213,6 +213,7 @@ async def run(command: list[str]) -> int:
     return await proc.wait()
 
 
+@pytest.mark.live_trace
 async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(tmp_path, monkeypatch):
     for var in [v for v in os.environ if v.startswith("SCALER_")]:
         monkeypatch.delenv(var)  # a container sees only what compose.yaml gives it
@@ -254,7 +255,6 @@ async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(
                     stats = (await driver.run()).stats()
                 assert stats.total_requests_count == 980
                 assert stats.failed_requests_count == 0, {call.error for call in driver.calls if call.error}
-                assert round(stats.invocation_execution_time_in_secs) == 349
                 # No slot leaks: once keep-alive runs out, every slot created is destroyed, all initialised.
                 await eventually(lambda: not platform.accounting.live, seconds=60)
                 a = platform.accounting

@@ -8,9 +8,10 @@ import sys
 import msgspec
 from msgspec.structs import replace
 
-from controller import replay, state_service
+from controller import explain, replay, state_service
 from controller.core.state import Phase
 from controller.snapshots import Snapshot
+from proto.events import RequestWaiting
 from runtime.bus import connected
 from tests.stack import Stack
 from tests.test_up import assign_and_idle, start_up, stop
@@ -142,3 +143,9 @@ async def test_replay_refuses_bad_input_clearly(tmp_path, nats_url):
         pass
     code, _, err = await scaler_replay("--nats", nats_url, "--verify")
     assert code == 2 and "no controller answered on scaler.controller.state" in err
+
+
+def test_a_request_left_waiting_reads_as_words():
+    why = "wait ~3 ms for a busy instance rather than a 500 ms start"
+    waiting = RequestWaiting(at_ms=0, request_id="r1", expected_ms=1_672_531_200_123, why=why)
+    assert explain.event(waiting) == f"r1 waits for a busy instance, served about 00:00:00.123 ({why})"

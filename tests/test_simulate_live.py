@@ -1,4 +1,4 @@
-"""Live mode against the real scaler, and its agreement with the offline mode on the same policy."""
+"""Live mode against the real scaler: where it agrees with offline, and what holds however loaded the machine is."""
 
 import asyncio
 import json
@@ -15,9 +15,12 @@ from simulator.dataset import load_dataset
 from simulator.live import LiveError, LiveRun, run_live
 from simulator.offline import simulate
 from simulator.score import RUN_TAIL_MS
+from tests.decisions import Decisions
 from tests.stack import Stack
-from tests.test_simulate import SHARED, SMOKE, STATS_FIELDS, gentle
+from tests.test_simulate import SHARED, STATS_FIELDS, gentle
 from tests.test_up import start_up, stop
+
+pytestmark = pytest.mark.live_trace
 
 
 async def replay(nats_url: str, folder: Path, speed: float, policy: str = "demo", tail_ms: int = RUN_TAIL_MS):
@@ -44,56 +47,42 @@ def window(source: Path, folder: Path, from_s: int, to_s: int) -> Path:
     return folder
 
 
-async def test_live_and_offline_agree_where_latency_changes_nothing(nats_url, tmp_path):
-    # Every event of this trace is seconds apart, so even at speed 100 (where 5 ms of scaler work
-    # is 500 ms of trace) the scaler takes the same decisions as offline: the same cold starts, the
-    # same slots, and slot time that differs only by the scaler's latency around each event, which
-    # at this speed counts 100 times over: measured +0.5..+0.7 %, hence 2 %.
+async def test_live_on_a_gentle_trace_decides_as_the_core(nats_url, tmp_path, monkeypatch):
+    # Every event of this trace is seconds apart: at speed 100 (5 ms of scaler work is 500 ms of
+    # trace) a quiet machine decides as offline does, a loaded one may not (a3 may find the instance
+    # it would reuse still busy: seen at load 9). What holds on any machine: every request served,
+    # every decision the core's on what the controller saw, the starts the demo policy cannot avoid
+    # (a1 and b1 call first, a2 comes while a1 runs, b2 after b1's instance died with its request, a4
+    # after both a's expired) and at most one per request, and waiting counted at least as the
+    # platform's work, as offline (the scaler's own latency adds to it, unscaled).
+    decisions = Decisions(monkeypatch)
     live, offline = await replay(nats_url, gentle(tmp_path / "g"), speed=100)
-    assert [i.cold for i in live.invocations] == [i.cold for i in offline.invocations]
-    assert live.slots_created == offline.slots_created == 5
-    assert live.slot_gb_s == pytest.approx(offline.slot_gb_s, rel=0.02)
-    # Schedule time: the platform's work as offline, plus the scaler's own latency, unscaled: a few
-    # ms per request. Scaled by 100 it would be seconds.
+    assert live.stats().failed_requests_count == 0
+    await decisions.check(nats_url, "demo")
+    unavoidable = [0, 1, 3, 4, 5]
+    assert [live.invocations[n].cold for n in unavoidable] == [offline.invocations[n].cold for n in unavoidable]
+    assert all(offline.invocations[n].cold for n in unavoidable) and not offline.invocations[2].cold
+    assert offline.slots_created == 5 <= live.slots_created <= 6
     live_s, offline_s = live.stats().invocation_schedule_time_in_secs, offline.stats().invocation_schedule_time_in_secs
-    assert offline_s <= live_s < offline_s + 0.3
-
-
-async def test_live_and_offline_agree_on_the_smoke_test(nats_url):
-    # The smoke test sends 806 of its 980 requests within one second. The whole scaler, this
-    # driver and the platform stub share one event loop here, which falls behind during that
-    # burst: Assigns reach the controller up to several hundred ms late (the gRPC intake is the
-    # queue), so some find instances released meanwhile and others queue behind busy ones.
-    # Measured on 2 shared cores (six runs): cold starts +3..+6 %, slot GB·s -3..-7 % against
-    # offline, where the scaler takes no time at all. Hence 10 %.
-    live, offline = await replay(nats_url, SMOKE, speed=1, tail_ms=0)  # the tail: 20 s more, nothing to compare
-    live_stats, offline_stats = live.stats(), offline.stats()
-    assert live_stats.failed_requests_count == 0
-    assert live_stats.cold_starts == pytest.approx(offline_stats.cold_starts, rel=0.10)
-    assert live.slot_gb_s == pytest.approx(offline.slot_gb_s, rel=0.10)
+    assert offline_s <= live_s
 
 
 @pytest.mark.skipif(not (SHARED / "dataSet_1").is_dir(), reason=f"the shared datasets are not at {SHARED}")
-async def test_our_policy_live_agrees_with_offline_on_dataSet_1s_busiest_minute(nats_url, tmp_path):
+async def test_our_policy_live_on_dataSet_1s_busiest_minute_decides_as_the_core(nats_url, tmp_path, monkeypatch):
     # One minute of dataSet_1's final burst: 2,731 requests of 20-40 ms, 45 a second, on three
-    # functions of two instances or so each. At speed 1 the learned policy sizes the pools as
-    # offline does, give or take one instance: a live instance is busy ~3 ms longer per request
-    # (the Idle's trip back through the scaler), which offline does not see, and an instance
-    # started in such a moment is kept while the function stays busy (the pool retires only
-    # beyond one spare). Measured, ten runs: slot GB·s +1..+28 % in all, each function at most
-    # one instance over (13.9 GB·s at 256 MB); cold starts 44..45 against 42; schedule time
-    # +3.0..3.2 ms per request, the scaler's own latency, which offline counts as zero.
+    # functions. Live, the learned policy sees every request a little later and every instance busy
+    # a little longer than offline (the scaler's own latency, more on a loaded machine), so its pools
+    # and cold starts drift from offline's by what the machine's speed does: `python bench/live.py`
+    # measures that. What holds on any machine: every request is served, and every decision is the
+    # core's on what the controller saw, with the run's totals it had (the exchange rate included).
+    decisions = Decisions(monkeypatch)
     folder = window(SHARED / "dataSet_1", tmp_path / "peak", 18_600, 18_660)
     live, offline = await replay(nats_url, folder, speed=1, policy="learned", tail_ms=0)
-    live_stats, offline_stats = live.stats(), offline.stats()
-    assert live_stats.total_requests_count == offline_stats.total_requests_count == 2731
-    metas = load_dataset(folder).metas
-    for key, gb_s in offline.slot_gb_s_by_key.items():
-        one_instance = metas[key].memory_in_mb / 1024 * 62  # one instance kept all minute, and the last runs
-        assert 0.8 * gb_s <= live.slot_gb_s_by_key[key] <= gb_s + one_instance, key
-    assert offline_stats.cold_starts - 3 <= live_stats.cold_starts <= 1.25 * offline_stats.cold_starts
-    own_ms = (live_stats.invocation_schedule_time_in_secs - offline_stats.invocation_schedule_time_in_secs) * 1000
-    assert 0 < own_ms / live_stats.total_requests_count < 20
+    live_stats = live.stats()
+    assert live_stats.total_requests_count == offline.stats().total_requests_count == 2731
+    assert live_stats.failed_requests_count == 0
+    states = await decisions.check(nats_url, "learned")
+    assert sum(s.stats.arrivals for s in states.values()) == 2731
 
 
 async def test_a_scaler_using_another_platform_is_refused(nats_url, tmp_path):
@@ -141,7 +130,8 @@ async def test_simulate_drives_scaler_up_end_to_end(tmp_path):
     assert err == b""  # no progress bar without a terminal
     stats = json.loads((tmp_path / "out.json").read_text())
     assert set(stats) == STATS_FIELDS | {"functions"}
-    assert (stats["totalRequestsCount"], stats["failedRequestsCount"], stats["coldStarts"]) == (6, 0, 5)
+    assert (stats["totalRequestsCount"], stats["failedRequestsCount"]) == (6, 0)
+    assert 5 <= stats["coldStarts"] <= 6  # the demo policy's unavoidable starts; a3's reuse depends on the machine
     assert "at speed 100" in out.decode()
     assert "the scaler's own latency unscaled" in out.decode()
 

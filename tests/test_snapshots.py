@@ -1,11 +1,14 @@
 """Snapshots only make starts and take-overs faster: a start from any snapshot gives the state a full replay gives."""
 
 import asyncio
+import inspect
 import re
 
+import msgspec
 import pytest
 
 from controller import snapshots, stream
+from controller.core import features
 from controller.core.policy import get_policy
 from controller.core.state import FnState
 from controller.ledger import Ledger
@@ -130,8 +133,25 @@ async def test_only_a_snapshot_known_to_fit_is_used(nats_url, monkeypatch):
         assert await store.load(3, snap.stream, 5) is None, "unreadable: the partition is read from the stream"
 
 
-def test_the_shape_stamp_follows_the_state_definition():
-    assert len(snapshots.SHAPE) == 16 and snapshots.SHAPE == snapshots._shape()
+def test_the_stamp_changes_with_the_schema_the_lifecycle_fold_and_the_features_version(monkeypatch):
+    now = snapshots.current_shape()
+    assert len(now) == 16 and now == snapshots.SHAPE
+    real_source = inspect.getsource
+
+    def edited(module_name: str):
+        return lambda obj: real_source(obj) + ("# edited\n" if obj.__name__ == module_name else "")
+
+    monkeypatch.setattr(inspect, "getsource", edited("controller.core.features"))
+    assert snapshots.current_shape() == now, "tidying the features fold keeps snapshots"
+    monkeypatch.setattr(inspect, "getsource", edited("controller.core.state"))
+    assert snapshots.current_shape() != now, "any edit of the lifecycle fold discards them"
+    monkeypatch.undo()
+    monkeypatch.setattr(features, "VERSION", features.VERSION + 1)
+    assert snapshots.current_shape() != now, "features that compute something else discard them"
+    monkeypatch.undo()
+    schema = msgspec.json.schema
+    monkeypatch.setattr(msgspec.json, "schema", lambda t: {**schema(t), "extra": 1})
+    assert snapshots.current_shape() != now, "another schema discards them"
 
 
 async def test_an_unreadable_batch_stops_the_start_with_its_sequence(nats_url):

@@ -1,5 +1,12 @@
 """Decisions: a command and the current state in; events, replies and the next deadline out.
 
+A decision has two halves. First the command's own change, one handler per command:
+`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_instance_ready` (SlotReady),
+`_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`; a Tick changes nothing by itself.
+Then the phases that bring the function to rest (`_bring_to_rest`), in order: leases, matching
+(`_answer_waiting_requests`, where a queued Assign gets its instance and its answer), starts,
+keep/retire, pre-warm, and the next wake.
+
 `decide` applies each event as it emits it, so every later choice in the same decision sees
 the state that earlier ones produced, and `Decision.state` equals `replay(s, Decision.events)`.
 """
@@ -9,7 +16,19 @@ from typing import NamedTuple
 from controller.core import reconcile
 from controller.core.policy import Policy
 from controller.core.state import FnState, Instance, Phase, Totals, apply
-from proto.commands import AnyCommand, Assign, Cancel, Code, Idle, Reply, SlotDestroyed, SlotFailed, SlotReady, Tick
+from proto.commands import (
+    AnyCommand,
+    Assign,
+    Cancel,
+    Code,
+    Idle,
+    Reconcile,
+    Reply,
+    SlotDestroyed,
+    SlotFailed,
+    SlotReady,
+    Tick,
+)
 from proto.events import (
     Assigned,
     Event,
@@ -23,9 +42,9 @@ from proto.events import (
     RequestCancelled,
     RequestFailed,
     RequestRetried,
+    RequestWaiting,
     SlotWanted,
     WaiterLeft,
-    Waiting,
 )
 
 LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
@@ -63,39 +82,42 @@ class _Draft:
 
 
 def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None) -> Decision:
-    """`totals`: the whole run so far, for a policy that weighs its choices by it (`Policy.bind`)."""
+    """`totals`: the whole run so far, for a policy tuned by it (`Policy.tuned_to`)."""
     if totals is not None:
-        policy = policy.bind(totals, now)
+        policy = policy.tuned_to(totals)
     d = _Draft(s, now)
     match cmd:
         case Assign():
-            _assign(d, cmd)
+            _queue_request(d, cmd)
         case Idle():
-            _idle(d, cmd)
+            _release(d, cmd)
         case Cancel():
             _cancel(d, cmd)
         case SlotReady():
-            _ready(d, cmd)
+            _instance_ready(d, cmd)
         case SlotFailed():
-            _failed(d, cmd)
+            _creation_failed(d, cmd)
         case SlotDestroyed():
-            _destroyed(d, cmd)
+            _slot_destroyed(d, cmd)
+        case Reconcile():
+            _reconcile(d, cmd)
         case Tick():
-            pass
-        case reconcile.Reconcile():  # the platform's live slots: in its own module
-            for e in reconcile.events(d.s, cmd, d.now):
-                d.emit(e)
+            pass  # what is due happens at rest
         case _:
             raise TypeError(f"not a command: {cmd!r}")
-    wake = _settle(d, policy)
+    wake = _bring_to_rest(d, policy)
     return Decision(d.events, d.replies, d.s, wake)
+
+
+# --- each command's own change --------------------------------------------------------------
 
 
 def _holder(s: FnState, request_id: str) -> Instance | None:
     return next((i for i in s.instances.values() if i.request_id == request_id), None)
 
 
-def _assign(d: _Draft, cmd: Assign) -> None:
+def _queue_request(d: _Draft, cmd: Assign) -> None:
+    """Queue the request (matching answers it), or answer at once: bad input, or a request already served."""
     r, to = cmd.request_id, cmd.reply_to
     if cmd.meta.memory_mb <= 0:
         d.reply(to, r, Code.INVALID_ARGUMENT, message=f"memory_in_mb must be positive, got {cmd.meta.memory_mb}")
@@ -117,7 +139,7 @@ def _assign(d: _Draft, cmd: Assign) -> None:
     d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to))
 
 
-def _idle(d: _Draft, cmd: Idle) -> None:
+def _release(d: _Draft, cmd: Idle) -> None:
     r, to = cmd.request_id, cmd.reply_to
     inst = d.s.instances.get(cmd.instance_id)
     released = d.s.finished.get(r) == cmd.instance_id
@@ -168,7 +190,7 @@ def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:
     d.emit(InstanceRetired(at_ms=d.now, instance_id=f"{instance_id}@{slot_id}", slot_id=slot_id, reason=why))
 
 
-def _ready(d: _Draft, cmd: SlotReady) -> None:
+def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
     inst = d.s.instances.get(cmd.instance_id)
     if inst is not None and inst.phase is Phase.CREATING:
         d.emit(
@@ -180,7 +202,7 @@ def _ready(d: _Draft, cmd: SlotReady) -> None:
         _retire_orphan(d, cmd.instance_id, cmd.slot_id, "ready for an instance no longer wanted")
 
 
-def _failed(d: _Draft, cmd: SlotFailed) -> None:
+def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
     inst = d.s.instances.get(cmd.instance_id)
     if inst is None or inst.phase is not Phase.CREATING:
         if cmd.slot_id and (inst is None or inst.slot_id != cmd.slot_id):
@@ -196,73 +218,114 @@ def _failed(d: _Draft, cmd: SlotFailed) -> None:
         d.reply_all(victim.waiters, victim.request_id, code=Code.INTERNAL, message=message)
 
 
-def _destroyed(d: _Draft, cmd: SlotDestroyed) -> None:
+def _slot_destroyed(d: _Draft, cmd: SlotDestroyed) -> None:
     if cmd.instance_id in d.s.instances:
         d.emit(InstanceDestroyed(at_ms=d.now, instance_id=cmd.instance_id, slot_id=cmd.slot_id))
 
 
-def _settle(d: _Draft, policy: Policy) -> int | None:
+def _reconcile(d: _Draft, cmd: Reconcile) -> None:
+    """The platform's live slots against the state: the rules are in `reconcile.py`."""
+    for e in reconcile.events(d.s, cmd, d.now):
+        d.emit(e)
+
+
+# --- at rest: the phases every decision ends with, in this order ----------------------------
+
+
+def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     """Bring the function to a resting point after any change; return when it next needs a Tick.
 
-    The core's invariants live here: no request waits while an instance idles, every idle
-    instance has a keep-alive, none outlives it. Reuse comes before expiry, so an Assign that
+    The core's invariants hold at rest: no request waits while an instance idles, every idle
+    instance has a keep-alive, none outlives it. Matching comes before expiry, so an Assign that
     raced a late timer still gets the instance.
     """
-    # A request busy past its function's timeout lost its caller (no Idle will come): free the
-    # instance, and retire it, as the run may have left it in any state.
-    lease = d.s.meta.timeout_s * 1000 + LEASE_GRACE_MS if d.s.meta is not None and d.s.meta.timeout_s > 0 else 0
-    if lease:
-        for inst in d.s.in_phase(Phase.BUSY):
-            if inst.since_ms + lease <= d.now:
-                why = f"no Idle within the function's {d.s.meta.timeout_s}s timeout"
-                lost = Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why)
-                d.emit(lost)
-                d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
-    # Every waiting request takes an idle instance while there is one (FIFO).
+    _free_lost_leases(d)
+    _answer_waiting_requests(d, policy)
+    recheck_ms = _start_instances_for_waiting(d, policy)
+    _keep_or_retire_idle(d, policy)
+    prewarm_ms = _prewarm(d, policy)
+    return _next_wake(d, recheck_ms, prewarm_ms)
+
+
+def _lease_ms(s: FnState) -> int:
+    """How long a request may hold an instance: its function's timeout and a grace (0: no limit)."""
+    return s.meta.timeout_s * 1000 + LEASE_GRACE_MS if s.meta is not None and s.meta.timeout_s > 0 else 0
+
+
+def _free_lost_leases(d: _Draft) -> None:
+    """Leases: a request busy past its function's timeout lost its caller (no Idle will come).
+
+    Its instance is freed and retired, as the run may have left it in any state.
+    """
+    lease = _lease_ms(d.s)
+    if not lease:
+        return
+    for inst in d.s.in_phase(Phase.BUSY):
+        if inst.since_ms + lease <= d.now:
+            why = f"no Idle within the function's {d.s.meta.timeout_s}s timeout"
+            d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+
+
+def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
+    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance."""
     while d.s.queue and (idle := d.s.in_phase(Phase.IDLE)):
         inst = policy.pick(d.s, idle, d.now)
         waiting = d.s.queue[0]
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
         d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
-    # Requests that no instance under creation covers: the policy starts some, the rest wait.
-    wakes: list[int | None] = []
+
+
+def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
+    """Starts: for waiting requests no instance under creation covers, the policy starts some, the rest wait.
+
+    Returns when the policy wants to look again at those left waiting.
+    """
     uncovered = d.s.queue[len(d.s.in_phase(Phase.CREATING)) :]
-    if uncovered and d.s.meta is not None:
-        plan = policy.plan_queue(d.s, len(uncovered), d.now)
-        for waiting in uncovered[: plan.starts]:
-            d.emit(
-                SlotWanted(
-                    at_ms=d.now,
-                    instance_id=d.s.next_instance_id(),
-                    meta=d.s.meta,
-                    for_request=waiting.request_id,
-                    reason=plan.why,
-                )
-            )
-        for waiting in uncovered[plan.starts :]:
-            if waiting.since_ms == d.now:  # say so once, when it arrives
-                d.emit(Waiting(at_ms=d.now, request_id=waiting.request_id, expected_ms=plan.expected_ms, why=plan.why))
-        wakes.append(plan.recheck_ms)
-    # Instances that just became idle get the policy's keep-alive; expired ones retire.
+    if not uncovered or d.s.meta is None:
+        return None
+    plan = policy.plan_queue(d.s, len(uncovered), d.now)
+    for waiting in uncovered[: plan.starts]:
+        i = d.s.next_instance_id()
+        d.emit(SlotWanted(at_ms=d.now, instance_id=i, meta=d.s.meta, for_request=waiting.request_id, reason=plan.why))
+    for waiting in uncovered[plan.starts :]:
+        if waiting.since_ms == d.now:  # say so once, when it arrives
+            r, expected = waiting.request_id, plan.expected_ms
+            d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=plan.why))
+    return plan.recheck_ms
+
+
+def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
+    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires."""
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
             keep = policy.keep_alive(d.s, inst, d.now)
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
-        if inst.keep_until_ms <= d.now:
-            longer = policy.expire(d.s, inst, d.now)
-            if longer is not None and longer.until_ms > d.now:
-                d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=longer.until_ms, why=longer.why))
-                continue
+        if inst.keep_until_ms > d.now:
+            continue
+        longer = policy.expire(d.s, inst, d.now)
+        if longer is not None and longer.until_ms > d.now:
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=longer.until_ms, why=longer.why))
+        else:
             why = f"keep-alive expired after {(d.now - inst.since_ms) / 1000:g}s idle"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
-    # Starts ahead of demand.
-    if d.s.meta is not None:
-        warm = policy.prewarm(d.s, d.now)
-        for _ in range(warm.count):
-            d.emit(SlotWanted(at_ms=d.now, instance_id=d.s.next_instance_id(), meta=d.s.meta, reason=warm.why))
-        wakes.append(warm.next_ms)
+
+
+def _prewarm(d: _Draft, policy: Policy) -> int | None:
+    """Pre-warm: instances the policy starts ahead of demand. Returns when its next planned start is due."""
+    if d.s.meta is None:
+        return None
+    warm = policy.prewarm(d.s, d.now)
+    for _ in range(warm.count):
+        d.emit(SlotWanted(at_ms=d.now, instance_id=d.s.next_instance_id(), meta=d.s.meta, reason=warm.why))
+    return warm.next_ms
+
+
+def _next_wake(d: _Draft, *planned: int | None) -> int | None:
+    """Wake: the earliest deadline still ahead, among the policy's plans, keep-alives and leases."""
+    wakes = [w for w in planned if w is not None]
     wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
-    if lease:
+    if lease := _lease_ms(d.s):
         wakes += [i.since_ms + lease for i in d.s.in_phase(Phase.BUSY)]
-    return min((w for w in wakes if w is not None and w > d.now), default=None)
+    return min((w for w in wakes if w > d.now), default=None)

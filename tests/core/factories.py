@@ -33,7 +33,3 @@ def run(*cmds, at: int = 0, step: int = 10, policy=DEMO, s: FnState | None = Non
         decisions.append(d)
         s = d.state
     return s, decisions
-
-
-def kinds(decision) -> list[str]:
-    return [type(ev).__name__ for ev in decision.events]

@@ -1,43 +1,137 @@
 """The core's rules, as given (commands so far) / when (one command) / then (events, replies)."""
 
+from typing import NamedTuple
+
 import pytest
 
 from controller.core.decide import decide
 from controller.core.state import FnState, Phase
 from proto import commands as c
 from proto import events as e
-from tests.core.factories import DEMO, KEY, META, assign, idle, kinds, ready, run
+from tests.core.factories import DEMO, KEY, META, assign, idle, ready, run
+
+T = 1_000  # when the command of a table row is decided; its given commands came at 0, 10, 20, ...
+LEASE = META.timeout_s * 1000 + 30_000  # a busy instance is looked at again when its lease ends
+KEEP = 5 * 60_000  # the demo policy's keep-alive
+COLD = "cold start: no idle instance"
+
+
+def ok(to: str, r: str, instance: str = "", message: str = "") -> c.Reply:
+    return c.Reply(to=to, request_id=r, code=c.Code.OK, instance_id=instance, message=message)
+
+
+class Case(NamedTuple):
+    given: list  # commands decided before, 10 ms apart from 0
+    when: c.Command  # decided at T
+    events: list[e.Event]
+    replies: list[c.Reply]
+    wake_ms: int | None
+
 
 CASES = {
-    "cold start": ([], assign("r1"), ["FunctionSeen", "RequestArrived", "SlotWanted"]),
-    "ready instance serves the waiting request": ([assign("r1")], ready(), ["InstanceReady", "Assigned"]),
-    "idle keeps the instance alive": ([assign("r1"), ready()], idle("r1"), ["Released", "KeptAlive"]),
-    "warm reuse: no new slot": ([assign("r1"), ready(), idle("r1")], assign("r2"), ["RequestArrived", "Assigned"]),
-    "need_destroy retires": (
+    "cold start": Case(
+        [],
+        assign("r1"),
+        [
+            e.FunctionSeen(at_ms=T, meta=META),
+            e.RequestArrived(at_ms=T, request_id="r1", reply_to="to-r1"),
+            e.SlotWanted(at_ms=T, instance_id="fn-1", meta=META, for_request="r1", reason=COLD),
+        ],
+        [],  # answered when the instance is ready
+        None,
+    ),
+    "ready instance serves the waiting request": Case(
+        [assign("r1")],
+        ready(),
+        [
+            e.InstanceReady(at_ms=T, instance_id="fn-1", slot_id="s1", create_ms=100, init_ms=50),
+            e.Assigned(at_ms=T, request_id="r1", instance_id="fn-1"),
+        ],
+        [ok("to-r1", "r1", "fn-1")],
+        T + LEASE,
+    ),
+    "idle keeps the instance alive": Case(
+        [assign("r1"), ready()],
+        idle("r1"),
+        [
+            e.Released(at_ms=T, request_id="r1", instance_id="fn-1"),
+            e.KeptAlive(at_ms=T, instance_id="fn-1", until_ms=T + KEEP, why="fixed keep-alive 300s"),
+        ],
+        [ok("to-idle-r1", "r1", "fn-1")],
+        T + KEEP,
+    ),
+    "warm reuse: no new slot": Case(
+        [assign("r1"), ready(), idle("r1")],
+        assign("r2"),
+        [
+            e.RequestArrived(at_ms=T, request_id="r2", reply_to="to-r2"),
+            e.Assigned(at_ms=T, request_id="r2", instance_id="fn-1"),
+        ],
+        [ok("to-r2", "r2", "fn-1")],
+        T + LEASE,
+    ),
+    "need_destroy retires": Case(
         [assign("r1"), ready()],
         idle("r1", need_destroy=True, reason="oom"),
-        ["Released", "InstanceRetired"],
+        [
+            e.Released(at_ms=T, request_id="r1", instance_id="fn-1", reason="oom", need_destroy=True),
+            e.InstanceRetired(at_ms=T, instance_id="fn-1", slot_id="s1", reason="need_destroy: oom"),
+        ],
+        [ok("to-idle-r1", "r1", "fn-1")],
+        None,
     ),
-    "second concurrent assign starts another": ([assign("r1")], assign("r2"), ["RequestArrived", "SlotWanted"]),
-    "idle for an unknown instance changes nothing": ([assign("r1"), ready()], idle("r1", i="nope"), []),
-    "idle twice is idempotent": ([assign("r1"), ready(), idle("r1")], idle("r1"), []),
-    "retried assign while queued changes nothing": ([assign("r1")], assign("r1"), []),
-    "tick before the deadline changes nothing": ([assign("r1"), ready(), idle("r1")], c.Tick(key=KEY, due_ms=0), []),
+    "second concurrent assign starts another": Case(
+        [assign("r1")],
+        assign("r2"),
+        [
+            e.RequestArrived(at_ms=T, request_id="r2", reply_to="to-r2"),
+            e.SlotWanted(at_ms=T, instance_id="fn-2", meta=META, for_request="r2", reason=COLD),
+        ],
+        [],
+        None,
+    ),
+    "idle for an unknown instance changes nothing": Case(
+        [assign("r1"), ready()],
+        idle("r1", i="nope"),
+        [],
+        [
+            c.Reply(
+                to="to-idle-r1",
+                request_id="r1",
+                code=c.Code.NOT_FOUND,
+                message=f"no instance 'nope' for metaKey {KEY!r}",
+            )
+        ],
+        10 + LEASE,  # r1 still holds fn-1, since 10
+    ),
+    "idle twice is idempotent": Case(
+        [assign("r1"), ready(), idle("r1")],
+        idle("r1"),
+        [],
+        [ok("to-idle-r1", "r1", message="instance fn-1 was already released by request r1")],
+        20 + KEEP,
+    ),
+    "retried assign while queued changes nothing": Case([assign("r1")], assign("r1"), [], [], None),
+    "tick before the deadline changes nothing": Case(
+        [assign("r1"), ready(), idle("r1")], c.Tick(key=KEY, due_ms=0), [], [], 20 + KEEP
+    ),
 }
 
 
-@pytest.mark.parametrize("given,when,then", CASES.values(), ids=CASES.keys())
-def test_decide(given, when, then):
-    s, _ = run(*given)
-    d = decide(s, when, 1_000, DEMO)
-    assert kinds(d) == then
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_decide(case):
+    s, _ = run(*case.given)
+    d = decide(s, case.when, T, DEMO)
+    assert (d.events, d.replies, d.wake_ms) == (case.events, case.replies, case.wake_ms)
 
 
 def test_first_assign_records_meta_then_queues_then_starts():
     _, (d,) = run(assign("r1"))
-    assert kinds(d) == ["FunctionSeen", "RequestArrived", "SlotWanted"]
-    wanted = d.events[-1]
-    assert wanted.instance_id == f"{KEY}-1" and wanted.for_request == "r1" and wanted.meta == META
+    assert d.events == [
+        e.FunctionSeen(at_ms=0, meta=META),
+        e.RequestArrived(at_ms=0, request_id="r1", reply_to="to-r1"),
+        e.SlotWanted(at_ms=0, instance_id=f"{KEY}-1", meta=META, for_request="r1", reason=COLD),
+    ]
 
 
 def test_assigned_reply_goes_to_the_waiting_caller():
@@ -75,7 +169,8 @@ def test_keep_alive_expires_on_tick_and_reuse_before_the_tick_wins():
     d = decide(reused, c.Tick(key=KEY, due_ms=deadline), deadline + 6, DEMO)
     assert d.events == [] and d.wake_ms == deadline + 5 + META.timeout_s * 1000 + 30_000  # only r2's lease
     d = decide(s, c.Tick(key=KEY, due_ms=deadline), deadline, DEMO)
-    assert kinds(d) == ["InstanceRetired"] and d.events[0].slot_id == "s1"
+    why = "keep-alive expired after 300s idle"
+    assert d.events == [e.InstanceRetired(at_ms=deadline, instance_id="fn-1", slot_id="s1", reason=why)]
     assert d.state.instances["fn-1"].phase is Phase.RETIRING
 
 
@@ -133,8 +228,12 @@ def test_idle_retried_while_the_instance_is_still_idle_is_ok():
 def test_creation_failure_fails_the_waiting_request_and_destroys_the_slot():
     fail = c.SlotFailed(key=KEY, instance_id="fn-1", reason="Init: boom", slot_id="s1")
     s, (_, d) = run(assign("r1", to="inbox.1"), fail)
-    assert kinds(d) == ["InstanceRetired", "RequestFailed"]
-    assert d.replies[0].to == "inbox.1" and d.replies[0].code is c.Code.INTERNAL and "boom" in d.replies[0].message
+    message = "the platform could not start an instance: Init: boom"
+    assert d.events == [
+        e.InstanceRetired(at_ms=10, instance_id="fn-1", slot_id="s1", reason="creation failed: Init: boom"),
+        e.RequestFailed(at_ms=10, request_id="r1", message=message),
+    ]
+    assert d.replies == [c.Reply(to="inbox.1", request_id="r1", code=c.Code.INTERNAL, message=message)]
     assert s.queue == () and s.instances["fn-1"].phase is Phase.RETIRING
 
 
@@ -153,7 +252,8 @@ def test_failure_spares_requests_another_creation_covers():
 
 def test_ready_for_an_unwanted_instance_destroys_its_slot():
     s, (d,) = run(ready("ghost-1", "s9"))
-    assert kinds(d) == ["InstanceRetired"] and d.events[0].slot_id == "s9"
+    why = "ready for an instance no longer wanted"
+    assert d.events == [e.InstanceRetired(at_ms=0, instance_id="ghost-1@s9", slot_id="s9", reason=why)]
     assert s.instances["ghost-1@s9"].phase is Phase.RETIRING
 
 
@@ -164,9 +264,12 @@ def test_repeated_ready_report_is_ignored():
 
 def test_cancel_frees_what_the_caller_held_or_waited_for():
     s, (_, d) = run(assign("r1", to="inbox.1"), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"))
-    assert kinds(d) == ["RequestCancelled"] and s.queue == ()
+    assert d.events == [e.RequestCancelled(at_ms=10, request_id="r1", reason="caller gave up")] and s.queue == ()
     s, (*_, d) = run(assign("r1", to="inbox.1"), ready(), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"))
-    assert kinds(d) == ["Released", "KeptAlive"] and s.instances["fn-1"].phase is Phase.IDLE
+    why = "cancelled: caller gave up"
+    released = e.Released(at_ms=20, request_id="r1", instance_id="fn-1", status_code=0, reason=why)
+    kept = e.KeptAlive(at_ms=20, instance_id="fn-1", until_ms=20 + KEEP, why="fixed keep-alive 300s")
+    assert d.events == [released, kept] and d.replies == [] and s.instances["fn-1"].phase is Phase.IDLE
 
 
 def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
@@ -187,7 +290,11 @@ def test_assign_retried_after_assignment_gets_the_same_instance():
 def test_meta_change_is_recorded_and_used_for_new_instances():
     bigger = e.Meta(memory_mb=2048, runtime="python", timeout_s=60)
     _s, (*_, d) = run(assign("r1"), assign("r2", meta=bigger))
-    assert kinds(d) == ["FunctionSeen", "RequestArrived", "SlotWanted"] and d.events[-1].meta == bigger
+    assert d.events == [
+        e.FunctionSeen(at_ms=10, meta=bigger),
+        e.RequestArrived(at_ms=10, request_id="r2", reply_to="to-r2"),
+        e.SlotWanted(at_ms=10, instance_id="fn-2", meta=bigger, for_request="r2", reason=COLD),
+    ]
 
 
 def test_zero_memory_is_refused():
@@ -208,7 +315,7 @@ def test_request_is_cancelled_when_its_last_waiter_leaves():
         c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"),
         c.Cancel(key=KEY, request_id="r1", reply_to="inbox.2"),
     )
-    assert kinds(d) == ["RequestCancelled"] and s.queue == ()
+    assert d.events == [e.RequestCancelled(at_ms=30, request_id="r1", reason="caller gave up")] and s.queue == ()
 
 
 def test_cancel_of_a_shared_assignment_does_not_free_it():
@@ -228,7 +335,11 @@ def test_an_instance_held_past_the_function_timeout_is_freed_and_retired():
     early = decide(s, c.Tick(key=KEY, due_ms=0), 10 + lease - 1, DEMO)
     assert early.events == []
     late = decide(s, c.Tick(key=KEY, due_ms=0), 10 + lease, DEMO)
-    assert kinds(late) == ["Released", "InstanceRetired"] and "timeout" in late.events[0].reason
+    why = "no Idle within the function's 60s timeout"
+    assert late.events == [
+        e.Released(at_ms=10 + lease, request_id="r1", instance_id="fn-1", status_code=0, reason=why),
+        e.InstanceRetired(at_ms=10 + lease, instance_id="fn-1", slot_id="s1", reason=why),
+    ]
     assert late.state.instances["fn-1"].phase is Phase.RETIRING
     after = decide(late.state, idle("r1"), 10 + lease + 5, DEMO)  # the lost caller comes back after all
     assert after.events == [] and after.replies[0].code is c.Code.OK

@@ -49,8 +49,8 @@ class Policy:
 
     name = "base"
 
-    def bind(self, totals: Totals, now: int) -> Self:
-        """This policy as it should decide given the whole run so far (most ignore it)."""
+    def tuned_to(self, totals: Totals) -> Self:
+        """This policy with its parameters set from the whole run so far: a new value (most ignore the run)."""
         return self
 
     def pick(self, s: FnState, idle: list[Instance], now: int) -> Instance:

@@ -1,6 +1,7 @@
 """Estimates policies share: what the function's history says about the near future."""
 
-from controller.core.state import UNKNOWN_START_MS, FnState, Phase
+from controller.core.features import UNKNOWN_START_MS
+from controller.core.state import FnState, Phase
 
 
 def median(values: tuple[int, ...] | list[int]) -> float:

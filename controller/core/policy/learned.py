@@ -28,11 +28,11 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
+from controller.core.features import GAP_BINS
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from controller.core.policy.estimate import start_ms
-from controller.core.state import GAP_BINS, FnState, Instance, Phase, Totals
+from controller.core.state import FnState, Instance, Phase, Totals
 
-_POOL_MEMO: dict[tuple[int, int, float], tuple[object, int]] = {}  # pool targets within a decision
 _UPPER = [2 ** ((i + 1) / 2) for i in range(GAP_BINS)]  # upper edge of each gap bin, ms
 _MID = [2 ** ((i + 0.5) / 2) for i in range(GAP_BINS)]
 
@@ -43,9 +43,9 @@ class Learned(Policy):
     wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
     min_samples: int = 3
 
-    def bind(self, totals: Totals, now: int) -> "Learned":
+    def tuned_to(self, totals: Totals) -> "Learned":
         """Value waiting at the rate the score trades it for memory, given the run so far."""
-        rate = exchange_rate(totals, now)
+        rate = exchange_rate(totals)
         if rate is None:
             return self
         return replace(self, wait_gb=min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB))
@@ -80,17 +80,6 @@ class Learned(Policy):
 
     def pool_target(self, s: FnState, now: int) -> int:
         """Instances worth keeping for the recent load: memory x k against expected waiting (M/M/k)."""
-        key = (id(s.stats), now, self.wait_gb)
-        hit = _POOL_MEMO.get(key)
-        if hit is not None and hit[0] is s.stats:  # FnStats are immutable: the same object, the same answer
-            return hit[1]
-        if len(_POOL_MEMO) > 256:
-            _POOL_MEMO.clear()
-        target = self._pool_target(s, now)
-        _POOL_MEMO[key] = (s.stats, target)
-        return target
-
-    def _pool_target(self, s: FnState, now: int) -> int:
         runs = s.stats.runs
         if not runs:
             return 1
@@ -199,14 +188,7 @@ class Learned(Policy):
         start = start_ms(s)
         typical = runs[len(runs) // 2]
         gb = self._gb(s)
-        free = []  # when each instance is expected to take its next waiting request
-        for inst in s.instances.values():
-            if inst.phase is Phase.BUSY:
-                left = _remaining(runs, now - inst.since_ms)
-                if left is not None:
-                    free.append(now + left)
-            elif inst.phase is Phase.CREATING:
-                free.append(max(now, inst.wanted_ms + start))
+        free = _when_free(s, runs, start, now)
         # Who will want an instance: the queue now, and arrivals over the next two starts at the
         # recent rate (a queue that cannot keep up with them keeps growing).
         arrivals = [float(now)] * len(s.queue[:QUEUE_SIMULATED])
@@ -333,7 +315,7 @@ MIN_EXEC_MS = 30_000  # execution the run needs before its exchange rate is trus
 MIN_WAIT_GB, MAX_WAIT_GB = 0.1, 1000.0
 
 
-def exchange_rate(t: Totals, now: int) -> float | None:
+def exchange_rate(t: Totals) -> float | None:
     """GB·s of slot time that one second of waiting costs the score, at the run's best reachable point.
 
     score = 50 E_gb / S + 50 E / (E + W): d/dW = -50 E / (E + W)^2, d/dS = -50 E_gb / S^2, so a
@@ -350,6 +332,20 @@ def exchange_rate(t: Totals, now: int) -> float | None:
 
 def caught_share(bins: list[tuple[float, float]], until: float, total: float) -> float:
     return sum(w for value, w in bins if value <= until) / total if total else 0.0
+
+
+def _when_free(s: FnState, runs: list[int], start: int, now: int) -> list[float]:
+    """When each instance is expected to take its next waiting request: busy ones after their expected
+    rest, those being created when ready; a busy one not worth waiting for is left out."""
+    free = []
+    for inst in s.instances.values():
+        if inst.phase is Phase.BUSY:
+            left = _remaining(runs, now - inst.since_ms)
+            if left is not None:
+                free.append(now + left)
+        elif inst.phase is Phase.CREATING:
+            free.append(max(now, inst.wanted_ms + start))
+    return free
 
 
 def _remaining(runs: list[int], elapsed: int) -> float | None:

@@ -1,0 +1,64 @@
+"""What a live scaler decided, checked against the pure core: a check that holds however fast the machine is.
+
+Live, when a request reaches the controller depends on the machine (a loaded one serves it later,
+an instance looks busy for longer), so live figures drift from offline ones. What must not drift
+is the decision on what the controller saw: every batch it appended is the core's decision on the
+state the stream held before it, with the run's totals as they were. `Decisions` records what the
+controller decided (its command, time, state and totals) and `check` holds the EVENTS stream
+against it, deciding each batch again with a fresh policy.
+"""
+
+from collections import defaultdict
+from typing import NamedTuple
+
+import pytest
+
+from controller import ledger, stream
+from controller.core.decide import Decision, decide
+from controller.core.policy import get_policy
+from controller.core.state import FnState, Totals, replay
+from proto.commands import AnyCommand, command_id
+from proto.events import Batch
+from runtime.bus import connected
+
+
+class Taken(NamedTuple):
+    state: FnState
+    cmd: AnyCommand
+    now: int
+    totals: Totals | None
+    decision: Decision
+
+
+class Decisions:
+    """Every decision the controller in this process takes (through its ledger), by function and command id."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.taken: dict[tuple[str, str], list[Taken]] = defaultdict(list)
+        real = ledger.decide
+
+        def recording(s: FnState, cmd: AnyCommand, now: int, policy, totals: Totals | None = None) -> Decision:
+            d = real(s, cmd, now, policy, totals)
+            self.taken[cmd.key, command_id(cmd)].append(Taken(s, cmd, now, totals, d))
+            return d
+
+        monkeypatch.setattr(ledger, "decide", recording)
+
+    async def check(self, nats_url: str, policy: str) -> dict[str, FnState]:
+        """Every appended batch is the core's decision on the stream's state; returns the states replayed."""
+        batches: list[tuple[int, Batch]] = []
+        async with connected(nats_url, "decisions") as nc:
+            await stream.read(nc.jetstream(), lambda seq, batch: batches.append((seq, batch)))
+        assert batches, "nothing was decided"
+        states: dict[str, FnState] = {}
+        for seq, batch in batches:
+            before = states.get(batch.key) or FnState(key=batch.key)
+            taken = [
+                t for t in self.taken[batch.key, batch.cause] if t.state == before and t.decision.events == batch.events
+            ]
+            assert taken, f"seq {seq} ({batch.cause}) is not the controller's decision on the state before it"
+            t = taken[-1]
+            again = decide(before, t.cmd, t.now, get_policy(policy), t.totals)
+            assert (again.events, again.wake_ms) == (batch.events, batch.wake_ms), f"seq {seq} ({batch.cause})"
+            states[batch.key] = replay(before, batch.events)
+        return states
