@@ -9,10 +9,12 @@ instance stays busy a little longer (the scaler's own latency, more on a loaded 
 policy sees another load and decides accordingly: the tests check that it decides as the core does
 on what it saw (tests/decisions.py); this measures how far that moves cold starts, slots, slot
 GB·s and waiting ("schedule ms/request over offline" is mostly the scaler's own latency, which
-offline counts as zero). Prints two tables (the runs, and slot GB·s per function); one run each, on this
-machine, under whatever else it runs.
+offline counts as zero). Prints three tables (the runs; the Idle calls' latency over the run and in
+its busiest second, with the offline `demo` policy's score beside; and slot GB·s per function);
+one run each, on this machine, under whatever else it runs.
 
 - smoke: function_smoke_test, demo policy (806 of its 980 requests within one second);
+- smoke-learned: the same with our policy;
 - busiest-minute: dataSet_1 from 18,600 s to 18,660 s, learned policy (2,731 requests of 20-40 ms,
   45 a second, on three functions).
 """
@@ -22,8 +24,10 @@ import asyncio
 import json
 import re
 import socket
+import statistics
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +56,7 @@ def window(source: Path, folder: Path, from_s: int, to_s: int) -> Path:
 def scenarios(datasets: Path, scratch: Path) -> dict[str, tuple[Path, str]]:
     return {
         "smoke": (ROOT / "tests" / "fixtures" / "function_smoke_test", "demo"),
+        "smoke-learned": (ROOT / "tests" / "fixtures" / "function_smoke_test", "learned"),
         "busiest-minute": (window(datasets / "dataSet_1", scratch / "peak", 18_600, 18_660), "learned"),
     }
 
@@ -92,14 +97,35 @@ def row(name: str, mode: str, run: Run, offline: Run) -> str:
     )
 
 
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def idle_latency(dataset: Dataset, run: Run) -> str:
+    """Idle p50 / p99 (ms) over the run and within its busiest second (by the trace's arrivals)."""
+    seconds = [r.start_time // 1000 for r in dataset.requests]
+    busiest = Counter(seconds).most_common(1)[0][0]
+    idle = [i.idle_ms for i in run.invocations]
+    burst = [i.idle_ms for i, second in zip(run.invocations, seconds, strict=True) if second == busiest]
+    return (
+        f"{statistics.median(idle):.1f} / {pct(idle, 0.99):.1f} | {len(burst)} "
+        f"| {statistics.median(burst):.1f} / {pct(burst, 0.99):.1f}"
+    )
+
+
 async def main(names: list[str], datasets: Path) -> None:
     runs: list[tuple[str, Run, Run]] = []
+    latency: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
         chosen = scenarios(datasets, Path(scratch))
         for name in names:
             folder, policy = chosen[name]
             dataset = load_dataset(folder)
-            runs.append((f"{name} ({policy})", simulate(dataset, get_policy(policy)), await live(dataset, policy)))
+            offline, on = simulate(dataset, get_policy(policy)), await live(dataset, policy)
+            runs.append((f"{name} ({policy})", offline, on))
+            demo = simulate(dataset, get_policy("demo")).stats().score
+            latency.append(f"| {name} ({policy}) | {idle_latency(dataset, on)} | {on.stats().score:.2f} | {demo:.2f} |")
     print(
         "| scenario | mode | requests | failed | cold starts | slots | slot GB·s | schedule s "
         "| schedule ms/request over offline | idle s | score |"
@@ -108,6 +134,11 @@ async def main(names: list[str], datasets: Path) -> None:
     for name, offline, on in runs:
         print(row(name, "offline", offline, offline))
         print(row(name, "live, speed 1", on, offline))
+    print()
+    print("| scenario | Idle p50 / p99 ms | busiest second: requests | its Idle p50 / p99 ms | live score "
+          "| offline `demo` score |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    print("\n".join(latency))
     print()
     print("| scenario | function | offline slot GB·s | live slot GB·s | live / offline |")
     print("|---|---|---:|---:|---:|")
@@ -119,7 +150,8 @@ async def main(names: list[str], datasets: Path) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scenarios", nargs="+", default=["smoke", "busiest-minute"], choices=["smoke", "busiest-minute"])
+    names = ["smoke", "smoke-learned", "busiest-minute"]
+    p.add_argument("--scenarios", nargs="+", default=names, choices=names)
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR)
     a = p.parse_args()
     asyncio.run(main(a.scenarios, a.datasets_dir))
