@@ -7,7 +7,7 @@ the gRPC service in one process.
 import argparse
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
-from controller.shell import Controller
+from controller.shell import MAX_BEHIND_S, Controller
 from runtime import service
 from runtime.clock import Clock
 
@@ -25,8 +25,17 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+    p.add_argument(
+        "--max-behind",
+        type=float,
+        default=float(service.env("MAX_BEHIND", str(MAX_BEHIND_S))),
+        help="seconds decisions may lag behind arrivals (a weighted mean) before new Assigns are refused"
+        " with RESOURCE_EXHAUSTED [SCALER_MAX_BEHIND]",
+    )
+
+
 def make(a: argparse.Namespace) -> Controller:
-    return Controller(a.nats, get_policy(a.policy), Clock(a.speed), replicas=a.replicas)
+    return Controller(a.nats, get_policy(a.policy), Clock(a.speed), replicas=a.replicas, max_behind_s=a.max_behind)
 
 
 def build_parser() -> argparse.ArgumentParser:

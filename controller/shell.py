@@ -18,6 +18,7 @@ import itertools
 import logging
 import secrets
 import socket
+import time
 from collections import Counter
 
 from msgspec.structs import replace
@@ -58,6 +59,12 @@ APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
 APPEND_TIMEOUT_S = 5.0
 APPEND_PATIENCE_S = 10.0  # how long an append is retried while JetStream does not answer (a cluster's failover)
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
+# Overload: a new Assign is refused at once while the node is behind: when decisions have lately
+# taken longer than MAX_BEHIND_S from a command's arrival, or the event loop itself runs that late
+# (calls queue in gRPC before they reach us), each a weighted mean so a burst of a second is
+# absorbed; or when MAX_BACKLOG commands wait to be decided (memory and latency stay bounded).
+MAX_BEHIND_S = 1.0
+MAX_BACKLOG = 4096
 SNAPSHOT_EVERY = 10_000  # events in a partition
 SNAPSHOT_INTERVAL_S = 60.0
 OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
@@ -79,6 +86,8 @@ class Controller:
         lease_every_s: float = EVERY_S,
         snapshot_every: int = SNAPSHOT_EVERY,
         snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
+        max_backlog: int = MAX_BACKLOG,
+        max_behind_s: float = MAX_BEHIND_S,
     ) -> None:
         self.nats_url = nats_url
         self.policy = policy
@@ -87,6 +96,12 @@ class Controller:
         self.node = node or f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.lease_ttl_s = lease_ttl_s
         self.lease_every_s = lease_every_s
+        self.max_backlog = max_backlog
+        self.max_behind_s = max_behind_s
+        self.backlog = 0  # commands between their arrival here and their decision stored
+        self.behind_s = 0.0  # weighted mean of that time over the recent commands
+        self.lag_s = 0.0  # how late the event loop runs timers, rising at once and falling slowly
+        self.refused = 0  # Assigns refused for overload, since start
         self.ledger = Ledger()
         self.serving: set[int] = set()  # partitions loaded and answered here
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
@@ -103,6 +118,7 @@ class Controller:
         self._tokens = itertools.count()
         self._inbox = ""
         self._tasks: set[asyncio.Task] = set()
+        self._lag_watch: asyncio.Task | None = None
         self._store: SnapshotStore | None = None
         self._snapshot_every = snapshot_every
         self._snapshot_interval_s = snapshot_interval_s
@@ -139,6 +155,7 @@ class Controller:
         self.forwarder = Forwarder.over(self._nc)
         await self.forwarder.start()
         self.timers.start()
+        self._lag_watch = asyncio.create_task(self._watch_lag())
         self._state_sub = await state_service.serve(self._nc, self.node, self.snapshot)
         self.leases = Leases(
             self._js, self.node, self._gained, self._lost, self.lease_ttl_s, self.lease_every_s, self.replicas
@@ -157,6 +174,8 @@ class Controller:
         if self._state_sub is not None:
             await self._state_sub.unsubscribe()
         await self.timers.stop()
+        if self._lag_watch is not None:
+            self._lag_watch.cancel()
         if self.forwarder is not None:
             await self.forwarder.stop()
         if self._tasks:
@@ -271,6 +290,8 @@ class Controller:
         """
         if not self.serves(cmd.key):
             return await self.forwarder.call(cmd, timeout_s)
+        if (refused := self._overloaded(cmd)) is not None:
+            return refused
         to = f"{self._inbox}.{next(self._tokens)}"  # a real subject: after a hand-over the new owner answers it
         answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._local[to] = answer
@@ -291,6 +312,22 @@ class Controller:
         finally:
             self._local.pop(to, None)
 
+    def _overloaded(self, cmd: AnyCommand) -> Reply | None:
+        """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds.
+
+        Only Assigns: an Idle frees an instance (refusing it would only bring it back later), and
+        reports and ticks keep the state moving.
+        """
+        behind = max(self.behind_s, self.lag_s)
+        if not isinstance(cmd, Assign) or (self.backlog < self.max_backlog and behind < self.max_behind_s):
+            return None
+        self.refused += 1
+        message = (
+            f"node {self.node} is overloaded ({self.backlog} commands waiting to be decided, {behind:.1f}s"
+            " behind); try again shortly"
+        )
+        return Reply(to=cmd.reply_to, request_id=cmd.request_id, code=Code.RESOURCE_EXHAUSTED, message=message)
+
     async def handle(self, cmd: AnyCommand) -> Decision:
         """Decide one command of one function, append its batch, answer: in the function's arrival order."""
         if isinstance(cmd, Reconcile) and cmd.partition >= 0:
@@ -299,10 +336,14 @@ class Controller:
         if p not in self.serving:
             raise NotServing(f"partition {p} is not served by {self.node}")
         self._in_flight[p] += 1
+        self.backlog += 1
+        arrived = time.monotonic()
         try:
             async with self._locks.setdefault(cmd.key, asyncio.Lock()):
                 decision = await self._decide_and_append(cmd, p)
         finally:
+            self.backlog -= 1
+            self.behind_s += 0.01 * (time.monotonic() - arrived - self.behind_s)
             self._in_flight[p] -= 1
             if not self._in_flight[p]:
                 self._drained.set()
@@ -410,6 +451,14 @@ class Controller:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    async def _watch_lag(self, every_s: float = 0.05) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            await asyncio.sleep(every_s)
+            lag = loop.time() - began - every_s
+            self.lag_s = lag if lag > self.lag_s else 0.9 * self.lag_s + 0.1 * lag
+
     async def _tick(self, key: str, due_ms: int) -> None:
         if self.serves(key):
             await self.handle(Tick(key=key, due_ms=due_ms))
@@ -431,6 +480,9 @@ class Controller:
         is_call = isinstance(cmd, Assign | Idle)
         if is_call:
             cmd = replace(cmd, reply_to=msg.reply)
+            if (refused := self._overloaded(cmd)) is not None:
+                await self._nc.publish(msg.reply, encode(refused))
+                return
         try:
             await self.handle(cmd)
         except Unavailable as e:  # the sender tries again

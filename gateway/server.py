@@ -22,11 +22,13 @@ log = logging.getLogger("scaler.gateway")
 GRPC_CODES = {
     Code.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Code.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
     Code.INTERNAL: grpc.StatusCode.INTERNAL,
     Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
 MAX_ID_BYTES = 256
+MAX_CALLS = 10_000  # calls in flight at once (an Assign may wait seconds for a cold start); past it RESOURCE_EXHAUSTED
 Call = Assign | Idle  # what the gateway passes on (named here: the servicer's methods shadow the commands)
 
 
@@ -91,15 +93,25 @@ def idle_command(request: pb.IdleRequest) -> Idle:
 
 
 class Gateway(pb_grpc.ScalerServicer):
-    def __init__(self, router: Router, listen: str = "0.0.0.0:9001", reply_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, router: Router, listen: str = "0.0.0.0:9001", reply_timeout_s: float = 60.0, max_calls: int = MAX_CALLS
+    ) -> None:
         self.router = router
         self.listen = listen
         self.reply_timeout_s = reply_timeout_s
+        self.max_calls = max_calls
         self.port = 0
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
-        self._server = grpc.aio.server()
+        # gRPC's core cancels calls beyond 1,000 not yet taken by the application (some at random up to
+        # 3,000): in a burst, a CANCELLED call is a failed request. Calls are bounded here instead,
+        # past `max_calls` with RESOURCE_EXHAUSTED (and the controller refuses Assigns when it is behind).
+        options = [
+            ("grpc.server.max_pending_requests", self.max_calls),
+            ("grpc.server.max_pending_requests_hard_limit", self.max_calls),
+        ]
+        self._server = grpc.aio.server(maximum_concurrent_rpcs=self.max_calls, options=options)
         pb_grpc.add_ScalerServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port(self.listen)
         if self.port == 0:

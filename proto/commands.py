@@ -124,6 +124,7 @@ class Code(enum.IntEnum):
     OK = 0
     INVALID_ARGUMENT = 3
     NOT_FOUND = 5
+    RESOURCE_EXHAUSTED = 8  # the node is overloaded: try again shortly
     FAILED_PRECONDITION = 9
     INTERNAL = 13
     UNAVAILABLE = 14

@@ -36,12 +36,14 @@ class Parts:
         front: bool = False,
         nodes: int = 1,
         replicas: int = 1,
+        node_args: tuple[str, ...] = (),
     ) -> None:
         self.platform = platform
         self.reply_timeout_s = reply_timeout_s
         self.ack_wait_s = ack_wait_s  # short: a killed worker's event comes back soon
         self.front = front  # a front gateway forwarding to the node, and the clients call it
         self.replicas = replicas
+        self.node_args = node_args  # more flags for every node
         self.nodes = ["node", *(f"node-{n}" for n in range(1, nodes))]
         # kept across restarts, as a platform expects
         self.ports = {name: free_port() for name in (*self.nodes, "gateway")}
@@ -55,7 +57,7 @@ class Parts:
         workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s)]
         if part in self.nodes:
             listen = f"127.0.0.1:{self.ports[part]}"
-            return ["scaler", "node", "--listen", listen, "--replicas", str(self.replicas), *timeout]
+            return ["scaler", "node", "--listen", listen, "--replicas", str(self.replicas), *timeout, *self.node_args]
         return {
             "platform_worker": ["workers", "platform", *workers],
             "gc_worker": ["workers", "gc", *workers],
