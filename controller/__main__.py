@@ -24,7 +24,6 @@ def add_options(p: argparse.ArgumentParser) -> None:
         " (an existing stream's are never lowered) [SCALER_REPLICAS]",
     )
 
-
     p.add_argument(
         "--max-behind",
         type=float,

@@ -13,13 +13,16 @@ from controller.core.state import FnState, Totals, apply
 from proto.commands import AnyCommand, Tick, command_id
 from proto.events import Batch
 
+NO_TOTALS = Totals()
+
 
 class Ledger:
     def __init__(self) -> None:
         self.states: dict[str, FnState] = {}
         self.last_seq: dict[str, int] = {}  # per function: stream sequence of its last batch
         self.wake: dict[str, int] = {}  # per function: when it next wants a Tick
-        self.totals = Totals()  # the run so far, summed over functions, for the policy
+        self.totals = Totals()  # the run so far, summed over these functions
+        self.others = Totals()  # ... and over the functions other nodes hold, as they last said
         self.seq = 0  # the newest stream sequence folded or appended
 
     def state(self, key: str) -> FnState:
@@ -37,7 +40,11 @@ class Ledger:
         self._wake(batch.key, batch.wake_ms)
 
     def decide(self, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
-        return decide(self.state(cmd.key), cmd, now, policy, self.totals)
+        """The core's decision, with the whole run's totals (the policy's exchange rate is taken from them)."""
+        return decide(self.state(cmd.key), cmd, now, policy, self.run_totals())
+
+    def run_totals(self) -> Totals:
+        return self.totals.plus(self.others) if self.others != NO_TOTALS else self.totals
 
     @staticmethod
     def batch(cmd: AnyCommand, d: Decision, now: int) -> Batch | None:

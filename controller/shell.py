@@ -19,7 +19,7 @@ import logging
 import secrets
 import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
@@ -31,6 +31,7 @@ from controller.core.policy import Policy
 from controller.core.state import FnState, Phase, Totals
 from controller.leases import EVERY_S, TTL_S, Leases
 from controller.ledger import Ledger
+from controller.shared import SharedTotals
 from controller.snapshots import Snapshot, SnapshotStore
 from controller.timers import Timers
 from gateway.forward import Forwarder
@@ -59,10 +60,10 @@ APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
 APPEND_TIMEOUT_S = 5.0
 APPEND_PATIENCE_S = 10.0  # how long an append is retried while JetStream does not answer (a cluster's failover)
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
-# Overload: a new Assign is refused at once while the node is behind: when decisions have lately
-# taken longer than MAX_BEHIND_S from a command's arrival, or the event loop itself runs that late
-# (calls queue in gRPC before they reach us), each a weighted mean so a burst of a second is
-# absorbed; or when MAX_BACKLOG commands wait to be decided (memory and latency stay bounded).
+# Overload: a new Assign is refused at once while the node is behind: when the oldest command not
+# yet decided arrived more than MAX_BEHIND_S ago, or the event loop itself runs that late (calls
+# queue in gRPC before they reach us; a weighted mean, so a burst of a second is absorbed); or when
+# MAX_BACKLOG commands wait to be decided (memory and latency stay bounded).
 MAX_BEHIND_S = 1.0
 MAX_BACKLOG = 4096
 SNAPSHOT_EVERY = 10_000  # events in a partition
@@ -99,7 +100,8 @@ class Controller:
         self.max_backlog = max_backlog
         self.max_behind_s = max_behind_s
         self.backlog = 0  # commands between their arrival here and their decision stored
-        self.behind_s = 0.0  # weighted mean of that time over the recent commands
+        self._arrivals: deque[tuple[float, int]] = deque()  # (when, token) of those commands, oldest first
+        self._decided: set[int] = set()  # tokens decided but still in `_arrivals` behind an older one
         self.lag_s = 0.0  # how late the event loop runs timers, rising at once and falling slowly
         self.refused = 0  # Assigns refused for overload, since start
         self.ledger = Ledger()
@@ -108,6 +110,7 @@ class Controller:
         self.timers = Timers(self.clock, self._tick)
         self.forwarder: Forwarder | None = None  # for calls whose partition another node serves
         self.leases: Leases | None = None
+        self.shared: SharedTotals | None = None  # the run's totals across nodes
         self._loading: dict[int, asyncio.Task] = {}
         self._subs: dict[int, object] = {}
         self._in_flight: Counter[int] = Counter()  # handles under way, by partition
@@ -160,6 +163,10 @@ class Controller:
         self.leases = Leases(
             self._js, self.node, self._gained, self._lost, self.lease_ttl_s, self.lease_every_s, self.replicas
         )
+        self.shared = SharedTotals(
+            self._js, self.node, self.ledger, self.lease_ttl_s, self.lease_every_s, self.replicas
+        )
+        await self.shared.start()
         await self.leases.start()
         if self._loading:  # the first partitions: ready once they are served (a broken stream stops the start)
             await asyncio.gather(*set(self._loading.values()))
@@ -171,6 +178,8 @@ class Controller:
     async def stop(self) -> None:
         if self.leases is not None:
             await self.leases.stop()  # gives every partition back, each snapshotted
+        if self.shared is not None:
+            await self.shared.stop()
         if self._state_sub is not None:
             await self._state_sub.unsubscribe()
         await self.timers.stop()
@@ -318,7 +327,7 @@ class Controller:
         Only Assigns: an Idle frees an instance (refusing it would only bring it back later), and
         reports and ticks keep the state moving.
         """
-        behind = max(self.behind_s, self.lag_s)
+        behind = max(self.behind_s(), self.lag_s)
         if not isinstance(cmd, Assign) or (self.backlog < self.max_backlog and behind < self.max_behind_s):
             return None
         self.refused += 1
@@ -327,6 +336,12 @@ class Controller:
             " behind); try again shortly"
         )
         return Reply(to=cmd.reply_to, request_id=cmd.request_id, code=Code.RESOURCE_EXHAUSTED, message=message)
+
+    def behind_s(self) -> float:
+        """How long the oldest command not yet decided has been waiting."""
+        while self._arrivals and self._arrivals[0][1] in self._decided:
+            self._decided.discard(self._arrivals.popleft()[1])
+        return time.monotonic() - self._arrivals[0][0] if self._arrivals else 0.0
 
     async def handle(self, cmd: AnyCommand) -> Decision:
         """Decide one command of one function, append its batch, answer: in the function's arrival order."""
@@ -337,13 +352,14 @@ class Controller:
             raise NotServing(f"partition {p} is not served by {self.node}")
         self._in_flight[p] += 1
         self.backlog += 1
-        arrived = time.monotonic()
+        token = next(self._tokens)
+        self._arrivals.append((time.monotonic(), token))
         try:
             async with self._locks.setdefault(cmd.key, asyncio.Lock()):
                 decision = await self._decide_and_append(cmd, p)
         finally:
             self.backlog -= 1
-            self.behind_s += 0.01 * (time.monotonic() - arrived - self.behind_s)
+            self._decided.add(token)
             self._in_flight[p] -= 1
             if not self._in_flight[p]:
                 self._drained.set()

@@ -256,6 +256,15 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     wait_ms: float = 0.0
     ideal_gb_ms: float = 0.0
 
+    def plus(self, other: "Totals") -> "Totals":
+        """The run's totals from two sets of functions (another node's partitions, say)."""
+        return Totals(
+            exec_ms=self.exec_ms + other.exec_ms,
+            exec_gb_ms=self.exec_gb_ms + other.exec_gb_ms,
+            wait_ms=self.wait_ms + other.wait_ms,
+            ideal_gb_ms=self.ideal_gb_ms + other.ideal_gb_ms,
+        )
+
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
         """The totals once one function's state `old` is replaced by `new` (None: no state)."""
         was = old.stats if old is not None else NO_STATS
