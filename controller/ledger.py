@@ -8,6 +8,7 @@ the latest immutable state of each function.
 """
 
 from controller.core.decide import Decision, decide
+from controller.core.limits import NO_LIMITS, NO_ROOM, Room
 from controller.core.policy import Policy
 from controller.core.state import FnState, Totals, apply
 from proto.commands import AnyCommand, Tick, command_id
@@ -23,6 +24,7 @@ class Ledger:
         self.wake: dict[str, int] = {}  # per function: when it next wants a Tick
         self.totals = Totals()  # the run so far, summed over these functions
         self.others = Totals()  # ... and over the functions other nodes hold, as they last said
+        self.limits = NO_LIMITS  # the operator's caps, those over all functions scaled to this ledger's share
         self.seq = 0  # the newest stream sequence folded or appended
 
     def state(self, key: str) -> FnState:
@@ -41,7 +43,8 @@ class Ledger:
 
     def decide(self, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
         """The core's decision, with the whole run's totals (the policy's exchange rate is taken from them)."""
-        return decide(self.state(cmd.key), cmd, now, policy, self.run_totals())
+        room = Room.of(self.limits, cmd.key, self.totals) if self.limits is not NO_LIMITS else NO_ROOM
+        return decide(self.state(cmd.key), cmd, now, policy, self.run_totals(), room)
 
     def run_totals(self) -> Totals:
         return self.totals.plus(self.others) if self.others != NO_TOTALS else self.totals

@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from controller import state_service, stream
 from controller.core import reconcile
 from controller.core.decide import Decision
+from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import Policy
 from controller.core.state import FnState, Phase, Totals
 from controller.leases import EVERY_S, TTL_S, Leases
@@ -65,6 +66,7 @@ CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of t
 # queue in gRPC before they reach us; a weighted mean, so a burst of a second is absorbed); or when
 # MAX_BACKLOG commands wait to be decided (memory and latency stay bounded).
 MAX_BEHIND_S = 1.0
+STORE_TROUBLE_S = 5.0  # an append failed to reach JetStream this recently: a backlog is the store's, not overload
 MAX_BACKLOG = 4096
 SNAPSHOT_EVERY = 10_000  # events in a partition
 SNAPSHOT_INTERVAL_S = 60.0
@@ -89,6 +91,7 @@ class Controller:
         snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
         max_backlog: int = MAX_BACKLOG,
         max_behind_s: float = MAX_BEHIND_S,
+        limits: Limits = NO_LIMITS,
     ) -> None:
         self.nats_url = nats_url
         self.policy = policy
@@ -97,6 +100,7 @@ class Controller:
         self.node = node or f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.lease_ttl_s = lease_ttl_s
         self.lease_every_s = lease_every_s
+        self.limits = limits  # the operator's caps; those over all functions are split by partitions held
         self.max_backlog = max_backlog
         self.max_behind_s = max_behind_s
         self.backlog = 0  # commands between their arrival here and their decision stored
@@ -104,6 +108,7 @@ class Controller:
         self._decided: set[int] = set()  # tokens decided but still in `_arrivals` behind an older one
         self.lag_s = 0.0  # how late the event loop runs timers, rising at once and falling slowly
         self.refused = 0  # Assigns refused for overload, since start
+        self._store_trouble_at = -1e9  # when an append last failed to reach JetStream (monotonic)
         self.ledger = Ledger()
         self.serving: set[int] = set()  # partitions loaded and answered here
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
@@ -230,6 +235,7 @@ class Controller:
                 self._subs[p] = await self._nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self._on_request)
                 self._saved_at[p] = now
                 self.serving.add(p)
+            self._share_the_caps()
             for key in self._keys(partitions):
                 self.timers.set(key, self.ledger.wake.get(key))
             await self._answer_again(partitions)
@@ -249,6 +255,7 @@ class Controller:
             self.serving.discard(p)
             if (sub := self._subs.pop(p, None)) is not None:
                 await sub.unsubscribe()
+        self._share_the_caps()
         try:
             async with asyncio.timeout(APPEND_TIMEOUT_S * APPEND_ATTEMPTS):
                 while any(self._in_flight[p] for p in partitions):
@@ -271,6 +278,12 @@ class Controller:
             self._locks.pop(key, None)
         for p in partitions:
             self._unsaved.pop(p, None)
+
+    def _share_the_caps(self) -> None:
+        """Caps over all functions, split by partitions held: together the nodes never pass them."""
+        self.ledger.limits = (
+            self.limits.share(len(self.serving) / PARTITIONS) if self.limits is not NO_LIMITS else NO_LIMITS
+        )
 
     def _keys(self, partitions: list[int]) -> list[str]:
         wanted = set(partitions)
@@ -327,6 +340,8 @@ class Controller:
         Only Assigns: an Idle frees an instance (refusing it would only bring it back later), and
         reports and ticks keep the state moving.
         """
+        if time.monotonic() - self._store_trouble_at < STORE_TROUBLE_S:
+            return None  # not overload: the event store is away, and the call will say so (UNAVAILABLE)
         behind = max(self.behind_s(), self.lag_s)
         if not isinstance(cmd, Assign) or (self.backlog < self.max_backlog and behind < self.max_behind_s):
             return None
@@ -409,6 +424,7 @@ class Controller:
             except stream.Conflict:
                 raise
             except Unavailable:
+                self._store_trouble_at = time.monotonic()
                 if loop.time() + delay > deadline or batch.key not in self._locks:
                     raise
                 await asyncio.sleep(delay)

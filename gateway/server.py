@@ -39,6 +39,10 @@ class Router(Protocol):
         ...
 
 
+class Throttled(Exception):
+    """A cap held the request back: answered with the proto's Throttle status and the reason."""
+
+
 class Refused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -128,6 +132,8 @@ class Gateway(pb_grpc.ScalerServicer):
         try:
             cmd = assign_command(request)
             reply = await self._call(cmd, context)
+        except Throttled as e:  # the challenge's own answer for "not now": its Throttle status
+            return pb.AssignReply(status=pb.Throttle, error_message=str(e))
         except Refused as e:
             await context.abort(e.code, e.message)
         assignment = pb.Assignment(request_id=cmd.request_id, meta_key=cmd.key, instance_id=reply.instance_id)
@@ -150,6 +156,8 @@ class Gateway(pb_grpc.ScalerServicer):
             raise Refused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
         except TimeoutError:
             raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:g}s") from None
+        if reply.code is Code.THROTTLED:
+            raise Throttled(reply.message)
         if reply.code is not Code.OK:
             raise Refused(GRPC_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message)
         return reply

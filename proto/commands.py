@@ -125,6 +125,7 @@ class Code(enum.IntEnum):
     INVALID_ARGUMENT = 3
     NOT_FOUND = 5
     RESOURCE_EXHAUSTED = 8  # the node is overloaded: try again shortly
+    THROTTLED = 100  # a cap held the request back past its time: the proto's Throttle status (gRPC OK)
     FAILED_PRECONDITION = 9
     INTERNAL = 13
     UNAVAILABLE = 14

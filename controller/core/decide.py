@@ -14,6 +14,7 @@ the state that earlier ones produced, and `Decision.state` equals `replay(s, Dec
 from typing import NamedTuple
 
 from controller.core import reconcile
+from controller.core.limits import NO_ROOM, Room
 from controller.core.policy import Policy
 from controller.core.state import FnState, Instance, Phase, Totals, apply
 from proto.commands import (
@@ -48,6 +49,7 @@ from proto.events import (
 )
 
 LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
+RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-alive is renewed
 
 
 class Decision(NamedTuple):
@@ -60,11 +62,30 @@ class Decision(NamedTuple):
 class _Draft:
     """A decision being built: events are applied as they are emitted."""
 
-    def __init__(self, s: FnState, now: int) -> None:
+    def __init__(self, s: FnState, now: int, room: Room = NO_ROOM) -> None:
         self.s = s
         self.now = now
+        self.room = room
+        self.started = 0  # instances this decision starts: they count against caps over all functions
         self.events: list[Event] = []
         self.replies: list[Reply] = []
+
+    def may_start(self, wanted: int) -> int:
+        """As many of `wanted` new instances as the caps allow."""
+        allowed = self.room.starts(self.s, self.started)
+        return wanted if allowed is None else min(wanted, allowed)
+
+    def start(self, for_request: str = "", why: str = "") -> None:
+        self.started += 1
+        self.emit(
+            SlotWanted(
+                at_ms=self.now,
+                instance_id=self.s.next_instance_id(),
+                meta=self.s.meta,
+                for_request=for_request,
+                reason=why,
+            )
+        )
 
     def emit(self, e: Event) -> None:
         self.events.append(e)
@@ -81,11 +102,14 @@ class _Draft:
             self.reply(to, request_id, **kw)
 
 
-def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None) -> Decision:
-    """`totals`: the whole run so far, for a policy tuned by it (`Policy.tuned_to`)."""
+def decide(
+    s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM
+) -> Decision:
+    """`totals`: the whole run so far, for a policy tuned by it (`Policy.tuned_to`); `room`: the caps and
+    reserved instances the operator set (controller/core/limits.py)."""
     if totals is not None:
         policy = policy.tuned_to(totals)
-    d = _Draft(s, now)
+    d = _Draft(s, now, room)
     match cmd:
         case Assign():
             _queue_request(d, cmd)
@@ -242,9 +266,10 @@ def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     _free_lost_leases(d)
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
+    throttle_ms = _throttle_at_the_cap(d)
     _keep_or_retire_idle(d, policy)
     prewarm_ms = _prewarm(d, policy)
-    return _next_wake(d, recheck_ms, prewarm_ms)
+    return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms)
 
 
 def _lease_ms(s: FnState) -> int:
@@ -285,14 +310,49 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     if not uncovered or d.s.meta is None:
         return None
     plan = policy.plan_queue(d.s, len(uncovered), d.now)
-    for waiting in uncovered[: plan.starts]:
-        i = d.s.next_instance_id()
-        d.emit(SlotWanted(at_ms=d.now, instance_id=i, meta=d.s.meta, for_request=waiting.request_id, reason=plan.why))
-    for waiting in uncovered[plan.starts :]:
+    starts = d.may_start(plan.starts)
+    for waiting in uncovered[:starts]:
+        d.start(for_request=waiting.request_id, why=plan.why)
+    capped = f"at the cap ({_caps(d.s, d.room)}): waits for an instance to free up" if starts < plan.starts else ""
+    for waiting in uncovered[starts:]:
         if waiting.since_ms == d.now:  # say so once, when it arrives
             r, expected = waiting.request_id, plan.expected_ms
-            d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=plan.why))
+            d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=capped or plan.why))
     return plan.recheck_ms
+
+
+def _caps(s: FnState, room: Room) -> str:
+    lim = room.limits
+    named = [
+        f"{lim.max_instances} instances" if lim.max_instances else "",
+        f"{lim.max_memory_mb} MB" if lim.max_memory_mb else "",
+    ]
+    named += [
+        "the caps over all functions" if room.instances_left is not None or room.memory_left_mb is not None else ""
+    ]
+    return ", ".join(n for n in named if n) or "no cap"
+
+
+def _throttle_at_the_cap(d: _Draft) -> int | None:
+    """Throttle: a request that waited its time at a cap (nothing could start for it) is answered Throttle.
+
+    Returns when the next one's time is up, while the caps hold any back.
+    """
+    if d.may_start(1) or d.s.meta is None:
+        return None
+    covered = len(d.s.in_phase(Phase.CREATING))
+    due = []
+    for waiting in d.s.queue[covered:]:
+        deadline = waiting.since_ms + d.room.throttle_after_ms
+        if deadline > d.now:
+            due.append(deadline)
+            continue
+        message = (
+            f"throttled: {_caps(d.s, d.room)} reached and no instance freed up within {d.room.throttle_after_ms} ms"
+        )
+        d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
+        d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
+    return min(due, default=None)
 
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
@@ -303,6 +363,11 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
+            continue
+        if d.room.limits.min_warm and d.room.reserved(d.s) == 0 and _live(d.s) <= d.room.limits.min_warm:
+            until = d.now + RESERVED_RECHECK_MS
+            why = f"reserved: the function keeps {d.room.limits.min_warm} warm"
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=until, why=why))
             continue
         longer = policy.expire(d.s, inst, d.now)
         if longer is not None and longer.until_ms > d.now:
@@ -317,9 +382,16 @@ def _prewarm(d: _Draft, policy: Policy) -> int | None:
     if d.s.meta is None:
         return None
     warm = policy.prewarm(d.s, d.now)
-    for _ in range(warm.count):
-        d.emit(SlotWanted(at_ms=d.now, instance_id=d.s.next_instance_id(), meta=d.s.meta, reason=warm.why))
+    for _ in range(d.may_start(warm.count)):
+        d.start(why=warm.why)
+    if reserved := d.may_start(d.room.reserved(d.s)):
+        for _ in range(reserved):
+            d.start(why=f"reserved: the function keeps {d.room.limits.min_warm} warm")
     return warm.next_ms
+
+
+def _live(s: FnState) -> int:
+    return sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
 
 
 def _next_wake(d: _Draft, *planned: int | None) -> int | None:

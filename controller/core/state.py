@@ -249,12 +249,15 @@ def _waiters(s: FnState, request_id: str, change: Callable[[tuple[str, ...]], tu
 
 
 class Totals(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole run so far, summed over functions: what the score is made of. A value: `change` makes a new one."""
+    """The whole run so far, summed over functions: what the score is made of, and the instances held
+    now (what caps over all functions count). A value: `change` makes a new one."""
 
     exec_ms: float = 0.0
     exec_gb_ms: float = 0.0
     wait_ms: float = 0.0
     ideal_gb_ms: float = 0.0
+    instances: int = 0  # every instance in a state, retiring ones too (they hold a slot until destroyed)
+    memory_mb: int = 0
 
     def plus(self, other: "Totals") -> "Totals":
         """The run's totals from two sets of functions (another node's partitions, say)."""
@@ -263,15 +266,25 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             exec_gb_ms=self.exec_gb_ms + other.exec_gb_ms,
             wait_ms=self.wait_ms + other.wait_ms,
             ideal_gb_ms=self.ideal_gb_ms + other.ideal_gb_ms,
+            instances=self.instances + other.instances,
+            memory_mb=self.memory_mb + other.memory_mb,
         )
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
         """The totals once one function's state `old` is replaced by `new` (None: no state)."""
         was = old.stats if old is not None else NO_STATS
         now = new.stats if new is not None else NO_STATS
+        before = old.instances if old is not None else {}
+        after = new.instances if new is not None else {}
         return Totals(
             exec_ms=self.exec_ms - was.exec_ms + now.exec_ms,
             exec_gb_ms=self.exec_gb_ms - was.exec_gb_ms + now.exec_gb_ms,
             wait_ms=self.wait_ms - was.wait_ms + now.wait_ms,
             ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
+            instances=self.instances - len(before) + len(after),
+            memory_mb=self.memory_mb - _memory(before) + _memory(after),
         )
+
+
+def _memory(instances: dict[str, Instance]) -> int:
+    return sum(i.memory_mb for i in instances.values()) if instances else 0
