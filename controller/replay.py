@@ -24,6 +24,7 @@ from controller.ledger import Ledger
 from proto.events import Batch
 from proto.subjects import function_events
 from runtime.natsd import NatsServer, StoreBusy, claim
+from runtime.text import plural
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,11 +33,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--data-dir", help="the --data-dir of a stopped `scaler up`: its store is read offline")
     p.add_argument("--key", help="only this function, with the timeline of its decisions")
     until = p.add_mutually_exclusive_group()
-    until.add_argument("--until-seq", type=int, metavar="N", help="replay batches up to stream sequence N")
+    until.add_argument("--until-seq", type=_sequence, metavar="N", help="replay batches up to stream sequence N")
     until.add_argument("--until", metavar="TIME", help="replay batches decided up to TIME (ISO 8601, or epoch ms)")
     p.add_argument(
         "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
     )
+
+
+def _sequence(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a stream sequence: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def parse_time(text: str) -> int:
@@ -111,9 +122,10 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
             for d in diffs:
                 print(f"  {d}", file=out)
     if bad:
-        print(f"{bad} of {len(set(replayed.states) | set(theirs))} functions differ", file=out)
+        print(f"{bad} of {plural(len(set(replayed.states) | set(theirs)), 'function')} differ", file=out)
         return 1
-    print(f"verified: {len(theirs)} functions equal to the running controller's state (up to seq {end})", file=out)
+    equal = plural(len(theirs), "function")
+    print(f"verified: {equal} equal to the running controller's state (up to seq {end})", file=out)
     return 0
 
 
@@ -133,7 +145,8 @@ async def show(js, key: str | None, until_seq: int | None, until_ms: int | None,
     for k in sorted(replayed.states):
         for line in explain.state(replayed.states[k], replayed.ledger.last_seq[k]):
             print(line, file=out)
-    print(f"\n{len(replayed.states)} functions from {replayed.batches} batches, {replayed.events} events", file=out)
+    states, batches = plural(len(replayed.states), "function"), plural(replayed.batches, "batch", "batches")
+    print(f"\n{states} from {batches}, {plural(replayed.events, 'event')}", file=out)
     return 0
 
 

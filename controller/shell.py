@@ -44,6 +44,7 @@ from proto.events import Batch, encode_batch
 from proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition
 from runtime.bus import Unavailable, close, connect, ensure_stream
 from runtime.clock import Clock
+from runtime.text import plural
 
 log = logging.getLogger("scaler.controller")
 
@@ -114,7 +115,8 @@ class Controller:
         await self._answer_again()
         self._saved_at = asyncio.get_running_loop().time()
         start = f"snapshot at seq {self.rebuilt_from} + " if self.rebuilt_from else ""
-        return f"controller ({self.policy.name} policy, {len(self.states)} functions from {start}{count} batches)"
+        functions, batches = plural(len(self.states), "function"), plural(count, "batch", "batches")
+        return f"controller ({self.policy.name} policy, {functions} from {start}{batches})"
 
     async def stop(self) -> None:
         for sub in [*self._subs, self._state_sub]:

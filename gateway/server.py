@@ -16,6 +16,7 @@ from proto.commands import Assign, Code, Idle, Reply
 from proto.events import Meta
 from proto.subjects import key_problem
 from runtime.bus import Unavailable
+from runtime.ports import bind, grpc_server
 
 log = logging.getLogger("scaler.gateway")
 
@@ -99,11 +100,9 @@ class Gateway(pb_grpc.ScalerServicer):
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
-        self._server = grpc.aio.server()
+        self._server = grpc_server()
         pb_grpc.add_ScalerServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(self.listen)
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self.listen}")
+        self.port = bind(self._server, self.listen)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]
         return f"gateway on {host}:{self.port}"

@@ -44,14 +44,31 @@ def claim(data_dir: str | Path):
 
 
 class NatsServer:
-    """Runs `nats-server -js` on loopback with its store in `store_dir`; `port=-1` picks a free port."""
+    """Runs `nats-server -js` on loopback with its store in `store_dir`; `port=-1` picks a free port.
 
-    def __init__(self, store_dir: str | Path, port: int = -1, host: str = "127.0.0.1") -> None:
+    `wrap` is put before the command (`scaler up` runs it through runtime/lifeline.py), and
+    `pass_fds` are handed to it (the data dir's lock). Once started, a restart serves the same port.
+    """
+
+    def __init__(
+        self,
+        store_dir: str | Path,
+        port: int = -1,
+        host: str = "127.0.0.1",
+        wrap: tuple[str, ...] = (),
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
         self.host = host
+        self.wrap = wrap
+        self.pass_fds = pass_fds
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def proc(self) -> asyncio.subprocess.Process | None:
+        return self._proc
 
     async def start(self) -> str:
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -59,8 +76,10 @@ class NatsServer:
             args = ["-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
             args += ["--ports_file_dir", ports_dir, "-n", "scaler"]
             self._proc = await asyncio.create_subprocess_exec(
+                *self.wrap,
                 server_binary(),
                 *args,
+                pass_fds=self.pass_fds,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # a Ctrl-C on the terminal must not stop it before its clients
@@ -72,17 +91,20 @@ class NatsServer:
             except TimeoutError:
                 await self.stop()
                 raise RuntimeError("nats-server did not start within 15s") from None
+        self.port = int(self.url.rsplit(":", 1)[1])  # a restart takes the same one
         log.info("nats-server %s (store %s)", self.url, self.store_dir)
         return self.url
 
     async def _read_ports_file(self, ports_dir: Path) -> str:
-        """The server writes its bound address once it listens: read it instead of guessing ports."""
+        """The server writes its bound address once it listens: read it instead of guessing ports.
+
+        The file is named after the server's pid, which is not ours when it runs under a wrapper.
+        """
         assert self._proc is not None
-        path = ports_dir / f"nats-server_{self._proc.pid}.ports"
         while True:
             if self._proc.returncode is not None:
                 raise RuntimeError(f"nats-server exited: {await self._stderr()}")
-            if path.exists():
+            for path in ports_dir.glob("nats-server_*.ports"):  # noqa: ASYNC240 (a tiny folder of ours)
                 try:
                     return json.loads(path.read_text())["nats"][0]
                 except (ValueError, KeyError, IndexError):

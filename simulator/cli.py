@@ -21,6 +21,7 @@ from typing import TypeVar
 import msgspec
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from runtime.service import positive
 from simulator.dataset import Dataset, DatasetError, load_dataset
 from simulator.live import LiveError, run_live
 from simulator.offline import simulate
@@ -61,27 +62,18 @@ async def _until_terminated(run: Awaitable[T]) -> T:
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-def _speed(text: str) -> float:
-    try:
-        speed = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not speed > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return speed
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", metavar="DATASET_DIR", help="a folder with `metas` and `requests` (JSON lines)")
     p.add_argument("--offline", action="store_true", help="simulate the pure core on a virtual clock")
     p.add_argument(
         "--policy",
         metavar="NAME",
+        choices=sorted(POLICIES),
         help=f"offline: the policy to score (default {DEFAULT_POLICY}; one of {', '.join(POLICIES)}); live mode"
         " measures the running scaler's policy (scaler up --policy)",
     )
     p.add_argument(
-        "--speed", type=_speed, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
+        "--speed", type=positive, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
     )
     p.add_argument(
         "--gateway", metavar="HOST:PORT", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
@@ -124,22 +116,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _policy(name: str | None) -> str:
-    name = name or DEFAULT_POLICY
-    try:
-        get_policy(name)
-    except ValueError as e:
-        raise Failure(str(e)) from None
-    return name
-
-
 def _note(flags: list[str], why: str) -> None:
     if flags:
         print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
 
 
 def _offline(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
-    name = _policy(args.policy)
+    name = args.policy or DEFAULT_POLICY
     given = [flag for flag, value in (("--speed", args.speed), ("--gateway", args.gateway)) if value is not None]
     given += ["--platform-listen"] if args.platform_listen is not None else []
     _note(given, "offline mode runs no scaler and no clock")
@@ -155,7 +138,7 @@ def _offline(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]
 
 def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
     if args.policy is not None:
-        name = _policy(args.policy)
+        name = args.policy
         _note(["--policy"], f"live mode measures the running scaler's policy; start it with `--policy {name}`")
     speed = args.speed or 1.0
     gateway = args.gateway or DEFAULT_GATEWAY

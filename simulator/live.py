@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import itertools
 import secrets
-import socket
 import sys
 from bisect import bisect_left
 from collections import Counter, defaultdict
@@ -34,6 +33,7 @@ from platform_stub.server import PlatformStub, SlotRecord
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.clock import Clock
+from runtime.ports import CannotListen
 from simulator.dataset import Dataset, Request
 from simulator.holds import Holds
 from simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
@@ -307,24 +307,6 @@ async def _platform_quiet(stub: PlatformStub, dataset: Dataset) -> None:
                 await asyncio.sleep(0.05)
 
 
-def _check_free(listen: str) -> None:
-    """Refuse an address another process listens on: gRPC binds with SO_REUSEPORT, so it would share it."""
-    host, _, port = listen.rpartition(":")
-    if not port.isdigit():
-        raise LiveError(f"--platform-listen {listen!r}: expected HOST:PORT")
-    if int(port) == 0:
-        return
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as e:
-        raise LiveError(f"cannot serve the Platform API on {listen}: {e.strerror or e}") from None
-
-
 async def run_live(
     dataset: Dataset,
     gateway: str,
@@ -338,26 +320,25 @@ async def run_live(
     Returns the run and how its failed calls failed (message -> count).
     """
     clock = Clock(speed)
-    _check_free(platform_listen)
-    async with grpc.aio.insecure_channel(gateway) as channel:
-        try:
-            await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
-        except TimeoutError:
-            raise LiveError(
-                f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
-            ) from None
-        stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
-        try:
-            await stub.start()
-        except RuntimeError as e:
-            await stub.stop()
-            raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e}") from None
-        try:
+    stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
+    try:
+        await stub.start()
+    except CannotListen as e:
+        await stub.stop()
+        raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e.why}") from None
+    try:
+        async with grpc.aio.insecure_channel(gateway) as channel:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
+            except TimeoutError:
+                raise LiveError(
+                    f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
+                ) from None
             driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress)
             run = await driver.run()
             await _platform_quiet(stub, dataset)
-        finally:
-            await stub.stop()
+    finally:
+        await stub.stop()
     if driver.elsewhere():
         raise LiveError(
             "the scaler handed out instances, none of which this simulator's platform started: it remembers"

@@ -81,7 +81,7 @@ async def test_verify_finds_the_running_state_equal_and_then_a_difference(nats_u
         async with connected(nats_url, "test") as nc:
             out = io.StringIO()
             assert await replay.verify(nc, nc.jetstream(), None, out) == 0
-            assert "verified: 1 functions equal" in out.getvalue()
+            assert "verified: 1 function equal" in out.getvalue()
             # Corrupt the running state behind the log's back: verify must say where.
             s = stack.controller.states["fn"]
             inst = s.instances["fn-1"]
