@@ -23,13 +23,14 @@ from controller.core.state import FnState
 from controller.ledger import Ledger
 from proto.events import Batch
 from proto.subjects import function_events
+from runtime import running
 from runtime.natsd import NatsServer, StoreBusy, claim
 from runtime.text import plural
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--nats", help="NATS URL of a running scaler (default nats://127.0.0.1:4222)")
+    source.add_argument("--nats", help="NATS URL of a running scaler (default: the running `scaler up`'s)")
     source.add_argument("--data-dir", help="the --data-dir of a stopped `scaler up`: its store is read offline")
     p.add_argument("--key", help="only this function, with the timeline of its decisions")
     until = p.add_mutually_exclusive_group()
@@ -150,6 +151,20 @@ async def show(js, key: str | None, until_seq: int | None, until_ms: int | None,
     return 0
 
 
+def running_nats() -> str:
+    """The NATS of the `scaler up` running on this machine, from the record it leaves (runtime/running.py)."""
+    found = running.running()
+    if not found:
+        raise ValueError(
+            f"no running `scaler up` found (it records its NATS in {running.folder()}): pass --nats URL"
+            " (compose publishes NATS on nats://127.0.0.1:4222)"
+        )
+    if len(found) > 1:
+        which = ", ".join(f"{r['nats']} (pid {r['pid']})" for r in found)
+        raise ValueError(f"{len(found)} `scaler up`s are running: pass --nats with one of {which}")
+    return found[0]["nats"]
+
+
 async def _connect(url: str):
     async def quiet(e: Exception) -> None:
         pass
@@ -173,11 +188,11 @@ async def _main(args: argparse.Namespace) -> int:
         try:
             held = claim(args.data_dir)
         except StoreBusy as e:
-            raise ValueError(f"{e}: read it live with --nats URL") from None
+            raise ValueError(f"{e}: read it live (`scaler replay` without --data-dir finds it)") from None
         server = NatsServer(store)
         url = await server.start()
     else:
-        url = args.nats or "nats://127.0.0.1:4222"
+        url = args.nats or running_nats()
     try:
         nc = await _connect(url)
         try:

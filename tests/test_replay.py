@@ -118,7 +118,7 @@ async def test_replay_reads_the_store_a_stopped_scaler_up_left(tmp_path):
     try:
         await assign_and_idle(address, "r1")
         code, _, err = await scaler_replay("--data-dir", str(tmp_path))
-        assert code == 2 and "is in use by a running scaler: read it live with --nats URL" in err
+        assert code == 2 and "is in use by a running scaler: read it live (`scaler replay` without" in err
     finally:
         code, rest = await stop(proc)
     assert code == 0, rest
@@ -142,3 +142,26 @@ async def test_replay_refuses_bad_input_clearly(tmp_path, nats_url):
         pass
     code, _, err = await scaler_replay("--nats", nats_url, "--verify")
     assert code == 2 and "no controller answered on scaler.controller.state" in err
+
+
+async def test_replay_finds_the_nats_of_the_running_scaler_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # this test's scaler ups alone, not the machine's
+    code, _, err = await scaler_replay()
+    assert code == 2 and "no running `scaler up` found" in err and "pass --nats URL" in err
+    proc, address, _ = await start_up()
+    try:
+        await assign_and_idle(address, "r1")
+        code, out, err = await scaler_replay("--key", "hello")
+        assert code == 0, err
+        assert "assign:r1 → function seen: 128 MB python" in out
+        assert "\n1 function from 3 batches, " in out  # not "1 functions"
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
+    assert list((tmp_path / "scaler").iterdir()) == []  # its record went with it
+    killed, _, _ = await start_up()
+    killed.kill()  # leaves its record behind, naming a process that is gone
+    await killed.wait()
+    code, _, err = await scaler_replay()
+    assert code == 2 and "no running `scaler up` found" in err
+    assert list((tmp_path / "scaler").iterdir()) == []
