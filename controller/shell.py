@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import secrets
+import time
 from pathlib import Path
 
 from msgspec.structs import replace
@@ -84,6 +85,7 @@ class Controller:
         self._unsaved = 0  # events appended since the last snapshot
         self._saved_at = 0.0
         self._saving: asyncio.Task | None = None
+        self.snapshot_saved_s: float | None = None  # wall clock of the last snapshot written (metrics)
         self._stream = ""
         self._nc = None
         self._js = None
@@ -331,6 +333,7 @@ class Controller:
     async def _save(self, snap: Snapshot) -> None:
         try:
             size = await self._store.save(snap)
+            self.snapshot_saved_s = time.time()
             log.info("snapshot at seq %d: %d functions, %d bytes", snap.seq, len(snap.states), size)
         except Exception as e:  # a snapshot is an optimisation: never let it stop command handling
             log.warning("could not write a snapshot: %s", e)

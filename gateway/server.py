@@ -6,6 +6,7 @@ with INVALID_ARGUMENT before anything is stored.
 """
 
 import logging
+from time import perf_counter
 from typing import Protocol
 
 import grpc
@@ -15,6 +16,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import Assign, Code, Idle, Reply
 from proto.events import Meta
 from proto.subjects import key_problem
+from runtime import metrics
 from runtime.bus import Unavailable
 from runtime.ports import bind, grpc_server
 
@@ -112,19 +114,25 @@ class Gateway(pb_grpc.ScalerServicer):
             await self._server.stop(grace=5)
 
     async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
+        began = perf_counter()
         try:
             cmd = assign_command(request)
             reply = await self._call(cmd, context)
         except Refused as e:
             await context.abort(e.code, e.message)
+        finally:
+            metrics.ASSIGN.observe(perf_counter() - began)
         assignment = pb.Assignment(request_id=cmd.request_id, meta_key=cmd.key, instance_id=reply.instance_id)
         return pb.AssignReply(status=pb.Ok, assigment=assignment)
 
     async def Idle(self, request: pb.IdleRequest, context: grpc.aio.ServicerContext) -> pb.IdleReply:
+        began = perf_counter()
         try:
             await self._call(idle_command(request), context)
         except Refused as e:
             await context.abort(e.code, e.message)
+        finally:
+            metrics.IDLE.observe(perf_counter() - began)
         return pb.IdleReply(status=pb.Ok)
 
     async def _call(self, cmd: Call, context: grpc.aio.ServicerContext) -> Reply:

@@ -37,13 +37,14 @@ class Together:
             await part.stop()
 
 
-def address_of(component: Component) -> str:
-    """host:port a listening component (or a part of it) serves on, once started ("" for the others)."""
+def addresses_of(component: Component) -> list[str]:
+    """host:port each listening part of a component serves on, once started, in the parts' order."""
+    out = []
     for part in getattr(component, "parts", [component]):
         listen, port = getattr(part, "listen", ""), getattr(part, "port", 0)
         if listen and port:
-            return f"{listen.rsplit(':', 1)[0]}:{port}"
-    return ""
+            out.append(f"{listen.rsplit(':', 1)[0]}:{port}")
+    return out
 
 
 def env(name: str, default: str) -> str:
@@ -103,13 +104,14 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def signal_ready(what: str, address: str = "") -> None:
+def signal_ready(what: str, addresses: list[str] | None = None) -> None:
     """Log that the component is ready and, under `scaler up`, tell the supervisor (and where it listens)."""
     log.info("ready: %s", what)
-    _tell_supervisor({"what": what, "address": address})
+    addresses = addresses or []
+    _tell_supervisor({"what": what, "address": addresses[0] if addresses else "", "addresses": addresses})
 
 
-def _tell_supervisor(message: dict[str, str]) -> bool:
+def _tell_supervisor(message: dict) -> bool:
     fd = os.environ.pop(READY_FD, None)
     if fd is None:
         return False
@@ -153,7 +155,7 @@ def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespa
                 if not _tell_supervisor({"error": str(e)}):
                     log.error("cannot start: %s", e, exc_info=log.isEnabledFor(logging.DEBUG))
                 return False
-            signal_ready(what, address_of(component))
+            signal_ready(what, addresses_of(component))
             await stop.wait()
             return True
         finally:

@@ -53,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--metas", help="the stub's init times: a dataset folder or its metas file")
     p.add_argument(
+        "--metrics-port",
+        type=port,
+        metavar="N",
+        help="the node serves Prometheus metrics on http://0.0.0.0:N/metrics (0: any free port; default: none)",
+    )
+    p.add_argument(
         "--policy",
         default=env("POLICY", DEFAULT_POLICY),
         choices=sorted(POLICIES),
@@ -69,6 +75,7 @@ class Child:
     name: str
     proc: asyncio.subprocess.Process
     address: str = ""
+    addresses: list[str] = field(default_factory=list)  # where it listens: gRPC first, then metrics
     launch: Callable[[], Awaitable[None]] | None = None  # starts it again in place (sets proc, address)
     ready_at: float = 0.0
     quick_deaths: int = 0
@@ -97,15 +104,14 @@ class Supervisor:
         child = Child(name or module, proc=None)  # type: ignore[arg-type]
 
         async def launch() -> None:
-            child.proc, child.address = await self._start(module, argv, child)
-            child.ready_at = asyncio.get_running_loop().time()
+            await self._start(module, argv, child)
 
         child.launch = launch
         self.children.append(child)
         await launch()
         return child
 
-    async def _start(self, module: str, argv: tuple[str, ...], child: Child) -> tuple[asyncio.subprocess.Process, str]:
+    async def _start(self, module: str, argv: tuple[str, ...], child: Child) -> None:
         read_fd, write_fd = os.pipe()
         child_env = {**os.environ, **self.env, READY_FD: str(write_fd)}
         try:
@@ -130,7 +136,8 @@ class Supervisor:
         if "address" not in said:
             code = await proc.wait()
             raise StartFailed(said.get("error") or f"{_exit(code)} before it was ready")
-        return proc, said["address"]
+        child.address, child.addresses = said["address"], said.get("addresses", [])
+        child.ready_at = asyncio.get_running_loop().time()
 
     async def start(self) -> str:
         a = self.args
@@ -150,14 +157,22 @@ class Supervisor:
             stub = await self._part("platform stub", "platform_stub", *stub_args)
             platform = stub.address
             stub.launch = self._same_port(stub, "platform_stub", stub_args)
-        node_args = ["--policy", a.policy, *snapshots]
-        node = await self._part("node", "scaler", "node", "--listen", f"0.0.0.0:{a.port}", *node_args)
-        node.launch = self._same_port(node, "scaler", ["node", "--listen", f"0.0.0.0:{a.port}", *node_args])
+        metrics = ["--metrics-port", str(a.metrics_port)] if a.metrics_port is not None else []
+        node_args = ["node", "--listen", f"0.0.0.0:{a.port}", "--policy", a.policy, *snapshots, *metrics]
+        node = await self._part("node", "scaler", *node_args)
+        node.launch = self._same_port(node, "scaler", node_args)
         await self._part("workers", "workers", "--platform", platform)  # the gc worker reconciles in the background
-        self.record = running.record({"nats": url, "grpc": node.address, "data_dir": a.data_dir or ""})
+        metrics_url = f"http://{node.addresses[1]}/metrics" if metrics else ""
+        self.record = running.record(
+            {"nats": url, "grpc": node.address, "metrics": metrics_url, "data_dir": a.data_dir or ""}
+        )
         stub_note = "" if a.platform else " (bundled stub)"
         nats = f"{url} (embedded, store {self.nats.store_dir})" if self.nats else url
-        return f"scaler ready: gRPC {node.address}, policy {a.policy}, platform {platform}{stub_note}, nats {nats}"
+        metrics_note = f", metrics {metrics_url}" if metrics else ""
+        return (
+            f"scaler ready: gRPC {node.address}, policy {a.policy}, platform {platform}{stub_note}, nats {nats}"
+            f"{metrics_note}"
+        )
 
     async def _part(self, name: str, module: str, *argv: str) -> Child:
         try:
@@ -166,14 +181,15 @@ class Supervisor:
             raise StartFailed(f"{name}: {e}") from None
 
     def _same_port(self, child: Child, module: str, argv: list[str]) -> Callable[[], Awaitable[None]]:
-        """A restart listens where the first start did (it may have been told port 0)."""
+        """A restart listens where the first start did (it may have been told port 0), metrics included."""
+        argv = list(argv)
         at = argv.index("--listen") + 1
-        host = argv[at].rsplit(":", 1)[0]
-        argv = [*argv[:at], f"{host}:{child.address.rsplit(':', 1)[1]}", *argv[at + 1 :]]
+        argv[at] = f"{argv[at].rsplit(':', 1)[0]}:{child.address.rsplit(':', 1)[1]}"
+        if "--metrics-port" in argv:
+            argv[argv.index("--metrics-port") + 1] = child.addresses[1].rsplit(":", 1)[1]
 
         async def launch() -> None:
-            child.proc, child.address = await self._start(module, tuple(argv), child)
-            child.ready_at = asyncio.get_running_loop().time()
+            await self._start(module, tuple(argv), child)
 
         return launch
 

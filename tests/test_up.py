@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
@@ -350,3 +351,58 @@ async def test_a_part_that_keeps_dying_stops_scaler_up():
     assert len(gave_up) == 1 and "ERROR scaler.up: node " in gave_up[0], err
     assert "its 5th death in a row within 30s of its start; giving up" in gave_up[0]
     assert log.count("starting it again") == 4
+
+
+async def http_get(url: str) -> tuple[int, str]:
+    """GET `url` (http://HOST:PORT/PATH); its status and body."""
+    where, _, path = url.removeprefix("http://").partition("/")
+    host, port = where.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"GET /{path} HTTP/1.1\r\nHost: {where}\r\n\r\n".encode())
+    async with asyncio.timeout(10):
+        data = await reader.read()
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus text as {(sample name, labels): value}."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_metrics_are_scraped_while_it_serves(tmp_path):
+    proc, address, lines = await start_up("--metrics-port", "0", "--data-dir", str(tmp_path))
+    try:
+        url = re.search(r"metrics (http://\S+/metrics)", lines[-1]).group(1)
+        assert await assign_and_idle(address, "r1") == "hello-1"
+        assert await assign_and_idle(address, "r2") == "hello-1"
+        status, text = await http_get(url)
+        assert status == 200
+        got = samples(text)
+        fn = frozenset({("function", "hello")})
+        assert got[("scaler_instances", fn | {("phase", "idle")})] == 1
+        assert got[("scaler_instances", fn | {("phase", "busy")})] == 0
+        assert got[("scaler_arrivals_total", fn)] == 2
+        assert got[("scaler_cold_starts_total", fn)] == 1
+        assert got[("scaler_prewarms_total", fn)] == 0
+        assert got[("scaler_requests_waiting", fn)] == 0
+        assert got[("scaler_wait_seconds_total", fn)] > 0  # the first request waited for its cold start
+        assert 0 < got[("scaler_slot_gb_seconds_total", fn)] < 60 * 0.125  # 128 MB, alive for seconds
+        assert got[("scaler_call_seconds_count", frozenset({("method", "assign")}))] == 2
+        assert got[("scaler_call_seconds_count", frozenset({("method", "idle")}))] == 2
+        assert got[("scaler_append_seconds_count", frozenset())] >= 4  # arrival, ready, two idles, ...
+        assert got[("scaler_stream_sequence", frozenset())] >= 4
+        assert (await http_get(url.replace("/metrics", "/nothing")))[0] == 404
+        # A restarted node serves its metrics where the first one did.
+        os.kill(part_pid(proc, "scaler node"), signal.SIGKILL)
+        await served(address, "again")
+        status, text = await http_get(url)
+        assert status == 200 and samples(text)[("scaler_arrivals_total", fn)] == 2  # replayed
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
