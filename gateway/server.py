@@ -11,6 +11,7 @@ from typing import Protocol
 
 import grpc
 
+from gateway import info
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import Assign, Code, Idle, Reply
@@ -94,8 +95,11 @@ def idle_command(request: pb.IdleRequest) -> Idle:
 
 
 class Gateway(pb_grpc.ScalerServicer):
-    def __init__(self, router: Router, listen: str = "0.0.0.0:9001", reply_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, router: Router, listen: str = "0.0.0.0:9001", reply_timeout_s: float = 60.0, info: dict | None = None
+    ) -> None:
         self.router = router
+        self.info = info  # what it says of itself on scaler.Info (gateway/info.py); None: nothing
         self.listen = listen
         self.reply_timeout_s = reply_timeout_s
         self.port = 0
@@ -104,6 +108,8 @@ class Gateway(pb_grpc.ScalerServicer):
     async def start(self) -> str:
         self._server = grpc_server()
         pb_grpc.add_ScalerServicer_to_server(self, self._server)
+        if self.info is not None:
+            self._server.add_generic_rpc_handlers((info.handler(self.info),))
         self.port = bind(self._server, self.listen)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]

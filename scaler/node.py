@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def make(a: argparse.Namespace) -> service.Component:
     controller = controller_main.make(a)
-    parts = [controller, Gateway(controller, a.listen, a.reply_timeout)]
+    says = {"speed": a.speed, "policy": a.policy}  # checked by `scaler simulate` before it begins
+    parts = [controller, Gateway(controller, a.listen, a.reply_timeout, says)]
     if a.metrics_port is not None:
         parts.append(metrics.endpoint(f"0.0.0.0:{a.metrics_port}", [ControllerCollector(controller)]))
     return service.Together(parts)
