@@ -150,6 +150,13 @@ def descendants(pid: int) -> dict[int, str]:
     return out
 
 
+def reap(pids) -> None:
+    """kill -9 what a failed test left running (the parts of a `scaler up` that outlived it)."""
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def part_pid(up: asyncio.subprocess.Process, marker: str) -> int:
     """The pid of the part of `scaler up` whose command line has `marker` (not the lifeline wrapping it)."""
     found = [pid for pid, cmd in descendants(up.pid).items() if marker in cmd and "runtime.lifeline" not in cmd]
@@ -240,31 +247,35 @@ async def test_every_part_dies_with_scaler_up_and_the_temporary_store_goes(how):
     proc, address, lines = await start_up()
     store = Path(re.search(r"store (\S+)/nats\)", "".join(lines)).group(1))
     parts = descendants(proc.pid)
-    assert len(parts) >= 5, parts  # nats (and its lifeline), the stub, the node, the workers
-    assert store.is_dir()  # noqa: ASYNC240
-    proc.send_signal(getattr(signal, how))  # the terminal closed / killed outright
-    await proc.wait()
-    await eventually(lambda: not [pid for pid in parts if alive(pid)], seconds=30)
-    assert await refuses_connections(address)
-    await eventually(lambda: not store.exists(), seconds=10)
+    try:
+        assert len(parts) >= 5, parts  # nats (and its lifeline), the stub, the node, the workers
+        assert store.is_dir()  # noqa: ASYNC240
+        proc.send_signal(getattr(signal, how))  # the terminal closed / killed outright
+        await eventually(lambda: proc.returncode is not None and not [pid for pid in parts if alive(pid)], 30)
+        assert await refuses_connections(address)
+        await eventually(lambda: not store.exists(), seconds=10)
+    finally:
+        reap(parts)
 
 
 async def test_the_data_dir_stays_locked_while_any_part_lives(tmp_path):
     proc, _, _ = await start_up("--data-dir", str(tmp_path))
     parts = descendants(proc.pid)
     proc.kill()  # the parts get SIGTERM and stop cleanly, which takes a moment
-    await proc.wait()
-    async with asyncio.timeout(30):
-        while True:
-            try:
-                lock = claim(tmp_path)
-            except StoreBusy:
-                await asyncio.sleep(0.01)
-                continue
-            still = [parts[pid] for pid in parts if alive(pid)]
-            lock.close()
-            assert still == [], "the data dir was free while a part still ran"
-            break
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    lock = claim(tmp_path)
+                except StoreBusy:
+                    await asyncio.sleep(0.01)
+                    continue
+                still = [parts[pid] for pid in parts if alive(pid)]
+                lock.close()
+                assert still == [], "the data dir was free while a part still ran"
+                break
+    finally:
+        reap(parts)
 
 
 async def test_an_unreachable_nats_is_one_clear_line_and_exit_1():
@@ -289,14 +300,13 @@ async def test_a_signal_stops_a_start_that_waits_for_nats(command, how):
     url = f"nats://127.0.0.1:{free_port()}"
     proc = await asyncio.create_subprocess_exec(sys.executable, *command, "--nats", url, stderr=asyncio.subprocess.PIPE)
     await asyncio.sleep(2)  # well into its wait
+    parts = descendants(proc.pid)
     proc.send_signal(getattr(signal, how))
     try:
         async with asyncio.timeout(5):
             _, err = await proc.communicate()
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        reap([*parts, proc.pid])
     assert proc.returncode == 0, err.decode()
     assert "ERROR" not in err.decode() and "Traceback" not in err.decode()
 
