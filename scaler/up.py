@@ -99,21 +99,21 @@ class Supervisor:
     def _keep_fds(self) -> tuple[int, ...]:
         return (self._claim.fileno(),) if self._claim is not None else ()
 
-    async def spawn(self, module: str, *argv: str, name: str = "") -> Child:
-        """Start `python -m module *argv` and wait for its ready line."""
+    async def spawn(self, module: str, *argv: str, name: str = "", env_extra: dict[str, str] | None = None) -> Child:
+        """Start `python -m module *argv` (with `env_extra` in its environment) and wait for its ready line."""
         child = Child(name or module, proc=None)  # type: ignore[arg-type]
 
         async def launch() -> None:
-            await self._start(module, argv, child)
+            await self._start(module, argv, child, env_extra or {})
 
         child.launch = launch
         self.children.append(child)
         await launch()
         return child
 
-    async def _start(self, module: str, argv: tuple[str, ...], child: Child) -> None:
+    async def _start(self, module: str, argv: tuple[str, ...], child: Child, env_extra: dict[str, str]) -> None:
         read_fd, write_fd = os.pipe()
-        child_env = {**os.environ, **self.env, READY_FD: str(write_fd)}
+        child_env = {**os.environ, **self.env, **env_extra, READY_FD: str(write_fd)}
         try:
             proc = await asyncio.create_subprocess_exec(
                 *lifeline.command(os.getpid(), sys.executable, "-m", module, *argv),
@@ -189,7 +189,7 @@ class Supervisor:
             argv[argv.index("--metrics-port") + 1] = child.addresses[1].rsplit(":", 1)[1]
 
         async def launch() -> None:
-            await self._start(module, tuple(argv), child)
+            await self._start(module, tuple(argv), child, {})
 
         return launch
 
