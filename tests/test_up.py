@@ -356,6 +356,7 @@ async def test_a_part_that_keeps_dying_stops_scaler_up():
         if proc.returncode is None:
             proc.kill()
     err = await log.close()
+    await proc.wait()  # and its transport closed, before the test's loop is
     assert proc.returncode == 1, err
     gave_up = [line for line in log.lines if "giving up" in line]
     assert len(gave_up) == 1 and "ERROR scaler.up: node " in gave_up[0], err
