@@ -54,6 +54,7 @@ from proto.events import Batch, encode_batch
 from proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition, partition_events
 from runtime.bus import Unavailable, close, connect, ensure_stream, send
 from runtime.clock import Clock
+from runtime.text import plural
 
 log = logging.getLogger("scaler.controller")
 
@@ -133,6 +134,7 @@ class Controller:
         self._unsaved: Counter[int] = Counter()  # events appended since the partition's last snapshot
         self._saved_at: dict[int, float] = {}
         self._saving: dict[int, asyncio.Task] = {}
+        self.snapshot_saved_s: float | None = None  # wall clock of the last snapshot written (metrics)
         self._stream = ""
         self._nc = None
         self._js = None
@@ -175,9 +177,10 @@ class Controller:
         await self.leases.start()
         if self._loading:  # the first partitions: ready once they are served (a broken stream stops the start)
             await asyncio.gather(*set(self._loading.values()))
+        functions, batches = plural(len(self.states), "function"), plural(self.loaded_batches, "batch", "batches")
         return (
             f"controller {self.node} ({self.policy.name} policy, {len(self.serving)} of {PARTITIONS} partitions,"
-            f" {len(self.states)} functions, {self.loaded_batches} batches read)"
+            f" {functions}, {batches} read)"
         )
 
     async def stop(self) -> None:
@@ -559,6 +562,7 @@ class Controller:
         snap = self.snapshot({p})
         try:
             size = await self._store.save(p, snap)
+            self.snapshot_saved_s = time.time()
             log.debug("snapshot of partition %d at seq %d: %d functions, %d bytes", p, snap.seq, len(snap.states), size)
         except Exception as e:  # a snapshot is an optimisation: never let it stop command handling
             log.warning("could not write the snapshot of partition %d: %s", p, e)

@@ -10,6 +10,7 @@ silently leaving it out of the state.
 
 import asyncio
 from collections.abc import Callable
+from time import perf_counter
 
 import msgspec
 from nats.aio.client import Client
@@ -21,6 +22,7 @@ from nats.js.errors import NotFoundError
 
 from proto.events import Batch, decode_batch
 from proto.subjects import EVENTS, EVT
+from runtime import metrics
 from runtime.bus import Unavailable
 
 ALL = f"{EVT}.>"
@@ -62,10 +64,13 @@ async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_
         "Nats-Expected-Last-Subject-Sequence": str(last_seq),
         "Nats-Expected-Last-Subject-Sequence-Subject": key_subjects,
     }
+    began = perf_counter()
     try:
         msg = await nc.request(subject, data, timeout=timeout_s, headers=headers)
     except (NatsError, TimeoutError) as e:
         raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
+    finally:
+        metrics.APPEND.observe(perf_counter() - began)
     ack = _ack.decode(msg.data)
     if ack.error is not None:
         if ack.error.err_code == WRONG_LAST_SEQUENCE:

@@ -6,16 +6,20 @@ with INVALID_ARGUMENT before anything is stored.
 """
 
 import logging
+from time import perf_counter
 from typing import Protocol
 
 import grpc
 
+from gateway import info
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import Assign, Code, Idle, Reply
 from proto.events import Meta
 from proto.subjects import key_problem
+from runtime import metrics
 from runtime.bus import Unavailable
+from runtime.ports import bind, grpc_server
 
 log = logging.getLogger("scaler.gateway")
 
@@ -98,9 +102,15 @@ def idle_command(request: pb.IdleRequest) -> Idle:
 
 class Gateway(pb_grpc.ScalerServicer):
     def __init__(
-        self, router: Router, listen: str = "0.0.0.0:9001", reply_timeout_s: float = 60.0, max_calls: int = MAX_CALLS
+        self,
+        router: Router,
+        listen: str = "0.0.0.0:9001",
+        reply_timeout_s: float = 60.0,
+        info: dict | None = None,
+        max_calls: int = MAX_CALLS,
     ) -> None:
         self.router = router
+        self.info = info  # what it says of itself on scaler.Info (gateway/info.py); None: nothing
         self.listen = listen
         self.reply_timeout_s = reply_timeout_s
         self.max_calls = max_calls
@@ -108,18 +118,11 @@ class Gateway(pb_grpc.ScalerServicer):
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
-        # gRPC's core cancels calls beyond 1,000 not yet taken by the application (some at random up to
-        # 3,000): in a burst, a CANCELLED call is a failed request. Calls are bounded here instead,
-        # past `max_calls` with RESOURCE_EXHAUSTED (and the controller refuses Assigns when it is behind).
-        options = [
-            ("grpc.server.max_pending_requests", self.max_calls),
-            ("grpc.server.max_pending_requests_hard_limit", self.max_calls),
-        ]
-        self._server = grpc.aio.server(maximum_concurrent_rpcs=self.max_calls, options=options)
+        self._server = grpc_server(self.max_calls)  # memory stays bounded; a burst is not cancelled
         pb_grpc.add_ScalerServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(self.listen)
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self.listen}")
+        if self.info is not None:
+            self._server.add_generic_rpc_handlers((info.handler(self.info),))
+        self.port = bind(self._server, self.listen)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]
         return f"gateway on {host}:{self.port}"
@@ -129,6 +132,7 @@ class Gateway(pb_grpc.ScalerServicer):
             await self._server.stop(grace=5)
 
     async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
+        began = perf_counter()
         try:
             cmd = assign_command(request)
             reply = await self._call(cmd, context)
@@ -136,14 +140,19 @@ class Gateway(pb_grpc.ScalerServicer):
             return pb.AssignReply(status=pb.Throttle, error_message=str(e))
         except Refused as e:
             await context.abort(e.code, e.message)
+        finally:
+            metrics.ASSIGN.observe(perf_counter() - began)
         assignment = pb.Assignment(request_id=cmd.request_id, meta_key=cmd.key, instance_id=reply.instance_id)
         return pb.AssignReply(status=pb.Ok, assigment=assignment)
 
     async def Idle(self, request: pb.IdleRequest, context: grpc.aio.ServicerContext) -> pb.IdleReply:
+        began = perf_counter()
         try:
             await self._call(idle_command(request), context)
         except Refused as e:
             await context.abort(e.code, e.message)
+        finally:
+            metrics.IDLE.observe(perf_counter() - began)
         return pb.IdleReply(status=pb.Ok)
 
     async def _call(self, cmd: Call, context: grpc.aio.ServicerContext) -> Reply:

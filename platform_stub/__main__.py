@@ -5,12 +5,18 @@ import argparse
 from platform_stub.server import PlatformStub
 from runtime import service
 from runtime.clock import Clock
+from runtime.ports import address
 from simulator.dataset import DatasetError, load_metas
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = service.parser("python -m platform_stub", __doc__, uses_nats=False)
-    p.add_argument("--listen", default=service.env("PLATFORM_LISTEN", "0.0.0.0:50051"), help="[SCALER_PLATFORM_LISTEN]")
+    p.add_argument(
+        "--listen",
+        type=address,
+        default=service.env("PLATFORM_LISTEN", "0.0.0.0:50051"),
+        help="[SCALER_PLATFORM_LISTEN]",
+    )
     p.add_argument("--metas", default=service.env("METAS", ""), help="metas file or dataset folder [SCALER_METAS]")
     p.add_argument(
         "--create-latency-ms",

@@ -21,6 +21,8 @@ from proto import platform_admin_pb2_grpc as admin_grpc
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.clock import Clock
+from runtime.ports import bind, grpc_server
+from runtime.text import plural
 from simulator.dataset import FunctionMeta
 
 log = logging.getLogger("scaler.platform_stub")
@@ -118,15 +120,13 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
-        self._server = grpc.aio.server()
+        self._server = grpc_server()
         pb_grpc.add_PlatformServicer_to_server(self, self._server)
         admin_grpc.add_PlatformAdminServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(self.listen)
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self.listen}")
+        self.port = bind(self._server, self.listen)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]
-        return f"platform stub on {host}:{self.port} ({len(self.metas)} functions in metas)"
+        return f"platform stub on {host}:{self.port} ({plural(len(self.metas), 'function')} in metas)"
 
     async def stop(self) -> None:
         if self._server is not None:

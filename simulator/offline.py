@@ -28,6 +28,7 @@ from proto import events as e
 from proto.subjects import partition
 from simulator.dataset import Dataset
 from simulator.holds import Holds
+from simulator.progress import Progress
 from simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
 
 SIMULATOR = "simulator"  # the reply_to of our Idle calls, so the core's answer says whether it took them
@@ -62,6 +63,7 @@ class Simulation:
     arrival_ms: dict[str, int] = field(default_factory=dict)
     invocations: dict[str, Invocation] = field(default_factory=dict)
     holds: Holds = field(default_factory=Holds)
+    progress: Progress | None = None
     unanswered: int = 0  # requests with neither an Idle nor a failure yet
     _queue: list = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
@@ -84,8 +86,11 @@ class Simulation:
             self.at(0, SHARE, None)
         self.unanswered = len(self.dataset.requests)
         now, end = 0, None
+        steps = itertools.count()
         while self._queue and (end is None or self._queue[0][0] <= end):
             now, kind, _, item = heapq.heappop(self._queue)
+            if self.progress is not None and not next(steps) % 4096:
+                self.progress.show(len(self.dataset.requests) - self.unanswered, now)
             if kind == TICK:
                 key, due = item
                 if self.ledger_of(key).wake.get(key) != due:
@@ -102,6 +107,8 @@ class Simulation:
                 self.command(item, now)
             if end is None and not self.unanswered:
                 end = now + self.tail_ms
+        if self.progress is not None:
+            self.progress.show(len(self.dataset.requests) - self.unanswered, now, final=True)
         return self.result(now if end is None else end)
 
     def share(self) -> None:
@@ -218,5 +225,11 @@ class Simulation:
         return Invocation(r.meta_key, memory, r.durations_in_ms, schedule_ms, 0.0, False, Failure.ASSIGN_ERROR)
 
 
-def simulate(dataset: Dataset, policy: Policy, create_latency_ms: int = 100, tail_ms: int = RUN_TAIL_MS) -> Run:
-    return Simulation(dataset, policy, create_latency_ms, tail_ms).run()
+def simulate(
+    dataset: Dataset,
+    policy: Policy,
+    create_latency_ms: int = 100,
+    tail_ms: int = RUN_TAIL_MS,
+    progress: Progress | None = None,
+) -> Run:
+    return Simulation(dataset, policy, create_latency_ms, tail_ms, progress=progress).run()

@@ -13,8 +13,8 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.natsd import NatsServer
 from tests.processes import Parts, settled
 
-KEYS = tuple(f"hot{n}" for n in range(8))
-BURST = 4_000  # Assigns fired at once, far past what the node decides in the second it lets them wait
+KEYS = tuple(f"hot{n}" for n in range(2))  # two hot functions: their queues grow fastest
+BURST = 5_000  # Assigns fired at once, far past what the node decides in the second it lets them wait
 
 
 def rss_mb(pid: int) -> float:
@@ -59,9 +59,13 @@ async def test_a_burst_far_beyond_capacity_is_answered_refused_or_served_and_the
                     assert outcomes["RESOURCE_EXHAUSTED"] > 0, "the burst did overload the node"
                     assert outcomes["OK"] > 0
                     assert during_mb < before_mb + 200, "memory stays bounded"
-                    # Once the burst is over the node serves every call again.
-                    after = [await pair(scaler, f"after-{n}", KEYS[n % len(KEYS)]) for n in range(200)]
-                    assert Counter(after) == {"OK": 200}
+                    # Once the burst is over the node serves every call again: 50 in a row, soon.
+                    in_a_row, n = 0, 0
+                    async with asyncio.timeout(60):
+                        while in_a_row < 50:
+                            n += 1
+                            served = await pair(scaler, f"after-{n}", KEYS[n % len(KEYS)]) == "OK"
+                            in_a_row = in_a_row + 1 if served else 0
                 await settled(nats.url, stub)  # and no slot leaked: the platform's slots are the state's
     finally:
         await stub.stop()

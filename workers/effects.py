@@ -23,6 +23,7 @@ from proto.commands import AnyCommand
 from proto.events import Event, decode_batch
 from proto.subjects import EVENTS, EVT, worker_subjects
 from runtime.bus import close, connect, ensure_stream, send
+from runtime.faults import LastingFault
 
 log = logging.getLogger("scaler.effects")
 
@@ -35,6 +36,9 @@ PATIENCE_S = 30.0  # how long a throttled or unreachable platform is retried (a 
 # server every third of it that it is still at work.
 ACK_WAIT_S = 10.0
 REPORT_PATIENCE_S = 60.0  # how long a report is retried before the batch is left for redelivery
+RETRY_S = 5.0  # a failed batch comes back after this, doubled at each failure, up to RETRY_MAX_S
+RETRY_MAX_S = 300.0
+STOP_GRACE_S = 2.0  # at stop, work under way gets this long; the rest is redelivered to the next worker
 # A platform that was away is tried again within 100 ms to 1 s (gRPC's default waits 1 s, growing
 # to 2 min): while it is away the Assigns wait, and each second counts. Each worker has its own
 # connection, so the gc worker finding the platform not yet up at start (the documented order:
@@ -102,6 +106,7 @@ class EffectWorker:
         self._limit = asyncio.Semaphore(concurrency)
         self._max_pending = concurrency * 4
         self._tasks: set[asyncio.Task] = set()
+        self._fault = LastingFault(log, self.name)  # the platform failing batch after batch
         self._nc = None
         self._js = None
         self._sub = None
@@ -144,10 +149,15 @@ class EffectWorker:
             await self._js.delete_consumer(EVENTS, self.durable)
 
     async def stop(self) -> None:
+        """Take no more work, and let what is under way finish for a moment: an event whose effect is not
+        reported is not acked, so the next worker performs it again (effects are idempotent)."""
         if self._sub is not None:
             await self._sub.unsubscribe()
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=10)
+            _, late = await asyncio.wait(self._tasks, timeout=STOP_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await close(self._nc)
         if self._channel is not None:
             await self._channel.close()
@@ -173,18 +183,21 @@ class EffectWorker:
 
     async def _perform(self, key: str, events: list[Event], msg: Msg) -> None:
         alive = asyncio.create_task(_working_on(msg, self.ack_wait_s / 3))
+        meta = msg.metadata
+        retry_s = min(RETRY_S * 2 ** (meta.num_delivered - 1), RETRY_MAX_S)
         try:
             await asyncio.gather(*(self._one(key, e) for e in events))
-        except PlatformError as e:  # expected while the platform is away: one line, no traceback
-            log.error("%s: batch %s failed; it will be redelivered: %s", self.name, msg.metadata.sequence.stream, e)
-            await msg.nak(delay=5)
+        except PlatformError as e:  # expected while the platform is away: one line, no traceback, then rarely
+            self._fault.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
+            await msg.nak(delay=retry_s)
             return
         except Exception:
-            log.exception("%s: batch %s failed; it will be redelivered", self.name, msg.metadata.sequence.stream)
-            await msg.nak(delay=5)
+            log.exception("%s: batch %s failed; it will be redelivered", self.name, meta.sequence.stream)
+            await msg.nak(delay=retry_s)
             return
         finally:
             alive.cancel()
+        self._fault.ended()
         await msg.ack()
 
     async def _one(self, key: str, event: Event) -> None:

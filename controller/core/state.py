@@ -77,6 +77,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     started: int = 0  # instances ever wanted: numbers the next instance id
     stats: FnStats = NO_STATS
     finished: dict[str, str] = {}  # request -> instance of the latest releases, oldest first
+    slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -90,6 +91,11 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
 
     def next_instance_id(self) -> str:
         return f"{self.key}-{self.started + 1}"
+
+    def slot_gb_ms_at(self, now: int) -> float:
+        """Memory x life of every instance started for the function, those alive counted until `now`."""
+        alive = sum(i.memory_mb / 1024 * (now - i.wanted_ms) for i in self.instances.values() if i.wanted_ms)
+        return self.slot_gb_ms + alive
 
     def finished_on(self, request_id: str) -> str | None:
         """The instance a recently finished request was released from, if it is one."""
@@ -191,14 +197,14 @@ def _instance_retired(s: FnState, e: InstanceRetired) -> FnState:
     old = s.instances.get(e.instance_id)
     slot = e.slot_id or (old.slot_id if old else "")
     if not slot:  # nothing on the platform to destroy
-        return _gone(s, e.instance_id)
+        return _gone(s, e.instance_id, e.at_ms)
     if old is None:  # a slot we never knew: track it until destroyed
         old = Instance(id=e.instance_id, phase=Phase.RETIRING, since_ms=e.at_ms, memory_mb=0)
     return _put(s, replace(old, phase=Phase.RETIRING, since_ms=e.at_ms, slot_id=slot))
 
 
 def _instance_destroyed(s: FnState, e: InstanceDestroyed) -> FnState:
-    return _gone(s, e.instance_id)
+    return _gone(s, e.instance_id, e.at_ms)
 
 
 def _explains(s: FnState, e: RequestWaiting) -> FnState:
@@ -227,10 +233,14 @@ def _put(s: FnState, inst: Instance) -> FnState:
     return replace(s, instances={**s.instances, inst.id: inst})
 
 
-def _gone(s: FnState, instance_id: str) -> FnState:
-    if instance_id not in s.instances:
+def _gone(s: FnState, instance_id: str, at_ms: int) -> FnState:
+    """The instance is gone: its slot time is closed (an orphan slot found later has no start of ours)."""
+    inst = s.instances.get(instance_id)
+    if inst is None:
         return s
-    return replace(s, instances={i: inst for i, inst in s.instances.items() if i != instance_id})
+    closed = inst.memory_mb / 1024 * (at_ms - inst.wanted_ms) if inst.wanted_ms else 0.0
+    instances = {i: kept for i, kept in s.instances.items() if i != instance_id}
+    return replace(s, instances=instances, slot_gb_ms=s.slot_gb_ms + closed)
 
 
 def _dequeue(s: FnState, request_id: str) -> FnState:
