@@ -11,6 +11,8 @@ from proto.events import (
     Assigned,
     Batch,
     Event,
+    FunctionForgotten,
+    FunctionRested,
     FunctionSeen,
     InstanceDestroyed,
     InstanceReady,
@@ -72,6 +74,10 @@ def event(e: Event) -> str:
             return f"{i} retired{_why(why)}" + (f"; {slot} to destroy" if slot else "")
         case InstanceDestroyed(instance_id=i, slot_id=slot, reason=why):
             return f"{i} gone" + (f" with {slot}" if slot else "") + _why(why)
+        case FunctionRested():
+            return "function at rest: its record of recent releases dropped"
+        case FunctionForgotten():
+            return "function forgotten: idle too long; its next call starts afresh"
     fields = ", ".join(f"{k}={v!r}" for k, v in msgspec.structs.asdict(e).items() if k != "at_ms")
     return f"{type(e).__name__}({fields})"
 

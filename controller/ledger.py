@@ -83,10 +83,15 @@ class Ledger:
         self.seq = max(self.seq, seq)
 
     def _put(self, key: str, s: FnState, seq: int) -> None:
-        self.totals = self.totals.change(self.states.get(key), s)
-        self.states[key] = s
+        """The function's new state; one that holds nothing (forgotten, or a stray slot's bookkeeping done)
+        is dropped, keeping only where its last batch is (the next append's order check needs it)."""
         if seq:
             self.last_seq[key] = seq
+        if s.meta is None and not s.instances and not s.queue:
+            self.totals = self.totals.change(self.states.pop(key, None), None)
+            return
+        self.totals = self.totals.change(self.states.get(key), s)
+        self.states[key] = s
 
     def _wake(self, key: str, wake_ms: int | None) -> None:
         if wake_ms is None:

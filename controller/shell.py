@@ -19,6 +19,7 @@ import logging
 import secrets
 import socket
 import time
+import weakref
 from collections import Counter, deque
 
 from msgspec.structs import replace
@@ -122,7 +123,8 @@ class Controller:
         self._in_flight: Counter[int] = Counter()  # handles under way, by partition
         self._drained = asyncio.Event()  # set when a partition's handles under way reach none
         self._appending: dict[int, int] = {}  # appends in flight, by the ledger's `seq` when each began
-        self._locks: dict[str, asyncio.Lock] = {}
+        # One per function with commands under way; gone with the last of them, so an idle function costs none.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
         self._tokens = itertools.count()
         self._inbox = ""
@@ -428,7 +430,7 @@ class Controller:
                 raise
             except Unavailable:
                 self._store_trouble_at = time.monotonic()
-                if loop.time() + delay > deadline or batch.key not in self._locks:
+                if loop.time() + delay > deadline or partition(batch.key) not in self.serving:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)

@@ -130,6 +130,14 @@ class InstanceDestroyed(Event, tag="instance-destroyed"):
     reason: str = ""
 
 
+class FunctionRested(Event, tag="function-rested"):
+    """The function has had nothing in flight a while: what only a retry could still need is dropped."""
+
+
+class FunctionForgotten(Event, tag="function-forgotten"):
+    """The function has been idle so long it is forgotten: its state goes, and its next call starts afresh."""
+
+
 AnyEvent = (
     FunctionSeen
     | RequestArrived
@@ -145,6 +153,8 @@ AnyEvent = (
     | RequestCancelled
     | InstanceRetired
     | InstanceDestroyed
+    | FunctionRested
+    | FunctionForgotten
 )
 
 

@@ -64,6 +64,8 @@ EVENT_TAGS = {
     "RequestCancelled": "request-cancelled",
     "InstanceRetired": "instance-retired",
     "InstanceDestroyed": "instance-destroyed",
+    "FunctionRested": "function-rested",
+    "FunctionForgotten": "function-forgotten",
 }
 
 

@@ -33,6 +33,8 @@ from proto.commands import (
 from proto.events import (
     Assigned,
     Event,
+    FunctionForgotten,
+    FunctionRested,
     FunctionSeen,
     InstanceDestroyed,
     InstanceReady,
@@ -269,7 +271,8 @@ def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     throttle_ms = _throttle_at_the_cap(d)
     _keep_or_retire_idle(d, policy)
     prewarm_ms = _prewarm(d, policy)
-    return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms)
+    rest_ms = _rest_or_forget(d)
+    return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms, rest_ms)
 
 
 def _lease_ms(s: FnState) -> int:
@@ -388,6 +391,28 @@ def _prewarm(d: _Draft, policy: Policy) -> int | None:
         for _ in range(reserved):
             d.start(why=f"reserved: the function keeps {d.room.limits.min_warm} warm")
     return warm.next_ms
+
+
+def _rest_or_forget(d: _Draft) -> int | None:
+    """Rest and forget: a function with nothing in flight and no instance sheds what it no longer needs.
+
+    Returns when the next step is due.
+    """
+    s = d.s
+    if s.meta is None or s.instances or s.queue:
+        return None
+    idle_since = max(s.stats.last_arrival_ms, s.stats.last_end_ms)
+    forget_at = idle_since + d.room.forget_after_ms
+    if d.now >= forget_at:
+        d.emit(FunctionForgotten(at_ms=d.now))
+        return None
+    if s.rested:
+        return forget_at
+    rest_at = idle_since + d.room.rest_after_ms
+    if d.now < rest_at:
+        return rest_at
+    d.emit(FunctionRested(at_ms=d.now))
+    return forget_at
 
 
 def _live(s: FnState) -> int:

@@ -1,11 +1,14 @@
-"""Caps and reserved instances: what an operator allows, whatever the policy would like.
+"""Caps, reserved instances and memory: what an operator allows, whatever the policy would like.
 
 Per function (with defaults for those not named): at most `max_instances` instances and
 `max_memory_mb` of their memory, and at least `min_warm` kept ready once the function is known (a
 production pool's reserved instances). Over all functions a node holds: at most `max_instances`
 and `max_memory_mb`, split between nodes by the share of partitions each holds, so that together
 they never pass them. Past a cap the core starts nothing: a request waits for an instance to free
-up, and one still waiting `throttle_after_ms` after it arrived is answered Throttle.
+up, and one still waiting `throttle_after_ms` after it arrived is answered Throttle. A function
+with nothing in flight and no instance rests after `rest_after_ms` (its record of recent releases
+goes) and is forgotten after `forget_after_ms` (its whole state goes): memory holds only the
+functions of the last day, each small.
 """
 
 import msgspec
@@ -25,6 +28,8 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_instances: int = 0  # over all functions (0: no cap)
     max_memory_mb: int = 0
     throttle_after_ms: int = 10_000  # how long a request waits at a cap before it is answered Throttle
+    rest_after_ms: int = 10 * 60_000  # idle this long (nothing in flight, no instance): a function rests
+    forget_after_ms: int = 24 * 3_600_000  # idle this long: it is forgotten, what was learned of it too
 
     def of(self, key: str) -> FunctionLimits:
         return self.functions.get(key, self.default)
@@ -50,6 +55,8 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
     instances_left: int | None = None  # under the caps over all functions; None: no cap
     memory_left_mb: int | None = None
     throttle_after_ms: int = NO_LIMITS.throttle_after_ms
+    rest_after_ms: int = NO_LIMITS.rest_after_ms
+    forget_after_ms: int = NO_LIMITS.forget_after_ms
 
     @staticmethod
     def of(limits: Limits, key: str, totals: Totals) -> "Room":
@@ -59,6 +66,8 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
             instances_left=limits.max_instances - totals.instances if limits.max_instances else None,
             memory_left_mb=limits.max_memory_mb - totals.memory_mb if limits.max_memory_mb else None,
             throttle_after_ms=limits.throttle_after_ms,
+            rest_after_ms=limits.rest_after_ms,
+            forget_after_ms=limits.forget_after_ms,
         )
 
     def starts(self, s: FnState, started: int) -> int | None:

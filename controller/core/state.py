@@ -17,6 +17,8 @@ from controller.core.features import NO_STATS, FnStats, observe
 from proto.events import (
     Assigned,
     Event,
+    FunctionForgotten,
+    FunctionRested,
     FunctionSeen,
     InstanceDestroyed,
     InstanceReady,
@@ -78,6 +80,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     stats: FnStats = NO_STATS
     finished: dict[str, str] = {}  # request -> instance of the latest releases, oldest first
     slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
+    rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -125,7 +128,15 @@ def _function_seen(s: FnState, e: FunctionSeen) -> FnState:
 
 def _request_arrived(s: FnState, e: RequestArrived) -> FnState:
     waiting = Pending(request_id=e.request_id, waiters=(e.reply_to,) if e.reply_to else (), since_ms=e.at_ms)
-    return replace(s, queue=(*s.queue, waiting))
+    return replace(s, queue=(*s.queue, waiting), rested=False)
+
+
+def _function_rested(s: FnState, e: FunctionRested) -> FnState:
+    return replace(s, finished={}, rested=True)  # the releases a retry could still ask about: long past
+
+
+def _function_forgotten(s: FnState, e: FunctionForgotten) -> FnState:
+    return FnState(key=s.key)  # what holds nothing is dropped (controller/ledger.py)
 
 
 def _request_retried(s: FnState, e: RequestRetried) -> FnState:
@@ -226,6 +237,8 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     RequestCancelled: _request_ended,
     InstanceRetired: _instance_retired,
     InstanceDestroyed: _instance_destroyed,
+    FunctionRested: _function_rested,
+    FunctionForgotten: _function_forgotten,
 }
 
 

@@ -101,3 +101,27 @@ def test_no_sequence_of_commands_starts_past_the_cap(kinds, cap):
             cmd = c.Tick(key=KEY, due_ms=now)
         s = decide(s, cmd, now, DEMO, room=r).state
         assert len(s.instances) <= cap
+
+
+def test_an_idle_function_rests_then_is_forgotten_and_its_next_call_starts_afresh():
+    r = Room(rest_after_ms=60_000, forget_after_ms=600_000)
+    s, decisions = run([assign("r1"), ready("fn-1", "s1"), idle("r1", need_destroy=True)], r)
+    s, _ = run([c.SlotDestroyed(key=KEY, instance_id="fn-1", slot_id="s1")], r, s=s, at=100)
+    assert not s.instances and s.finished == {"r1": "fn-1"}
+    idle_since = s.stats.last_end_ms
+    rest = decide(s, c.Tick(key=KEY, due_ms=idle_since + 60_000), idle_since + 60_000, DEMO, room=r)
+    assert rest.events == [e.FunctionRested(at_ms=idle_since + 60_000)]
+    assert rest.state.finished == {} and rest.state.rested and rest.wake_ms == idle_since + 600_000
+    gone = decide(rest.state, c.Tick(key=KEY, due_ms=rest.wake_ms), rest.wake_ms, DEMO, room=r)
+    assert gone.events == [e.FunctionForgotten(at_ms=idle_since + 600_000)]
+    assert gone.state == FnState(key=KEY) and gone.wake_ms is None
+    back = decide(gone.state, assign("r2"), idle_since + 700_000, DEMO, room=r)
+    assert [type(ev) for ev in back.events][:2] == [e.FunctionSeen, e.RequestArrived]
+    assert back.state.stats.arrivals == 1, "what was learned went with it"
+
+
+def test_a_function_with_an_instance_kept_neither_rests_nor_is_forgotten():
+    r = Room(rest_after_ms=1_000, forget_after_ms=2_000)
+    s, _ = run([assign("r1"), ready("fn-1", "s1"), idle("r1")], r)
+    later = decide(s, c.Tick(key=KEY, due_ms=60_000), 60_000, DEMO, room=r)  # demo keeps fn-1 for 5 minutes
+    assert not any(isinstance(ev, e.FunctionRested | e.FunctionForgotten) for ev in later.events)
