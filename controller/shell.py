@@ -41,6 +41,7 @@ from proto.commands import (
     Idle,
     Reconcile,
     Reply,
+    SlotCreated,
     Tick,
     command_id,
     decode_command,
@@ -427,8 +428,9 @@ class Controller:
         self._spawn(self._serve(cmd, msg))
 
     async def _serve(self, cmd: AnyCommand, msg: Msg) -> None:
-        """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored."""
-        is_call = isinstance(cmd, Assign | Idle)
+        """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored (a
+        SlotCreated by its decision too: it says whether to go on with Init)."""
+        is_call = isinstance(cmd, Assign | Idle | SlotCreated)
         if is_call:
             cmd = replace(cmd, reply_to=msg.reply)
         try:

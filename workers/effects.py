@@ -3,13 +3,14 @@
 Each worker has a durable consumer on the EVENTS stream that sees only the batches with work
 for it (their subject names their effects, proto.subjects), so an event is acted on at least
 once: the batch is acked only after every outcome it caused was reported to the function's
-controller, and answered (stored). The platform calls are made idempotent by request ids
-derived from the instance (a retried CreateSlot asks for the same slot), and the controller
-ignores repeated reports.
+controller, and answered (stored). The controller ignores repeated reports; a worker acting
+on a batch again (`Delivery.redelivered`) must not repeat what the platform does not dedupe
+(the platform worker: a new slot per CreateSlot), so it continues from what was recorded.
 """
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import ClassVar
 
 import grpc
@@ -87,6 +88,14 @@ async def _working_on(msg: Msg, every_s: float) -> None:
             log.debug("could not extend %s: %s", msg.reply, e)
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """Which batch an event came in, and whether it came before: a worker died or failed with it."""
+
+    seq: int  # the batch's stream sequence
+    redelivered: bool
+
+
 class EffectWorker:
     """Base of the platform and gc workers: `wants` picks events, `act` performs one and returns its report."""
 
@@ -111,8 +120,12 @@ class EffectWorker:
     def wants(self, event: Event) -> bool:
         raise NotImplementedError
 
-    async def act(self, key: str, event: Event) -> AnyCommand:
+    async def act(self, key: str, event: Event, delivery: Delivery) -> AnyCommand | None:
+        """Perform one event; return the report for its function's controller (None: nothing to report)."""
         raise NotImplementedError
+
+    def forget(self, events: list[Event]) -> None:
+        """The batch of these events is acked: what was kept to resume them can go."""
 
     async def start(self) -> str:
         self._channel = grpc.aio.insecure_channel(self.platform_addr, options=CHANNEL_OPTIONS)
@@ -173,8 +186,9 @@ class EffectWorker:
 
     async def _perform(self, key: str, events: list[Event], msg: Msg) -> None:
         alive = asyncio.create_task(_working_on(msg, self.ack_wait_s / 3))
+        delivery = Delivery(msg.metadata.sequence.stream, msg.metadata.num_delivered > 1)
         try:
-            await asyncio.gather(*(self._one(key, e) for e in events))
+            await asyncio.gather(*(self._one(key, e, delivery) for e in events))
         except PlatformError as e:  # expected while the platform is away: one line, no traceback
             log.error("%s: batch %s failed; it will be redelivered: %s", self.name, msg.metadata.sequence.stream, e)
             await msg.nak(delay=5)
@@ -186,8 +200,10 @@ class EffectWorker:
         finally:
             alive.cancel()
         await msg.ack()
+        self.forget(events)
 
-    async def _one(self, key: str, event: Event) -> None:
+    async def _one(self, key: str, event: Event, delivery: Delivery) -> None:
         async with self._limit:
-            report = await self.act(key, event)
-        await send(self._nc, report, patience_s=REPORT_PATIENCE_S)
+            report = await self.act(key, event, delivery)
+        if report is not None:
+            await send(self._nc, report, patience_s=REPORT_PATIENCE_S)

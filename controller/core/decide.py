@@ -1,7 +1,7 @@
 """Decisions: a command and the current state in; events, replies and the next deadline out.
 
 A decision has two halves. First the command's own change, one handler per command:
-`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_instance_ready` (SlotReady),
+`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_slot_created`, `_instance_ready` (SlotReady),
 `_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`; a Tick changes nothing by itself.
 Then the phases that bring the function to rest (`_bring_to_rest`), in order: leases, matching
 (`_answer_waiting_requests`, where a queued Assign gets its instance and its answer), starts,
@@ -24,6 +24,7 @@ from proto.commands import (
     Idle,
     Reconcile,
     Reply,
+    SlotCreated,
     SlotDestroyed,
     SlotFailed,
     SlotReady,
@@ -33,6 +34,7 @@ from proto.events import (
     Assigned,
     Event,
     FunctionSeen,
+    InstanceCreated,
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
@@ -93,6 +95,8 @@ def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals
             _release(d, cmd)
         case Cancel():
             _cancel(d, cmd)
+        case SlotCreated():
+            _slot_created(d, cmd)
         case SlotReady():
             _instance_ready(d, cmd)
         case SlotFailed():
@@ -186,13 +190,39 @@ def _cancel(d: _Draft, cmd: Cancel) -> None:
 
 
 def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:
-    """A slot nothing in the state owns: record it under its own id so that it gets destroyed."""
-    d.emit(InstanceRetired(at_ms=d.now, instance_id=f"{instance_id}@{slot_id}", slot_id=slot_id, reason=why))
+    """A slot nothing in the state owns: record it under its own id so that it gets destroyed (once)."""
+    orphan = f"{instance_id}@{slot_id}"
+    if orphan not in d.s.instances:
+        d.emit(InstanceRetired(at_ms=d.now, instance_id=orphan, slot_id=slot_id, reason=why))
+
+
+def _slot_created(d: _Draft, cmd: SlotCreated) -> None:
+    """CreateSlot answered, Init not yet called: record the slot, or retire it when its instance is no longer
+    being created. The worker calls Init only on an OK answer."""
+    inst = d.s.instances.get(cmd.instance_id)
+    r, to = cmd.instance_id, cmd.reply_to
+    if inst is None or inst.phase is not Phase.CREATING:
+        if inst is None or inst.slot_id != cmd.slot_id:
+            _retire_orphan(d, cmd.instance_id, cmd.slot_id, "created for an instance no longer wanted")
+        d.reply(to, r, Code.FAILED_PRECONDITION, message=f"instance {cmd.instance_id} is no longer being created")
+        return
+    if inst.slot_id != cmd.slot_id:
+        _replace_slot(d, inst, cmd.slot_id)
+        d.emit(InstanceCreated(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms))
+    d.reply(to, r, instance_id=inst.id)
+
+
+def _replace_slot(d: _Draft, inst: Instance, slot_id: str) -> None:
+    """A creating instance got another slot (a worker gave up on the first, whose Init may have run): the
+    first is destroyed."""
+    if inst.slot_id and inst.slot_id != slot_id:
+        _retire_orphan(d, inst.id, inst.slot_id, f"replaced by {slot_id}")
 
 
 def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
     inst = d.s.instances.get(cmd.instance_id)
     if inst is not None and inst.phase is Phase.CREATING:
+        _replace_slot(d, inst, cmd.slot_id)
         d.emit(
             InstanceReady(
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
@@ -208,9 +238,9 @@ def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
         if cmd.slot_id and (inst is None or inst.slot_id != cmd.slot_id):
             _retire_orphan(d, cmd.instance_id, cmd.slot_id, f"failed creation of an unknown instance: {cmd.reason}")
         return
-    d.emit(
-        InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, reason=f"creation failed: {cmd.reason}")
-    )
+    slot = cmd.slot_id or inst.slot_id  # CreateSlot answered before (InstanceCreated), or Init failed on it
+    _replace_slot(d, inst, slot)
+    d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=slot, reason=f"creation failed: {cmd.reason}"))
     if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
         victim = d.s.pending(inst.for_request) or d.s.queue[0]
         message = f"the platform could not start an instance: {cmd.reason}"

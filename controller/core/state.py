@@ -18,6 +18,7 @@ from proto.events import (
     Assigned,
     Event,
     FunctionSeen,
+    InstanceCreated,
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
@@ -142,6 +143,13 @@ def _slot_wanted(s: FnState, e: SlotWanted) -> FnState:
     return replace(_put(s, inst), started=s.started + 1)
 
 
+def _instance_created(s: FnState, e: InstanceCreated) -> FnState:
+    old = s.instances.get(e.instance_id)
+    if old is None:
+        return s
+    return _put(s, replace(old, slot_id=e.slot_id))
+
+
 def _instance_ready(s: FnState, e: InstanceReady) -> FnState:
     old = s.instances.get(e.instance_id)
     if old is None:
@@ -212,6 +220,7 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     WaiterLeft: _waiter_left,
     RequestWaiting: _explains,
     SlotWanted: _slot_wanted,
+    InstanceCreated: _instance_created,
     InstanceReady: _instance_ready,
     Assigned: _assigned,
     Released: _released,

@@ -257,6 +257,44 @@ def test_ready_for_an_unwanted_instance_destroys_its_slot():
     assert s.instances["ghost-1@s9"].phase is Phase.RETIRING
 
 
+def created(i: str = "fn-1", slot: str = "s1") -> c.SlotCreated:
+    return c.SlotCreated(key=KEY, instance_id=i, slot_id=slot, create_ms=100, reply_to=f"to-created-{i}")
+
+
+def test_a_created_slot_is_recorded_before_init_and_a_repeat_changes_nothing():
+    s, (_, d, again) = run(assign("r1"), created(), created())
+    assert d.events == [e.InstanceCreated(at_ms=10, instance_id="fn-1", slot_id="s1", create_ms=100)]
+    assert d.replies == [ok("to-created-fn-1", "fn-1", "fn-1")]
+    assert again.events == [] and again.replies == d.replies
+    assert s.instances["fn-1"].phase is Phase.CREATING and s.instances["fn-1"].slot_id == "s1"
+
+
+def test_a_slot_created_for_an_instance_no_longer_wanted_is_destroyed_and_init_is_refused():
+    _s, (d,) = run(created("ghost-1", "s9"))
+    why = "created for an instance no longer wanted"
+    assert d.events == [e.InstanceRetired(at_ms=0, instance_id="ghost-1@s9", slot_id="s9", reason=why)]
+    assert [r.code for r in d.replies] == [c.Code.FAILED_PRECONDITION]
+    _s, (*_, late) = run(assign("r1"), created(), ready(), created())  # a stale repeat once it is ready
+    assert late.events == [] and [r.code for r in late.replies] == [c.Code.FAILED_PRECONDITION]
+
+
+def test_a_second_slot_for_a_creating_instance_replaces_the_first_which_is_destroyed():
+    s, (*_, d) = run(assign("r1"), created(slot="s1"), created(slot="s2"))
+    assert d.events == [
+        e.InstanceRetired(at_ms=20, instance_id="fn-1@s1", slot_id="s1", reason="replaced by s2"),
+        e.InstanceCreated(at_ms=20, instance_id="fn-1", slot_id="s2", create_ms=100),
+    ]
+    assert s.instances["fn-1"].slot_id == "s2" and s.instances["fn-1@s1"].phase is Phase.RETIRING
+
+
+def test_a_creation_that_fails_after_its_slot_was_recorded_destroys_that_slot():
+    s, (*_, d) = run(assign("r1"), created(), c.SlotFailed(key=KEY, instance_id="fn-1", reason="CreateSlot: full"))
+    assert d.events[0] == e.InstanceRetired(
+        at_ms=20, instance_id="fn-1", slot_id="s1", reason="creation failed: CreateSlot: full"
+    )
+    assert s.instances["fn-1"].phase is Phase.RETIRING
+
+
 def test_repeated_ready_report_is_ignored():
     _s, (*_, d) = run(assign("r1"), ready(), ready())
     assert d.events == []
