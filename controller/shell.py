@@ -22,6 +22,7 @@ from collections import Counter
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 
 from controller import state_service, stream
 from controller.core import reconcile
@@ -99,6 +100,7 @@ class Controller:
         self._in_flight: Counter[int] = Counter()  # handles under way, by partition
         self._drained = asyncio.Event()  # set when a partition's handles under way reach none
         self._appending: dict[int, int] = {}  # appends in flight, by the ledger's `seq` when each began
+        self._doubtful: dict[str, Batch] = {}  # by function: a batch whose append got no answer (see _settle)
         self._locks: dict[str, asyncio.Lock] = {}
         self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
         self._tokens = itertools.count()
@@ -244,6 +246,7 @@ class Controller:
             self._locks.pop(key, None)
         for p in partitions:
             self._unsaved.pop(p, None)
+        self._doubtful = {k: b for k, b in self._doubtful.items() if partition(k) not in partitions}
 
     def _keys(self, partitions: list[int]) -> list[str]:
         wanted = set(partitions)
@@ -314,28 +317,49 @@ class Controller:
         for _ in range(APPEND_ATTEMPTS):
             if p not in self.serving:
                 raise NotServing(f"partition {p} was given up")
+            await self._settle(cmd.key)
             now = self.clock.now_ms()
             decision = self.ledger.decide(cmd, now, self.policy)
             batch = self.ledger.batch(cmd, decision, now)
             seq = None
             if batch is not None:
-                floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
-                self._appending[floor] = self._appending.get(floor, 0) + 1
                 try:
-                    seq = await self._append(batch)
+                    seq = await self._write(batch)
                 except stream.Conflict:
                     log.warning("conflict on %s: catching up and deciding again", cmd.key)
                     await self._catch_up(cmd.key)
                     continue
-                finally:
-                    self._appending[floor] -= 1
-                    if not self._appending[floor]:
-                        del self._appending[floor]
                 self._maybe_snapshot(p, len(batch.events))
             self.ledger.commit(cmd, decision, seq)
             self.timers.set(cmd.key, self.ledger.wake.get(cmd.key))
             return decision
         raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key!r}")
+
+    async def _write(self, batch: Batch) -> int:
+        floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
+        self._appending[floor] = self._appending.get(floor, 0) + 1
+        try:
+            return await self._append(batch)
+        finally:
+            self._appending[floor] -= 1
+            if not self._appending[floor]:
+                del self._appending[floor]
+
+    async def _settle(self, key: str) -> None:
+        """Our last append of `key` got no answer, yet may be stored all the same (a stalled NATS, or one that
+        got it buffered through a reconnect): append it again first, which stores it or conflicts with it.
+        A read alone could not tell: JetStream may answer it before it stores a publish sent earlier."""
+        batch = self._doubtful.get(key)
+        if batch is None:
+            return
+        try:
+            seq = await self._write(batch)
+        except stream.Conflict:
+            await self._catch_up(key)
+        else:
+            self.ledger.fold(seq, batch)
+            self.timers.set(key, self.ledger.wake.get(key))
+        self._doubtful.pop(key, None)
 
     async def _append(self, batch: Batch) -> int:
         """Store the batch if the function's last batch is still the one we know of; returns its sequence.
@@ -354,13 +378,17 @@ class Controller:
                 raise
             except Unavailable:
                 if loop.time() + delay > deadline or batch.key not in self._locks:
+                    self._doubtful[batch.key] = batch  # no answer is not no: it may be stored all the same
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
     async def _catch_up(self, key: str) -> None:
         """Fold the function's batches after the last one we hold: another writer, or our own lost ack."""
-        await stream.read(self._js, self.ledger.fold, function_events(key), after_seq=self.ledger.last_seq.get(key, 0))
+        try:
+            await stream.read(self._js, self.ledger.fold, function_events(key), self.ledger.last_seq.get(key, 0))
+        except (NatsError, TimeoutError) as e:
+            raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
 
     async def _reconcile(self, cmd: Reconcile) -> Decision:
         """The platform's list for one partition, put to each of its functions in turn (those the list names

@@ -103,6 +103,7 @@ class Released(Event, tag="released"):
     duration_ms: int = 0
     reason: str = ""
     need_destroy: bool = False  # the instance dies with this release (it is retired next)
+    cancelled: bool = False  # its caller gave up before the answer reached it: the request was not served
 
 
 class KeptAlive(Event, tag="kept-alive"):

@@ -186,7 +186,8 @@ def _cancel(d: _Draft, cmd: Cancel) -> None:
     elif (held := _holder(d.s, r)) is not None and held.phase is Phase.BUSY:
         # Release only when no other caller of this request got the instance and still holds it.
         if not cmd.reply_to or held.waiters in ((), (cmd.reply_to,)):
-            d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=f"cancelled: {why}"))
+            why = f"cancelled: {why}"
+            d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=why, cancelled=True))
 
 
 def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:

@@ -172,7 +172,13 @@ def _released(s: FnState, e: Released) -> FnState:
     if old is None:
         return s
     s = _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0))
+    if e.cancelled:  # never served: a retry of the request is served anew
+        return s if e.request_id not in s.finished else replace(s, finished=_forget(s.finished, e.request_id))
     return replace(s, finished=_remember(s.finished, e.request_id, e.instance_id))
+
+
+def _forget(finished: dict[str, str], request_id: str) -> dict[str, str]:
+    return {r: i for r, i in finished.items() if r != request_id}
 
 
 def _remember(finished: dict[str, str], request_id: str, instance_id: str) -> dict[str, str]:

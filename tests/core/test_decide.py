@@ -305,9 +305,22 @@ def test_cancel_frees_what_the_caller_held_or_waited_for():
     assert d.events == [e.RequestCancelled(at_ms=10, request_id="r1", reason="caller gave up")] and s.queue == ()
     s, (*_, d) = run(assign("r1", to="inbox.1"), ready(), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"))
     why = "cancelled: caller gave up"
-    released = e.Released(at_ms=20, request_id="r1", instance_id="fn-1", status_code=0, reason=why)
+    released = e.Released(at_ms=20, request_id="r1", instance_id="fn-1", status_code=0, reason=why, cancelled=True)
     kept = e.KeptAlive(at_ms=20, instance_id="fn-1", until_ms=20 + KEEP, why="fixed keep-alive 300s")
     assert d.events == [released, kept] and d.replies == [] and s.instances["fn-1"].phase is Phase.IDLE
+
+
+def test_a_request_whose_assignment_was_cancelled_before_its_caller_got_it_is_served_when_retried():
+    """The first attempt's caller gave up (its Cancel came first); the retry is a request never served."""
+    cancel = c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1")
+    _s, (*_, d) = run(assign("r1", to="inbox.1"), ready(), cancel, assign("r1", to="inbox.2"))
+    assert d.events == [
+        e.RequestArrived(at_ms=30, request_id="r1", reply_to="inbox.2"),
+        e.Assigned(at_ms=30, request_id="r1", instance_id="fn-1"),
+    ]
+    assert d.replies == [ok("inbox.2", "r1", "fn-1")]
+    _s, (*_, done) = run(assign("r1", to="inbox.1"), ready(), idle("r1"), assign("r1", to="inbox.2"))
+    assert [r.code for r in done.replies] == [c.Code.FAILED_PRECONDITION], "one that was served is refused"
 
 
 def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
