@@ -286,6 +286,8 @@ class Controller:
                 except NotServing:  # the partition went elsewhere just now
                     del self._local[to]
                     return await self.forwarder.call(cmd, timeout_s)
+                except stream.TooBig as e:
+                    return _unstorable(cmd, to, e)
                 return await answer
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
             if isinstance(cmd, Assign) and to in self._local:
@@ -432,6 +434,9 @@ class Controller:
                 else:
                     await send(self._nc, cancel, patience_s=max(0.1, deadline - asyncio.get_running_loop().time()))
                 return
+            except stream.TooBig as e:
+                log.error("could not cancel %s: %s", cancel.request_id, e)
+                return
             except (Unavailable, TimeoutError) as e:
                 if asyncio.get_running_loop().time() > deadline:
                     log.warning("could not cancel %s: %s", cancel.request_id, e)
@@ -441,7 +446,10 @@ class Controller:
 
     async def _tick(self, key: str, due_ms: int) -> None:
         if self.serves(key):
-            await self.handle(Tick(key=key, due_ms=due_ms))
+            try:
+                await self.handle(Tick(key=key, due_ms=due_ms))
+            except stream.TooBig as e:  # deciding it again would only fail again: the next command tries
+                log.error("%s: the deadline's decision cannot be stored: %s", key, e)
 
     async def _on_request(self, msg: Msg) -> None:
         """A command from another process: a gateway's call, or a worker's report."""
@@ -468,6 +476,10 @@ class Controller:
             if msg.reply:
                 reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=Code.UNAVAILABLE)
                 await self._nc.publish(msg.reply, encode(replace(reply, message=str(e))))
+            return
+        except stream.TooBig as e:  # refused once: sending it again would fail again
+            if msg.reply:
+                await self._nc.publish(msg.reply, encode(_unstorable(cmd, msg.reply, e)))
             return
         if not is_call and msg.reply:
             await self._nc.publish(msg.reply, encode(Reply(to=msg.reply, request_id=command_id(cmd))))
@@ -513,3 +525,10 @@ class Controller:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _unstorable(cmd: AnyCommand, to: str, e: stream.TooBig) -> Reply:
+    """The answer to a command whose decision no NATS message can hold: refused, not to be tried again."""
+    log.error("%s refused: its decision cannot be stored: %s", command_id(cmd), e)
+    message = f"the decision cannot be stored: {e}"
+    return Reply(to=to, request_id=getattr(cmd, "request_id", ""), code=Code.INTERNAL, message=message)

@@ -59,6 +59,7 @@ class NatsServer:
         name: str = "scaler",
         cluster_port: int = 0,
         routes: tuple[str, ...] = (),
+        max_payload: int = 0,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
@@ -66,6 +67,7 @@ class NatsServer:
         self.name = name
         self.cluster_port = cluster_port
         self.routes = routes
+        self.max_payload = max_payload  # bytes a message may have (0: the server's default, 1 MB)
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -77,6 +79,10 @@ class NatsServer:
             if self.cluster_port:
                 args += ["--cluster_name", "scaler", "--cluster", f"nats://{self.host}:{self.cluster_port}"]
                 args += ["--routes", ",".join(self.routes)]
+            if self.max_payload:  # no flag for it: a config file, read at start
+                config = Path(ports_dir) / "nats.conf"
+                config.write_text(f"max_payload: {self.max_payload}\n")
+                args += ["-c", str(config)]
             self._proc = await asyncio.create_subprocess_exec(
                 server_binary(),
                 *args,

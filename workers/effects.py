@@ -48,8 +48,16 @@ CHANNEL_OPTIONS = [
 ]
 
 
+MAX_MESSAGE = 512  # characters of a platform's error message kept in a report (it goes into events)
+
+
 class PlatformError(Exception):
     """A platform call failed for good; the message says which call and why."""
+
+
+def brief(text: str) -> str:
+    """A platform's message, cut to a size any event can carry."""
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
 
 
 async def call_platform(method, request, what: str, patience_s: float = PATIENCE_S):
@@ -67,11 +75,11 @@ async def call_platform(method, request, what: str, patience_s: float = PATIENCE
             reply = await method(request, timeout=CALL_TIMEOUT_S)
             if reply.status != pb.Throttle:
                 return reply
-            why = f"Throttle: {reply.error_message}" if reply.error_message else "Throttle"
+            why = f"Throttle: {brief(reply.error_message)}" if reply.error_message else "Throttle"
         except grpc.aio.AioRpcError as e:
             if e.code() not in BUSY:
-                raise PlatformError(f"{what}: {e.code().name}: {e.details()}") from None
-            why = f"{e.code().name}: {e.details()}"
+                raise PlatformError(f"{what}: {e.code().name}: {brief(e.details() or '')}") from None
+            why = f"{e.code().name}: {brief(e.details() or '')}"
         if loop.time() + delay > deadline:
             raise PlatformError(f"{what}: still {why} after {patience_s:g}s")
         await asyncio.sleep(delay)

@@ -35,7 +35,7 @@ from proto.events import (
 )
 from proto.subjects import function_events
 from runtime.bus import send
-from workers.effects import REPORT_PATIENCE_S, Delivery, EffectWorker, PlatformError, call_platform
+from workers.effects import REPORT_PATIENCE_S, Delivery, EffectWorker, PlatformError, brief, call_platform
 
 log = logging.getLogger("scaler.platform_worker")
 
@@ -152,4 +152,4 @@ class PlatformWorker(EffectWorker):
 
 def _status(reply) -> str:
     name = pb.Status.Name(reply.status)
-    return f"{name}: {reply.error_message}" if reply.error_message else name
+    return f"{name}: {brief(reply.error_message)}" if reply.error_message else name
