@@ -50,6 +50,9 @@ from proto.events import (
 )
 
 LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
+# The timeout of a function whose Assigns give none (timeout_in_secs 0), so that every busy instance
+# has a lease: 15 minutes, the longest a serverless function commonly may run (AWS Lambda's limit).
+DEFAULT_TIMEOUT_S = 900
 
 
 class Decision(NamedTuple):
@@ -278,9 +281,13 @@ def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     return _next_wake(d, recheck_ms, prewarm_ms)
 
 
+def _timeout_s(s: FnState) -> int:
+    return s.meta.timeout_s if s.meta is not None and s.meta.timeout_s > 0 else DEFAULT_TIMEOUT_S
+
+
 def _lease_ms(s: FnState) -> int:
-    """How long a request may hold an instance: its function's timeout and a grace (0: no limit)."""
-    return s.meta.timeout_s * 1000 + LEASE_GRACE_MS if s.meta is not None and s.meta.timeout_s > 0 else 0
+    """How long a request may hold an instance: its function's timeout (or the default) and a grace."""
+    return _timeout_s(s) * 1000 + LEASE_GRACE_MS
 
 
 def _free_lost_leases(d: _Draft) -> None:
@@ -289,18 +296,23 @@ def _free_lost_leases(d: _Draft) -> None:
     Its instance is freed and retired, as the run may have left it in any state.
     """
     lease = _lease_ms(d.s)
-    if not lease:
-        return
+    given = "the function's" if d.s.meta is not None and d.s.meta.timeout_s > 0 else "the default"
     for inst in d.s.in_phase(Phase.BUSY):
         if inst.since_ms + lease <= d.now:
-            why = f"no Idle within the function's {d.s.meta.timeout_s}s timeout"
+            why = f"no Idle within {given} {_timeout_s(d.s)}s timeout"
             d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
 
+def _fits(s: FnState, inst: Instance) -> bool:
+    """Whether the instance has the memory the function asks for now (its meta may have grown since)."""
+    return s.meta is None or inst.memory_mb >= s.meta.memory_mb
+
+
 def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
-    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance."""
-    while d.s.queue and (idle := d.s.in_phase(Phase.IDLE)):
+    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance
+    with enough memory."""
+    while d.s.queue and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
         inst = policy.pick(d.s, idle, d.now)
         waiting = d.s.queue[0]
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
@@ -312,7 +324,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
     Returns when the policy wants to look again at those left waiting.
     """
-    uncovered = d.s.queue[len(d.s.in_phase(Phase.CREATING)) :]
+    uncovered = d.s.queue[sum(_fits(d.s, i) for i in d.s.in_phase(Phase.CREATING)) :]
     if not uncovered or d.s.meta is None:
         return None
     plan = policy.plan_queue(d.s, len(uncovered), d.now)
@@ -327,7 +339,12 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
-    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires."""
+    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires, and
+    so does one with less memory than the function asks for now (no request may run on it again)."""
+    for inst in d.s.in_phase(Phase.IDLE):
+        if not _fits(d.s, inst):
+            why = f"{inst.memory_mb} MB, less than the function's {d.s.meta.memory_mb} MB now"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
             keep = policy.keep_alive(d.s, inst, d.now)
@@ -357,6 +374,5 @@ def _next_wake(d: _Draft, *planned: int | None) -> int | None:
     """Wake: the earliest deadline still ahead, among the policy's plans, keep-alives and leases."""
     wakes = [w for w in planned if w is not None]
     wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
-    if lease := _lease_ms(d.s):
-        wakes += [i.since_ms + lease for i in d.s.in_phase(Phase.BUSY)]
+    wakes += [i.since_ms + _lease_ms(d.s) for i in d.s.in_phase(Phase.BUSY)]
     return min((w for w in wakes if w > d.now), default=None)

@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import pytest
 
-from controller.core.decide import decide
+from controller.core.decide import DEFAULT_TIMEOUT_S, decide
 from controller.core.state import FnState, Phase
 from proto import commands as c
 from proto import events as e
@@ -338,14 +338,34 @@ def test_assign_retried_after_assignment_gets_the_same_instance():
     assert decide(d.state, assign("r1", to="inbox.again"), 110, DEMO).events == [], "the same caller again: no event"
 
 
+BIGGER = e.Meta(memory_mb=2048, runtime="python", timeout_s=60)
+
+
 def test_meta_change_is_recorded_and_used_for_new_instances():
-    bigger = e.Meta(memory_mb=2048, runtime="python", timeout_s=60)
-    _s, (*_, d) = run(assign("r1"), assign("r2", meta=bigger))
+    """The instance being created with the old 512 MB covers no request any more: two start with 2 GB."""
+    _s, (*_, d) = run(assign("r1"), assign("r2", meta=BIGGER))
     assert d.events == [
-        e.FunctionSeen(at_ms=10, meta=bigger),
+        e.FunctionSeen(at_ms=10, meta=BIGGER),
         e.RequestArrived(at_ms=10, request_id="r2", reply_to="to-r2"),
-        e.SlotWanted(at_ms=10, instance_id="fn-2", meta=bigger, for_request="r2", reason=COLD),
+        e.SlotWanted(at_ms=10, instance_id="fn-2", meta=BIGGER, for_request="r1", reason=COLD),
+        e.SlotWanted(at_ms=10, instance_id="fn-3", meta=BIGGER, for_request="r2", reason=COLD),
     ]
+
+
+def test_an_instance_with_less_memory_than_the_function_now_asks_for_is_never_reused_but_retired():
+    _s, (*_, d) = run(assign("r1"), ready(), idle("r1"), assign("r2", meta=BIGGER))
+    assert d.events == [
+        e.FunctionSeen(at_ms=30, meta=BIGGER),
+        e.RequestArrived(at_ms=30, request_id="r2", reply_to="to-r2"),
+        e.SlotWanted(at_ms=30, instance_id="fn-2", meta=BIGGER, for_request="r2", reason=COLD),
+        e.InstanceRetired(
+            at_ms=30, instance_id="fn-1", slot_id="s1", reason="512 MB, less than the function's 2048 MB now"
+        ),
+    ]
+    _s, (*_, smaller) = run(assign("r1", meta=BIGGER), ready(), idle("r1"), assign("r2"))
+    assert [ev for ev in smaller.events if isinstance(ev, e.Assigned)] == [
+        e.Assigned(at_ms=30, request_id="r2", instance_id="fn-1")
+    ], "one with more memory than asked serves"
 
 
 def test_zero_memory_is_refused():
@@ -394,3 +414,13 @@ def test_an_instance_held_past_the_function_timeout_is_freed_and_retired():
     assert late.state.instances["fn-1"].phase is Phase.RETIRING
     after = decide(late.state, idle("r1"), 10 + lease + 5, DEMO)  # the lost caller comes back after all
     assert after.events == [] and after.replies[0].code is c.Code.OK
+
+
+def test_an_instance_of_a_function_without_timeout_has_the_default_lease():
+    no_timeout = e.Meta(memory_mb=512, runtime="python", timeout_s=0)
+    s, (_, d) = run(assign("r1", meta=no_timeout), ready())
+    lease = DEFAULT_TIMEOUT_S * 1000 + 30_000
+    assert d.wake_ms == 10 + lease
+    late = decide(s, c.Tick(key=KEY, due_ms=0), 10 + lease, DEMO)
+    why = f"no Idle within the default {DEFAULT_TIMEOUT_S}s timeout"
+    assert [(type(ev), ev.reason) for ev in late.events] == [(e.Released, why), (e.InstanceRetired, why)]
