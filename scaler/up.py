@@ -29,6 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", help="HOST:PORT of a real platform; the bundled stub is then not started")
     p.add_argument("--port", type=int, default=9001, help="gRPC port of the Scaler service (0: any free port)")
     p.add_argument(
+        "--host",
+        default=env("HOST", "0.0.0.0"),
+        help="address the Scaler service binds (127.0.0.1: this machine only) [SCALER_HOST]",
+    )
+    p.add_argument(
         "--data-dir",
         help="where the embedded NATS keeps its store (DIR/nats: the events, leases and snapshots); default: a"
         " temporary folder, removed at exit",
@@ -94,7 +99,7 @@ class Supervisor:
         if not platform:
             stub_args = ["--listen", "127.0.0.1:0"] + (["--metas", a.metas] if a.metas else [])
             platform = (await self.spawn("platform_stub", *stub_args)).address
-        listen = f"0.0.0.0:{a.port}"
+        listen = f"{a.host}:{a.port}"
         node = await self.spawn("scaler", "node", "--listen", listen, "--policy", a.policy, name="node")
         await self.spawn("workers", "--platform", platform)  # the gc worker reconciles with the node on start
         stub = "" if a.platform else " (bundled stub)"
