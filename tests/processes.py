@@ -39,6 +39,7 @@ class Parts:
         front: bool = False,
         nodes: int = 1,
         replicas: int = 1,
+        policy: str = "",
     ) -> None:
         self.platform = platform
         self.reply_timeout_s = reply_timeout_s
@@ -50,6 +51,8 @@ class Parts:
         self.ports = {name: free_port() for name in (*self.nodes, "gateway")}
         self.supervisor = Supervisor(argparse.Namespace())
         self.supervisor.env = {"SCALER_NATS_URL": nats_url, "SCALER_LOG_LEVEL": "WARNING", "SCALER_SPEED": "1"}
+        if policy:
+            self.supervisor.env["SCALER_POLICY"] = policy
         self.running: dict[str, Child] = {}
 
     def argv(self, part: str) -> list[str]:

@@ -262,6 +262,31 @@ async def test_a_caller_that_gave_up_while_nats_was_frozen_leaves_nothing_held(t
         assert [i.phase for i in fb.instances.values()] == [Phase.IDLE]
 
 
+async def test_an_idle_repeated_after_it_was_stored_is_ok_though_the_instance_moved_on(tmp_path, stub):
+    """The Idle's append is stored but unanswered (NATS frozen), so its caller is told UNAVAILABLE; by the
+    time it asks again, another request holds the instance. The repeat must answer OK: the release is
+    recorded, and the caller cannot otherwise know its Idle took effect. (The demo policy keeps the instance
+    through the freeze.)"""
+    platform = f"127.0.0.1:{stub.port}"
+    async with NatsServer(tmp_path / "nats") as nats, Parts(nats.url, platform, policy="demo") as parts:
+        first = await assign(parts.gateway, "r1")
+        async with grpc.aio.insecure_channel(parts.gateway) as channel:
+            scaler = pb_grpc.ScalerStub(channel)
+            done = pb.IdleRequest(assigment=first.assigment, result=pb.Result(status_code=200, duration_in_ms=5))
+            frozen(nats._proc.pid)
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await scaler.Idle(done, timeout=60)
+                second = asyncio.create_task(assign(parts.gateway, "r2"))  # waits for the function, then fn-1
+            finally:
+                nats._proc.send_signal(signal.SIGCONT)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+            assert (await second).assigment.instance_id == first.assigment.instance_id, "r1's Idle was stored"
+            assert (await scaler.Idle(done, timeout=30)).status == pb.Ok
+        states = await settled(nats.url, stub)
+        assert states["fa"].instances["fa-1"].request_id == "r2" and states["fa"].instances["fa-1"].busy
+
+
 SMOKE = Path(__file__).parent / "fixtures" / "function_smoke_test"
 
 
