@@ -362,6 +362,7 @@ class Controller:
             self.ledger.fold(seq, batch)
             self.timers.set(key, self.ledger.wake.get(key))
         self._doubtful.pop(key, None)
+        await self._answer(self._assignments(key))  # what that batch assigned was never told
 
     async def _append(self, batch: Batch) -> int:
         """Store the batch if the function's last batch is still the one we know of; returns its sequence.
@@ -492,10 +493,12 @@ class Controller:
         that has its answer ignores the copy; one of a dead process is gone with it.
         """
         for key in self._keys(partitions):
-            for inst in self.ledger.states[key].instances.values():
-                if inst.phase is Phase.BUSY:
-                    await self._answer([Reply(to=to, request_id=inst.request_id, instance_id=inst.id)
-                                        for to in inst.waiters])  # fmt: skip
+            await self._answer(self._assignments(key))
+
+    def _assignments(self, key: str) -> list[Reply]:
+        """The answer of every request an instance of `key` serves, to each of its callers."""
+        busy = [i for i in self.ledger.state(key).instances.values() if i.phase is Phase.BUSY]
+        return [Reply(to=to, request_id=i.request_id, instance_id=i.id) for i in busy for to in i.waiters]
 
     # --- snapshots and tasks ------------------------------------------------------------------
 

@@ -200,33 +200,34 @@ def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:
         d.emit(InstanceRetired(at_ms=d.now, instance_id=orphan, slot_id=slot_id, reason=why))
 
 
+def _being_created_on(inst: Instance | None, slot_id: str) -> bool:
+    """Whether a report is about the creation under way: the instance is still being created, and on the slot
+    recorded for it (or none is recorded yet, or the report names none), not on one given up for another."""
+    return inst is not None and inst.phase is Phase.CREATING and (not slot_id or inst.slot_id in ("", slot_id))
+
+
 def _slot_created(d: _Draft, cmd: SlotCreated) -> None:
     """CreateSlot answered, Init not yet called: record the slot, or retire it when its instance is no longer
-    being created. The worker calls Init only on an OK answer."""
+    being created. The worker calls Init only on an OK answer. A second slot replaces the first (a worker
+    gave up on it, its Init may have run), which is destroyed; a slot given up is never taken back."""
     inst = d.s.instances.get(cmd.instance_id)
     r, to = cmd.instance_id, cmd.reply_to
-    if inst is None or inst.phase is not Phase.CREATING:
+    given_up = f"{cmd.instance_id}@{cmd.slot_id}" in d.s.instances
+    if inst is None or inst.phase is not Phase.CREATING or given_up:
         if inst is None or inst.slot_id != cmd.slot_id:
             _retire_orphan(d, cmd.instance_id, cmd.slot_id, "created for an instance no longer wanted")
         d.reply(to, r, Code.FAILED_PRECONDITION, message=f"instance {cmd.instance_id} is no longer being created")
         return
     if inst.slot_id != cmd.slot_id:
-        _replace_slot(d, inst, cmd.slot_id)
+        if inst.slot_id:
+            _retire_orphan(d, inst.id, inst.slot_id, f"replaced by {cmd.slot_id}")
         d.emit(InstanceCreated(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms))
     d.reply(to, r, instance_id=inst.id)
 
 
-def _replace_slot(d: _Draft, inst: Instance, slot_id: str) -> None:
-    """A creating instance got another slot (a worker gave up on the first, whose Init may have run): the
-    first is destroyed."""
-    if inst.slot_id and inst.slot_id != slot_id:
-        _retire_orphan(d, inst.id, inst.slot_id, f"replaced by {slot_id}")
-
-
 def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
     inst = d.s.instances.get(cmd.instance_id)
-    if inst is not None and inst.phase is Phase.CREATING:
-        _replace_slot(d, inst, cmd.slot_id)
+    if _being_created_on(inst, cmd.slot_id):
         d.emit(
             InstanceReady(
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
@@ -238,12 +239,11 @@ def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
 
 def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
     inst = d.s.instances.get(cmd.instance_id)
-    if inst is None or inst.phase is not Phase.CREATING:
+    if not _being_created_on(inst, cmd.slot_id):
         if cmd.slot_id and (inst is None or inst.slot_id != cmd.slot_id):
             _retire_orphan(d, cmd.instance_id, cmd.slot_id, f"failed creation of an unknown instance: {cmd.reason}")
         return
     slot = cmd.slot_id or inst.slot_id  # CreateSlot answered before (InstanceCreated), or Init failed on it
-    _replace_slot(d, inst, slot)
     d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=slot, reason=f"creation failed: {cmd.reason}"))
     if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
         victim = d.s.pending(inst.for_request) or d.s.queue[0]

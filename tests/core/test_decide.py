@@ -287,6 +287,21 @@ def test_a_second_slot_for_a_creating_instance_replaces_the_first_which_is_destr
     assert s.instances["fn-1"].slot_id == "s2" and s.instances["fn-1@s1"].phase is Phase.RETIRING
 
 
+def test_reports_about_a_slot_given_up_for_another_leave_the_instance_on_the_new_one():
+    """A slow worker's Init on the first slot finishes after a second worker replaced that slot: the instance
+    stays on the second, the first (being destroyed) is never taken back, and a failure on it fails nothing."""
+    s, _ = run(assign("r1"), created(slot="s1"), created(slot="s2"))
+    for late in (
+        ready(slot="s1"),
+        created(slot="s1"),
+        c.SlotFailed(key=KEY, instance_id="fn-1", reason="x", slot_id="s1"),
+    ):
+        d = decide(s, late, 100, DEMO)
+        assert d.events == [] and d.state.instances["fn-1"].slot_id == "s2", late
+        assert d.state.instances["fn-1"].phase is Phase.CREATING
+    assert decide(s, ready(slot="s2"), 100, DEMO).state.instances["fn-1"].phase is Phase.BUSY
+
+
 def test_a_creation_that_fails_after_its_slot_was_recorded_destroys_that_slot():
     s, (*_, d) = run(assign("r1"), created(), c.SlotFailed(key=KEY, instance_id="fn-1", reason="CreateSlot: full"))
     assert d.events[0] == e.InstanceRetired(
