@@ -14,6 +14,7 @@ from proto.events import (
     FunctionForgotten,
     FunctionRested,
     FunctionSeen,
+    InstanceCreated,
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
@@ -58,6 +59,8 @@ def event(e: Event) -> str:
             return f"{r} waits for a busy instance" + (f", served about {clock(t)}" if t else "") + _why(why)
         case SlotWanted(instance_id=i, for_request=r, reason=why):
             return f"start {i} for {r}{_why(why)}" if r else f"pre-warm {i}{_why(why)}"
+        case InstanceCreated(instance_id=i, slot_id=slot, create_ms=c):
+            return f"{i} has its slot {slot} (create {c} ms); Init next"
         case InstanceReady(instance_id=i, slot_id=slot, create_ms=c, init_ms=n):
             return f"{i} ready on {slot} (create {c} ms, init {n} ms)"
         case Assigned(request_id=r, instance_id=i):

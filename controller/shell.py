@@ -24,6 +24,7 @@ from collections import Counter, deque
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 
 from controller import state_service, stream
 from controller.core import reconcile
@@ -45,6 +46,7 @@ from proto.commands import (
     Idle,
     Reconcile,
     Reply,
+    SlotCreated,
     Tick,
     command_id,
     decode_command,
@@ -65,9 +67,9 @@ APPEND_PATIENCE_S = 10.0  # how long an append is retried while JetStream does n
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
 # Overload: a new Assign is refused at once while the node is behind: when the oldest command not
 # yet decided arrived more than MAX_BEHIND_S ago, or the event loop itself runs that late (calls
-# queue in gRPC before they reach us; a weighted mean, so a burst of a second is absorbed); or when
+# queue in gRPC before they reach us; a weighted mean, so a burst of a second or two is absorbed); or when
 # MAX_BACKLOG commands wait to be decided (memory and latency stay bounded).
-MAX_BEHIND_S = 1.0
+MAX_BEHIND_S = 2.0
 STORE_TROUBLE_S = 5.0  # an append failed to reach JetStream this recently: a backlog is the store's, not overload
 MAX_BACKLOG = 4096
 SNAPSHOT_EVERY = 10_000  # events in a partition
@@ -111,6 +113,7 @@ class Controller:
         self.lag_s = 0.0  # how late the event loop runs timers, rising at once and falling slowly
         self.refused = 0  # Assigns refused for overload, since start
         self._store_trouble_at = -1e9  # when an append last failed to reach JetStream (monotonic)
+        self._appends_since: dict[int, float] = {}  # appends under way: when each began (monotonic)
         self.ledger = Ledger()
         self.serving: set[int] = set()  # partitions loaded and answered here
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
@@ -123,6 +126,7 @@ class Controller:
         self._in_flight: Counter[int] = Counter()  # handles under way, by partition
         self._drained = asyncio.Event()  # set when a partition's handles under way reach none
         self._appending: dict[int, int] = {}  # appends in flight, by the ledger's `seq` when each began
+        self._doubtful: dict[str, Batch] = {}  # by function: a batch whose append got no answer (see _settle)
         # One per function with commands under way; gone with the last of them, so an idle function costs none.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
@@ -268,8 +272,7 @@ class Controller:
                     await self._drained.wait()
         except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
             log.warning("partitions %s given up with commands still under way", partitions)
-        for p in partitions:
-            await self._save(p)
+        await asyncio.gather(*(self._save(p) for p in partitions))
         self._forget(partitions)
 
     async def _drop(self, partitions: list[int]) -> None:
@@ -281,8 +284,10 @@ class Controller:
             self.timers.set(key, None)
             self.ledger.forget(key)
             self._locks.pop(key, None)
+            self._doubtful.pop(key, None)  # the next owner reads the stream: stored or not, it knows
         for p in partitions:
             self._unsaved.pop(p, None)
+        self._doubtful = {k: b for k, b in self._doubtful.items() if partition(k) not in partitions}
 
     def _share_the_caps(self) -> None:
         """Caps over all functions, split by partitions held: together the nodes never pass them."""
@@ -330,6 +335,8 @@ class Controller:
                 except NotServing:  # the partition went elsewhere just now
                     del self._local[to]
                     return await self.forwarder.call(cmd, timeout_s)
+                except stream.TooBig as e:
+                    return _unstorable(cmd, to, e)
                 return await answer
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
             if isinstance(cmd, Assign) and to in self._local:
@@ -345,8 +352,8 @@ class Controller:
         Only Assigns: an Idle frees an instance (refusing it would only bring it back later), and
         reports and ticks keep the state moving.
         """
-        if time.monotonic() - self._store_trouble_at < STORE_TROUBLE_S:
-            return None  # not overload: the event store is away, and the call will say so (UNAVAILABLE)
+        if self._store_slow():
+            return None  # not overload: the event store is slow or away, and the call will say so (UNAVAILABLE)
         behind = max(self.behind_s(), self.lag_s)
         if not isinstance(cmd, Assign) or (self.backlog < self.max_backlog and behind < self.max_behind_s):
             return None
@@ -356,6 +363,13 @@ class Controller:
             " behind); try again shortly"
         )
         return Reply(to=cmd.reply_to, request_id=cmd.request_id, code=Code.RESOURCE_EXHAUSTED, message=message)
+
+    def _store_slow(self) -> bool:
+        """The event store is away or slow: lately an append failed, or one has been under way a second."""
+        now = time.monotonic()
+        if now - self._store_trouble_at < STORE_TROUBLE_S or not self._nc.is_connected:
+            return True
+        return bool(self._appends_since) and now - min(self._appends_since.values()) > 1.0
 
     def behind_s(self) -> float:
         """How long the oldest command not yet decided has been waiting."""
@@ -390,28 +404,53 @@ class Controller:
         for _ in range(APPEND_ATTEMPTS):
             if p not in self.serving:
                 raise NotServing(f"partition {p} was given up")
+            await self._settle(cmd.key)
             now = self.clock.now_ms()
             decision = self.ledger.decide(cmd, now, self.policy)
             batch = self.ledger.batch(cmd, decision, now)
             seq = None
             if batch is not None:
-                floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
-                self._appending[floor] = self._appending.get(floor, 0) + 1
                 try:
-                    seq = await self._append(batch)
+                    seq = await self._write(batch)
                 except stream.Conflict:
                     log.warning("conflict on %s: catching up and deciding again", cmd.key)
                     await self._catch_up(cmd.key)
                     continue
-                finally:
-                    self._appending[floor] -= 1
-                    if not self._appending[floor]:
-                        del self._appending[floor]
                 self._maybe_snapshot(p, len(batch.events))
             self.ledger.commit(cmd, decision, seq)
             self.timers.set(cmd.key, self.ledger.wake.get(cmd.key))
             return decision
         raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key!r}")
+
+    async def _write(self, batch: Batch) -> int:
+        floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
+        self._appending[floor] = self._appending.get(floor, 0) + 1
+        token = next(self._tokens)
+        self._appends_since[token] = time.monotonic()
+        try:
+            return await self._append(batch)
+        finally:
+            del self._appends_since[token]
+            self._appending[floor] -= 1
+            if not self._appending[floor]:
+                del self._appending[floor]
+
+    async def _settle(self, key: str) -> None:
+        """Our last append of `key` got no answer, yet may be stored all the same (a stalled NATS, or one that
+        got it buffered through a reconnect): append it again first, which stores it or conflicts with it.
+        A read alone could not tell: JetStream may answer it before it stores a publish sent earlier."""
+        batch = self._doubtful.get(key)
+        if batch is None:
+            return
+        try:
+            seq = await self._write(batch)
+        except stream.Conflict:
+            await self._catch_up(key)
+        else:
+            self.ledger.fold(seq, batch)
+            self.timers.set(key, self.ledger.wake.get(key))
+        self._doubtful.pop(key, None)
+        await self._answer(self._assignments(key))  # what that batch assigned was never told
 
     async def _append(self, batch: Batch) -> int:
         """Store the batch if the function's last batch is still the one we know of; returns its sequence.
@@ -431,13 +470,17 @@ class Controller:
             except Unavailable:
                 self._store_trouble_at = time.monotonic()
                 if loop.time() + delay > deadline or partition(batch.key) not in self.serving:
+                    self._doubtful[batch.key] = batch  # no answer is not no: it may be stored all the same
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
     async def _catch_up(self, key: str) -> None:
         """Fold the function's batches after the last one we hold: another writer, or our own lost ack."""
-        await stream.read(self._js, self.ledger.fold, function_events(key), after_seq=self.ledger.last_seq.get(key, 0))
+        try:
+            await stream.read(self._js, self.ledger.fold, function_events(key), self.ledger.last_seq.get(key, 0))
+        except (NatsError, TimeoutError) as e:
+            raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
 
     async def _reconcile(self, cmd: Reconcile) -> Decision:
         """The platform's list for one partition, put to each of its functions in turn (those the list names
@@ -481,6 +524,9 @@ class Controller:
                 else:
                     await send(self._nc, cancel, patience_s=max(0.1, deadline - asyncio.get_running_loop().time()))
                 return
+            except stream.TooBig as e:
+                log.error("could not cancel %s: %s", cancel.request_id, e)
+                return
             except (Unavailable, TimeoutError) as e:
                 if asyncio.get_running_loop().time() > deadline:
                     log.warning("could not cancel %s: %s", cancel.request_id, e)
@@ -498,7 +544,10 @@ class Controller:
 
     async def _tick(self, key: str, due_ms: int) -> None:
         if self.serves(key):
-            await self.handle(Tick(key=key, due_ms=due_ms))
+            try:
+                await self.handle(Tick(key=key, due_ms=due_ms))
+            except stream.TooBig as e:  # deciding it again would only fail again: the next command tries
+                log.error("%s: the deadline's decision cannot be stored: %s", key, e)
 
     async def _on_request(self, msg: Msg) -> None:
         """A command from another process: a gateway's call, or a worker's report."""
@@ -513,8 +562,9 @@ class Controller:
         self._spawn(self._serve(cmd, msg))
 
     async def _serve(self, cmd: AnyCommand, msg: Msg) -> None:
-        """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored."""
-        is_call = isinstance(cmd, Assign | Idle)
+        """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored (a
+        SlotCreated by its decision too: it says whether to go on with Init)."""
+        is_call = isinstance(cmd, Assign | Idle | SlotCreated)
         if is_call:
             cmd = replace(cmd, reply_to=msg.reply)
             if (refused := self._overloaded(cmd)) is not None:
@@ -528,6 +578,10 @@ class Controller:
                 reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=Code.UNAVAILABLE)
                 await self._nc.publish(msg.reply, encode(replace(reply, message=str(e))))
             return
+        except stream.TooBig as e:  # refused once: sending it again would fail again
+            if msg.reply:
+                await self._nc.publish(msg.reply, encode(_unstorable(cmd, msg.reply, e)))
+            return
         if not is_call and msg.reply:
             await self._nc.publish(msg.reply, encode(Reply(to=msg.reply, request_id=command_id(cmd))))
 
@@ -539,10 +593,12 @@ class Controller:
         that has its answer ignores the copy; one of a dead process is gone with it.
         """
         for key in self._keys(partitions):
-            for inst in self.ledger.states[key].instances.values():
-                if inst.phase is Phase.BUSY:
-                    await self._answer([Reply(to=to, request_id=inst.request_id, instance_id=inst.id)
-                                        for to in inst.waiters])  # fmt: skip
+            await self._answer(self._assignments(key))
+
+    def _assignments(self, key: str) -> list[Reply]:
+        """The answer of every request an instance of `key` serves, to each of its callers."""
+        busy = [i for i in self.ledger.state(key).instances.values() if i.phase is Phase.BUSY]
+        return [Reply(to=to, request_id=i.request_id, instance_id=i.id) for i in busy for to in i.waiters]
 
     # --- snapshots and tasks ------------------------------------------------------------------
 
@@ -573,3 +629,10 @@ class Controller:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _unstorable(cmd: AnyCommand, to: str, e: stream.TooBig) -> Reply:
+    """The answer to a command whose decision no NATS message can hold: refused, not to be tried again."""
+    log.error("%s refused: its decision cannot be stored: %s", command_id(cmd), e)
+    message = f"the decision cannot be stored: {e}"
+    return Reply(to=to, request_id=getattr(cmd, "request_id", ""), code=Code.INTERNAL, message=message)

@@ -39,6 +39,13 @@ class Conflict(Exception):
     """Someone else appended to the function's subjects since we last read them."""
 
 
+class TooBig(Exception):
+    """The batch is larger than NATS takes in one message: it can never be stored."""
+
+
+HEADERS_ROOM = 512  # bytes of a message's headers, which count against the payload limit too
+
+
 class _ApiError(msgspec.Struct):
     err_code: int = 0
     description: str = ""
@@ -56,10 +63,13 @@ WRONG_LAST_SEQUENCE = 10071
 async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_seq: int, timeout_s: float) -> int:
     """Store one batch if the last one on `key_subjects` is still `last_seq`; returns its stream sequence.
 
-    Raises Conflict when another batch came first (another writer, or our own whose ack was lost)
-    and Unavailable when JetStream did not take it. The publish is done by hand: nats-py's
-    js.publish parses its ack with json and a dataclass, a tenth of the append's CPU.
+    Raises Conflict when another batch came first (another writer, or our own whose ack was lost),
+    TooBig when no NATS message can hold it, and Unavailable when JetStream did not take it. The
+    publish is done by hand: nats-py's js.publish parses its ack with json and a dataclass, a tenth
+    of the append's CPU.
     """
+    if len(data) + HEADERS_ROOM > nc.max_payload:
+        raise TooBig(f"a batch of {len(data)} bytes, over the event store's {nc.max_payload}-byte message limit")
     headers = {
         "Nats-Expected-Last-Subject-Sequence": str(last_seq),
         "Nats-Expected-Last-Subject-Sequence-Subject": key_subjects,

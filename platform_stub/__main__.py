@@ -24,6 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(service.env("CREATE_LATENCY_MS", "100")),
         help="CreateSlot latency [SCALER_CREATE_LATENCY_MS]",
     )
+    p.add_argument(
+        "--like-challenge",
+        action="store_true",
+        default=service.env("PLATFORM_LIKE_CHALLENGE", "") not in ("", "0"),
+        help="behave as the challenge's platform: a new slot on every CreateSlot, a second Init on a slot fails,"
+        " no ListSlots [SCALER_PLATFORM_LIKE_CHALLENGE]",
+    )
     return p
 
 
@@ -34,7 +41,10 @@ def main() -> None:
         metas = load_metas(args.metas) if args.metas else {}
     except DatasetError as e:
         p.error(str(e))
-    service.main(lambda a: PlatformStub(a.listen, metas, a.create_latency_ms, Clock(a.speed)), args)
+    service.main(
+        lambda a: PlatformStub(a.listen, metas, a.create_latency_ms, Clock(a.speed), like_challenge=a.like_challenge),
+        args,
+    )
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ class NatsServer:
         routes: tuple[str, ...] = (),
         wrap: tuple[str, ...] = (),
         pass_fds: tuple[int, ...] = (),
+        max_payload: int = 0,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
@@ -72,6 +73,7 @@ class NatsServer:
         self.routes = routes
         self.wrap = wrap
         self.pass_fds = pass_fds
+        self.max_payload = max_payload  # bytes a message may have (0: the server's default, 1 MB)
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -87,6 +89,10 @@ class NatsServer:
             if self.cluster_port:
                 args += ["--cluster_name", "scaler", "--cluster", f"nats://{self.host}:{self.cluster_port}"]
                 args += ["--routes", ",".join(self.routes)]
+            if self.max_payload:  # no flag for it: a config file, read at start
+                config = Path(ports_dir) / "nats.conf"
+                config.write_text(f"max_payload: {self.max_payload}\n")
+                args += ["-c", str(config)]
             self._proc = await asyncio.create_subprocess_exec(
                 *self.wrap,
                 server_binary(),

@@ -47,6 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", help="HOST:PORT of a real platform; the bundled stub is then not started")
     p.add_argument("--port", type=port, default=9001, help="gRPC port of the Scaler service (0: any free port)")
     p.add_argument(
+        "--host",
+        default=env("HOST", "0.0.0.0"),
+        help="address the Scaler service binds (127.0.0.1: this machine only) [SCALER_HOST]",
+    )
+    p.add_argument(
         "--data-dir",
         help="where the embedded NATS keeps its store (DIR/nats: the events, leases and snapshots); default: a"
         " temporary folder, removed at exit",
@@ -156,7 +161,7 @@ class Supervisor:
             platform = stub.address
             stub.launch = self._same_port(stub, "platform_stub", stub_args)
         metrics = ["--metrics-port", str(a.metrics_port)] if a.metrics_port is not None else []
-        node_args = ["node", "--listen", f"0.0.0.0:{a.port}", "--policy", a.policy, *metrics]
+        node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, *metrics]
         node = await self._part("node", "scaler", *node_args)
         node.launch = self._same_port(node, "scaler", node_args)
         await self._part("workers", "workers", "--platform", platform)  # the gc worker reconciles in the background

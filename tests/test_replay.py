@@ -161,7 +161,7 @@ async def test_replay_finds_the_nats_of_the_running_scaler_up(tmp_path, monkeypa
         code, out, err = await scaler_replay("--key", "hello")
         assert code == 0, err
         assert "assign:r1 → function seen: 128 MB python" in out
-        assert "\n1 function from 3 batches, " in out  # not "1 functions"
+        assert "\n1 function from 4 batches, " in out  # not "1 functions"
     finally:
         code, rest = await stop(proc)
     assert code == 0, rest

@@ -78,13 +78,15 @@ async def test_up_serves_and_stops_cleanly(tmp_path):
     assert any((tmp_path / "nats").rglob("OBJ_scaler_snapshots")), "and with it the controller's snapshots"
 
 
-async def test_up_uses_an_external_nats_and_platform(tmp_path):
+async def test_up_uses_an_external_nats_and_platform_and_binds_where_told(tmp_path):
     stub = PlatformStub("127.0.0.1:0")
     await stub.start()
     try:
         async with NatsServer(tmp_path / "nats") as nats:
-            proc, address, _ = await start_up("--nats", nats.url, "--platform", f"127.0.0.1:{stub.port}")
+            platform = f"127.0.0.1:{stub.port}"
+            proc, address, lines = await start_up("--nats", nats.url, "--platform", platform, "--host", "127.0.0.1")
             try:
+                assert "scaler ready: gRPC 127.0.0.1:" in lines[-1], "bound to loopback only, not 0.0.0.0"
                 assert await assign_and_idle(address, "r1") == "hello-1"
                 assert stub.accounting.created == 1  # the external platform did the work
             finally:

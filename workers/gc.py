@@ -21,7 +21,7 @@ from proto.platform_admin_pb2_grpc import PlatformAdminStub
 from proto.subjects import CMD, PARTITIONS, SYSTEM_KEY, partition
 from runtime.bus import send
 from runtime.clock import Clock
-from workers.effects import ACK_WAIT_S, EffectWorker, PlatformError, call_platform
+from workers.effects import ACK_WAIT_S, Delivery, EffectWorker, PlatformError, call_platform
 
 log = logging.getLogger("scaler.gc_worker")
 
@@ -50,7 +50,7 @@ class GcWorker(EffectWorker):
     def wants(self, event: Event) -> bool:
         return destroys(event)
 
-    async def act(self, key: str, event: InstanceRetired) -> AnyCommand:
+    async def act(self, key: str, event: InstanceRetired, delivery: Delivery) -> AnyCommand:
         request_id = f"destroy:{event.instance_id}"
         request = pb.DestroySlotRequest(request_id=request_id, id=event.slot_id, reason=event.reason)
         reply = await call_platform(self.platform.DestroySlot, request, "DestroySlot", self.patience_s)

@@ -1,7 +1,7 @@
 """Decisions: a command and the current state in; events, replies and the next deadline out.
 
 A decision has two halves. First the command's own change, one handler per command:
-`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_instance_ready` (SlotReady),
+`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_slot_created`, `_instance_ready` (SlotReady),
 `_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`; a Tick changes nothing by itself.
 Then the phases that bring the function to rest (`_bring_to_rest`), in order: leases, matching
 (`_answer_waiting_requests`, where a queued Assign gets its instance and its answer), starts,
@@ -25,6 +25,7 @@ from proto.commands import (
     Idle,
     Reconcile,
     Reply,
+    SlotCreated,
     SlotDestroyed,
     SlotFailed,
     SlotReady,
@@ -36,6 +37,7 @@ from proto.events import (
     FunctionForgotten,
     FunctionRested,
     FunctionSeen,
+    InstanceCreated,
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
@@ -52,6 +54,9 @@ from proto.events import (
 
 LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
 RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-alive is renewed
+# The timeout of a function whose Assigns give none (timeout_in_secs 0), so that every busy instance
+# has a lease: 15 minutes, the longest a serverless function commonly may run (AWS Lambda's limit).
+DEFAULT_TIMEOUT_S = 900
 
 
 class Decision(NamedTuple):
@@ -119,6 +124,8 @@ def decide(
             _release(d, cmd)
         case Cancel():
             _cancel(d, cmd)
+        case SlotCreated():
+            _slot_created(d, cmd)
         case SlotReady():
             _instance_ready(d, cmd)
         case SlotFailed():
@@ -208,17 +215,45 @@ def _cancel(d: _Draft, cmd: Cancel) -> None:
     elif (held := _holder(d.s, r)) is not None and held.phase is Phase.BUSY:
         # Release only when no other caller of this request got the instance and still holds it.
         if not cmd.reply_to or held.waiters in ((), (cmd.reply_to,)):
-            d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=f"cancelled: {why}"))
+            why = f"cancelled: {why}"
+            d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=why, cancelled=True))
 
 
 def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:
-    """A slot nothing in the state owns: record it under its own id so that it gets destroyed."""
-    d.emit(InstanceRetired(at_ms=d.now, instance_id=f"{instance_id}@{slot_id}", slot_id=slot_id, reason=why))
+    """A slot nothing in the state owns: record it under its own id so that it gets destroyed (once)."""
+    orphan = f"{instance_id}@{slot_id}"
+    if orphan not in d.s.instances:
+        d.emit(InstanceRetired(at_ms=d.now, instance_id=orphan, slot_id=slot_id, reason=why))
+
+
+def _being_created_on(inst: Instance | None, slot_id: str) -> bool:
+    """Whether a report is about the creation under way: the instance is still being created, and on the slot
+    recorded for it (or none is recorded yet, or the report names none), not on one given up for another."""
+    return inst is not None and inst.phase is Phase.CREATING and (not slot_id or inst.slot_id in ("", slot_id))
+
+
+def _slot_created(d: _Draft, cmd: SlotCreated) -> None:
+    """CreateSlot answered, Init not yet called: record the slot, or retire it when its instance is no longer
+    being created. The worker calls Init only on an OK answer. A second slot replaces the first (a worker
+    gave up on it, its Init may have run), which is destroyed; a slot given up is never taken back."""
+    inst = d.s.instances.get(cmd.instance_id)
+    r, to = cmd.instance_id, cmd.reply_to
+    given_up = f"{cmd.instance_id}@{cmd.slot_id}" in d.s.instances
+    if inst is None or inst.phase is not Phase.CREATING or given_up:
+        if inst is None or inst.slot_id != cmd.slot_id:
+            _retire_orphan(d, cmd.instance_id, cmd.slot_id, "created for an instance no longer wanted")
+        d.reply(to, r, Code.FAILED_PRECONDITION, message=f"instance {cmd.instance_id} is no longer being created")
+        return
+    if inst.slot_id != cmd.slot_id:
+        if inst.slot_id:
+            _retire_orphan(d, inst.id, inst.slot_id, f"replaced by {cmd.slot_id}")
+        d.emit(InstanceCreated(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms))
+    d.reply(to, r, instance_id=inst.id)
 
 
 def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
     inst = d.s.instances.get(cmd.instance_id)
-    if inst is not None and inst.phase is Phase.CREATING:
+    if _being_created_on(inst, cmd.slot_id):
         d.emit(
             InstanceReady(
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
@@ -230,13 +265,12 @@ def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
 
 def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
     inst = d.s.instances.get(cmd.instance_id)
-    if inst is None or inst.phase is not Phase.CREATING:
+    if not _being_created_on(inst, cmd.slot_id):
         if cmd.slot_id and (inst is None or inst.slot_id != cmd.slot_id):
             _retire_orphan(d, cmd.instance_id, cmd.slot_id, f"failed creation of an unknown instance: {cmd.reason}")
         return
-    d.emit(
-        InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, reason=f"creation failed: {cmd.reason}")
-    )
+    slot = cmd.slot_id or inst.slot_id  # CreateSlot answered before (InstanceCreated), or Init failed on it
+    d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=slot, reason=f"creation failed: {cmd.reason}"))
     if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
         victim = d.s.pending(inst.for_request) or d.s.queue[0]
         message = f"the platform could not start an instance: {cmd.reason}"
@@ -275,9 +309,13 @@ def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms, rest_ms)
 
 
+def _timeout_s(s: FnState) -> int:
+    return s.meta.timeout_s if s.meta is not None and s.meta.timeout_s > 0 else DEFAULT_TIMEOUT_S
+
+
 def _lease_ms(s: FnState) -> int:
-    """How long a request may hold an instance: its function's timeout and a grace (0: no limit)."""
-    return s.meta.timeout_s * 1000 + LEASE_GRACE_MS if s.meta is not None and s.meta.timeout_s > 0 else 0
+    """How long a request may hold an instance: its function's timeout (or the default) and a grace."""
+    return _timeout_s(s) * 1000 + LEASE_GRACE_MS
 
 
 def _free_lost_leases(d: _Draft) -> None:
@@ -286,18 +324,23 @@ def _free_lost_leases(d: _Draft) -> None:
     Its instance is freed and retired, as the run may have left it in any state.
     """
     lease = _lease_ms(d.s)
-    if not lease:
-        return
+    given = "the function's" if d.s.meta is not None and d.s.meta.timeout_s > 0 else "the default"
     for inst in d.s.in_phase(Phase.BUSY):
         if inst.since_ms + lease <= d.now:
-            why = f"no Idle within the function's {d.s.meta.timeout_s}s timeout"
+            why = f"no Idle within {given} {_timeout_s(d.s)}s timeout"
             d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
 
+def _fits(s: FnState, inst: Instance) -> bool:
+    """Whether the instance has the memory the function asks for now (its meta may have grown since)."""
+    return s.meta is None or inst.memory_mb >= s.meta.memory_mb
+
+
 def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
-    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance."""
-    while d.s.queue and (idle := d.s.in_phase(Phase.IDLE)):
+    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance
+    with enough memory."""
+    while d.s.queue and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
         inst = policy.pick(d.s, idle, d.now)
         waiting = d.s.queue[0]
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
@@ -309,7 +352,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
     Returns when the policy wants to look again at those left waiting.
     """
-    uncovered = d.s.queue[len(d.s.in_phase(Phase.CREATING)) :]
+    uncovered = d.s.queue[sum(_fits(d.s, i) for i in d.s.in_phase(Phase.CREATING)) :]
     if not uncovered or d.s.meta is None:
         return None
     plan = policy.plan_queue(d.s, len(uncovered), d.now)
@@ -359,7 +402,12 @@ def _throttle_at_the_cap(d: _Draft) -> int | None:
 
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
-    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires."""
+    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires, and
+    so does one with less memory than the function asks for now (no request may run on it again)."""
+    for inst in d.s.in_phase(Phase.IDLE):
+        if not _fits(d.s, inst):
+            why = f"{inst.memory_mb} MB, less than the function's {d.s.meta.memory_mb} MB now"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
             keep = policy.keep_alive(d.s, inst, d.now)
@@ -423,6 +471,5 @@ def _next_wake(d: _Draft, *planned: int | None) -> int | None:
     """Wake: the earliest deadline still ahead, among the policy's plans, keep-alives and leases."""
     wakes = [w for w in planned if w is not None]
     wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
-    if lease := _lease_ms(d.s):
-        wakes += [i.since_ms + lease for i in d.s.in_phase(Phase.BUSY)]
+    wakes += [i.since_ms + _lease_ms(d.s) for i in d.s.in_phase(Phase.BUSY)]
     return min((w for w in wakes if w > d.now), default=None)

@@ -20,6 +20,7 @@ from proto.events import (
     FunctionForgotten,
     FunctionRested,
     FunctionSeen,
+    InstanceCreated,
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
@@ -159,6 +160,13 @@ def _slot_wanted(s: FnState, e: SlotWanted) -> FnState:
     return replace(_put(s, inst), started=s.started + 1)
 
 
+def _instance_created(s: FnState, e: InstanceCreated) -> FnState:
+    old = s.instances.get(e.instance_id)
+    if old is None:
+        return s
+    return _put(s, replace(old, slot_id=e.slot_id))
+
+
 def _instance_ready(s: FnState, e: InstanceReady) -> FnState:
     old = s.instances.get(e.instance_id)
     if old is None:
@@ -181,7 +189,13 @@ def _released(s: FnState, e: Released) -> FnState:
     if old is None:
         return s
     s = _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0))
+    if e.cancelled:  # never served: a retry of the request is served anew
+        return s if e.request_id not in s.finished else replace(s, finished=_forget(s.finished, e.request_id))
     return replace(s, finished=_remember(s.finished, e.request_id, e.instance_id))
+
+
+def _forget(finished: dict[str, str], request_id: str) -> dict[str, str]:
+    return {r: i for r, i in finished.items() if r != request_id}
 
 
 def _remember(finished: dict[str, str], request_id: str, instance_id: str) -> dict[str, str]:
@@ -229,6 +243,7 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     WaiterLeft: _waiter_left,
     RequestWaiting: _explains,
     SlotWanted: _slot_wanted,
+    InstanceCreated: _instance_created,
     InstanceReady: _instance_ready,
     Assigned: _assigned,
     Released: _released,

@@ -105,7 +105,7 @@ def test_no_sequence_of_commands_starts_past_the_cap(kinds, cap):
 
 def test_an_idle_function_rests_then_is_forgotten_and_its_next_call_starts_afresh():
     r = Room(rest_after_ms=60_000, forget_after_ms=600_000)
-    s, decisions = run([assign("r1"), ready("fn-1", "s1"), idle("r1", need_destroy=True)], r)
+    s, _ = run([assign("r1"), ready("fn-1", "s1"), idle("r1", need_destroy=True)], r)
     s, _ = run([c.SlotDestroyed(key=KEY, instance_id="fn-1", slot_id="s1")], r, s=s, at=100)
     assert not s.instances and s.finished == {"r1": "fn-1"}
     idle_since = s.stats.last_end_ms
