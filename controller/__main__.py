@@ -18,11 +18,14 @@ from runtime.clock import Clock
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--policy", default=service.env("POLICY", DEFAULT_POLICY), choices=sorted(POLICIES), help="[SCALER_POLICY]"
+        "--policy",
+        default=service.env("POLICY", DEFAULT_POLICY),
+        choices=sorted(POLICIES),
+        help=f"the scaling policy (default {DEFAULT_POLICY}) [SCALER_POLICY]",
     )
     p.add_argument(
         "--replicas",
-        type=int,
+        type=replicas,
         default=int(service.env("REPLICAS", "1")),
         help="copies JetStream keeps of the stream, leases and snapshots it creates: 3 on a NATS cluster"
         " (an existing stream's are never lowered) [SCALER_REPLICAS]",
@@ -30,7 +33,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "--max-behind",
-        type=float,
+        type=service.positive,
         default=float(service.env("MAX_BEHIND", str(MAX_BEHIND_S))),
         help="seconds decisions may lag behind arrivals (a weighted mean) before new Assigns are refused"
         " with RESOURCE_EXHAUSTED [SCALER_MAX_BEHIND]",
@@ -38,11 +41,24 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "--limits",
-        type=load_limits,
+        type=limits_file,
         default=service.env("LIMITS", ""),
         metavar="PATH",
-        help="a JSON file of caps and reserved instances (README: Limits) [SCALER_LIMITS]",
+        help="a JSON file of caps, reserved instances, rest and forget (README: Limits) [SCALER_LIMITS]",
     )
+
+
+def replicas(text: str) -> int:
+    """An argparse type: a JetStream replica count, 1 to 5."""
+    if text not in {"1", "2", "3", "4", "5"}:
+        raise argparse.ArgumentTypeError(f"JetStream keeps 1 to 5 copies, got {text}")
+    return int(text)
+
+
+def limits_file(path: str) -> str:
+    """The path, once its content is known to be good: a mistake is said at the command line, with the file's name."""
+    load_limits(path)
+    return path
 
 
 def load_limits(path: str) -> Limits:
@@ -59,7 +75,8 @@ def load_limits(path: str) -> Limits:
 
 def make(a: argparse.Namespace) -> Controller:
     policy = get_policy(a.policy)
-    return Controller(a.nats, policy, Clock(a.speed), replicas=a.replicas, max_behind_s=a.max_behind, limits=a.limits)
+    limits = load_limits(a.limits)
+    return Controller(a.nats, policy, Clock(a.speed), replicas=a.replicas, max_behind_s=a.max_behind, limits=limits)
 
 
 def build_parser() -> argparse.ArgumentParser:

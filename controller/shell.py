@@ -160,6 +160,7 @@ class Controller:
 
     async def start(self) -> str:
         self._nc = await connect(self.nats_url, f"controller {self.node}")
+        stream.check_server(self._nc)
         self._js = self._nc.jetstream()
         await ensure_stream(self._js, self.replicas)
         await stream.check_layout(self._js)

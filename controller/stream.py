@@ -99,6 +99,20 @@ async def last_seq(js: JetStreamContext, subject: str = ALL) -> int:
         return 0
 
 
+OLDEST_SERVER = (2, 11)  # the first nats-server with Nats-Expected-Last-Subject-Sequence-Subject
+
+
+def check_server(nc: Client) -> None:
+    """Refuse a nats-server older than 2.11: it ignores the header that makes the order check span a
+    function's subjects, so it would refuse every append after a function's first, forever."""
+    v = nc.connected_server_version
+    if (v.major, v.minor) < OLDEST_SERVER:
+        raise RuntimeError(
+            f"nats-server {v.major}.{v.minor}.{v.patch} is too old: the event stream's order check needs 2.11 or later"
+            " (every server of a cluster)"
+        )
+
+
 async def check_layout(js: JetStreamContext) -> None:
     """Refuse a store written with one subject per function (`evt.<token>`, before partitions):
     its batches are readable, but the order check of an append would not see them."""

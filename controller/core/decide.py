@@ -368,10 +368,11 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
 
 def _caps(s: FnState, room: Room) -> str:
+    """The caps that may hold the function back, by the limits file's own keys."""
     lim = room.limits
     named = [
-        f"{lim.max_instances} instances" if lim.max_instances else "",
-        f"{lim.max_memory_mb} MB" if lim.max_memory_mb else "",
+        f"max_instances {lim.max_instances}" if lim.max_instances else "",
+        f"max_memory_mb {lim.max_memory_mb}" if lim.max_memory_mb else "",
     ]
     named += [
         "the caps over all functions" if room.instances_left is not None or room.memory_left_mb is not None else ""
@@ -394,7 +395,7 @@ def _throttle_at_the_cap(d: _Draft) -> int | None:
             due.append(deadline)
             continue
         message = (
-            f"throttled: {_caps(d.s, d.room)} reached and no instance freed up within {d.room.throttle_after_ms} ms"
+            f"throttled: at the cap ({_caps(d.s, d.room)}) and no instance freed up within {d.room.throttle_after_ms} ms"
         )
         d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
         d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)

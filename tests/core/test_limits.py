@@ -34,14 +34,14 @@ def test_past_the_instance_cap_a_request_waits_then_is_throttled():
     assert [i.for_request for i in s.in_phase(Phase.CREATING)] == ["r1", "r2"]
     third = decisions[-1]
     assert [type(ev) for ev in third.events] == [e.RequestArrived, e.RequestWaiting]
-    assert "at the cap (2 instances)" in third.events[-1].why
+    assert "at the cap (max_instances 2)" in third.events[-1].why
     assert third.wake_ms == 20 + THROTTLE_MS  # r3 arrived at 20
     throttled = decide(s, c.Tick(key=KEY, due_ms=third.wake_ms), third.wake_ms, DEMO, room=room(max_instances=2))
     assert throttled.events == [
         e.RequestFailed(
             at_ms=third.wake_ms,
             request_id="r3",
-            message=f"throttled: 2 instances reached and no instance freed up within {THROTTLE_MS} ms",
+            message=f"throttled: at the cap (max_instances 2) and no instance freed up within {THROTTLE_MS} ms",
         )
     ]
     assert [(r.to, r.code) for r in throttled.replies] == [("to-r3", c.Code.THROTTLED)]
