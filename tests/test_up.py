@@ -111,7 +111,7 @@ async def test_up_gives_the_node_its_limits(tmp_path):
     finally:
         code, rest = await stop(proc)
     assert first.status == pb.Ok and first.assigment.instance_id == "capped-1"
-    assert second.status == pb.Throttle and "at the cap (max_instances 1) and no instance" in second.error_message, second
+    assert second.status == pb.Throttle and "at the cap (max_instances 1)" in second.error_message, second
     assert code == 0, rest
 
 
@@ -343,6 +343,7 @@ async def test_a_nats_server_too_old_for_the_order_check_is_refused(tmp_path, ol
         await server.wait()
     assert code == 1, err
     assert "nats-server 2.10." in err and "needs 2.11 or later" in err, err
+
 
 @pytest.mark.parametrize(
     ("command", "how"),

@@ -394,9 +394,8 @@ def _throttle_at_the_cap(d: _Draft) -> int | None:
         if deadline > d.now:
             due.append(deadline)
             continue
-        message = (
-            f"throttled: at the cap ({_caps(d.s, d.room)}) and no instance freed up within {d.room.throttle_after_ms} ms"
-        )
+        caps, wait_ms = _caps(d.s, d.room), d.room.throttle_after_ms
+        message = f"throttled: at the cap ({caps}) and no instance freed up within {wait_ms} ms"
         d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
         d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
     return min(due, default=None)
