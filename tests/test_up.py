@@ -332,15 +332,8 @@ def old_nats_server(tmp_path_factory) -> Path:
 async def test_a_nats_server_too_old_for_the_order_check_is_refused(tmp_path, old_nats_server):
     """2.10 ignores Nats-Expected-Last-Subject-Sequence-Subject: every append after a function's first
     would conflict forever, so the node must refuse it at start rather than serve nothing."""
-    port = free_port()
-    server = await asyncio.create_subprocess_exec(
-        old_nats_server, "-js", "-sd", tmp_path, "-a", "127.0.0.1", "-p", str(port), stderr=asyncio.subprocess.DEVNULL
-    )
-    try:
-        code, err = await run_cli("node", "--nats", f"nats://127.0.0.1:{port}", "--listen", "127.0.0.1:0", seconds=40)
-    finally:
-        server.kill()
-        await server.wait()
+    async with NatsServer(tmp_path / "nats", binary=str(old_nats_server)) as old:
+        code, err = await run_cli("node", "--nats", old.url, "--listen", "127.0.0.1:0", seconds=40)
     assert code == 1, err
     assert "nats-server 2.10." in err and "needs 2.11 or later" in err, err
 
