@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from controller.core import reconcile
 from controller.core.policy import Policy
-from controller.core.state import FnState, Instance, Phase, Totals, apply
+from controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
 from proto.commands import (
     AnyCommand,
     Assign,
@@ -94,7 +94,7 @@ def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals
         case Cancel():
             _cancel(d, cmd)
         case SlotReady():
-            _instance_ready(d, cmd)
+            _instance_ready(d, cmd, policy)
         case SlotFailed():
             _creation_failed(d, cmd)
         case SlotDestroyed():
@@ -190,7 +190,8 @@ def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:
     d.emit(InstanceRetired(at_ms=d.now, instance_id=f"{instance_id}@{slot_id}", slot_id=slot_id, reason=why))
 
 
-def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
+def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
+    """The instance is ready; with dedicated starts it serves the request it was started for, if that still waits."""
     inst = d.s.instances.get(cmd.instance_id)
     if inst is not None and inst.phase is Phase.CREATING:
         d.emit(
@@ -198,6 +199,9 @@ def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
             )
         )
+        if policy.dedicated_starts and (own := d.s.pending(inst.for_request)) is not None:
+            d.emit(Assigned(at_ms=d.now, request_id=own.request_id, instance_id=inst.id))
+            d.reply_all(own.waiters, own.request_id, instance_id=inst.id)
     elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
         _retire_orphan(d, cmd.instance_id, cmd.slot_id, "ready for an instance no longer wanted")
 
@@ -268,10 +272,13 @@ def _free_lost_leases(d: _Draft) -> None:
 
 
 def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
-    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance."""
-    while d.s.queue and (idle := d.s.in_phase(Phase.IDLE)):
+    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance.
+
+    With dedicated starts a request whose own instance is being created waits for that one.
+    """
+    while (idle := d.s.in_phase(Phase.IDLE)) and (free := _free_to_take(d.s, policy)):
         inst = policy.pick(d.s, idle, d.now)
-        waiting = d.s.queue[0]
+        waiting = free[0]
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
         d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
 
@@ -281,7 +288,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
     Returns when the policy wants to look again at those left waiting.
     """
-    uncovered = d.s.queue[len(d.s.in_phase(Phase.CREATING)) :]
+    uncovered = _uncovered(d.s, policy)
     if not uncovered or d.s.meta is None:
         return None
     plan = policy.plan_queue(d.s, len(uncovered), d.now)
@@ -293,6 +300,21 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
             r, expected = waiting.request_id, plan.expected_ms
             d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=plan.why))
     return plan.recheck_ms
+
+
+def _free_to_take(s: FnState, policy: Policy) -> tuple[Pending, ...]:
+    """The waiting requests that may take any idle instance: all, or with dedicated starts those without their own."""
+    return _uncovered(s, policy) if policy.dedicated_starts else s.queue
+
+
+def _uncovered(s: FnState, policy: Policy) -> tuple[Pending, ...]:
+    """The waiting requests no instance under creation is for: with dedicated starts, those without
+    one started for them; else any creation covers one, the oldest first."""
+    creating = s.in_phase(Phase.CREATING)
+    if policy.dedicated_starts:
+        own = {i.for_request for i in creating}
+        return tuple(p for p in s.queue if p.request_id not in own)
+    return s.queue[len(creating) :]
 
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
