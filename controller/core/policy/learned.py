@@ -28,7 +28,7 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
-from controller.core.features import GAP_BINS
+from controller.core.features import GAP_BINS, gap_bin
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from controller.core.policy.estimate import start_ms
 from controller.core.state import FnState, Instance, Phase, Totals
@@ -93,9 +93,11 @@ class Learned(Policy):
             erlang_b = load * erlang_b / (j + load * erlang_b)
         best = math.inf
         spares = self._spares(s, rate, gb)
+        variability = (_scv(s.stats.gaps) + _scv(runs)) / 2  # Allen-Cunneen: 1 for Poisson arrivals and runs
         while True:  # the cost is convex in k: stop at its first rise
             if k > load:
-                wait = k * erlang_b / (k - load * (1 - erlang_b)) * run / (k - load)  # Erlang C x run / (k - load)
+                erlang_c = k * erlang_b / (k - load * (1 - erlang_b))
+                wait = variability * erlang_c * run / (k - load)
                 cost = gb * k + self.wait_gb * rate * wait
             else:
                 cost = math.inf
@@ -141,7 +143,7 @@ class Learned(Policy):
             if elapsed >= keep:
                 return now, "little history, and idle longer than a miss would cost"
             return last + int(keep), f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival"
-        bins = [(max(_MID[i], elapsed), w) for i, w in enumerate(hist) if w > 0 and _UPPER[i] > elapsed]
+        bins = gap_points(hist, s.stats.gaps, elapsed)
         if not bins:
             return now, "no gap this long seen before"
         total = sum(w for _, w in bins)
@@ -328,6 +330,35 @@ def exchange_rate(t: Totals) -> float | None:
     e, e_gb = t.exec_ms / 1000, t.exec_gb_ms / 1000
     slot = e_gb + t.ideal_gb_ms / 1000
     return slot * slot / (e * e_gb)
+
+
+def gap_points(hist: tuple[float, ...], recent: tuple[int, ...], elapsed: float) -> list[tuple[float, float]]:
+    """The gaps still possible after `elapsed`, as (ms, weight) in order: each bin's weight where its recent gaps
+    were (a timer's period is where it is, not at its bin's middle), or at the bin's middle when none is recent."""
+    exact: dict[int, list[int]] = {}
+    for g in recent:
+        if g > elapsed:
+            exact.setdefault(gap_bin(g), []).append(g)
+    points = []
+    for i, w in enumerate(hist):
+        if w <= 0 or _UPPER[i] <= elapsed:
+            continue
+        here = exact.get(i)
+        if here:
+            points += [(float(g), w / len(here)) for g in sorted(here)]
+        else:
+            points.append((max(_MID[i], elapsed), w))
+    return points
+
+
+def _scv(values: tuple[int, ...]) -> float:
+    """Squared coefficient of variation: 0 for a clock, 1 for exponential gaps, more for bursts."""
+    if len(values) < 2:
+        return 1.0
+    mean = sum(values) / len(values)
+    if mean <= 0:
+        return 1.0
+    return sum((v - mean) ** 2 for v in values) / len(values) / (mean * mean)
 
 
 def caught_share(bins: list[tuple[float, float]], until: float, total: float) -> float:
