@@ -230,12 +230,8 @@ class Learned(Policy):
         )
 
     def prewarm(self, s: FnState, now: int) -> Prewarm:
-        live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        if live or s.queue:
-            target = self.pool_target(s, now)
-            if live < target and self.lull_deadline(s, now)[0] > now:  # still active
-                return Prewarm(target - live, f"pool target {target} for the recent load")
-            return NO_PREWARM
+        if s.queue or any(i.phase is not Phase.RETIRING for i in s.instances.values()):
+            return NO_PREWARM  # a function with instances grows only for waiting requests (`plan_queue`)
         plan = self._prewarm_plan(s, now)
         if plan is None:
             return NO_PREWARM
