@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
-from controller.core.features import NO_STATS, FnStats, observe
+from controller.core.features import EARLY_GAPS, GAP_BINS, NO_STATS, FnStats, gap_bin, observe
 from proto.events import (
     Assigned,
     Event,
@@ -51,7 +51,7 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     waiters: tuple[str, ...] = ()  # where that request's answer went: who may cancel it
     keep_until_ms: int = 0  # when idle: the policy's keep-alive deadline; 0 until decided
     wanted_ms: int = 0
-    for_request: str = ""  # when creating: the request whose miss started it
+    for_request: str = ""  # the request whose miss started it ("": started ahead of demand, a pre-warm)
 
     @property
     def busy(self) -> bool:
@@ -146,7 +146,7 @@ def _instance_ready(s: FnState, e: InstanceReady) -> FnState:
     old = s.instances.get(e.instance_id)
     if old is None:
         return s  # about an instance already gone
-    return _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, slot_id=e.slot_id, for_request=""))
+    return _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, slot_id=e.slot_id))
 
 
 def _assigned(s: FnState, e: Assigned) -> FnState:
@@ -255,14 +255,28 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     exec_gb_ms: float = 0.0
     wait_ms: float = 0.0
     ideal_gb_ms: float = 0.0
+    # How soon functions come back while they are new: every function's first gaps (FnStats.early_gaps)
+    # by gap bin, and how many such gaps were opened (an arrival among a function's first EARLY_GAPS).
+    early_gaps: tuple[int, ...] = (0,) * GAP_BINS
+    early_opened: int = 0
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
         """The totals once one function's state `old` is replaced by `new` (None: no state)."""
         was = old.stats if old is not None else NO_STATS
         now = new.stats if new is not None else NO_STATS
+        early = self.early_gaps
+        if was.early_gaps != now.early_gaps:
+            counts = list(early)
+            for gap in was.early_gaps:
+                counts[gap_bin(gap)] -= 1
+            for gap in now.early_gaps:
+                counts[gap_bin(gap)] += 1
+            early = tuple(counts)
         return Totals(
             exec_ms=self.exec_ms - was.exec_ms + now.exec_ms,
             exec_gb_ms=self.exec_gb_ms - was.exec_gb_ms + now.exec_gb_ms,
             wait_ms=self.wait_ms - was.wait_ms + now.wait_ms,
             ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
+            early_gaps=early,
+            early_opened=self.early_opened - min(was.arrivals, EARLY_GAPS) + min(now.arrivals, EARLY_GAPS),
         )

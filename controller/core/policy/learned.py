@@ -25,16 +25,43 @@ scaler can save) and one of long executions (where waiting is) each get their ow
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 
-from controller.core.features import GAP_BINS, gap_bin
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from controller.core.policy.estimate import start_ms
+from controller.core.policy.forecast import (
+    MIN_NEW_FUNCTIONS,
+    Plan,
+    Point,
+    beyond,
+    blend,
+    gap_points,
+    keep_plan,
+    new_function_points,
+    pool_size,
+    restart_plan,
+    scv,
+    share_by,
+)
 from controller.core.state import FnState, Instance, Phase, Totals
 
-_UPPER = [2 ** ((i + 1) / 2) for i in range(GAP_BINS)]  # upper edge of each gap bin, ms
-_MID = [2 ** ((i + 0.5) / 2) for i in range(GAP_BINS)]
+
+@dataclass(frozen=True)
+class Outlook:
+    """What a function's history says about its next burst, worked out once per choice."""
+
+    gb: float
+    start: int  # ms from wanting an instance to its being ready
+    burst_rate: float  # arrivals per ms within bursts (gaps shorter than two starts)
+    need: int  # instances a burst needs to be served without waiting
+    followers_wait: float  # ms a burst's followers wait in all when it finds no instance
+    miss: float  # GB·ms a burst that finds no instance costs: its first request's wait and start, its followers'
+    lam: float  # GB·ms one ms of waiting is worth
+
+    def shortfall(self, count: int) -> float:
+        """What an arrival served by `count` ready instances still costs: its followers that find none free."""
+        return 0.0 if count >= self.need else self.lam * self.followers_wait * (1 - count / self.need)
 
 
 @dataclass(frozen=True)
@@ -42,70 +69,52 @@ class Learned(Policy):
     name: str = "learned"
     wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
     min_samples: int = 3
+    new_gaps: tuple[int, ...] = ()  # how soon the run's functions came back while new (Totals.early_gaps)
+    new_opened: int = 0
 
     def tuned_to(self, totals: Totals) -> "Learned":
-        """Value waiting at the rate the score trades it for memory, given the run so far."""
+        """Value waiting at the rate the score trades it for memory, given the run so far; and know how
+        soon new functions came back in this run."""
         rate = exchange_rate(totals)
-        if rate is None:
-            return self
-        return replace(self, wait_gb=min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB))
+        wait_gb = self.wait_gb if rate is None else min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB)
+        return replace(self, wait_gb=wait_gb, new_gaps=totals.early_gaps, new_opened=totals.early_opened)
 
     # --- what the history says -------------------------------------------------------------
 
-    def _gb(self, s: FnState) -> float:
-        return (s.meta.memory_mb if s.meta else 1024) / 1024
+    def outlook(self, s: FnState) -> Outlook:
+        """The function's next burst: how fast it comes, how many instances it needs, what missing it costs.
 
-    def _rate(self, s: FnState, now: int | None = None) -> float:
-        """Recent arrivals per ms; with `now`, the gap still open counts too (a lull lowers it)."""
-        gaps = s.stats.gaps
-        if not gaps:
-            return 0.0
-        span = sum(gaps) + (max(0, now - s.stats.last_arrival_ms) if now is not None else 0)
-        return len(gaps) / max(span, 1)
-
-    def miss_cost(self, s: FnState, gb: float) -> float:
-        """GB·ms lost when a request finds no instance: it and those arriving meanwhile wait a start.
-
-        Followers arrive at the rate within a burst (gaps shorter than two starts), at most as many
-        as a burst holds.
+        A burst's followers (arrivals during one start after its first, at the rate within bursts, at
+        most a burst's size) wait half a start each when it finds no instance, then in the queue they
+        made, which the instances it needs drain a run at a time.
         """
-        start = start_ms(s)
-        near = [g for g in s.stats.gaps if g <= 2 * start]
-        far = len(s.stats.gaps) - len(near)
-        followers = 0.0
-        if near:
-            per_burst = len(near) / max(far, 1)  # followers a burst brings after its first request
-            followers = min(len(near) / max(sum(near), 1) * start, per_burst)
-        return self.wait_gb * start * (1 + followers / 2) + gb * start
+        gb, start, runs, gaps = _gb(s), start_ms(s), s.stats.runs, s.stats.gaps
+        near = [g for g in gaps if g <= 2 * start]
+        run = _busy(s) if runs else 0.0
+        rate = len(near) / max(sum(near), 1) if near else 0.0
+        need = 1
+        if runs and len(near) >= 2:
+            need = pool_size(rate, run, gb, self.wait_gb, (scv(near) + scv(runs)) / 2)
+        followers = min(rate * start, len(near) / max(len(gaps) - len(near), 1)) if near else 0.0
+        waits = followers * start / 2 + followers * followers * run / (2 * need)
+        miss = self.wait_gb * (start + waits) + gb * start
+        return Outlook(gb, start, rate, need, waits, miss, self.wait_gb)
 
-    def pool_target(self, s: FnState, now: int) -> int:
-        """Instances worth keeping for the recent load: memory x k against expected waiting (M/M/k)."""
-        runs = s.stats.runs
+    def pool_target(self, s: FnState, now: int, margin: float = 0.0) -> int:
+        """Instances worth keeping for the recent load (`forecast.pool_size`), plus spares for those that die.
+
+        `margin`: for the rate `margin` standard errors above its estimate (the recent gaps are a sample).
+        """
+        runs, gaps = s.stats.runs, s.stats.gaps
         if not runs:
             return 1
-        run = max(sum(runs) / len(runs), 1.0)
-        rate = self._rate(s, now)
-        load = rate * run
-        gb = self._gb(s)
-        k = max(1, math.ceil(load + 1e-9))
-        erlang_b = 1.0
-        for j in range(1, k + 1):
-            erlang_b = load * erlang_b / (j + load * erlang_b)
-        best = math.inf
-        spares = self._spares(s, rate, gb)
-        variability = (_scv(s.stats.gaps) + _scv(runs)) / 2  # Allen-Cunneen: 1 for Poisson arrivals and runs
-        while True:  # the cost is convex in k: stop at its first rise
-            if k > load:
-                erlang_c = k * erlang_b / (k - load * (1 - erlang_b))
-                wait = variability * erlang_c * run / (k - load)
-                cost = gb * k + self.wait_gb * rate * wait
-            else:
-                cost = math.inf
-            if cost >= best:
-                return k - 1 + spares
-            best = cost
-            k += 1
-            erlang_b = load * erlang_b / (k + load * erlang_b)
+        run = _busy(s)
+        rate, gb = _rate(s, now), _gb(s)
+        arrivals = scv(gaps)
+        if margin and gaps:
+            rate *= 1 + margin * math.sqrt(arrivals / len(gaps))
+        variability = (arrivals + scv(runs)) / 2
+        return pool_size(rate, run, gb, self.wait_gb, variability) + self._spares(s, rate, gb)
 
     def _spares(self, s: FnState, rate: float, gb: float) -> int:
         """Instances kept beyond the load for those lost with their request (need_destroy).
@@ -131,50 +140,91 @@ class Learned(Policy):
             term *= expected / (spare + 1)
         return best_s
 
-    def lull_deadline(self, s: FnState, now: int) -> tuple[int, str]:
-        """Until when the function's last instance is worth keeping, counted from its last arrival."""
-        gb = self._gb(s)
-        miss = self.miss_cost(s, gb)
-        last = s.stats.last_arrival_ms
+    def _little_history(self, s: FnState) -> bool:
+        """Too few gaps of its own, and too few of the run's new functions to go by."""
+        return sum(s.stats.gap_hist) < self.min_samples and self.new_opened < MIN_NEW_FUNCTIONS
+
+    def next_arrival(self, s: FnState, now: int) -> tuple[list[Point], bool]:
+        """When the function's next call may come (ms after its last), given none came by `now`: its own
+        gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
+        whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`)."""
+        elapsed = now - s.stats.last_arrival_ms
+        own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed)
+        timed = bool(own)
+        if not own and sum(s.stats.gap_hist) >= self.min_samples:
+            own = beyond(max(elapsed, 1))
+        return blend(own, new_function_points(self.new_gaps, self.new_opened, elapsed)), timed
+
+    def return_plan(self, s: FnState, now: int) -> tuple[Plan, int] | None:
+        """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
+        `plan.until`, after the last arrival) and how many, one or as many as a burst needs; None when a
+        miss costs less, or when the function's history does not say when its next call comes."""
+        st = s.stats
+        if not st.start_ms or not st.arrivals or self._little_history(s):
+            return None
+        points, timed = self.next_arrival(s, now)
+        if not timed:
+            return None
+        o, elapsed = self.outlook(s), now - st.last_arrival_ms
+        best = None
+        for count in sorted({1, o.need}):
+            plan = restart_plan(points, elapsed, o.start, o.gb * count, o.lam, o.miss, o.burst_rate, o.shortfall(count))
+            if plan is not None and (best is None or plan.cost < best[0].cost):
+                best = (plan, count)
+        return best
+
+    def lull(self, s: FnState, now: int) -> tuple[int, int, str]:
+        """How many instances to keep for the function's next arrival, until when, and why: the cheapest of
+        keeping one or as many as a burst needs, retiring them (a miss), and, when the function is quiet,
+        retiring them to start again just before the next arrival (`return_plan`)."""
+        o, st = self.outlook(s), s.stats
+        last = st.last_arrival_ms
         elapsed = now - last
-        hist = s.stats.gap_hist
-        if sum(hist) < self.min_samples:
-            keep = miss / gb  # ski rental: idle as long as a miss would cost
+        if self._little_history(s):
+            keep = (o.miss - o.shortfall(1)) / o.gb  # nothing to go by: ski rental, idle as long as a miss costs
             if elapsed >= keep:
-                return now, "little history, and idle longer than a miss would cost"
-            return last + int(keep), f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival"
-        bins = gap_points(hist, s.stats.gaps, elapsed)
-        if not bins:
-            return now, "no gap this long seen before"
-        total = sum(w for _, w in bins)
-        best_cost, best_t = total * miss, elapsed  # keep nothing: the next arrival misses
-        caught = caught_w = 0.0
-        for value, w in bins:
-            caught += w * gb * (value - elapsed)
-            caught_w += w
-            cost = caught + (total - caught_w) * (gb * (value - elapsed) + miss)
-            if cost < best_cost:
-                best_cost, best_t = cost, value
-        if best_t <= elapsed:
-            return now, "a longer wait for the next arrival costs more than a miss"
-        hit = caught_share(bins, best_t, total)
-        return last + int(best_t) + 1, f"keep {(best_t - elapsed) / 1000:.3g}s more: {hit:.0%} of gaps end by then"
+                return now, 0, "little history, and idle longer than a miss would cost"
+            return (
+                last + int(keep),
+                1,
+                f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
+            )
+        points, _ = self.next_arrival(s, now)
+        keep, count = min(
+            ((keep_plan(points, elapsed, o.gb * k, o.miss, o.shortfall(k)), k) for k in {1, o.need}),
+            key=lambda plan: plan[0].cost,
+        )
+        quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
+        if quiet and _restart_floor(points, elapsed, o) < keep.cost:
+            back = self.return_plan(s, now)
+            if back is not None and back[0].cost < keep.cost and back[0].ready - o.start > elapsed:
+                return now, 0, "cheaper to start again just before the next arrival"
+        if keep.until <= elapsed:
+            return now, 0, "a longer wait for the next arrival costs more than a miss"
+        burst_end = 2 * o.start  # a gap longer than this ends the burst: then look again (return, or keep)
+        if elapsed < burst_end < keep.until:
+            return last + burst_end + 1, count, "keep through the burst, then look again"
+        more, hit = (keep.until - elapsed) / 1000, share_by(points, keep.until)
+        return last + int(keep.until) + 1, count, f"keep {more:.3g}s more: {hit:.0%} of gaps end by then"
 
     # --- the policy's choices -----------------------------------------------------------------
 
     def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
-        if not inst.request_id:  # fresh from a pre-warm: hold it through the predicted arrival
-            hold = self._prewarm_plan(s, now - start_ms(s))
-            if hold is not None and hold[1] > now:
-                return KeepAlive(hold[1], "pre-warmed: held through the predicted arrival")
+        if not inst.for_request and not inst.request_id:  # started for a predicted arrival: hold it through it
+            back = self.return_plan(s, inst.wanted_ms)
+            until = s.stats.last_arrival_ms + int(back[0].until) + 1 if back is not None else 0
+            if until > now:
+                return KeepAlive(until, "pre-warmed: held through the predicted arrival")
         return self.expire(s, inst, now) or KeepAlive(now, "no reason to keep it")
 
     def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
+        """Keep the instance for the lull's plan, unless the function has more than that plan and the load need:
+        clearly more, the load taken a standard error above its estimate, so that a pool does not shrink and
+        grow again with the noise of its rate."""
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        target = self.pool_target(s, now)
-        if live > target + max(1, target // 10):
-            return None  # surplus: the pool is clearly larger than the load needs (slack: no churn)
-        until, why = self.lull_deadline(s, now)
+        until, count, why = self.lull(s, now)
+        if live > count and live > self.pool_target(s, now, margin=0.5):
+            return None
         return KeepAlive(until, why) if until > now else None
 
     def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
@@ -189,12 +239,13 @@ class Learned(Policy):
             return QueuePlan(starts=uncovered)
         start = start_ms(s)
         typical = runs[len(runs) // 2]
-        gb = self._gb(s)
+        busy = typical + _death_share(s) * start  # an instance that dies with its request is gone a start
+        gb = _gb(s)
         free = _when_free(s, runs, start, now)
         # Who will want an instance: the queue now, and arrivals over the next two starts at the
         # recent rate (a queue that cannot keep up with them keeps growing).
         arrivals = [float(now)] * len(s.queue[:QUEUE_SIMULATED])
-        rate = self._rate(s)
+        rate = _rate(s)
         if rate:
             arrivals += [now + (j + 1) / rate for j in range(min(int(rate * 2 * start), QUEUE_SIMULATED))]
 
@@ -207,7 +258,7 @@ class Learned(Policy):
                 at = max(heapq.heappop(heap) if heap else math.inf, arrived)
                 total += at - arrived
                 first = at if first is None else first
-                heapq.heappush(heap, at + typical)
+                heapq.heappush(heap, at + busy)
             return total, first
 
         best_m, (wait, first) = 0, waits(0)
@@ -232,79 +283,51 @@ class Learned(Policy):
     def prewarm(self, s: FnState, now: int) -> Prewarm:
         if s.queue or any(i.phase is not Phase.RETIRING for i in s.instances.values()):
             return NO_PREWARM  # a function with instances grows only for waiting requests (`plan_queue`)
-        plan = self._prewarm_plan(s, now)
-        if plan is None:
+        back = self.return_plan(s, now)
+        if back is None:
             return NO_PREWARM
-        begin, _ = plan
+        plan, count = back
+        begin = s.stats.last_arrival_ms + int(plan.ready) - start_ms(s)
         if begin > now:
             return Prewarm(next_ms=begin)
-        return Prewarm(1, f"pre-warm: next arrival expected {(begin + start_ms(s) - now) / 1000:.3g}s from now")
-
-    def _prewarm_plan(self, s: FnState, now: int) -> tuple[int, int] | None:
-        """(when to start an instance, until when to hold it) for the next burst, or None when a
-        cold start is cheaper. From recent burst-to-burst periods longer than the time since this
-        burst began."""
-        st = s.stats
-        since = now - st.burst_start_ms
-        xs = sorted(p for p in st.bursts if p > since)
-        if len(xs) < self.min_samples or not st.start_ms:
-            return None
-        gb = self._gb(s)
-        burst_gap = 2 * start_ms(s)
-        near = [g for g in st.gaps if g <= burst_gap]
-        rate = len(near) / max(sum(near), 1) if near else 0.0  # arrivals per ms within a burst
-        plan = best_prewarm(xs, since, start_ms(s), gb, self.wait_gb, self.miss_cost(s, gb), rate)
-        if plan is None:
-            return None
-        ready, hold_end, _ = plan
-        return st.burst_start_ms + int(ready) - start_ms(s), st.burst_start_ms + int(hold_end) + 1
+        expected = (s.stats.last_arrival_ms + plan.ready - now) / 1000
+        return Prewarm(count, f"pre-warm: next arrival expected {expected:.3g}s from now")
 
 
-def best_prewarm(
-    xs: list[int],
-    elapsed: float,
-    start: int,
-    gb: float,
-    lam: float,
-    miss: float,
-    rate: float = 0.0,
-    candidates: int = 16,
-) -> tuple[float, float, float] | None:
-    """The instance to have ready at R and hold until H (times after the last arrival) for arrivals at
-    the sorted gaps `xs` (all > `elapsed`, when nothing is kept), and its expected total cost; None
-    when letting every arrival miss is cheaper. An arrival before R - start misses; one before R
-    waits for the starting instance, and so do those arriving at `rate` (per ms) meanwhile; one
-    after H misses. Costs in GB·ms (`lam` per ms of waiting).
-    """
-    n = len(xs)
-    prefix, squares = [0.0], [0.0]
-    for x in xs:
-        prefix.append(prefix[-1] + x)
-        squares.append(squares[-1] + x * x)
+def _gb(s: FnState) -> float:
+    return (s.meta.memory_mb if s.meta else 1024) / 1024
 
-    def span(lo: float, hi: float, right: bool = False) -> tuple[int, int]:
-        return bisect_left(xs, lo), (bisect_right if right else bisect_left)(xs, hi)
 
-    step = max(1, n // candidates)
-    readies = sorted({x for x in xs[::step] if x - start >= elapsed})
-    best, plan = n * miss, None
-    for ready in readies:
-        i0, i1 = span(-math.inf, ready - start)
-        early = i1 - i0
-        j0, j1 = span(ready - start, ready)
-        waits = j1 - j0
-        # sum over waiting arrivals of w (1 + rate w / 2), with w = ready - g
-        w1 = waits * ready - (prefix[j1] - prefix[j0])
-        w2 = waits * ready * ready - 2 * ready * (prefix[j1] - prefix[j0]) + (squares[j1] - squares[j0])
-        base = early * miss + lam * (w1 + rate * w2 / 2) + waits * gb * start
-        for hold_end in xs[bisect_left(xs, ready) :: step]:
-            k0, k1 = span(ready, hold_end, right=True)
-            served, served_sum = k1 - k0, prefix[k1] - prefix[k0]
-            late = n - early - waits - served
-            cost = base + gb * (served * (start - ready) + served_sum) + late * (gb * (start + hold_end - ready) + miss)
-            if cost < best:
-                best, plan = cost, (ready, hold_end, cost)
-    return plan
+def _death_share(s: FnState) -> float:
+    """The share of requests that kill their instance (need_destroy)."""
+    return s.stats.deaths / s.stats.arrivals if s.stats.arrivals else 0.0
+
+
+def _busy(s: FnState) -> float:
+    """How long a request keeps an instance from the next one, on average: its run, and when it kills the
+    instance (need_destroy), the start of another."""
+    runs = s.stats.runs
+    return max(sum(runs) / len(runs), 1.0) + _death_share(s) * start_ms(s)
+
+
+def _rate(s: FnState, now: int | None = None) -> float:
+    """Recent arrivals per ms; with `now`, the gap still open counts too (a lull lowers it)."""
+    gaps = s.stats.gaps
+    if not gaps:
+        return 0.0
+    span = sum(gaps) + (max(0, now - s.stats.last_arrival_ms) if now is not None else 0)
+    return len(gaps) / max(span, 1)
+
+
+def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
+    """Less than any restart can cost: arrivals within a start from now wait for it (or miss)."""
+    soon = elapsed + o.start
+    floor = 0.0
+    for value, w in points:
+        if value >= soon:
+            break
+        floor += w * min(o.miss, o.lam * (soon - value))
+    return floor
 
 
 QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
@@ -326,39 +349,6 @@ def exchange_rate(t: Totals) -> float | None:
     e, e_gb = t.exec_ms / 1000, t.exec_gb_ms / 1000
     slot = e_gb + t.ideal_gb_ms / 1000
     return slot * slot / (e * e_gb)
-
-
-def gap_points(hist: tuple[float, ...], recent: tuple[int, ...], elapsed: float) -> list[tuple[float, float]]:
-    """The gaps still possible after `elapsed`, as (ms, weight) in order: each bin's weight where its recent gaps
-    were (a timer's period is where it is, not at its bin's middle), or at the bin's middle when none is recent."""
-    exact: dict[int, list[int]] = {}
-    for g in recent:
-        if g > elapsed:
-            exact.setdefault(gap_bin(g), []).append(g)
-    points = []
-    for i, w in enumerate(hist):
-        if w <= 0 or _UPPER[i] <= elapsed:
-            continue
-        here = exact.get(i)
-        if here:
-            points += [(float(g), w / len(here)) for g in sorted(here)]
-        else:
-            points.append((max(_MID[i], elapsed), w))
-    return points
-
-
-def _scv(values: tuple[int, ...]) -> float:
-    """Squared coefficient of variation: 0 for a clock, 1 for exponential gaps, more for bursts."""
-    if len(values) < 2:
-        return 1.0
-    mean = sum(values) / len(values)
-    if mean <= 0:
-        return 1.0
-    return sum((v - mean) ** 2 for v in values) / len(values) / (mean * mean)
-
-
-def caught_share(bins: list[tuple[float, float]], until: float, total: float) -> float:
-    return sum(w for value, w in bins if value <= until) / total if total else 0.0
 
 
 def _when_free(s: FnState, runs: list[int], start: int, now: int) -> list[float]:
