@@ -5,6 +5,7 @@ their phases, its queue of waiting requests), then the features (`features.obser
 function's history, `FnStats`), which read the lifecycle and never change it.
 """
 
+import bisect
 import enum
 import functools
 from collections.abc import Callable, Iterable
@@ -256,9 +257,10 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     wait_ms: float = 0.0
     ideal_gb_ms: float = 0.0
     # How soon functions come back while they are new: every function's first gaps (FnStats.early_gaps)
-    # by gap bin, and how many such gaps were opened (an arrival among a function's first EARLY_GAPS).
+    # by gap bin, and when the early gaps still open began (a function's last arrival, while it is one of
+    # its first EARLY_GAPS), ascending: those have lasted at least until now.
     early_gaps: tuple[int, ...] = (0,) * GAP_BINS
-    early_opened: int = 0
+    early_open: tuple[int, ...] = ()
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
         """The totals once one function's state `old` is replaced by `new` (None: no state)."""
@@ -278,5 +280,19 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             wait_ms=self.wait_ms - was.wait_ms + now.wait_ms,
             ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
             early_gaps=early,
-            early_opened=self.early_opened - min(was.arrivals, EARLY_GAPS) + min(now.arrivals, EARLY_GAPS),
+            early_open=_still_open(self.early_open, was, now),
         )
+
+
+def _still_open(opened: tuple[int, ...], was: FnStats, now: FnStats) -> tuple[int, ...]:
+    """The early gaps still open, once one function's stats `was` become `now`."""
+    before = was.last_arrival_ms if 0 < was.arrivals <= EARLY_GAPS else None
+    after = now.last_arrival_ms if 0 < now.arrivals <= EARLY_GAPS else None
+    if before == after:
+        return opened
+    times = list(opened)
+    if before is not None and (at := bisect.bisect_left(times, before)) < len(times) and times[at] == before:
+        del times[at]
+    if after is not None:
+        bisect.insort(times, after)
+    return tuple(times)

@@ -77,7 +77,7 @@ def test_exchange_rate_values_waiting_more_when_executions_are_tiny():
     tiny = Totals(exec_ms=60_000, exec_gb_ms=60_000 * 0.25, ideal_gb_ms=60_000 / 30 * 150 * 0.25)
     long = Totals(exec_ms=600_000, exec_gb_ms=600_000 * 0.5, ideal_gb_ms=600_000 / 2_000 * 150 * 0.5)
     assert exchange_rate(tiny) > exchange_rate(long) > 0
-    assert exchange_rate(Totals(exec_ms=1_000, exec_gb_ms=1_000)) is None  # too little history yet
+    assert exchange_rate(Totals(exec_ms=500, exec_gb_ms=500)) is None  # too little history yet
 
 
 def periodic(period_ms: int, start_ms: int, calls: int = 20) -> FnState:

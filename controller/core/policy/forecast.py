@@ -41,12 +41,13 @@ def gap_points(hist: tuple[float, ...], recent: tuple[int, ...], elapsed: float)
 
 
 def _rest_of_bin(i: int, weight: float, elapsed: float) -> list[Point]:
-    """A bin's weight, spread evenly over it in log scale, as far as it lies after `elapsed`: at its middle."""
+    """A bin's weight, spread evenly over it in log scale, as far as it lies after `elapsed`: at its middle,
+    or once `elapsed` is inside it, at its end (so that looking again does not creep towards the end)."""
     lower = LOWER[i] if i else 1.0
     if elapsed <= lower:
         return [(MIDDLE[i], weight)]
     left = math.log(UPPER[i] / elapsed) / math.log(UPPER[i] / lower)
-    return [(math.sqrt(elapsed * UPPER[i]), weight * left)]
+    return [(UPPER[i], weight * left)]
 
 
 def beyond(elapsed: float, steps: int = 48) -> list[Point]:
@@ -56,19 +57,39 @@ def beyond(elapsed: float, steps: int = 48) -> list[Point]:
     return [*points, (NEVER, 2 ** (-steps / 4))]
 
 
-def new_function_points(early_gaps: tuple[int, ...], opened: int, elapsed: float) -> list[Point]:
-    """How soon the run's functions came back while new (their first gaps, by bin, and those that have not
-    come back yet: never), as a prior of weight PRIOR_WEIGHT; the part of it still possible after `elapsed`."""
-    back = sum(early_gaps)
-    if opened < MIN_NEW_FUNCTIONS:
+def new_function_points(
+    early_gaps: tuple[int, ...], open_since: tuple[int, ...], now: int, elapsed: float
+) -> list[Point]:
+    """How soon the run's functions came back while new, as a prior of weight PRIOR_WEIGHT; the part of it
+    still possible after `elapsed`.
+
+    Their first gaps by bin (`early_gaps`), and the early gaps still open (since `open_since`): those
+    are only known to last longer than their age, so the chance to come back within each bin is the
+    share of the gaps that reached it and ended in it (Kaplan-Meier). What lies past the oldest
+    of them is not known: it follows the longest as `beyond` does.
+    """
+    ages = sorted(now - t for t in open_since)
+    if sum(early_gaps) + len(ages) < MIN_NEW_FUNCTIONS:
         return []
-    scale = PRIOR_WEIGHT / opened
-    points = [
-        p for i, n in enumerate(early_gaps) if n and UPPER[i] > elapsed for p in _rest_of_bin(i, n * scale, elapsed)
-    ]
-    if opened > back:
-        points.append((NEVER, (opened - back) * scale))
-    return points
+    at_risk = sum(early_gaps) + len(ages)
+    survive, points, longest = PRIOR_WEIGHT, [], 0.0
+    censored = 0  # open gaps no longer at risk: younger than the bins so far
+    for i, ended in enumerate(early_gaps):
+        young = bisect_left(ages, UPPER[i]) - censored  # open gaps whose age lies in this bin
+        if ended:
+            mass = survive * ended / at_risk
+            if UPPER[i] > elapsed:
+                points += _rest_of_bin(i, mass, elapsed)
+            survive -= mass
+            longest = UPPER[i]
+        at_risk -= ended + young
+        censored += young
+        if at_risk <= 0:
+            break
+    if survive > 1e-9:
+        longest = max(longest, ages[-1] if ages else 0.0, elapsed, 1.0)
+        points += [(x, w * survive) for x, w in beyond(longest) if x > elapsed]
+    return sorted(points)
 
 
 def blend(own: list[Point], prior: list[Point]) -> list[Point]:
@@ -84,78 +105,80 @@ class Plan:
     cost: float
 
 
-def keep_plan(points: list[Point], elapsed: float, gb: float, miss: float, shortfall: float = 0.0) -> Plan:
-    """Keep an instance that is ready now: until the cheapest `until` (`elapsed`: not at all, every arrival misses).
+Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
 
-    An arrival by `until` costs the memory until it (and `shortfall`: what its burst still waits for
-    want of more instances); a later one the memory until `until` and a miss.
+
+def keep_plan(points: list[Point], elapsed: float, miss: float, options: list[Option]) -> tuple[Plan, int]:
+    """Keep instances that are ready now until the cheapest `until` (`elapsed`: not at all, every arrival
+    misses), and how many: the cheapest of `options`.
+
+    An arrival by `until` costs the memory until it (and what it still waits for want of more
+    instances: an option's shortfall); a later one the memory until `until` and a miss.
     """
     total = sum(w for _, w in points)
-    best = Plan(elapsed, elapsed, total * miss)
-    caught = caught_w = 0.0
+    best, until, count = total * miss, elapsed, options[0][0]
+    caught = [0.0] * len(options)
+    caught_w = 0.0
     for value, w in points:
         if value == NEVER:
             break
-        caught += w * (gb * (value - elapsed) + shortfall)
         caught_w += w
-        cost = caught + (total - caught_w) * (gb * (value - elapsed) + miss)
-        if cost < best.cost:
-            best = Plan(elapsed, value, cost)
-    return best
+        held, left = value - elapsed, total - caught_w
+        for n, (k, gb, shortfall) in enumerate(options):
+            caught[n] += w * (gb * held + shortfall)
+            cost = caught[n] + left * (gb * held + miss)
+            if cost < best:
+                best, until, count = cost, value, k
+    return Plan(elapsed, until, best), count
 
 
 def restart_plan(
     points: list[Point],
     elapsed: float,
     start: float,
-    gb: float,
     lam: float,
     miss: float,
-    rate: float = 0.0,
-    shortfall: float = 0.0,
+    rate: float,
+    options: list[Option],
     candidates: int = 16,
-) -> Plan | None:
-    """Start instances (of `gb` in all) to be ready at `ready` >= elapsed + start and hold them until `until`:
-    the cheapest such plan, or None when letting the next arrival miss costs less.
+) -> tuple[Plan, int] | None:
+    """Start instances to be ready at `ready` >= elapsed + start and hold them until `until`, and how many:
+    the cheapest such plan over `options`, or None when letting the next arrival miss costs less.
 
     An arrival before `ready - start` misses (nothing started yet); one before `ready` waits for the
     starting instances, and so do those arriving meanwhile at `rate` per ms; one after `until` misses
-    after all, the instances' memory paid. An arrival served still costs `shortfall` (its burst
-    waiting for want of more instances).
+    after all, the instances' memory paid. An arrival served still costs the option's shortfall (its
+    burst waiting for want of more instances).
     """
     xs = [v for v, _ in points if v != NEVER]
-    ws = [w for v, w in points if v != NEVER]
     total = sum(w for _, w in points)
     weight, first, second = [0.0], [0.0], [0.0]  # prefix sums of w, w x, w x^2
-    for x, w in zip(xs, ws, strict=True):
-        weight.append(weight[-1] + w)
-        first.append(first[-1] + w * x)
-        second.append(second[-1] + w * x * x)
-
-    def span(lo: float, hi: float, right: bool = False) -> tuple[int, int]:
-        return bisect_left(xs, lo), (bisect_right if right else bisect_left)(xs, hi)
-
+    for x, w in points:
+        if x != NEVER:
+            weight.append(weight[-1] + w)
+            first.append(first[-1] + w * x)
+            second.append(second[-1] + w * x * x)
     step = max(1, len(xs) // candidates)
     readies = sorted({x for x in xs[::step] if x - start >= elapsed} | ({elapsed + start} if xs else set()))
-    best, plan = total * miss, None
+    best, plan = total * miss, None  # plan: (ready, until, count)
     for ready in readies:
-        e0, e1 = span(-math.inf, ready - start)
-        w0, w1 = span(ready - start, ready)
-        waiting = weight[w1] - weight[w0]
+        e1 = bisect_left(xs, ready - start)
+        w1 = bisect_left(xs, ready)
+        waiting, early = weight[w1] - weight[e1], weight[e1]
         # over the arrivals that wait, w (1 + rate w / 2) with w = ready - x
-        wait = waiting * ready - (first[w1] - first[w0])
-        wait2 = waiting * ready * ready - 2 * ready * (first[w1] - first[w0]) + (second[w1] - second[w0])
-        early = weight[e1] - weight[e0]
-        base = early * miss + lam * (wait + rate * wait2 / 2) + waiting * gb * start
-        for until in xs[bisect_left(xs, ready) :: step]:
-            s0, s1 = span(ready, until, right=True)
-            served, served_x = weight[s1] - weight[s0], first[s1] - first[s0]
+        wait = waiting * ready - (first[w1] - first[e1])
+        wait2 = waiting * ready * ready - 2 * ready * (first[w1] - first[e1]) + (second[w1] - second[e1])
+        base = early * miss + lam * (wait + rate * wait2 / 2)
+        for until in xs[w1::step]:
+            s1 = bisect_right(xs, until)
+            served, served_x = weight[s1] - weight[w1], first[s1] - first[w1]
             late = total - early - waiting - served
-            held = gb * (served * (start - ready) + served_x) + served * shortfall
-            cost = base + held + late * (gb * (start + until - ready) + miss)
-            if cost < best:
-                best, plan = cost, Plan(ready, until, cost)
-    return plan
+            for k, gb, shortfall in options:
+                held = gb * (waiting * start + served * (start - ready) + served_x) + served * shortfall
+                cost = base + held + late * (gb * (start + until - ready) + miss)
+                if cost < best:
+                    best, plan = cost, (ready, until, k)
+    return None if plan is None else (Plan(plan[0], plan[1], best), plan[2])
 
 
 def share_by(points: list[Point], until: float) -> float:

@@ -32,6 +32,7 @@ from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, 
 from controller.core.policy.estimate import start_ms
 from controller.core.policy.forecast import (
     MIN_NEW_FUNCTIONS,
+    Option,
     Plan,
     Point,
     beyond,
@@ -63,6 +64,10 @@ class Outlook:
         """What an arrival served by `count` ready instances still costs: its followers that find none free."""
         return 0.0 if count >= self.need else self.lam * self.followers_wait * (1 - count / self.need)
 
+    def options(self) -> list[Option]:
+        """What to have ready for the next arrival: one instance, or as many as a burst needs."""
+        return [(k, self.gb * k, self.shortfall(k)) for k in sorted({1, self.need})]
+
 
 @dataclass(frozen=True)
 class Learned(Policy):
@@ -70,14 +75,14 @@ class Learned(Policy):
     wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
     min_samples: int = 3
     new_gaps: tuple[int, ...] = ()  # how soon the run's functions came back while new (Totals.early_gaps)
-    new_opened: int = 0
+    new_open: tuple[int, ...] = ()  # ... and since when those not back yet have been away (Totals.early_open)
 
     def tuned_to(self, totals: Totals) -> "Learned":
         """Value waiting at the rate the score trades it for memory, given the run so far; and know how
         soon new functions came back in this run."""
         rate = exchange_rate(totals)
         wait_gb = self.wait_gb if rate is None else min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB)
-        return replace(self, wait_gb=wait_gb, new_gaps=totals.early_gaps, new_opened=totals.early_opened)
+        return replace(self, wait_gb=wait_gb, new_gaps=totals.early_gaps, new_open=totals.early_open)
 
     # --- what the history says -------------------------------------------------------------
 
@@ -142,7 +147,7 @@ class Learned(Policy):
 
     def _little_history(self, s: FnState) -> bool:
         """Too few gaps of its own, and too few of the run's new functions to go by."""
-        return sum(s.stats.gap_hist) < self.min_samples and self.new_opened < MIN_NEW_FUNCTIONS
+        return sum(s.stats.gap_hist) < self.min_samples and sum(self.new_gaps) + len(self.new_open) < MIN_NEW_FUNCTIONS
 
     def next_arrival(self, s: FnState, now: int) -> tuple[list[Point], bool]:
         """When the function's next call may come (ms after its last), given none came by `now`: its own
@@ -151,9 +156,9 @@ class Learned(Policy):
         elapsed = now - s.stats.last_arrival_ms
         own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed)
         timed = bool(own)
-        if not own and sum(s.stats.gap_hist) >= self.min_samples:
-            own = beyond(max(elapsed, 1))
-        return blend(own, new_function_points(self.new_gaps, self.new_opened, elapsed)), timed
+        if sum(s.stats.gap_hist) >= self.min_samples:
+            return own or beyond(max(elapsed, 1)), timed
+        return blend(own, new_function_points(self.new_gaps, self.new_open, now, elapsed)), timed
 
     def return_plan(self, s: FnState, now: int) -> tuple[Plan, int] | None:
         """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
@@ -166,12 +171,7 @@ class Learned(Policy):
         if not timed:
             return None
         o, elapsed = self.outlook(s), now - st.last_arrival_ms
-        best = None
-        for count in sorted({1, o.need}):
-            plan = restart_plan(points, elapsed, o.start, o.gb * count, o.lam, o.miss, o.burst_rate, o.shortfall(count))
-            if plan is not None and (best is None or plan.cost < best[0].cost):
-                best = (plan, count)
-        return best
+        return restart_plan(points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
 
     def lull(self, s: FnState, now: int) -> tuple[int, int, str]:
         """How many instances to keep for the function's next arrival, until when, and why: the cheapest of
@@ -190,10 +190,7 @@ class Learned(Policy):
                 f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
             )
         points, _ = self.next_arrival(s, now)
-        keep, count = min(
-            ((keep_plan(points, elapsed, o.gb * k, o.miss, o.shortfall(k)), k) for k in {1, o.need}),
-            key=lambda plan: plan[0].cost,
-        )
+        keep, count = keep_plan(points, elapsed, o.miss, o.options())
         quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
         if quiet and _restart_floor(points, elapsed, o) < keep.cost:
             back = self.return_plan(s, now)
@@ -332,7 +329,7 @@ def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
 
 QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
 MAX_STARTS = 32  # instances started in one decision at most
-MIN_EXEC_MS = 30_000  # execution the run needs before its exchange rate is trusted
+MIN_EXEC_MS = 1_000  # execution the run needs before its exchange rate is trusted
 MIN_WAIT_GB, MAX_WAIT_GB = 0.1, 1000.0
 
 
