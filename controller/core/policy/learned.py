@@ -1,26 +1,49 @@
 """Our policy: learn each function from its own events, and weigh waiting against memory.
 
 The challenge's score trades slot memory x time (GB·s) against time requests wait. Every choice
-here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth.
-It is learned from the run itself (`exchange_rate`): the rate at which the score trades the two
-at the best point this workload allows, so a trace of tiny executions (where memory is what a
-scaler can save) and one of long executions (where waiting is) each get their own.
+here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth. It
+is learned from the run itself (`exchange_rate`): the rate at which the score trades the two where
+a clairvoyant scaler would stand on this workload, whose slot time the features fold from the
+arrivals, concurrency included (`features._clairvoyant`; before it counted one instance per
+function: gen-burst's rate 3.3 against the bound's 15.0, now 13.0).
 
-- Pool: while a function is active, keep the number of instances k that minimises memory x k
-  + wait_gb x expected waiting (Erlang C on its recent arrival rate and run time), plus spares
-  for instances lost with their request (need_destroy) during a start. A clearly larger pool
-  shrinks as instances go idle.
-- Lulls: how long after the last arrival to keep the last instance, from a time-decayed
-  histogram of the function's gaps (rare long gaps stay remembered): keep while the expected
-  memory until the next arrival costs less than a miss. A miss costs the start time for the
-  first request and for those that arrive meanwhile (followers, at the rate within a burst).
-  Memory enters both sides: a large function is kept for less time than a small one.
-- Waiting: with no idle instance, start the number of instances that minimises the queue's
-  expected total wait (the queue now and the arrivals to come, simulated against the busy
+What a function's history says (`next_arrival`, `outlook`; the arithmetic is in forecast.py):
+- The next arrival: the time-decayed histogram of its gaps, each bin's weight put where the recent
+  gaps in it were, exact (a 10 s timer's bin runs from 8.2 to 11.6 s; its middle, 9.7 s, retired
+  the instance 0.3 s before each tick: gen-timer 58.20 -> 68.57). Past its longest gap, a Pareto
+  tail: the longer a lull has lasted, the longer it may. A function with little history of its
+  own borrows how soon the run's new functions came back, rather than keeping an instance for the
+  break-even time of a miss (gen-oneoff 49.85 -> 61.52; seed 2 46.08 -> 55.72); a gap still open
+  counts as one that lasted at least its age (Kaplan-Meier; counted as "never", the functions with
+  long periods, not back yet, made the 60 s timer's second call a miss: gen-timer seed 2 44.83 -> 47.01).
+- A burst (its gaps shorter than two starts): the rate within it, the instances it needs (the pool
+  below, at that rate), and what missing it costs: its first request waits a start, its followers
+  half a start each and then in the queue they made, which those instances drain a run at a time.
+
+What it decides:
+- Pool: while a function is busy it keeps the k instances that minimise memory x k + wait_gb x
+  expected waiting: Erlang C on the recent rate and busy time, scaled by (ca^2 + cs^2) / 2
+  (Allen-Cunneen): a timer's arrivals queue far less than Poisson ones (a 4 GB timer whose runs
+  overlap the next tick kept a second instance all hour: gen-timer 68.57 -> 82.04), a burst's
+  more. A request that kills its instance (need_destroy) keeps it busy a start longer (a 4 GB
+  function of 13 ms runs that dies every 250 requests: dataSet_3 77.46 -> 79.12), plus spares. A
+  pool shrinks only past the load half a standard error above its estimate, so that it does not
+  shrink and grow with the noise of its rate (dataSet_3 79.09 -> 79.79). It grows only for waiting
+  requests: no pre-warms to a target while active (they mostly churned and overshot at a burst's
+  end: gen-poisson 87.15 -> 91.57, gen-ramp 85.84 -> 90.03, dataSet_3 76.64 -> 80.01).
+- Lulls (`lull`): for the next arrival, the cheapest of keeping one instance, or as many as a
+  burst needs, until some time; retiring them (a miss); and, when nothing is busy, retiring them
+  to start again just before the next arrival (`return_plan`), when the history says when
+  (without it: gen-timer 80.35, the 60 s timer with an 11 s init kept through each minute, 899
+  GB·s, now 199; dataSet_1 48.07, now 52.35: its calls every 1.15 s come back warm). A keep that
+  reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
+- Waiting (`plan_queue`): with no idle instance, start the number of instances that minimises the
+  queue's expected total wait (the queue now and the arrivals to come, simulated against the busy
   instances' expected rests) x wait_gb plus their cost; the others wait for a busy one.
-- Pre-warm: when nothing is left, the recent burst-to-burst periods predict the next burst; an
-  instance is started to be ready just before it when that beats the expected cost of a cold
-  start (periodic functions, bursts that recur).
+- Pre-warm (`prewarm`): with nothing live, the return plan: one instance or a burst's worth, ready
+  just before the predicted arrival and held through its spread. Only an instance started for a
+  predicted arrival, that no arrival has come for since, is held so; any other (a cold start whose
+  request another instance served) is kept or retired like the rest.
 """
 
 import heapq
@@ -207,7 +230,8 @@ class Learned(Policy):
     # --- the policy's choices -----------------------------------------------------------------
 
     def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
-        if not inst.for_request and not inst.request_id:  # started for a predicted arrival: hold it through it
+        ahead = not inst.for_request and not inst.request_id  # started for a predicted arrival...
+        if ahead and s.stats.last_arrival_ms < inst.wanted_ms:  # ...still to come: hold it through it
             back = self.return_plan(s, inst.wanted_ms)
             until = s.stats.last_arrival_ms + int(back[0].until) + 1 if back is not None else 0
             if until > now:
