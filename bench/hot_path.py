@@ -77,32 +77,42 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def measure(address: str, pairs: int, seconds: float) -> dict:
+    """One caller back to back on `address`, then CALLERS callers over FUNCTIONS functions; with several
+    addresses (comma-separated) the load is spread over them, caller by caller."""
     tag = os.urandom(3).hex()
-    async with grpc.aio.insecure_channel(address) as channel:
-        scaler = pb_grpc.ScalerStub(channel)
-        await asyncio.gather(*(pair(scaler, f"{tag}-warm-{n}", meta(n)) for n in range(FUNCTIONS)))  # cold starts
-        for n in range(200):  # warm the path itself
-            await pair(scaler, f"{tag}-w{n}", meta(n % FUNCTIONS))
-        assigns, idles = [], []
-        for n in range(pairs):
-            a, i = await pair(scaler, f"{tag}-one-{n}", meta(n % FUNCTIONS))
-            assigns.append(a)
-            idles.append(i)
-        done, loaded = 0, []
-        stop = time.perf_counter() + seconds
+    channels = [grpc.aio.insecure_channel(a) for a in address.split(",")]
+    try:
+        return await _measure([pb_grpc.ScalerStub(c) for c in channels], tag, pairs, seconds)
+    finally:
+        for c in channels:
+            await c.close()
 
-        async def caller(c: int) -> None:
-            nonlocal done
-            n = 0
-            while time.perf_counter() < stop:
-                a, _ = await pair(scaler, f"{tag}-load-{c}-{n}", meta(c % FUNCTIONS))
-                loaded.append(a)
-                done += 1
-                n += 1
 
-        began = time.perf_counter()
-        await asyncio.gather(*(caller(c) for c in range(CALLERS)))
-        took = time.perf_counter() - began
+async def _measure(scalers: list[pb_grpc.ScalerStub], tag: str, pairs: int, seconds: float) -> dict:
+    scaler = scalers[0]
+    await asyncio.gather(*(pair(scaler, f"{tag}-warm-{n}", meta(n)) for n in range(FUNCTIONS)))  # cold starts
+    for n in range(200):  # warm the path itself
+        await pair(scaler, f"{tag}-w{n}", meta(n % FUNCTIONS))
+    assigns, idles = [], []
+    for n in range(pairs):
+        a, i = await pair(scaler, f"{tag}-one-{n}", meta(n % FUNCTIONS))
+        assigns.append(a)
+        idles.append(i)
+    done, loaded = 0, []
+    stop = time.perf_counter() + seconds
+
+    async def caller(c: int) -> None:
+        nonlocal done
+        n = 0
+        while time.perf_counter() < stop:
+            a, _ = await pair(scalers[c % len(scalers)], f"{tag}-load-{c}-{n}", meta(c % FUNCTIONS))
+            loaded.append(a)
+            done += 1
+            n += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(caller(c) for c in range(CALLERS)))
+    took = time.perf_counter() - began
     return {
         "p50_ms": statistics.median(assigns),
         "p99_ms": pct(assigns, 0.99),

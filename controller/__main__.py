@@ -5,9 +5,13 @@ the gRPC service in one process.
 """
 
 import argparse
+from pathlib import Path
 
+import msgspec
+
+from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
-from controller.shell import Controller
+from controller.shell import MAX_BEHIND_S, Controller
 from runtime import service
 from runtime.clock import Clock
 
@@ -24,9 +28,38 @@ def add_options(p: argparse.ArgumentParser) -> None:
         " (an existing stream's are never lowered) [SCALER_REPLICAS]",
     )
 
+    p.add_argument(
+        "--max-behind",
+        type=float,
+        default=float(service.env("MAX_BEHIND", str(MAX_BEHIND_S))),
+        help="seconds decisions may lag behind arrivals (a weighted mean) before new Assigns are refused"
+        " with RESOURCE_EXHAUSTED [SCALER_MAX_BEHIND]",
+    )
+
+    p.add_argument(
+        "--limits",
+        type=load_limits,
+        default=service.env("LIMITS", ""),
+        metavar="PATH",
+        help="a JSON file of caps and reserved instances (README: Limits) [SCALER_LIMITS]",
+    )
+
+
+def load_limits(path: str) -> Limits:
+    """The operator's caps from a JSON file; every mistake said with the file's name."""
+    if not path:
+        return NO_LIMITS
+    try:
+        return msgspec.json.decode(Path(path).read_bytes(), type=Limits)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{path}: {e.strerror}") from None
+    except msgspec.DecodeError as e:
+        raise argparse.ArgumentTypeError(f"{path}: {e}") from None
+
 
 def make(a: argparse.Namespace) -> Controller:
-    return Controller(a.nats, get_policy(a.policy), Clock(a.speed), replicas=a.replicas)
+    policy = get_policy(a.policy)
+    return Controller(a.nats, policy, Clock(a.speed), replicas=a.replicas, max_behind_s=a.max_behind, limits=a.limits)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,10 @@ from proto.events import (
     Assigned,
     Batch,
     Event,
+    FunctionForgotten,
+    FunctionRested,
     FunctionSeen,
+    InstanceCreated,
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
@@ -56,6 +59,8 @@ def event(e: Event) -> str:
             return f"{r} waits for a busy instance" + (f", served about {clock(t)}" if t else "") + _why(why)
         case SlotWanted(instance_id=i, for_request=r, reason=why):
             return f"start {i} for {r}{_why(why)}" if r else f"pre-warm {i}{_why(why)}"
+        case InstanceCreated(instance_id=i, slot_id=slot, create_ms=c):
+            return f"{i} has its slot {slot} (create {c} ms); Init next"
         case InstanceReady(instance_id=i, slot_id=slot, create_ms=c, init_ms=n):
             return f"{i} ready on {slot} (create {c} ms, init {n} ms)"
         case Assigned(request_id=r, instance_id=i):
@@ -72,6 +77,10 @@ def event(e: Event) -> str:
             return f"{i} retired{_why(why)}" + (f"; {slot} to destroy" if slot else "")
         case InstanceDestroyed(instance_id=i, slot_id=slot, reason=why):
             return f"{i} gone" + (f" with {slot}" if slot else "") + _why(why)
+        case FunctionRested():
+            return "function at rest: its record of recent releases dropped"
+        case FunctionForgotten():
+            return "function forgotten: idle too long; its next call starts afresh"
     fields = ", ".join(f"{k}={v!r}" for k, v in msgspec.structs.asdict(e).items() if k != "at_ms")
     return f"{type(e).__name__}({fields})"
 

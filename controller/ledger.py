@@ -8,10 +8,13 @@ the latest immutable state of each function.
 """
 
 from controller.core.decide import Decision, decide
+from controller.core.limits import NO_LIMITS, NO_ROOM, Room
 from controller.core.policy import Policy
 from controller.core.state import FnState, Totals, apply
 from proto.commands import AnyCommand, Tick, command_id
 from proto.events import Batch
+
+NO_TOTALS = Totals()
 
 
 class Ledger:
@@ -19,7 +22,9 @@ class Ledger:
         self.states: dict[str, FnState] = {}
         self.last_seq: dict[str, int] = {}  # per function: stream sequence of its last batch
         self.wake: dict[str, int] = {}  # per function: when it next wants a Tick
-        self.totals = Totals()  # the run so far, summed over functions, for the policy
+        self.totals = Totals()  # the run so far, summed over these functions
+        self.others = Totals()  # ... and over the functions other nodes hold, as they last said
+        self.limits = NO_LIMITS  # the operator's caps, those over all functions scaled to this ledger's share
         self.seq = 0  # the newest stream sequence folded or appended
 
     def state(self, key: str) -> FnState:
@@ -37,7 +42,12 @@ class Ledger:
         self._wake(batch.key, batch.wake_ms)
 
     def decide(self, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
-        return decide(self.state(cmd.key), cmd, now, policy, self.totals)
+        """The core's decision, with the whole run's totals (the policy's exchange rate is taken from them)."""
+        room = Room.of(self.limits, cmd.key, self.totals) if self.limits is not NO_LIMITS else NO_ROOM
+        return decide(self.state(cmd.key), cmd, now, policy, self.run_totals(), room)
+
+    def run_totals(self) -> Totals:
+        return self.totals.plus(self.others) if self.others != NO_TOTALS else self.totals
 
     @staticmethod
     def batch(cmd: AnyCommand, d: Decision, now: int) -> Batch | None:
@@ -73,10 +83,15 @@ class Ledger:
         self.seq = max(self.seq, seq)
 
     def _put(self, key: str, s: FnState, seq: int) -> None:
-        self.totals = self.totals.change(self.states.get(key), s)
-        self.states[key] = s
+        """The function's new state; one that holds nothing (forgotten, or a stray slot's bookkeeping done)
+        is dropped, keeping only where its last batch is (the next append's order check needs it)."""
         if seq:
             self.last_seq[key] = seq
+        if s.meta is None and not s.instances and not s.queue:
+            self.totals = self.totals.change(self.states.pop(key, None), None)
+            return
+        self.totals = self.totals.change(self.states.get(key), s)
+        self.states[key] = s
 
     def _wake(self, key: str, wake_ms: int | None) -> None:
         if wake_ms is None:

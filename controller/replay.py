@@ -23,21 +23,33 @@ from controller.core.state import FnState
 from controller.ledger import Ledger
 from proto.events import Batch
 from proto.subjects import function_events
+from runtime import running
 from runtime.bus import servers
 from runtime.natsd import NatsServer, StoreBusy, claim
+from runtime.text import plural
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--nats", help="NATS URL of a running scaler (default nats://127.0.0.1:4222)")
+    source.add_argument("--nats", help="NATS URL of a running scaler (default: the running `scaler up`'s)")
     source.add_argument("--data-dir", help="the --data-dir of a stopped `scaler up`: its store is read offline")
     p.add_argument("--key", help="only this function, with the timeline of its decisions")
     until = p.add_mutually_exclusive_group()
-    until.add_argument("--until-seq", type=int, metavar="N", help="replay batches up to stream sequence N")
+    until.add_argument("--until-seq", type=_sequence, metavar="N", help="replay batches up to stream sequence N")
     until.add_argument("--until", metavar="TIME", help="replay batches decided up to TIME (ISO 8601, or epoch ms)")
     p.add_argument(
         "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
     )
+
+
+def _sequence(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a stream sequence: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def parse_time(text: str) -> int:
@@ -112,9 +124,10 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
             for d in diffs:
                 print(f"  {d}", file=out)
     if bad:
-        print(f"{bad} of {len(set(replayed.states) | set(theirs))} functions differ", file=out)
+        print(f"{bad} of {plural(len(set(replayed.states) | set(theirs)), 'function')} differ", file=out)
         return 1
-    print(f"verified: {len(theirs)} functions equal to the running controller's state (up to seq {end})", file=out)
+    equal = plural(len(theirs), "function")
+    print(f"verified: {equal} equal to the running controller's state (up to seq {end})", file=out)
     return 0
 
 
@@ -134,8 +147,23 @@ async def show(js, key: str | None, until_seq: int | None, until_ms: int | None,
     for k in sorted(replayed.states):
         for line in explain.state(replayed.states[k], replayed.ledger.last_seq[k]):
             print(line, file=out)
-    print(f"\n{len(replayed.states)} functions from {replayed.batches} batches, {replayed.events} events", file=out)
+    states, batches = plural(len(replayed.states), "function"), plural(replayed.batches, "batch", "batches")
+    print(f"\n{states} from {batches}, {plural(replayed.events, 'event')}", file=out)
     return 0
+
+
+def running_nats() -> str:
+    """The NATS of the `scaler up` running on this machine, from the record it leaves (runtime/running.py)."""
+    found = running.running()
+    if not found:
+        raise ValueError(
+            f"no running `scaler up` found (it records its NATS in {running.folder()}): pass --nats URL"
+            " (compose publishes NATS on nats://127.0.0.1:4222)"
+        )
+    if len(found) > 1:
+        which = ", ".join(f"{r['nats']} (pid {r['pid']})" for r in found)
+        raise ValueError(f"{len(found)} `scaler up`s are running: pass --nats with one of {which}")
+    return found[0]["nats"]
 
 
 async def _connect(url: str):
@@ -161,11 +189,11 @@ async def _main(args: argparse.Namespace) -> int:
         try:
             held = claim(args.data_dir)
         except StoreBusy as e:
-            raise ValueError(f"{e}: read it live with --nats URL") from None
+            raise ValueError(f"{e}: read it live (`scaler replay` without --data-dir finds it)") from None
         server = NatsServer(store)
         url = await server.start()
     else:
-        url = args.nats or "nats://127.0.0.1:4222"
+        url = args.nats or running_nats()
     try:
         nc = await _connect(url)
         try:

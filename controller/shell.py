@@ -18,18 +18,23 @@ import itertools
 import logging
 import secrets
 import socket
-from collections import Counter
+import time
+import weakref
+from collections import Counter, deque
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 
 from controller import state_service, stream
 from controller.core import reconcile
 from controller.core.decide import Decision
+from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import Policy
 from controller.core.state import FnState, Phase, Totals
 from controller.leases import EVERY_S, TTL_S, Leases
 from controller.ledger import Ledger
+from controller.shared import SharedTotals
 from controller.snapshots import Snapshot, SnapshotStore
 from controller.timers import Timers
 from gateway.forward import Forwarder
@@ -41,6 +46,7 @@ from proto.commands import (
     Idle,
     Reconcile,
     Reply,
+    SlotCreated,
     Tick,
     command_id,
     decode_command,
@@ -51,6 +57,7 @@ from proto.events import Batch, encode_batch
 from proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition, partition_events
 from runtime.bus import Unavailable, close, connect, ensure_stream, send
 from runtime.clock import Clock
+from runtime.text import plural
 
 log = logging.getLogger("scaler.controller")
 
@@ -58,6 +65,13 @@ APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
 APPEND_TIMEOUT_S = 5.0
 APPEND_PATIENCE_S = 10.0  # how long an append is retried while JetStream does not answer (a cluster's failover)
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
+# Overload: a new Assign is refused at once while the node is behind: when the oldest command not
+# yet decided arrived more than MAX_BEHIND_S ago, or the event loop itself runs that late (calls
+# queue in gRPC before they reach us; a weighted mean, so a burst of a second or two is absorbed); or when
+# MAX_BACKLOG commands wait to be decided (memory and latency stay bounded).
+MAX_BEHIND_S = 2.0
+STORE_TROUBLE_S = 5.0  # an append failed to reach JetStream this recently: a backlog is the store's, not overload
+MAX_BACKLOG = 4096
 SNAPSHOT_EVERY = 10_000  # events in a partition
 SNAPSHOT_INTERVAL_S = 60.0
 OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
@@ -79,6 +93,9 @@ class Controller:
         lease_every_s: float = EVERY_S,
         snapshot_every: int = SNAPSHOT_EVERY,
         snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
+        max_backlog: int = MAX_BACKLOG,
+        max_behind_s: float = MAX_BEHIND_S,
+        limits: Limits = NO_LIMITS,
     ) -> None:
         self.nats_url = nats_url
         self.policy = policy
@@ -87,28 +104,43 @@ class Controller:
         self.node = node or f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.lease_ttl_s = lease_ttl_s
         self.lease_every_s = lease_every_s
+        self.limits = limits  # the operator's caps; those over all functions are split by partitions held
+        self.max_backlog = max_backlog
+        self.max_behind_s = max_behind_s
+        self.backlog = 0  # commands between their arrival here and their decision stored
+        self._arrivals: deque[tuple[float, int]] = deque()  # (when, token) of those commands, oldest first
+        self._decided: set[int] = set()  # tokens decided but still in `_arrivals` behind an older one
+        self.lag_s = 0.0  # how late the event loop runs timers, rising at once and falling slowly
+        self.refused = 0  # Assigns refused for overload, since start
+        self._store_trouble_at = -1e9  # when an append last failed to reach JetStream (monotonic)
+        self._appends_since: dict[int, float] = {}  # appends under way: when each began (monotonic)
         self.ledger = Ledger()
         self.serving: set[int] = set()  # partitions loaded and answered here
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.timers = Timers(self.clock, self._tick)
         self.forwarder: Forwarder | None = None  # for calls whose partition another node serves
         self.leases: Leases | None = None
+        self.shared: SharedTotals | None = None  # the run's totals across nodes
         self._loading: dict[int, asyncio.Task] = {}
         self._subs: dict[int, object] = {}
         self._in_flight: Counter[int] = Counter()  # handles under way, by partition
         self._drained = asyncio.Event()  # set when a partition's handles under way reach none
         self._appending: dict[int, int] = {}  # appends in flight, by the ledger's `seq` when each began
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._doubtful: dict[str, Batch] = {}  # by function: a batch whose append got no answer (see _settle)
+        # One per function with commands under way; gone with the last of them, so an idle function costs none.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
         self._tokens = itertools.count()
         self._inbox = ""
         self._tasks: set[asyncio.Task] = set()
+        self._lag_watch: asyncio.Task | None = None
         self._store: SnapshotStore | None = None
         self._snapshot_every = snapshot_every
         self._snapshot_interval_s = snapshot_interval_s
         self._unsaved: Counter[int] = Counter()  # events appended since the partition's last snapshot
         self._saved_at: dict[int, float] = {}
         self._saving: dict[int, asyncio.Task] = {}
+        self.snapshot_saved_s: float | None = None  # wall clock of the last snapshot written (metrics)
         self._stream = ""
         self._nc = None
         self._js = None
@@ -139,24 +171,34 @@ class Controller:
         self.forwarder = Forwarder.over(self._nc)
         await self.forwarder.start()
         self.timers.start()
+        self._lag_watch = asyncio.create_task(self._watch_lag())
         self._state_sub = await state_service.serve(self._nc, self.node, self.snapshot)
         self.leases = Leases(
             self._js, self.node, self._gained, self._lost, self.lease_ttl_s, self.lease_every_s, self.replicas
         )
+        self.shared = SharedTotals(
+            self._js, self.node, self.ledger, self.lease_ttl_s, self.lease_every_s, self.replicas
+        )
+        await self.shared.start()
         await self.leases.start()
         if self._loading:  # the first partitions: ready once they are served (a broken stream stops the start)
             await asyncio.gather(*set(self._loading.values()))
+        functions, batches = plural(len(self.states), "function"), plural(self.loaded_batches, "batch", "batches")
         return (
             f"controller {self.node} ({self.policy.name} policy, {len(self.serving)} of {PARTITIONS} partitions,"
-            f" {len(self.states)} functions, {self.loaded_batches} batches read)"
+            f" {functions}, {batches} read)"
         )
 
     async def stop(self) -> None:
         if self.leases is not None:
             await self.leases.stop()  # gives every partition back, each snapshotted
+        if self.shared is not None:
+            await self.shared.stop()
         if self._state_sub is not None:
             await self._state_sub.unsubscribe()
         await self.timers.stop()
+        if self._lag_watch is not None:
+            self._lag_watch.cancel()
         if self.forwarder is not None:
             await self.forwarder.stop()
         if self._tasks:
@@ -202,6 +244,7 @@ class Controller:
                 self._subs[p] = await self._nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self._on_request)
                 self._saved_at[p] = now
                 self.serving.add(p)
+            self._share_the_caps()
             for key in self._keys(partitions):
                 self.timers.set(key, self.ledger.wake.get(key))
             await self._answer_again(partitions)
@@ -221,6 +264,7 @@ class Controller:
             self.serving.discard(p)
             if (sub := self._subs.pop(p, None)) is not None:
                 await sub.unsubscribe()
+        self._share_the_caps()
         try:
             async with asyncio.timeout(APPEND_TIMEOUT_S * APPEND_ATTEMPTS):
                 while any(self._in_flight[p] for p in partitions):
@@ -228,8 +272,7 @@ class Controller:
                     await self._drained.wait()
         except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
             log.warning("partitions %s given up with commands still under way", partitions)
-        for p in partitions:
-            await self._save(p)
+        await asyncio.gather(*(self._save(p) for p in partitions))
         self._forget(partitions)
 
     async def _drop(self, partitions: list[int]) -> None:
@@ -241,8 +284,16 @@ class Controller:
             self.timers.set(key, None)
             self.ledger.forget(key)
             self._locks.pop(key, None)
+            self._doubtful.pop(key, None)  # the next owner reads the stream: stored or not, it knows
         for p in partitions:
             self._unsaved.pop(p, None)
+        self._doubtful = {k: b for k, b in self._doubtful.items() if partition(k) not in partitions}
+
+    def _share_the_caps(self) -> None:
+        """Caps over all functions, split by partitions held: together the nodes never pass them."""
+        self.ledger.limits = (
+            self.limits.share(len(self.serving) / PARTITIONS) if self.limits is not NO_LIMITS else NO_LIMITS
+        )
 
     def _keys(self, partitions: list[int]) -> list[str]:
         wanted = set(partitions)
@@ -271,6 +322,8 @@ class Controller:
         """
         if not self.serves(cmd.key):
             return await self.forwarder.call(cmd, timeout_s)
+        if (refused := self._overloaded(cmd)) is not None:
+            return refused
         to = f"{self._inbox}.{next(self._tokens)}"  # a real subject: after a hand-over the new owner answers it
         answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._local[to] = answer
@@ -282,6 +335,8 @@ class Controller:
                 except NotServing:  # the partition went elsewhere just now
                     del self._local[to]
                     return await self.forwarder.call(cmd, timeout_s)
+                except stream.TooBig as e:
+                    return _unstorable(cmd, to, e)
                 return await answer
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
             if isinstance(cmd, Assign) and to in self._local:
@@ -291,6 +346,37 @@ class Controller:
         finally:
             self._local.pop(to, None)
 
+    def _overloaded(self, cmd: AnyCommand) -> Reply | None:
+        """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds.
+
+        Only Assigns: an Idle frees an instance (refusing it would only bring it back later), and
+        reports and ticks keep the state moving.
+        """
+        if self._store_slow():
+            return None  # not overload: the event store is slow or away, and the call will say so (UNAVAILABLE)
+        behind = max(self.behind_s(), self.lag_s)
+        if not isinstance(cmd, Assign) or (self.backlog < self.max_backlog and behind < self.max_behind_s):
+            return None
+        self.refused += 1
+        message = (
+            f"node {self.node} is overloaded ({self.backlog} commands waiting to be decided, {behind:.1f}s"
+            " behind); try again shortly"
+        )
+        return Reply(to=cmd.reply_to, request_id=cmd.request_id, code=Code.RESOURCE_EXHAUSTED, message=message)
+
+    def _store_slow(self) -> bool:
+        """The event store is away or slow: lately an append failed, or one has been under way a second."""
+        now = time.monotonic()
+        if now - self._store_trouble_at < STORE_TROUBLE_S or not self._nc.is_connected:
+            return True
+        return bool(self._appends_since) and now - min(self._appends_since.values()) > 1.0
+
+    def behind_s(self) -> float:
+        """How long the oldest command not yet decided has been waiting."""
+        while self._arrivals and self._arrivals[0][1] in self._decided:
+            self._decided.discard(self._arrivals.popleft()[1])
+        return time.monotonic() - self._arrivals[0][0] if self._arrivals else 0.0
+
     async def handle(self, cmd: AnyCommand) -> Decision:
         """Decide one command of one function, append its batch, answer: in the function's arrival order."""
         if isinstance(cmd, Reconcile) and cmd.partition >= 0:
@@ -299,10 +385,15 @@ class Controller:
         if p not in self.serving:
             raise NotServing(f"partition {p} is not served by {self.node}")
         self._in_flight[p] += 1
+        self.backlog += 1
+        token = next(self._tokens)
+        self._arrivals.append((time.monotonic(), token))
         try:
             async with self._locks.setdefault(cmd.key, asyncio.Lock()):
                 decision = await self._decide_and_append(cmd, p)
         finally:
+            self.backlog -= 1
+            self._decided.add(token)
             self._in_flight[p] -= 1
             if not self._in_flight[p]:
                 self._drained.set()
@@ -313,28 +404,53 @@ class Controller:
         for _ in range(APPEND_ATTEMPTS):
             if p not in self.serving:
                 raise NotServing(f"partition {p} was given up")
+            await self._settle(cmd.key)
             now = self.clock.now_ms()
             decision = self.ledger.decide(cmd, now, self.policy)
             batch = self.ledger.batch(cmd, decision, now)
             seq = None
             if batch is not None:
-                floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
-                self._appending[floor] = self._appending.get(floor, 0) + 1
                 try:
-                    seq = await self._append(batch)
+                    seq = await self._write(batch)
                 except stream.Conflict:
                     log.warning("conflict on %s: catching up and deciding again", cmd.key)
                     await self._catch_up(cmd.key)
                     continue
-                finally:
-                    self._appending[floor] -= 1
-                    if not self._appending[floor]:
-                        del self._appending[floor]
                 self._maybe_snapshot(p, len(batch.events))
             self.ledger.commit(cmd, decision, seq)
             self.timers.set(cmd.key, self.ledger.wake.get(cmd.key))
             return decision
         raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key!r}")
+
+    async def _write(self, batch: Batch) -> int:
+        floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
+        self._appending[floor] = self._appending.get(floor, 0) + 1
+        token = next(self._tokens)
+        self._appends_since[token] = time.monotonic()
+        try:
+            return await self._append(batch)
+        finally:
+            del self._appends_since[token]
+            self._appending[floor] -= 1
+            if not self._appending[floor]:
+                del self._appending[floor]
+
+    async def _settle(self, key: str) -> None:
+        """Our last append of `key` got no answer, yet may be stored all the same (a stalled NATS, or one that
+        got it buffered through a reconnect): append it again first, which stores it or conflicts with it.
+        A read alone could not tell: JetStream may answer it before it stores a publish sent earlier."""
+        batch = self._doubtful.get(key)
+        if batch is None:
+            return
+        try:
+            seq = await self._write(batch)
+        except stream.Conflict:
+            await self._catch_up(key)
+        else:
+            self.ledger.fold(seq, batch)
+            self.timers.set(key, self.ledger.wake.get(key))
+        self._doubtful.pop(key, None)
+        await self._answer(self._assignments(key))  # what that batch assigned was never told
 
     async def _append(self, batch: Batch) -> int:
         """Store the batch if the function's last batch is still the one we know of; returns its sequence.
@@ -352,14 +468,19 @@ class Controller:
             except stream.Conflict:
                 raise
             except Unavailable:
-                if loop.time() + delay > deadline or batch.key not in self._locks:
+                self._store_trouble_at = time.monotonic()
+                if loop.time() + delay > deadline or partition(batch.key) not in self.serving:
+                    self._doubtful[batch.key] = batch  # no answer is not no: it may be stored all the same
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
     async def _catch_up(self, key: str) -> None:
         """Fold the function's batches after the last one we hold: another writer, or our own lost ack."""
-        await stream.read(self._js, self.ledger.fold, function_events(key), after_seq=self.ledger.last_seq.get(key, 0))
+        try:
+            await stream.read(self._js, self.ledger.fold, function_events(key), self.ledger.last_seq.get(key, 0))
+        except (NatsError, TimeoutError) as e:
+            raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
 
     async def _reconcile(self, cmd: Reconcile) -> Decision:
         """The platform's list for one partition, put to each of its functions in turn (those the list names
@@ -403,6 +524,9 @@ class Controller:
                 else:
                     await send(self._nc, cancel, patience_s=max(0.1, deadline - asyncio.get_running_loop().time()))
                 return
+            except stream.TooBig as e:
+                log.error("could not cancel %s: %s", cancel.request_id, e)
+                return
             except (Unavailable, TimeoutError) as e:
                 if asyncio.get_running_loop().time() > deadline:
                     log.warning("could not cancel %s: %s", cancel.request_id, e)
@@ -410,9 +534,20 @@ class Controller:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    async def _watch_lag(self, every_s: float = 0.05) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            await asyncio.sleep(every_s)
+            lag = loop.time() - began - every_s
+            self.lag_s = lag if lag > self.lag_s else 0.9 * self.lag_s + 0.1 * lag
+
     async def _tick(self, key: str, due_ms: int) -> None:
         if self.serves(key):
-            await self.handle(Tick(key=key, due_ms=due_ms))
+            try:
+                await self.handle(Tick(key=key, due_ms=due_ms))
+            except stream.TooBig as e:  # deciding it again would only fail again: the next command tries
+                log.error("%s: the deadline's decision cannot be stored: %s", key, e)
 
     async def _on_request(self, msg: Msg) -> None:
         """A command from another process: a gateway's call, or a worker's report."""
@@ -427,10 +562,14 @@ class Controller:
         self._spawn(self._serve(cmd, msg))
 
     async def _serve(self, cmd: AnyCommand, msg: Msg) -> None:
-        """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored."""
-        is_call = isinstance(cmd, Assign | Idle)
+        """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored (a
+        SlotCreated by its decision too: it says whether to go on with Init)."""
+        is_call = isinstance(cmd, Assign | Idle | SlotCreated)
         if is_call:
             cmd = replace(cmd, reply_to=msg.reply)
+            if (refused := self._overloaded(cmd)) is not None:
+                await self._nc.publish(msg.reply, encode(refused))
+                return
         try:
             await self.handle(cmd)
         except Unavailable as e:  # the sender tries again
@@ -438,6 +577,10 @@ class Controller:
             if msg.reply:
                 reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=Code.UNAVAILABLE)
                 await self._nc.publish(msg.reply, encode(replace(reply, message=str(e))))
+            return
+        except stream.TooBig as e:  # refused once: sending it again would fail again
+            if msg.reply:
+                await self._nc.publish(msg.reply, encode(_unstorable(cmd, msg.reply, e)))
             return
         if not is_call and msg.reply:
             await self._nc.publish(msg.reply, encode(Reply(to=msg.reply, request_id=command_id(cmd))))
@@ -450,10 +593,12 @@ class Controller:
         that has its answer ignores the copy; one of a dead process is gone with it.
         """
         for key in self._keys(partitions):
-            for inst in self.ledger.states[key].instances.values():
-                if inst.phase is Phase.BUSY:
-                    await self._answer([Reply(to=to, request_id=inst.request_id, instance_id=inst.id)
-                                        for to in inst.waiters])  # fmt: skip
+            await self._answer(self._assignments(key))
+
+    def _assignments(self, key: str) -> list[Reply]:
+        """The answer of every request an instance of `key` serves, to each of its callers."""
+        busy = [i for i in self.ledger.state(key).instances.values() if i.phase is Phase.BUSY]
+        return [Reply(to=to, request_id=i.request_id, instance_id=i.id) for i in busy for to in i.waiters]
 
     # --- snapshots and tasks ------------------------------------------------------------------
 
@@ -475,6 +620,7 @@ class Controller:
         snap = self.snapshot({p})
         try:
             size = await self._store.save(p, snap)
+            self.snapshot_saved_s = time.time()
             log.debug("snapshot of partition %d at seq %d: %d functions, %d bytes", p, snap.seq, len(snap.states), size)
         except Exception as e:  # a snapshot is an optimisation: never let it stop command handling
             log.warning("could not write the snapshot of partition %d: %s", p, e)
@@ -483,3 +629,10 @@ class Controller:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _unstorable(cmd: AnyCommand, to: str, e: stream.TooBig) -> Reply:
+    """The answer to a command whose decision no NATS message can hold: refused, not to be tried again."""
+    log.error("%s refused: its decision cannot be stored: %s", command_id(cmd), e)
+    message = f"the decision cannot be stored: {e}"
+    return Reply(to=to, request_id=getattr(cmd, "request_id", ""), code=Code.INTERNAL, message=message)

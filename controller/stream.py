@@ -10,6 +10,7 @@ silently leaving it out of the state.
 
 import asyncio
 from collections.abc import Callable
+from time import perf_counter
 
 import msgspec
 from nats.aio.client import Client
@@ -21,6 +22,7 @@ from nats.js.errors import NotFoundError
 
 from proto.events import Batch, decode_batch
 from proto.subjects import EVENTS, EVT
+from runtime import metrics
 from runtime.bus import Unavailable
 
 ALL = f"{EVT}.>"
@@ -35,6 +37,13 @@ class UnreadableStream(Exception):
 
 class Conflict(Exception):
     """Someone else appended to the function's subjects since we last read them."""
+
+
+class TooBig(Exception):
+    """The batch is larger than NATS takes in one message: it can never be stored."""
+
+
+HEADERS_ROOM = 512  # bytes of a message's headers, which count against the payload limit too
 
 
 class _ApiError(msgspec.Struct):
@@ -54,18 +63,24 @@ WRONG_LAST_SEQUENCE = 10071
 async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_seq: int, timeout_s: float) -> int:
     """Store one batch if the last one on `key_subjects` is still `last_seq`; returns its stream sequence.
 
-    Raises Conflict when another batch came first (another writer, or our own whose ack was lost)
-    and Unavailable when JetStream did not take it. The publish is done by hand: nats-py's
-    js.publish parses its ack with json and a dataclass, a tenth of the append's CPU.
+    Raises Conflict when another batch came first (another writer, or our own whose ack was lost),
+    TooBig when no NATS message can hold it, and Unavailable when JetStream did not take it. The
+    publish is done by hand: nats-py's js.publish parses its ack with json and a dataclass, a tenth
+    of the append's CPU.
     """
+    if len(data) + HEADERS_ROOM > nc.max_payload:
+        raise TooBig(f"a batch of {len(data)} bytes, over the event store's {nc.max_payload}-byte message limit")
     headers = {
         "Nats-Expected-Last-Subject-Sequence": str(last_seq),
         "Nats-Expected-Last-Subject-Sequence-Subject": key_subjects,
     }
+    began = perf_counter()
     try:
         msg = await nc.request(subject, data, timeout=timeout_s, headers=headers)
     except (NatsError, TimeoutError) as e:
         raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
+    finally:
+        metrics.APPEND.observe(perf_counter() - began)
     ack = _ack.decode(msg.data)
     if ack.error is not None:
         if ack.error.err_code == WRONG_LAST_SEQUENCE:

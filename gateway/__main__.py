@@ -6,10 +6,13 @@ import argparse
 from gateway.forward import Forwarder
 from gateway.server import Gateway
 from runtime import service
+from runtime.ports import address
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default=service.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]")
+    p.add_argument(
+        "--listen", type=address, default=service.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]"
+    )
     p.add_argument(
         "--reply-timeout",
         type=float,

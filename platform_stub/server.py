@@ -2,8 +2,20 @@
 
 CreateSlot takes a fixed latency, Init the function's initDurationInMs from the metas (the
 Init request carries no init time), both on the component clock so a simulation can run them
-faster. Calls are idempotent per request_id, as a retried call from a restarted worker must not
-cost a second slot. Accounting (live slots, slot GB·s) is served by the PlatformAdmin service.
+faster. Accounting (live slots, slot GB·s) is served by the PlatformAdmin service.
+
+Two modes:
+- the default is a kind platform: calls are idempotent per request_id (a retried CreateSlot gets
+  the same slot back, a retried Init joins the one under way), and ListSlots lets the gc worker
+  reconcile on start;
+- `like_challenge` behaves as the challenge's platform did, which is what the scaler must survive:
+  every CreateSlot creates a new slot, a second Init on a slot fails, and there is no
+  PlatformAdmin (no list, so no reconcile). A CreateSlot whose caller goes away before the answer
+  (a worker killed, its connection reset) is torn down: the slot is billed from the call to that
+  moment and never handed to anyone. A platform whose only record of a slot is the answer to its
+  CreateSlot must do that, or every dropped connection would leak a slot that nobody can name,
+  list or destroy; the challenge's ran CreateSlot within the call, so a cancelled call created
+  nothing. An Init whose caller goes away runs to its end (the slot exists and is billed anyway).
 """
 
 import asyncio
@@ -21,6 +33,8 @@ from proto import platform_admin_pb2_grpc as admin_grpc
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.clock import Clock
+from runtime.ports import bind, grpc_server
+from runtime.text import plural
 from simulator.dataset import FunctionMeta
 
 log = logging.getLogger("scaler.platform_stub")
@@ -104,12 +118,14 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         create_latency_ms: int = 100,
         clock: Clock | None = None,
         faults: Faults | None = None,
+        like_challenge: bool = False,
     ) -> None:
         self.listen = listen
         self.metas = metas or {}
         self.create_latency_ms = create_latency_ms
         self.clock = clock or Clock()
         self.faults = faults or Faults()
+        self.like_challenge = like_challenge
         self.accounting = Accounting()
         self.port = 0
         self._by_request: dict[str, SlotRecord] = {}
@@ -118,15 +134,15 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
-        self._server = grpc.aio.server()
+        self._server = grpc_server()
         pb_grpc.add_PlatformServicer_to_server(self, self._server)
-        admin_grpc.add_PlatformAdminServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(self.listen)
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self.listen}")
+        if not self.like_challenge:
+            admin_grpc.add_PlatformAdminServicer_to_server(self, self._server)
+        self.port = bind(self._server, self.listen)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]
-        return f"platform stub on {host}:{self.port} ({len(self.metas)} functions in metas)"
+        mode = ", like the challenge's" if self.like_challenge else ""
+        return f"platform stub on {host}:{self.port} ({plural(len(self.metas), 'function')} in metas{mode})"
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -136,7 +152,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         memory = request.resource_config.memory_in_megabytes
         if memory == 0:
             return pb.CreateSlotReply(status=pb.InvalidArgument, error_message="memory_in_megabytes must be positive")
-        known = self._by_request.get(request.request_id) if request.request_id else None
+        known = self._by_request.get(request.request_id) if request.request_id and not self.like_challenge else None
         if known is not None and known.id in self.accounting.live:
             return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(known))
         if refused := _refusal(self.faults.create(request)):
@@ -151,7 +167,12 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         self.accounting.slots[record.id] = self.accounting.live[record.id] = record
         if request.request_id:
             self._by_request[request.request_id] = record
-        await self.clock.sleep_ms(self.create_latency_ms)
+        try:
+            await self.clock.sleep_ms(self.create_latency_ms)
+        except asyncio.CancelledError:
+            if self.like_challenge:  # its caller went away: nobody will ever know this slot
+                self._tear_down(record)
+            raise
         record.created_done_ms = self.clock.now_ms()
         return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(record))
 
@@ -167,7 +188,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         record = self.accounting.live.get(request.slot_id)
         if record is None:
             return pb.InitReply(status=pb.NotFound, error_message=f"no slot {request.slot_id!r}")
-        if record.instance_id == request.instance_id and record.init_done is not None:
+        if record.instance_id == request.instance_id and record.init_done is not None and not self.like_challenge:
             return await asyncio.shield(record.init_done)  # a retried Init, finished or still running
         if record.instance_id:
             message = f"slot {record.id} already runs instance {record.instance_id}"
@@ -190,11 +211,15 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         return pb.InitReply(status=pb.Ok, create_time=started, init_duration_in_ms=init_ms)
 
     async def DestroySlot(self, request: pb.DestroySlotRequest, context) -> pb.DestroySlotReply:
-        record = self.accounting.live.pop(request.id, None)
+        record = self.accounting.live.get(request.id)
         if record is None:
             return pb.DestroySlotReply(status=pb.NotFound, error_message=f"no slot {request.id!r}")
-        record.destroyed_ms = self.clock.now_ms()
+        self._tear_down(record)
         return pb.DestroySlotReply(status=pb.Ok)
+
+    def _tear_down(self, record: SlotRecord) -> None:
+        self.accounting.live.pop(record.id, None)
+        record.destroyed_ms = self.clock.now_ms()
 
     async def Stats(self, request: admin.StatsRequest, context) -> admin.StatsReply:
         a = self.accounting

@@ -42,6 +42,16 @@ class Cancel(Command, tag="cancel"):
     reason: str = ""
 
 
+class SlotCreated(Command, tag="slot-created"):
+    """CreateSlot answered; the worker calls Init only once this is stored, and not at all when the
+    answer is not OK (the instance is no longer wanted: the slot is retired instead)."""
+
+    instance_id: str
+    slot_id: str
+    create_ms: int = 0
+    reply_to: str = ""
+
+
 class SlotReady(Command, tag="slot-ready"):
     instance_id: str
     slot_id: str
@@ -93,7 +103,7 @@ def owner(slot: PlatformSlot) -> str:
     return key if dash and n.isdigit() else ""
 
 
-AnyCommand = Assign | Idle | Cancel | SlotReady | SlotFailed | SlotDestroyed | Tick | Reconcile
+AnyCommand = Assign | Idle | Cancel | SlotCreated | SlotReady | SlotFailed | SlotDestroyed | Tick | Reconcile
 
 
 def command_id(cmd: AnyCommand) -> str:
@@ -105,6 +115,8 @@ def command_id(cmd: AnyCommand) -> str:
             return f"idle:{r}"
         case Cancel(request_id=r, reply_to=to):
             return f"cancel:{r}:{to}"
+        case SlotCreated(instance_id=i, slot_id=slot):
+            return f"created:{i}:{slot}"
         case SlotReady(instance_id=i):
             return f"ready:{i}"
         case SlotFailed(instance_id=i):
@@ -124,6 +136,8 @@ class Code(enum.IntEnum):
     OK = 0
     INVALID_ARGUMENT = 3
     NOT_FOUND = 5
+    RESOURCE_EXHAUSTED = 8  # the node is overloaded: try again shortly
+    THROTTLED = 100  # a cap held the request back past its time: the proto's Throttle status (gRPC OK)
     FAILED_PRECONDITION = 9
     INTERNAL = 13
     UNAVAILABLE = 14

@@ -73,6 +73,15 @@ class SlotWanted(Event, tag="slot-wanted"):
     reason: str = ""
 
 
+class InstanceCreated(Event, tag="instance-created"):
+    """CreateSlot answered for an instance still being created: its slot exists before Init runs, so a
+    worker that dies during Init leaves a slot the state knows (the next attempt continues from it)."""
+
+    instance_id: str
+    slot_id: str
+    create_ms: int = 0
+
+
 class InstanceReady(Event, tag="instance-ready"):
     instance_id: str
     slot_id: str
@@ -94,6 +103,7 @@ class Released(Event, tag="released"):
     duration_ms: int = 0
     reason: str = ""
     need_destroy: bool = False  # the instance dies with this release (it is retired next)
+    cancelled: bool = False  # its caller gave up before the answer reached it: the request was not served
 
 
 class KeptAlive(Event, tag="kept-alive"):
@@ -130,6 +140,14 @@ class InstanceDestroyed(Event, tag="instance-destroyed"):
     reason: str = ""
 
 
+class FunctionRested(Event, tag="function-rested"):
+    """The function has had nothing in flight a while: what only a retry could still need is dropped."""
+
+
+class FunctionForgotten(Event, tag="function-forgotten"):
+    """The function has been idle so long it is forgotten: its state goes, and its next call starts afresh."""
+
+
 AnyEvent = (
     FunctionSeen
     | RequestArrived
@@ -137,6 +155,7 @@ AnyEvent = (
     | WaiterLeft
     | RequestWaiting
     | SlotWanted
+    | InstanceCreated
     | InstanceReady
     | Assigned
     | Released
@@ -145,6 +164,8 @@ AnyEvent = (
     | RequestCancelled
     | InstanceRetired
     | InstanceDestroyed
+    | FunctionRested
+    | FunctionForgotten
 )
 
 

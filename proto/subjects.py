@@ -20,6 +20,9 @@ CMD = "cmd"
 PARTITIONS = 32  # fixed for a stream's life: partition numbers are part of its subjects
 
 MAX_KEY_BYTES = 256
+# The ids the core makes for instances are `<metaKey>-<n>` (FnState.next_instance_id): an Idle must be
+# able to name any of them, whatever the key's length and however many instances it had.
+MAX_INSTANCE_ID_BYTES = MAX_KEY_BYTES + 1 + 20
 
 # What belongs to no function (a slot the platform has that no state knows) is kept under the
 # empty key, which no function can have (key_problem refuses it), on a two-token subject, which

@@ -6,8 +6,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
-import nats
 from nats.aio.client import Client
+from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionError
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -38,22 +38,58 @@ def servers(url: str) -> list[str]:
     return [u.strip() for u in url.split(",") if u.strip()]
 
 
-async def connect(url: str, name: str, reconnected: Callable[[], Awaitable[None]] | None = None) -> Client:
-    """A connection that keeps reconnecting: a NATS restart is an outage, not a crash. `url` may list
-    several servers, comma-separated: the client moves to another when its server goes."""
+CONNECT_PATIENCE_S = 10.0  # how long a start waits for NATS before it gives up
+LOST = (OSError, TimeoutError, StaleConnectionError, ConnectionClosedError, NoServersError)  # errors of an outage
+
+
+async def connect(
+    url: str,
+    name: str,
+    reconnected: Callable[[], Awaitable[None]] | None = None,
+    patience_s: float = CONNECT_PATIENCE_S,
+) -> Client:
+    """A connection that keeps reconnecting: a NATS restart is an outage, not a crash.
+
+    The first connection is given `patience_s`, then Unavailable says where NATS was looked for:
+    a NATS that was never there is a mistake to report, not an outage to wait out. An outage is
+    one line when it starts and one when it ends, not one per reconnect attempt.
+    """
+    nc = Client()
+    started = False
+    down: list[Exception] = []  # connection errors of the outage under way (or of the first connection)
 
     async def on_error(e: Exception) -> None:
-        log.warning("%s: nats: %s", name, e)
+        if not isinstance(e, LOST):  # not about the connection (a slow consumer, a protocol error): each counts
+            log.warning("%s: nats: %s", name, e)
+            return
+        if started and not down:
+            log.warning("%s: nats: connection lost (%s); reconnecting", name, e or type(e).__name__)
+        down.append(e)
 
-    return await nats.connect(
-        servers(url),
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,
-        error_cb=on_error,
-        connect_timeout=5,
-        reconnected_cb=reconnected,
-    )
+    async def on_reconnected() -> None:
+        log.warning("%s: nats: reconnected (after %d failed attempts)", name, len(down))
+        down.clear()
+        if reconnected is not None:
+            await reconnected()
+
+    try:
+        async with asyncio.timeout(patience_s):
+            await nc.connect(
+                servers(url),
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                error_cb=on_error,
+                connect_timeout=5,
+                reconnected_cb=on_reconnected,
+            )
+    except TimeoutError:
+        await nc.close()
+        why = f": {down[-1] or type(down[-1]).__name__}" if down else ""
+        raise Unavailable(f"cannot reach NATS at {url} (tried for {patience_s:g}s{why})") from None
+    started = True
+    down.clear()
+    return nc
 
 
 async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: float = 30.0) -> None:

@@ -49,6 +49,8 @@ class NatsServer:
 
     With `cluster_port` and `routes` it is one node of a JetStream cluster (each node needs its own
     `name`, and a cluster needs at least three for replicated streams to survive losing one).
+    `wrap` is put before the command (`scaler up` runs it through runtime/lifeline.py), and
+    `pass_fds` are handed to it (the data dir's lock). Once started, a restart serves the same port.
     """
 
     def __init__(
@@ -59,6 +61,9 @@ class NatsServer:
         name: str = "scaler",
         cluster_port: int = 0,
         routes: tuple[str, ...] = (),
+        wrap: tuple[str, ...] = (),
+        pass_fds: tuple[int, ...] = (),
+        max_payload: int = 0,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
@@ -66,8 +71,15 @@ class NatsServer:
         self.name = name
         self.cluster_port = cluster_port
         self.routes = routes
+        self.wrap = wrap
+        self.pass_fds = pass_fds
+        self.max_payload = max_payload  # bytes a message may have (0: the server's default, 1 MB)
         self.url = ""
         self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def proc(self) -> asyncio.subprocess.Process | None:
+        return self._proc
 
     async def start(self) -> str:
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -77,9 +89,15 @@ class NatsServer:
             if self.cluster_port:
                 args += ["--cluster_name", "scaler", "--cluster", f"nats://{self.host}:{self.cluster_port}"]
                 args += ["--routes", ",".join(self.routes)]
+            if self.max_payload:  # no flag for it: a config file, read at start
+                config = Path(ports_dir) / "nats.conf"
+                config.write_text(f"max_payload: {self.max_payload}\n")
+                args += ["-c", str(config)]
             self._proc = await asyncio.create_subprocess_exec(
+                *self.wrap,
                 server_binary(),
                 *args,
+                pass_fds=self.pass_fds,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # a Ctrl-C on the terminal must not stop it before its clients
@@ -91,17 +109,20 @@ class NatsServer:
             except TimeoutError:
                 await self.stop()
                 raise RuntimeError("nats-server did not start within 15s") from None
+        self.port = int(self.url.rsplit(":", 1)[1])  # a restart takes the same one
         log.info("nats-server %s (store %s)", self.url, self.store_dir)
         return self.url
 
     async def _read_ports_file(self, ports_dir: Path) -> str:
-        """The server writes its bound address once it listens: read it instead of guessing ports."""
+        """The server writes its bound address once it listens: read it instead of guessing ports.
+
+        The file is named after the server's pid, which is not ours when it runs under a wrapper.
+        """
         assert self._proc is not None
-        path = ports_dir / f"nats-server_{self._proc.pid}.ports"
         while True:
             if self._proc.returncode is not None:
                 raise RuntimeError(f"nats-server exited: {await self._stderr()}")
-            if path.exists():
+            for path in ports_dir.glob("nats-server_*.ports"):  # noqa: ASYNC240 (a tiny folder of ours)
                 try:
                     return json.loads(path.read_text())["nats"][0]
                 except (ValueError, KeyError, IndexError):

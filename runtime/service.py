@@ -37,13 +37,14 @@ class Together:
             await part.stop()
 
 
-def address_of(component: Component) -> str:
-    """host:port a listening component (or a part of it) serves on, once started ("" for the others)."""
+def addresses_of(component: Component) -> list[str]:
+    """host:port each listening part of a component serves on, once started, in the parts' order."""
+    out = []
     for part in getattr(component, "parts", [component]):
         listen, port = getattr(part, "listen", ""), getattr(part, "port", 0)
         if listen and port:
-            return f"{listen.rsplit(':', 1)[0]}:{port}"
-    return ""
+            out.append(f"{listen.rsplit(':', 1)[0]}:{port}")
+    return out
 
 
 def env(name: str, default: str) -> str:
@@ -67,24 +68,56 @@ def add_common(p: argparse.ArgumentParser, uses_nats: bool = True, uses_clock: b
     if uses_clock:
         p.add_argument(
             "--speed",
-            type=float,
-            default=float(env("SPEED", "1")),
+            type=positive,
+            default=env("SPEED", "1"),
             help="run the clock N times faster, for simulations [SCALER_SPEED]",
         )
-    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"), help="[SCALER_LOG_LEVEL]")
+    add_log_level(p, env("LOG_LEVEL", "INFO"), "[SCALER_LOG_LEVEL]")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(text: str) -> str:
+    """An argparse type: a logging level's name, in any case."""
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"unknown log level {text!r} (choose from {', '.join(LOG_LEVELS)})")
+    return text.upper()
+
+
+def add_log_level(p: argparse.ArgumentParser, default: str, help: str) -> None:
+    p.add_argument("--log-level", type=log_level, default=default, metavar="LEVEL", help=help)
+
+
+def positive(text: str) -> float:
+    """An argparse type: a number above zero (a speed, a duration)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
 
 
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def signal_ready(what: str, address: str = "") -> None:
+def signal_ready(what: str, addresses: list[str] | None = None) -> None:
     """Log that the component is ready and, under `scaler up`, tell the supervisor (and where it listens)."""
     log.info("ready: %s", what)
+    addresses = addresses or []
+    _tell_supervisor({"what": what, "address": addresses[0] if addresses else "", "addresses": addresses})
+
+
+def _tell_supervisor(message: dict) -> bool:
     fd = os.environ.pop(READY_FD, None)
-    if fd is not None:
-        with os.fdopen(int(fd), "w") as f:
-            f.write(json.dumps({"what": what, "address": address}) + "\n")
+    if fd is None:
+        return False
+    with os.fdopen(int(fd), "w") as f:
+        f.write(json.dumps(message) + "\n")
+    return True
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -97,20 +130,39 @@ def stop_on_signals() -> asyncio.Event:
 
 
 def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespace) -> None:
-    """Run one component until SIGINT or SIGTERM, then stop it cleanly."""
+    """Run one component until SIGINT or SIGTERM, then stop it cleanly.
+
+    A signal stops it at any time, starting included. A start that fails is said in one line
+    (to `scaler up` when it runs under it, which says it) and the exit status is 1.
+    """
     setup_logging(args.log_level)
 
-    async def serve() -> None:
+    async def serve() -> bool:
         stop = stop_on_signals()
         component = make(args)
         try:
-            what = await component.start()
-            signal_ready(what, address_of(component))
+            starting = asyncio.create_task(component.start())
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():  # asked to stop before it was ready
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+                return True
+            stopping.cancel()
+            try:
+                what = starting.result()
+            except Exception as e:
+                if not _tell_supervisor({"error": str(e)}):
+                    log.error("cannot start: %s", e, exc_info=log.isEnabledFor(logging.DEBUG))
+                return False
+            signal_ready(what, addresses_of(component))
             await stop.wait()
+            return True
         finally:
             await component.stop()
 
-    run(serve())
+    if not run(serve()):
+        raise SystemExit(1)
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

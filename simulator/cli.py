@@ -21,9 +21,12 @@ from typing import TypeVar
 import msgspec
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from runtime.ports import port
+from runtime.service import positive
 from simulator.dataset import Dataset, DatasetError, load_dataset
 from simulator.live import LiveError, run_live
 from simulator.offline import simulate
+from simulator.progress import EVERY_S, Progress
 from simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
 
 DEFAULT_GATEWAY = "127.0.0.1:9001"
@@ -61,27 +64,18 @@ async def _until_terminated(run: Awaitable[T]) -> T:
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-def _speed(text: str) -> float:
-    try:
-        speed = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not speed > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return speed
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", metavar="DATASET_DIR", help="a folder with `metas` and `requests` (JSON lines)")
     p.add_argument("--offline", action="store_true", help="simulate the pure core on a virtual clock")
     p.add_argument(
         "--policy",
         metavar="NAME",
+        choices=sorted(POLICIES),
         help=f"offline: the policy to score (default {DEFAULT_POLICY}; one of {', '.join(POLICIES)}); live mode"
         " measures the running scaler's policy (scaler up --policy)",
     )
     p.add_argument(
-        "--speed", type=_speed, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
+        "--speed", type=positive, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
     )
     p.add_argument(
         "--gateway", metavar="HOST:PORT", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
@@ -92,6 +86,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"live: where to serve the Platform API (default {DEFAULT_PLATFORM_LISTEN})",
     )
     p.add_argument("--json", metavar="PATH", help="also write the statistics as a JSON object to PATH")
+    p.add_argument(
+        "--stats-port",
+        type=port,
+        metavar="N",
+        help="live: serve the statistics so far on http://0.0.0.0:N/stats (JSON) while it runs (0: any free port)",
+    )
+    p.add_argument(
+        "--progress-every",
+        type=positive,
+        default=EVERY_S,
+        metavar="S",
+        help=f"progress: a bar on a terminal, else a line every S seconds (default {EVERY_S:g})",
+    )
 
 
 def to_json(stats: Stats, functions: list[FunctionRow]) -> bytes:
@@ -124,27 +131,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _policy(name: str | None) -> str:
-    name = name or DEFAULT_POLICY
-    try:
-        get_policy(name)
-    except ValueError as e:
-        raise Failure(str(e)) from None
-    return name
-
-
 def _note(flags: list[str], why: str) -> None:
     if flags:
         print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
 
 
 def _offline(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
-    name = _policy(args.policy)
+    name = args.policy or DEFAULT_POLICY
     given = [flag for flag, value in (("--speed", args.speed), ("--gateway", args.gateway)) if value is not None]
     given += ["--platform-listen"] if args.platform_listen is not None else []
+    given += ["--stats-port"] if args.stats_port is not None else []
     _note(given, "offline mode runs no scaler and no clock")
     started = time.perf_counter()
-    run = simulate(dataset, get_policy(name), CREATE_LATENCY_MS)
+    progress = Progress(len(dataset.requests), dataset.span_ms, args.progress_every)
+    run = simulate(dataset, get_policy(name), CREATE_LATENCY_MS, progress=progress)
     took = time.perf_counter() - started
     return run, [
         f"{dataset.name}: offline, policy {name}, {len(dataset.requests)} requests, simulated in {took:.1f}s",
@@ -155,12 +155,13 @@ def _offline(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]
 
 def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
     if args.policy is not None:
-        name = _policy(args.policy)
+        name = args.policy
         _note(["--policy"], f"live mode measures the running scaler's policy; start it with `--policy {name}`")
     speed = args.speed or 1.0
     gateway = args.gateway or DEFAULT_GATEWAY
     started = time.perf_counter()
-    run, errors = asyncio.run(
+    stats = f"0.0.0.0:{args.stats_port}" if args.stats_port is not None else None
+    run, errors, says = asyncio.run(
         _until_terminated(
             run_live(
                 dataset,
@@ -168,13 +169,17 @@ def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
                 speed,
                 args.platform_listen or DEFAULT_PLATFORM_LISTEN,
                 CREATE_LATENCY_MS,
-                progress=sys.stderr.isatty(),
+                Progress(len(dataset.requests), dataset.span_ms, args.progress_every),
+                stats,
+                said=lambda line: print(line, file=sys.stderr, flush=True),
             )
         )
     )
     took = time.perf_counter() - started
+    policy = f", policy {says['policy']}" if "policy" in says else ""
     heading = [
-        f"{dataset.name}: live against {gateway} at speed {speed:g}, {len(dataset.requests)} requests in {took:.0f}s"
+        f"{dataset.name}: live against {gateway} at speed {speed:g}{policy}, {len(dataset.requests)} requests"
+        f" in {took:.0f}s"
     ]
     if speed == 1:
         heading.append("schedule time: measured Assign time, CreateSlot + Init + the scaler's own latency")

@@ -77,6 +77,11 @@ class Dataset:
     def start_ms(self) -> int:
         return self.requests[0].start_time if self.requests else 0
 
+    @property
+    def span_ms(self) -> int:
+        """From the first request's start to the last's."""
+        return self.requests[-1].start_time - self.start_ms if self.requests else 0
+
 
 _request_decoder = msgspec.json.Decoder(Request)
 

@@ -21,21 +21,26 @@ an Idle at once. After the last Idle the platform runs on for RUN_TAIL_MS (the e
 import asyncio
 import contextlib
 import itertools
+import json
 import secrets
-import socket
-import sys
 from bisect import bisect_left
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+import msgspec
 
+from gateway import info
 from platform_stub.server import PlatformStub, SlotRecord
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.clock import Clock
+from runtime.http import HttpEndpoint
+from runtime.ports import CannotListen
 from simulator.dataset import Dataset, Request
 from simulator.holds import Holds
+from simulator.progress import Progress
 from simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
 
 GATEWAY_WAIT_S = 5.0  # how long a gateway may take to accept the connection before we give up
@@ -57,40 +62,7 @@ class Call:
     instance_id: str = ""
     failure: Failure | None = None
     error: str = ""  # the first call error's message
-
-
-class Progress:
-    """One line on stderr: requests done, in flight and failed, and how far into the trace we are."""
-
-    def __init__(self, total: int, span_ms: int, clock: Clock, enabled: bool) -> None:
-        self.total = total
-        self.span_ms = span_ms
-        self.clock = clock
-        self.enabled = enabled
-        self.begin_ms = clock.now_ms()
-        self.done = self.failed = self.in_flight = 0
-
-    def show(self, final: bool = False) -> None:
-        if not self.enabled:
-            return
-        width = 30
-        filled = width * self.done // max(self.total, 1)
-        line = f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
-        line += f"  in flight {self.in_flight}  failed {self.failed}"
-        line += f"  trace {_hms(self.clock.now_ms() - self.begin_ms)} of {_hms(self.span_ms)}"
-        sys.stderr.write(line + ("\n" if final else "\x1b[K"))
-        sys.stderr.flush()
-
-    async def run(self) -> None:
-        self.begin_ms = self.clock.now_ms()
-        while True:
-            self.show()
-            await asyncio.sleep(0.5)
-
-
-def _hms(ms: int) -> str:
-    s = max(ms, 0) // 1000
-    return f"{s // 3600}:{s // 60 % 60:02}:{s % 60:02}"
+    done: bool = False
 
 
 class LiveRun:
@@ -100,7 +72,7 @@ class LiveRun:
         scaler: pb_grpc.ScalerStub,
         stub: PlatformStub,
         clock: Clock,
-        progress: bool = False,
+        progress: Progress | None = None,
         tail_ms: int = RUN_TAIL_MS,
     ) -> None:
         self.dataset = dataset
@@ -113,8 +85,12 @@ class LiveRun:
         self._indexed = 0  # slots of the platform's accounting looked at so far
         self._unnamed: list[SlotRecord] = []  # those no Init had reached then
         self.calls = [Call(r) for r in dataset.requests]
-        span_ms = dataset.requests[-1].start_time - dataset.start_ms if dataset.requests else 0
-        self.progress = Progress(len(self.calls), span_ms, clock, progress)
+        self.progress = progress
+        self.done = self.failed = self.in_flight = 0  # requests
+        self.begin_ms = clock.now_ms()
+        self._refused: asyncio.Future[str] | None = None  # why the run cannot go on, said at the first sign
+        self._pending: set[asyncio.Task] = set()  # calls under way
+        self._ours = False  # an instance the scaler handed out ran on this platform
         self._tag = secrets.token_hex(4)  # request ids never repeat across runs against one scaler
         self._metas = {
             key: pb.Meta(key=key, runtime=m.runtime, timeout_in_secs=m.timeout_in_secs, memory_in_mb=m.memory_in_mb)
@@ -122,11 +98,25 @@ class LiveRun:
         }
 
     async def run(self) -> Run:
+        """Replay the trace; raise LiveError as soon as an answer shows the run cannot mean anything."""
+        self._refused = asyncio.get_running_loop().create_future()
+        replay = asyncio.create_task(self._replay())
+        await asyncio.wait([replay, self._refused], return_when=asyncio.FIRST_COMPLETED)
+        if not replay.done():
+            replay.cancel()
+            for task in list(self._pending):
+                task.cancel()
+            await asyncio.gather(replay, *self._pending, return_exceptions=True)
+            raise LiveError(self._refused.result())
+        return replay.result()
+
+    async def _replay(self) -> Run:
         loop = asyncio.get_running_loop()
         begin = loop.time()
-        ticker = asyncio.create_task(self.progress.run())
+        self.begin_ms = self.clock.now_ms()
+        ticker = asyncio.create_task(self._tick()) if self.progress is not None else None
         # Only calls under way are held: a 436k-request trace would otherwise keep every task.
-        pending: set[asyncio.Task] = set()
+        pending = self._pending
         crashed: list[BaseException] = []
 
         def finished(task: asyncio.Task) -> None:
@@ -134,27 +124,44 @@ class LiveRun:
             if not task.cancelled() and task.exception() is not None:
                 crashed.append(task.exception())
 
-        for n, call in enumerate(self.calls):
-            at = begin + self.clock.real_s(call.request.start_time - self.dataset.start_ms)
-            if (delay := at - loop.time()) > 0:
-                await asyncio.sleep(delay)
-            task = asyncio.create_task(self._invoke(n, call))
-            pending.add(task)
-            task.add_done_callback(finished)
-        if pending:
-            await asyncio.wait(pending)
-        if not crashed:
-            await self.clock.sleep_ms(self.tail_ms)
-        ticker.cancel()
+        try:
+            for n, call in enumerate(self.calls):
+                at = begin + self.clock.real_s(call.request.start_time - self.dataset.start_ms)
+                if (delay := at - loop.time()) > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(self._invoke(n, call))
+                pending.add(task)
+                task.add_done_callback(finished)
+            if pending:
+                await asyncio.wait(pending)
+            if not crashed:
+                await self.clock.sleep_ms(self.tail_ms)
+        finally:
+            if ticker is not None:
+                ticker.cancel()
         if crashed:
             raise crashed[0]
-        self.progress.show(final=True)
+        self._show(final=True)
         return self.result(self.clock.now_ms())
+
+    async def _tick(self) -> None:
+        while True:
+            self._show()
+            await asyncio.sleep(0.25)
+
+    def _show(self, final: bool = False) -> None:
+        if self.progress is not None:
+            trace_ms = self.clock.now_ms() - self.begin_ms
+            self.progress.show(self.done, trace_ms, self.failed, self.in_flight, final=final)
+
+    def _refuse(self, why: str) -> None:
+        if self._refused is not None and not self._refused.done():
+            self._refused.set_result(why)
 
     async def _invoke(self, n: int, call: Call) -> None:
         r = call.request
         request_id = f"{self._tag}-{n}"
-        self.progress.in_flight += 1
+        self.in_flight += 1
         try:
             call.assign_start = self.clock.now_ms()
             request = pb.AssignRequest(request_id=request_id, timestamp=r.start_time, meta_data=self._metas[r.meta_key])
@@ -170,6 +177,10 @@ class LiveRun:
                 return
             call.instance_id = reply.assigment.instance_id
             slot = self._slot_of(call.instance_id)
+            if slot is not None:
+                self._ours = True
+            elif not self._ours:  # said at once, not after hours of a run that cannot count
+                self._refuse(self._not_ours(call.instance_id))
             live = slot is not None and slot.destroyed_ms is None
             call.failure = self.holds.assign(call.instance_id, request_id, live=live, ready=live and slot.ready_ms > 0)
             if call.failure is None:
@@ -187,9 +198,10 @@ class LiveRun:
                 self._failed(call, Failure.IDLE_ERROR, f"{e.code().name}: {e.details()}")
             call.idle_end = self.clock.now_ms()
         finally:
-            self.progress.failed += call.failure is not None
-            self.progress.in_flight -= 1
-            self.progress.done += 1
+            self.failed += call.failure is not None
+            self.in_flight -= 1
+            self.done += 1
+            call.done = True
 
     @staticmethod
     def _failed(call: Call, failure: Failure, error: str) -> None:
@@ -212,15 +224,35 @@ class LiveRun:
     def slots_by_instance(self) -> dict[str, SlotRecord]:
         return {s.instance_id: s for s in self.stub.accounting.slots.values() if s.instance_id}
 
-    def elsewhere(self) -> bool:
-        """The scaler handed out instances, and not one of them ran on this run's platform."""
-        handed = {c.instance_id for c in self.calls if c.instance_id}
-        return bool(handed) and handed.isdisjoint(self.slots_by_instance())
+    def _not_ours(self, instance_id: str) -> str:
+        return (
+            f"the scaler's first answer is {instance_id}, an instance this simulator's platform never started: the"
+            " scaler uses another platform, or remembers an earlier platform's instances. Each run needs a scaler"
+            " using this platform, with an empty store: a fresh"
+            f" `scaler up --platform HOST:{self.stub.port} --speed {self.clock.speed:g}` (HOST being this machine),"
+            " or compose's sim profile with `--env-file sim.env` (NATS's store on a tmpfs)"
+        )
+
+    def so_far(self) -> dict:
+        """The statistics of the requests done so far (slots charged until now), and how far the run is."""
+        now = self.clock.now_ms()
+        stats = self.result(now, [c for c in self.calls if c.done]).stats() if self.done else None
+        return {
+            "requestsDone": self.done,
+            "requestsTotal": len(self.calls),
+            "inFlight": self.in_flight,
+            "traceSecs": (now - self.begin_ms) / 1000,
+            "statistics": msgspec.to_builtins(stats) if stats is not None else None,
+        }
+
+    def stats_page(self) -> tuple[str, bytes]:
+        return "application/json", msgspec.json.encode(self.so_far()) + b"\n"
 
     def errors(self) -> Counter[str]:
         return Counter(c.error for c in self.calls if c.error)
 
-    def result(self, end_ms: int) -> Run:
+    def result(self, end_ms: int, calls: list[Call] | None = None) -> Run:
+        """The run of `calls` (all of them by default), slots charged until `end_ms`."""
         slots = self.slots_by_instance()
         # Executions on each instance, at their nominal length; one at a time, so in start order
         # their ends ascend too.
@@ -233,7 +265,7 @@ class LiveRun:
             runs.sort()
             starts[instance] = [a for a, _ in runs]
         invocations = []
-        for c in self.calls:
+        for c in self.calls if calls is None else calls:
             slot = slots.get(c.instance_id)
             controlled = self._platform_work(slot)
             if c.instance_id:
@@ -307,22 +339,13 @@ async def _platform_quiet(stub: PlatformStub, dataset: Dataset) -> None:
                 await asyncio.sleep(0.05)
 
 
-def _check_free(listen: str) -> None:
-    """Refuse an address another process listens on: gRPC binds with SO_REUSEPORT, so it would share it."""
-    host, _, port = listen.rpartition(":")
-    if not port.isdigit():
-        raise LiveError(f"--platform-listen {listen!r}: expected HOST:PORT")
-    if int(port) == 0:
-        return
+async def scaler_info(channel: grpc.aio.Channel) -> dict:
+    """What the scaler says of itself (its speed, its policy); {} when it does not say (another scaler)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as e:
-        raise LiveError(f"cannot serve the Platform API on {listen}: {e.strerror or e}") from None
+        raw = await channel.unary_unary(info.METHOD)(b"", timeout=GATEWAY_WAIT_S)
+    except grpc.aio.AioRpcError:
+        return {}
+    return json.loads(raw)
 
 
 async def run_live(
@@ -331,41 +354,59 @@ async def run_live(
     speed: float = 1.0,
     platform_listen: str = "0.0.0.0:50051",
     create_latency_ms: int = 100,
-    progress: bool = False,
-) -> tuple[Run, Counter[str]]:
+    progress: Progress | None = None,
+    stats_listen: str | None = None,
+    said: Callable[[str], None] = lambda line: None,
+) -> tuple[Run, Counter[str], dict]:
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
 
-    Returns the run and how its failed calls failed (message -> count).
+    The setup is checked before the first request: the scaler's speed (when it says it) and, at
+    its first answer, that it uses this platform. With `stats_listen`, the statistics so far are
+    served there over HTTP (`/stats`, JSON) while the run goes on; `said` is told where.
+    Returns the run, how its failed calls failed (message -> count), and what the scaler said of itself.
     """
     clock = Clock(speed)
-    _check_free(platform_listen)
-    async with grpc.aio.insecure_channel(gateway) as channel:
-        try:
-            await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
-        except TimeoutError:
-            raise LiveError(
-                f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
-            ) from None
-        stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
-        try:
-            await stub.start()
-        except RuntimeError as e:
-            await stub.stop()
-            raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e}") from None
-        try:
+    stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
+    try:
+        await stub.start()
+    except CannotListen as e:
+        await stub.stop()
+        raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e.why}") from None
+    stats: HttpEndpoint | None = None
+    try:
+        async with grpc.aio.insecure_channel(gateway) as channel:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
+            except TimeoutError:
+                raise LiveError(
+                    f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
+                ) from None
+            info = await scaler_info(channel)
+            if "speed" in info and float(info["speed"]) != speed:
+                raise LiveError(
+                    f"the scaler at {gateway} runs at speed {float(info['speed']):g} and this simulation at {speed:g}:"
+                    " start both with the same --speed"
+                )
             driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress)
+            if stats_listen is not None:
+                stats = HttpEndpoint(stats_listen, {"/stats": driver.stats_page}, "statistics")
+                try:
+                    await stats.start()
+                except CannotListen as e:
+                    raise LiveError(f"cannot serve the statistics on {stats_listen}: {e.why}") from None
+                said(f"statistics so far: http://{_reachable(stats_listen)}:{stats.port}/stats")
             run = await driver.run()
             await _platform_quiet(stub, dataset)
-        finally:
-            await stub.stop()
-    if driver.elsewhere():
-        raise LiveError(
-            "the scaler handed out instances, none of which this simulator's platform started: it remembers"
-            " an earlier platform's. Each run needs a scaler with an empty store: a fresh"
-            f" `scaler up --platform HOST:{stub.port} --speed {speed:g}` (HOST being this machine), or compose's"
-            " sim profile with `--env-file sim.env` (NATS's store on a tmpfs)"
-        )
-    return run, driver.errors()
+    finally:
+        if stats is not None:
+            await stats.stop()
+        await stub.stop()
+    return run, driver.errors(), info
+
+
+def _reachable(listen: str) -> str:
+    host = listen.rpartition(":")[0].strip("[]")
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
 __all__ = ["LiveError", "LiveRun", "run_live"]

@@ -21,18 +21,21 @@ from msgspec.structs import replace
 
 from controller.core.decide import Decision
 from controller.core.policy import Policy
+from controller.core.state import Totals
 from controller.ledger import Ledger
 from proto import commands as c
 from proto import events as e
+from proto.subjects import partition
 from simulator.dataset import Dataset
 from simulator.holds import Holds
+from simulator.progress import Progress
 from simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
 
 SIMULATOR = "simulator"  # the reply_to of our Idle calls, so the core's answer says whether it took them
 
 # What can happen next, in the order the loop takes simultaneous things: a request's arrival
 # comes after the Idle, readiness and Tick due at the same instant.
-IDLE, READY, DESTROYED, TICK, ARRIVAL = range(5)
+IDLE, READY, DESTROYED, TICK, ARRIVAL, SHARE = range(6)
 
 
 @dataclass
@@ -51,14 +54,26 @@ class Simulation:
     create_latency_ms: int = 100
     tail_ms: int = RUN_TAIL_MS
     ledger: Ledger = field(default_factory=Ledger)
+    # Nodes sharing the partitions, each with its own ledger and so its own run-wide totals (what the
+    # learned policy's exchange rate is taken from): 1 is one node holding every partition.
+    nodes: int = 1
+    share_every_ms: int = 0  # how often the nodes tell each other their totals (0: never), as controller/shared.py
+    ledgers: list[Ledger] = field(default_factory=list)
     slots: dict[str, Slot] = field(default_factory=dict)  # by slot id (= the instance id here)
     arrival_ms: dict[str, int] = field(default_factory=dict)
     invocations: dict[str, Invocation] = field(default_factory=dict)
     holds: Holds = field(default_factory=Holds)
+    progress: Progress | None = None
     unanswered: int = 0  # requests with neither an Idle nor a failure yet
     _queue: list = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
     _appended: itertools.count = field(default_factory=lambda: itertools.count(1))  # stands for stream sequences
+
+    def __post_init__(self) -> None:
+        self.ledgers = [self.ledger, *(Ledger() for _ in range(self.nodes - 1))]
+
+    def ledger_of(self, key: str) -> Ledger:
+        return self.ledgers[partition(key) % self.nodes]
 
     def at(self, t: int, kind: int, item) -> None:
         heapq.heappush(self._queue, (t, kind, next(self._seq), item))
@@ -67,24 +82,43 @@ class Simulation:
         start = self.dataset.start_ms
         for n, r in enumerate(self.dataset.requests):
             self.at(r.start_time - start, ARRIVAL, n)
+        if self.nodes > 1 and self.share_every_ms:
+            self.at(0, SHARE, None)
         self.unanswered = len(self.dataset.requests)
         now, end = 0, None
+        steps = itertools.count()
         while self._queue and (end is None or self._queue[0][0] <= end):
             now, kind, _, item = heapq.heappop(self._queue)
+            if self.progress is not None and not next(steps) % 4096:
+                self.progress.show(len(self.dataset.requests) - self.unanswered, now)
             if kind == TICK:
                 key, due = item
-                if self.ledger.wake.get(key) != due:
+                if self.ledger_of(key).wake.get(key) != due:
                     continue  # superseded
                 self.command(c.Tick(key=key, due_ms=due), now)
             elif kind == ARRIVAL:
                 self.arrive(item, now)
             elif kind == IDLE:
                 self.idle(item, now)
+            elif kind == SHARE:
+                self.share()
+                self.at(now + self.share_every_ms, SHARE, None)
             else:
                 self.command(item, now)
             if end is None and not self.unanswered:
                 end = now + self.tail_ms
+        if self.progress is not None:
+            self.progress.show(len(self.dataset.requests) - self.unanswered, now, final=True)
         return self.result(now if end is None else end)
+
+    def share(self) -> None:
+        """Each node hears the others' totals."""
+        for ledger in self.ledgers:
+            others = Totals()
+            for other in self.ledgers:
+                if other is not ledger:
+                    others = others.plus(other.totals)
+            ledger.others = others
 
     def arrive(self, n: int, now: int) -> None:
         r = self.dataset.requests[n]
@@ -94,13 +128,14 @@ class Simulation:
         self.command(c.Assign(key=r.meta_key, request_id=str(n), meta=meta), now)
 
     def command(self, cmd: c.AnyCommand, now: int) -> Decision:
-        before = self.ledger.wake.get(cmd.key)
-        d = self.ledger.decide(cmd, now, self.policy)
-        batch = self.ledger.batch(cmd, d, now)
-        self.ledger.commit(cmd, d, next(self._appended) if batch is not None else None)
+        ledger = self.ledger_of(cmd.key)
+        before = ledger.wake.get(cmd.key)
+        d = ledger.decide(cmd, now, self.policy)
+        batch = ledger.batch(cmd, d, now)
+        ledger.commit(cmd, d, next(self._appended) if batch is not None else None)
         for event in d.events:
             self.effect(cmd.key, event, now)
-        wake = self.ledger.wake.get(cmd.key)
+        wake = ledger.wake.get(cmd.key)
         if wake is not None and wake != before:
             self.at(max(wake, now), TICK, (cmd.key, wake))
         return d
@@ -190,5 +225,11 @@ class Simulation:
         return Invocation(r.meta_key, memory, r.durations_in_ms, schedule_ms, 0.0, False, Failure.ASSIGN_ERROR)
 
 
-def simulate(dataset: Dataset, policy: Policy, create_latency_ms: int = 100, tail_ms: int = RUN_TAIL_MS) -> Run:
-    return Simulation(dataset, policy, create_latency_ms, tail_ms).run()
+def simulate(
+    dataset: Dataset,
+    policy: Policy,
+    create_latency_ms: int = 100,
+    tail_ms: int = RUN_TAIL_MS,
+    progress: Progress | None = None,
+) -> Run:
+    return Simulation(dataset, policy, create_latency_ms, tail_ms, progress=progress).run()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import msgspec
 
+from runtime.text import plural
 from simulator.dataset import Dataset, FunctionMeta, Request
 
 EPOCH_MS = 1_700_000_000_000  # the traces' start
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     for trace in args.traces:
         dataset = generate(trace, args.seed)
         folder = write(dataset, args.out / dataset.name)
-        print(f"{folder}: {len(dataset.metas)} functions, {len(dataset.requests)} requests")
+        print(f"{folder}: {plural(len(dataset.metas), 'function')}, {plural(len(dataset.requests), 'request')}")
     return 0
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from controller import ledger, stream
 from controller.core.decide import Decision, decide
+from controller.core.limits import NO_ROOM
 from controller.core.policy import get_policy
 from controller.core.state import FnState, Totals, replay
 from proto.commands import AnyCommand, command_id
@@ -37,8 +38,8 @@ class Decisions:
         self.taken: dict[tuple[str, str], list[Taken]] = defaultdict(list)
         real = ledger.decide
 
-        def recording(s: FnState, cmd: AnyCommand, now: int, policy, totals: Totals | None = None) -> Decision:
-            d = real(s, cmd, now, policy, totals)
+        def recording(s: FnState, cmd: AnyCommand, now: int, policy, totals: Totals | None = None, room=NO_ROOM):
+            d = real(s, cmd, now, policy, totals, room)
             self.taken[cmd.key, command_id(cmd)].append(Taken(s, cmd, now, totals, d))
             return d
 

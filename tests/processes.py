@@ -7,9 +7,11 @@ and the test reads its exact accounting. A small driver plays clients that assig
 import argparse
 import asyncio
 import itertools
+import secrets
 import signal
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import grpc
@@ -21,6 +23,7 @@ from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.bus import connected
 from scaler.up import Child, Supervisor
+from simulator.dataset import Dataset, Request
 
 
 class Parts:
@@ -36,17 +39,22 @@ class Parts:
         front: bool = False,
         nodes: int = 1,
         replicas: int = 1,
+        node_args: tuple[str, ...] = (),
+        policy: str = "",
     ) -> None:
         self.platform = platform
         self.reply_timeout_s = reply_timeout_s
         self.ack_wait_s = ack_wait_s  # short: a killed worker's event comes back soon
         self.front = front  # a front gateway forwarding to the node, and the clients call it
         self.replicas = replicas
+        self.node_args = node_args  # more flags for every node
         self.nodes = ["node", *(f"node-{n}" for n in range(1, nodes))]
         # kept across restarts, as a platform expects
         self.ports = {name: free_port() for name in (*self.nodes, "gateway")}
         self.supervisor = Supervisor(argparse.Namespace())
         self.supervisor.env = {"SCALER_NATS_URL": nats_url, "SCALER_LOG_LEVEL": "WARNING", "SCALER_SPEED": "1"}
+        if policy:
+            self.supervisor.env["SCALER_POLICY"] = policy
         self.running: dict[str, Child] = {}
 
     def argv(self, part: str) -> list[str]:
@@ -55,7 +63,7 @@ class Parts:
         workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s)]
         if part in self.nodes:
             listen = f"127.0.0.1:{self.ports[part]}"
-            return ["scaler", "node", "--listen", listen, "--replicas", str(self.replicas), *timeout]
+            return ["scaler", "node", "--listen", listen, "--replicas", str(self.replicas), *timeout, *self.node_args]
         return {
             "platform_worker": ["workers", "platform", *workers],
             "gc_worker": ["workers", "gc", *workers],
@@ -102,7 +110,8 @@ class Call:
     retries: int = 0  # calls repeated because the scaler was unavailable
 
 
-RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# What a platform repeats, with the same request id: the scaler away, too slow, or overloaded for a moment.
+RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 ATTEMPTS = 20
 
 
@@ -174,18 +183,80 @@ class Driver:
             await self.one(pb_grpc.ScalerStub(channel), call)
 
     def overlaps(self) -> list[str]:
-        """Instances handed to a request while an earlier holder had not yet let go."""
-        held: dict[str, list[Call]] = {}
-        for c in self.calls:
-            if c.instance:
-                held.setdefault(c.instance, []).append(c)
-        out = []
-        for instance, calls in held.items():
-            calls.sort(key=lambda c: c.got_at)
-            for a, b in itertools.pairwise(calls):
-                if not a.idle_at or b.got_at <= a.idle_at:
-                    out.append(f"{instance}: {b.request_id} got it while {a.request_id} held it")
-        return out
+        return overlaps(self.calls)
+
+
+def overlaps(calls: list[Call]) -> list[str]:
+    """Instances handed to a request while an earlier holder had not yet let go."""
+    held: dict[str, list[Call]] = {}
+    for c in calls:
+        if c.instance:
+            held.setdefault(c.instance, []).append(c)
+    out = []
+    for instance, mine in held.items():
+        mine.sort(key=lambda c: c.got_at)
+        for a, b in itertools.pairwise(mine):
+            if not a.idle_at or b.got_at <= a.idle_at:
+                out.append(f"{instance}: {b.request_id} got it while {a.request_id} held it")
+    return out
+
+
+@dataclass
+class TraceCallers:
+    """A dataset's requests at their times, each by a caller that repeats its call (same request id) on
+    UNAVAILABLE or DEADLINE_EXCEEDED for up to `patience_s`, as the README says is safe; then it holds
+    the instance for the request's duration and calls Idle, repeated the same way."""
+
+    gateway: str
+    dataset: Dataset
+    attempt_s: float = 10  # each call's deadline
+    patience_s: float = 90
+    calls: list[Call] = field(default_factory=list)
+    refusals: Counter = field(default_factory=Counter)  # "<call> <code>" -> how often a repeat was needed
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        begin = loop.time()
+        tag = secrets.token_hex(3)
+        async with grpc.aio.insecure_channel(self.gateway) as channel:
+            scaler = pb_grpc.ScalerStub(channel)
+            tasks = []
+            for n, r in enumerate(self.dataset.requests):
+                await asyncio.sleep(max(0.0, begin + (r.start_time - self.dataset.start_ms) / 1000 - loop.time()))
+                call = Call(f"{tag}-{n}", r.meta_key)
+                self.calls.append(call)
+                tasks.append(asyncio.create_task(self._one(scaler, call, r)))
+            await asyncio.gather(*tasks)
+
+    async def _one(self, scaler: pb_grpc.ScalerStub, call: Call, r: Request) -> None:
+        m = self.dataset.metas[r.meta_key]
+        meta = pb.Meta(
+            key=r.meta_key, runtime=m.runtime, timeout_in_secs=m.timeout_in_secs, memory_in_mb=m.memory_in_mb
+        )
+        assign = pb.AssignRequest(request_id=call.request_id, meta_data=meta)
+        try:
+            reply = await self._repeated(call, "Assign", lambda: scaler.Assign(assign, timeout=self.attempt_s))
+            call.got_at, call.instance = time.monotonic(), reply.assigment.instance_id
+            await asyncio.sleep(r.durations_in_ms / 1000)
+            call.idle_at = time.monotonic()
+            dies = r.status_code != 200
+            result = pb.Result(status_code=r.status_code, duration_in_ms=r.durations_in_ms, need_destroy=dies)
+            idle = pb.IdleRequest(assigment=reply.assigment, result=result)
+            await self._repeated(call, "Idle", lambda: scaler.Idle(idle, timeout=self.attempt_s))
+        except grpc.aio.AioRpcError as e:
+            call.error = f"{e.code().name}: {e.details()}"
+
+    async def _repeated(self, call: Call, what: str, attempt):
+        deadline = time.monotonic() + self.patience_s
+        while True:
+            try:
+                return await attempt()
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in RETRY or time.monotonic() > deadline:
+                    raise
+                self.refusals[f"{what} {e.code().name}"] += 1
+                call.retries += 1
+                await asyncio.sleep(0.25)
 
 
 async def controller_state(nats_url: str) -> state_service.StateChunk:

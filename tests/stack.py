@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import get_policy
 from controller.shell import Controller
 from gateway.server import Gateway
@@ -37,12 +38,13 @@ class Stack:
     clock: Clock = field(default_factory=Clock)
     faults: Faults = field(default_factory=Faults)
     create_latency_ms: int = 20
+    limits: Limits = NO_LIMITS
 
     async def __aenter__(self) -> "Stack":
         self.stub = PlatformStub("127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults)
         await self.stub.start()
         platform = f"127.0.0.1:{self.stub.port}"
-        self.controller = Controller(self.nats_url, get_policy(self.policy), self.clock)
+        self.controller = Controller(self.nats_url, get_policy(self.policy), self.clock, limits=self.limits)
         self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)
         self.gc_worker = GcWorker(self.nats_url, platform, self.clock)

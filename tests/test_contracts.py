@@ -56,6 +56,7 @@ EVENT_TAGS = {
     "WaiterLeft": "waiter-left",
     "RequestWaiting": "request-waiting",
     "SlotWanted": "slot-wanted",
+    "InstanceCreated": "instance-created",
     "InstanceReady": "instance-ready",
     "Assigned": "assigned",
     "Released": "released",
@@ -64,14 +65,17 @@ EVENT_TAGS = {
     "RequestCancelled": "request-cancelled",
     "InstanceRetired": "instance-retired",
     "InstanceDestroyed": "instance-destroyed",
+    "FunctionRested": "function-rested",
+    "FunctionForgotten": "function-forgotten",
 }
 
 
-# Commands wait in the COMMANDS stream until handled: a deploy must read those its predecessor left.
+# Commands travel between processes of different versions during a rolling deploy: their tags stay too.
 COMMAND_TAGS = {
     "Assign": "assign",
     "Idle": "idle",
     "Cancel": "cancel",
+    "SlotCreated": "slot-created",
     "SlotReady": "slot-ready",
     "SlotFailed": "slot-failed",
     "SlotDestroyed": "slot-destroyed",

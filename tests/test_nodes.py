@@ -9,16 +9,22 @@ from collections import Counter
 import pytest
 
 from controller import replay
+from controller.core.policy import get_policy
 from controller.leases import holders
+from controller.shell import Controller
 from platform_stub.server import PlatformStub
-from proto.events import Assigned
+from proto.commands import Assign, Idle
+from proto.events import Assigned, Meta
 from proto.subjects import PARTITIONS
 from runtime.bus import connected, ensure_stream
 from runtime.natsd import NatsCluster, NatsServer
+from simulator.offline import Simulation
+from simulator.shapes import generate
 from tests.processes import Driver, Parts, settled
-from tests.stack import eventually
+from tests.stack import Stack, eventually
 
 KEYS = tuple(f"fn{n}" for n in range(12))  # spread over the partitions, so over both nodes
+META = Meta(memory_mb=128, runtime="python", timeout_s=60)
 
 
 @pytest.fixture
@@ -118,3 +124,35 @@ async def test_a_component_started_without_replicas_keeps_the_streams_three(tmp_
             await ensure_stream(js, replicas=3)
             await ensure_stream(js)  # a worker or a node started without --replicas
             assert (await js.stream_info("EVENTS")).config.num_replicas == 3
+
+
+async def test_nodes_decide_with_the_whole_runs_totals(nats_url):
+    """Each node hears the others' totals, so the policy's exchange rate is the run's, not its share's."""
+    async with Stack(nats_url) as stack:  # node a, with workers and a platform
+        a = stack.controller
+        b = Controller(nats_url, get_policy("demo"))
+        await b.start()
+        try:
+            await shared_between(nats_url, 2)
+            await both_serve(a, b)
+        finally:
+            await b.stop()
+
+
+async def both_serve(a: Controller, b: Controller) -> None:
+    for key in KEYS:  # requests on both nodes' partitions, each through whichever node holds it
+        reply = await a.call(Assign(key=key, request_id=f"r-{key}", meta=META), 30)
+        await a.call(Idle(key=key, request_id=f"r-{key}", instance_id=reply.instance_id, duration_ms=5), 30)
+    assert a.ledger.totals.exec_ms > 0 and b.ledger.totals.exec_ms > 0, "both nodes served some"
+    await eventually(lambda: a.ledger.others == b.ledger.totals and b.ledger.others == a.ledger.totals, 10)
+    assert a.ledger.run_totals() == b.ledger.run_totals()
+
+
+def test_sharing_the_totals_gives_the_scores_of_one_node():
+    dataset = generate("mixed", seed=0, span_ms=20 * 60_000)
+    one, split, shared = (
+        Simulation(dataset, get_policy("learned"), nodes=n, share_every_ms=every).run().stats()
+        for n, every in ((1, 0), (4, 0), (4, 1000))
+    )
+    assert split.score != one.score, "the split totals did change decisions on this trace"
+    assert shared.score == pytest.approx(one.score, abs=0.1)

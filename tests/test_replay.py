@@ -82,7 +82,7 @@ async def test_verify_finds_the_running_state_equal_and_then_a_difference(nats_u
         async with connected(nats_url, "test") as nc:
             out = io.StringIO()
             assert await replay.verify(nc, nc.jetstream(), None, out) == 0
-            assert "verified: 1 functions equal" in out.getvalue()
+            assert "verified: 1 function equal" in out.getvalue()
             # Corrupt the running state behind the log's back: verify must say where.
             s = stack.controller.states["fn"]
             inst = s.instances["fn-1"]
@@ -119,7 +119,7 @@ async def test_replay_reads_the_store_a_stopped_scaler_up_left(tmp_path):
     try:
         await assign_and_idle(address, "r1")
         code, _, err = await scaler_replay("--data-dir", str(tmp_path))
-        assert code == 2 and "is in use by a running scaler: read it live with --nats URL" in err
+        assert code == 2 and "is in use by a running scaler: read it live (`scaler replay` without" in err
     finally:
         code, rest = await stop(proc)
     assert code == 0, rest
@@ -149,3 +149,26 @@ def test_a_request_left_waiting_reads_as_words():
     why = "wait ~3 ms for a busy instance rather than a 500 ms start"
     waiting = RequestWaiting(at_ms=0, request_id="r1", expected_ms=1_672_531_200_123, why=why)
     assert explain.event(waiting) == f"r1 waits for a busy instance, served about 00:00:00.123 ({why})"
+
+
+async def test_replay_finds_the_nats_of_the_running_scaler_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # this test's scaler ups alone, not the machine's
+    code, _, err = await scaler_replay()
+    assert code == 2 and "no running `scaler up` found" in err and "pass --nats URL" in err
+    proc, address, _ = await start_up()
+    try:
+        await assign_and_idle(address, "r1")
+        code, out, err = await scaler_replay("--key", "hello")
+        assert code == 0, err
+        assert "assign:r1 → function seen: 128 MB python" in out
+        assert "\n1 function from 4 batches, " in out  # not "1 functions"
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
+    assert list((tmp_path / "scaler").iterdir()) == []  # its record went with it
+    killed, _, _ = await start_up()
+    killed.kill()  # leaves its record behind, naming a process that is gone
+    await killed.wait()
+    code, _, err = await scaler_replay()
+    assert code == 2 and "no running `scaler up` found" in err
+    assert list((tmp_path / "scaler").iterdir()) == []

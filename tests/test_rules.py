@@ -1,11 +1,14 @@
 """The rules the scaler must hold, each checked end to end: real nats-server, real gRPC, the real stub."""
 
+import argparse
 import asyncio
 
 import grpc
 import pytest
 
 from controller import replay
+from controller.__main__ import load_limits
+from controller.core.limits import FunctionLimits, Limits
 from controller.core.policy import get_policy
 from controller.shell import Controller
 from platform_stub.server import Faults, Refusal
@@ -208,3 +211,25 @@ async def test_a_writer_that_missed_appends_is_fenced_by_the_expected_sequence(n
             assert replayed.states["fn"].instances["fn-1"].request_id == "r2"
         finally:
             await stale.stop()
+
+
+async def test_past_a_cap_an_assign_waits_then_is_answered_throttle(nats_url):
+    limits = Limits(functions={"fn": FunctionLimits(max_instances=1)}, throttle_after_ms=300)
+    async with Stack(nats_url, limits=limits) as stack:
+        first = await stack.assign("r1")
+        held_back = await stack.assign("r2")  # fn-1 is busy, and fn may have no second instance
+        assert held_back.status == pb.Throttle and "1 instances reached" in held_back.error_message
+        await stack.idle(first)
+        assert (await stack.assign("r3")).assigment.instance_id == "fn-1"
+        assert stack.stub.accounting.created == 1
+
+
+def test_a_limits_file_is_read_and_a_bad_one_refused_with_its_name(tmp_path):
+    good = tmp_path / "limits.json"
+    good.write_text('{"default": {"max_instances": 50}, "functions": {"f": {"min_warm": 2}}, "max_memory_mb": 65536}')
+    limits = load_limits(str(good))
+    assert (limits.of("f").min_warm, limits.of("g").max_instances, limits.max_memory_mb) == (2, 50, 65536)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"default": {"max_instance": 5}}')
+    with pytest.raises(argparse.ArgumentTypeError, match=r"bad\.json: .*max_instance"):
+        load_limits(str(bad))

@@ -1,24 +1,31 @@
 """Live mode against the real scaler: where it agrees with offline, and what holds however loaded the machine is."""
 
 import asyncio
+import contextlib
 import json
+import os
+import pty
+import re
 import shutil
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from controller.core.policy import get_policy
 from runtime.clock import Clock
+from simulator import shapes
 from simulator.dataset import load_dataset
 from simulator.live import LiveError, LiveRun, run_live
 from simulator.offline import simulate
 from simulator.score import RUN_TAIL_MS
 from tests.decisions import Decisions
 from tests.stack import Stack
-from tests.test_simulate import SHARED, STATS_FIELDS, gentle
-from tests.test_up import start_up, stop
+from tests.test_simulate import SHARED, STATS_FIELDS, gentle, meta, request, write_dataset
+from tests.test_up import http_get, start_up, stop
 
 pytestmark = pytest.mark.live_trace
 
@@ -88,7 +95,7 @@ async def test_our_policy_live_on_dataSet_1s_busiest_minute_decides_as_the_core(
 async def test_a_scaler_using_another_platform_is_refused(nats_url, tmp_path):
     dataset = load_dataset(gentle(tmp_path / "g"))
     async with Stack(nats_url, metas=dataset.metas, clock=Clock(100)) as stack:  # the stack's own platform
-        with pytest.raises(LiveError, match="none of which this simulator's platform started"):
+        with pytest.raises(LiveError, match="an instance this simulator's platform never started"):
             await run_live(dataset, f"127.0.0.1:{stack.gateway.port}", 100, "127.0.0.1:0")
 
 
@@ -157,3 +164,119 @@ async def test_sigterm_stops_a_live_run_cleanly(tmp_path):
             simulator.kill()
             await simulator.wait()
     assert (simulator.returncode, err.decode()) == (143, "scaler simulate: stopped by SIGTERM\n")
+
+
+# --- the setup is checked at the start; a run shows its progress and its statistics so far (issue 12) ---
+
+
+async def simulate_cli(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scaler.cli", "simulate", *map(str, args),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def finished(proc: asyncio.subprocess.Process, seconds: float) -> tuple[int | None, str]:
+    """Its exit status and stderr; None if it had to be killed after `seconds`."""
+    try:
+        async with asyncio.timeout(seconds):
+            _, err = await proc.communicate()
+            return proc.returncode, err.decode()
+    except TimeoutError:
+        proc.kill()
+        _, err = await proc.communicate()
+        return None, err.decode()
+
+
+async def test_a_scaler_at_another_speed_is_refused_before_the_first_request(tmp_path):
+    platform = f"127.0.0.1:{free_port()}"
+    proc, gateway, _ = await start_up("--platform", platform, "--speed", "1")
+    try:
+        simulator = await simulate_cli(
+            gentle(tmp_path / "g"), "--gateway", gateway, "--platform-listen", platform, "--speed", "100"
+        )
+        code, err = await finished(simulator, 30)
+        assert code == 1, err
+        assert err == (
+            f"scaler simulate: error: the scaler at {gateway} runs at speed 1 and this simulation at 100:"
+            " start both with the same --speed\n"
+        )
+    finally:
+        await stop(proc)
+
+
+async def test_a_scaler_using_another_platform_is_refused_at_its_first_answer(tmp_path):
+    proc, gateway, _ = await start_up()  # with its own platform stub, not the simulator's
+    try:
+        began = time.monotonic()
+        simulator = await simulate_cli(gentle(tmp_path / "g"), "--gateway", gateway, "--platform-listen", "127.0.0.1:0")
+        code, err = await finished(simulator, 60)  # the whole trace, at speed 1, would take 7 minutes
+        assert code == 1, err
+        assert "error: the scaler's first answer is a-1, an instance this simulator's platform never started" in err
+        assert time.monotonic() - began < 30
+    finally:
+        await stop(proc)
+
+
+def steady(folder: Path, n: int = 40, every_ms: int = 2000) -> Path:
+    """`n` requests of one function, `every_ms` apart: a run that goes on steadily."""
+    return write_dataset(folder, [meta("s", init=100)], [request(i * every_ms, "s") for i in range(n)])
+
+
+async def test_a_live_run_shows_progress_and_serves_its_statistics_so_far(tmp_path):
+    platform = f"127.0.0.1:{free_port()}"
+    proc, gateway, _ = await start_up("--platform", platform, "--speed", "10", "--policy", "demo")
+    try:
+        simulator = await simulate_cli(
+            steady(tmp_path / "s"), "--gateway", gateway, "--platform-listen", platform, "--speed", "10",
+            "--progress-every", "0.5", "--stats-port", "0",
+        )  # fmt: skip
+        first = (await simulator.stderr.readline()).decode()
+        url = re.fullmatch(r"statistics so far: (http://127\.0\.0\.1:\d+/stats)\n", first).group(1)
+        seen = []
+        async with asyncio.timeout(30):
+            while True:  # fetched while the run goes on
+                status, body = await http_get(url)
+                assert status == 200
+                seen.append(json.loads(body))
+                if 10 <= seen[-1]["requestsDone"] < 40:
+                    break
+                await asyncio.sleep(0.2)
+        code, err = await finished(simulator, 60)
+        assert code == 0, err
+    finally:
+        await stop(proc)
+    now = seen[-1]
+    assert now["requestsTotal"] == 40 and now["inFlight"] <= 1
+    assert now["traceSecs"] >= 2 * (now["requestsDone"] - 1)  # requests come every 2 s of trace
+    stats = now["statistics"]
+    assert set(stats) == STATS_FIELDS
+    assert stats["totalRequestsCount"] == now["requestsDone"]
+    assert stats["failedRequestsCount"] == 0 and stats["coldStarts"] == 1
+    lines = [line for line in err.splitlines() if line.startswith("progress: ")]
+    assert len(lines) >= 5, err  # about 8 s of run, a line every 0.5 s
+    done = [int(re.search(r"(\d+)/40 requests", line).group(1)) for line in lines]
+    assert done == sorted(done) and done[0] < done[-1]
+    assert "\r" not in err  # no bar outside a terminal
+
+
+def test_an_offline_run_shows_progress_as_lines_in_a_log_and_as_a_bar_on_a_terminal(tmp_path):
+    folder = shapes.write(shapes.generate("mixed", 0), tmp_path / "mixed")
+    command = [sys.executable, "-m", "scaler.cli", "simulate", str(folder), "--offline", "--progress-every", "0.2"]
+    logged = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert logged.returncode == 0, logged.stderr
+    lines = logged.stderr.splitlines()
+    assert len(lines) >= 3 and all(re.match(r"progress: \d+% [\d,]+/17,974 requests, trace ", x) for x in lines)
+    # On a terminal: one bar, redrawn in place, ending at 100 %.
+    parent, child = pty.openpty()
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=child) as bar:
+        os.close(child)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once the child closed its end
+            while chunk := os.read(parent, 4096):
+                shown += chunk
+        assert bar.wait(timeout=120) == 0
+    os.close(parent)
+    text = shown.decode()
+    assert text.count("\r[") >= 2 and "progress:" not in text
+    assert f"\r[{'#' * 30}] 17,974/17,974 requests" in text

@@ -3,13 +3,14 @@
 Each worker has a durable consumer on the EVENTS stream that sees only the batches with work
 for it (their subject names their effects, proto.subjects), so an event is acted on at least
 once: the batch is acked only after every outcome it caused was reported to the function's
-controller, and answered (stored). The platform calls are made idempotent by request ids
-derived from the instance (a retried CreateSlot asks for the same slot), and the controller
-ignores repeated reports.
+controller, and answered (stored). The controller ignores repeated reports; a worker acting
+on a batch again (`Delivery.redelivered`) must not repeat what the platform does not dedupe
+(the platform worker: a new slot per CreateSlot), so it continues from what was recorded.
 """
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import ClassVar
 
 import grpc
@@ -23,6 +24,7 @@ from proto.commands import AnyCommand
 from proto.events import Event, decode_batch
 from proto.subjects import EVENTS, EVT, worker_subjects
 from runtime.bus import close, connect, ensure_stream, send
+from runtime.faults import LastingFault
 
 log = logging.getLogger("scaler.effects")
 
@@ -35,6 +37,9 @@ PATIENCE_S = 30.0  # how long a throttled or unreachable platform is retried (a 
 # server every third of it that it is still at work.
 ACK_WAIT_S = 10.0
 REPORT_PATIENCE_S = 60.0  # how long a report is retried before the batch is left for redelivery
+RETRY_S = 5.0  # a failed batch comes back after this, doubled at each failure, up to RETRY_MAX_S
+RETRY_MAX_S = 300.0
+STOP_GRACE_S = 2.0  # at stop, work under way gets this long; the rest is redelivered to the next worker
 # A platform that was away is tried again within 100 ms to 1 s (gRPC's default waits 1 s, growing
 # to 2 min): while it is away the Assigns wait, and each second counts. Each worker has its own
 # connection, so the gc worker finding the platform not yet up at start (the documented order:
@@ -47,8 +52,16 @@ CHANNEL_OPTIONS = [
 ]
 
 
+MAX_MESSAGE = 512  # characters of a platform's error message kept in a report (it goes into events)
+
+
 class PlatformError(Exception):
     """A platform call failed for good; the message says which call and why."""
+
+
+def brief(text: str) -> str:
+    """A platform's message, cut to a size any event can carry."""
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
 
 
 async def call_platform(method, request, what: str, patience_s: float = PATIENCE_S):
@@ -66,11 +79,11 @@ async def call_platform(method, request, what: str, patience_s: float = PATIENCE
             reply = await method(request, timeout=CALL_TIMEOUT_S)
             if reply.status != pb.Throttle:
                 return reply
-            why = f"Throttle: {reply.error_message}" if reply.error_message else "Throttle"
+            why = f"Throttle: {brief(reply.error_message)}" if reply.error_message else "Throttle"
         except grpc.aio.AioRpcError as e:
             if e.code() not in BUSY:
-                raise PlatformError(f"{what}: {e.code().name}: {e.details()}") from None
-            why = f"{e.code().name}: {e.details()}"
+                raise PlatformError(f"{what}: {e.code().name}: {brief(e.details() or '')}") from None
+            why = f"{e.code().name}: {brief(e.details() or '')}"
         if loop.time() + delay > deadline:
             raise PlatformError(f"{what}: still {why} after {patience_s:g}s")
         await asyncio.sleep(delay)
@@ -85,6 +98,14 @@ async def _working_on(msg: Msg, every_s: float) -> None:
             await msg.in_progress()
         except Exception as e:  # NATS away: the ack after the outage settles it, or ack_wait will
             log.debug("could not extend %s: %s", msg.reply, e)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Which batch an event came in, and whether it came before: a worker died or failed with it."""
+
+    seq: int  # the batch's stream sequence
+    redelivered: bool
 
 
 class EffectWorker:
@@ -102,6 +123,7 @@ class EffectWorker:
         self._limit = asyncio.Semaphore(concurrency)
         self._max_pending = concurrency * 4
         self._tasks: set[asyncio.Task] = set()
+        self._fault = LastingFault(log, self.name)  # the platform failing batch after batch
         self._nc = None
         self._js = None
         self._sub = None
@@ -111,8 +133,12 @@ class EffectWorker:
     def wants(self, event: Event) -> bool:
         raise NotImplementedError
 
-    async def act(self, key: str, event: Event) -> AnyCommand:
+    async def act(self, key: str, event: Event, delivery: Delivery) -> AnyCommand | None:
+        """Perform one event; return the report for its function's controller (None: nothing to report)."""
         raise NotImplementedError
+
+    def forget(self, events: list[Event]) -> None:
+        """The batch of these events is acked: what was kept to resume them can go."""
 
     async def start(self) -> str:
         self._channel = grpc.aio.insecure_channel(self.platform_addr, options=CHANNEL_OPTIONS)
@@ -144,10 +170,15 @@ class EffectWorker:
             await self._js.delete_consumer(EVENTS, self.durable)
 
     async def stop(self) -> None:
+        """Take no more work, and let what is under way finish for a moment: an event whose effect is not
+        reported is not acked, so the next worker performs it again (effects are idempotent)."""
         if self._sub is not None:
             await self._sub.unsubscribe()
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=10)
+            _, late = await asyncio.wait(self._tasks, timeout=STOP_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await close(self._nc)
         if self._channel is not None:
             await self._channel.close()
@@ -173,21 +204,27 @@ class EffectWorker:
 
     async def _perform(self, key: str, events: list[Event], msg: Msg) -> None:
         alive = asyncio.create_task(_working_on(msg, self.ack_wait_s / 3))
+        meta = msg.metadata
+        retry_s = min(RETRY_S * 2 ** (meta.num_delivered - 1), RETRY_MAX_S)
+        delivery = Delivery(meta.sequence.stream, meta.num_delivered > 1)
         try:
-            await asyncio.gather(*(self._one(key, e) for e in events))
-        except PlatformError as e:  # expected while the platform is away: one line, no traceback
-            log.error("%s: batch %s failed; it will be redelivered: %s", self.name, msg.metadata.sequence.stream, e)
-            await msg.nak(delay=5)
+            await asyncio.gather(*(self._one(key, e, delivery) for e in events))
+        except PlatformError as e:  # expected while the platform is away: one line, no traceback, then rarely
+            self._fault.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
+            await msg.nak(delay=retry_s)
             return
         except Exception:
-            log.exception("%s: batch %s failed; it will be redelivered", self.name, msg.metadata.sequence.stream)
-            await msg.nak(delay=5)
+            log.exception("%s: batch %s failed; it will be redelivered", self.name, meta.sequence.stream)
+            await msg.nak(delay=retry_s)
             return
         finally:
             alive.cancel()
+        self._fault.ended()
         await msg.ack()
+        self.forget(events)
 
-    async def _one(self, key: str, event: Event) -> None:
+    async def _one(self, key: str, event: Event, delivery: Delivery) -> None:
         async with self._limit:
-            report = await self.act(key, event)
-        await send(self._nc, report, patience_s=REPORT_PATIENCE_S)
+            report = await self.act(key, event, delivery)
+        if report is not None:
+            await send(self._nc, report, patience_s=REPORT_PATIENCE_S)

@@ -1,9 +1,11 @@
 """Destroys retired instances' slots, and reconciles the state with the platform's list on start.
 
-Reconcile: on start it lists the platform's live slots (PlatformAdmin.ListSlots, which the
-challenge's platform lacks: then it says so once and skips) and sends each partition's owner the
-slots whose instances belong to its functions; each function's core drops instances whose slot
-is gone and retires slots it does not know.
+Reconcile: from its start it waits in the background for the platform (the documented order
+starts the scaler before the simulator that serves the platform), lists the platform's live slots
+(PlatformAdmin.ListSlots, which the challenge's platform lacks: then it says so once and skips)
+and sends each partition's owner the slots whose instances belong to its functions; each
+function's core drops instances whose slot is gone and retires slots it does not know. The
+reconcile is safe whenever it comes: what may be in flight when the list is taken is left alone.
 """
 
 import asyncio
@@ -19,7 +21,7 @@ from proto.platform_admin_pb2_grpc import PlatformAdminStub
 from proto.subjects import CMD, PARTITIONS, SYSTEM_KEY, partition
 from runtime.bus import send
 from runtime.clock import Clock
-from workers.effects import ACK_WAIT_S, EffectWorker, PlatformError, call_platform
+from workers.effects import ACK_WAIT_S, Delivery, EffectWorker, PlatformError, call_platform
 
 log = logging.getLogger("scaler.gc_worker")
 
@@ -43,11 +45,12 @@ class GcWorker(EffectWorker):
         super().__init__(nats_url, platform, concurrency, ack_wait_s)
         self.clock = clock or Clock()
         self.reconcile_grace_s = reconcile_grace_s
+        self.reconciled: asyncio.Task[int | None] | None = None  # the platform's slot count, once reconciled
 
     def wants(self, event: Event) -> bool:
         return destroys(event)
 
-    async def act(self, key: str, event: InstanceRetired) -> AnyCommand:
+    async def act(self, key: str, event: InstanceRetired, delivery: Delivery) -> AnyCommand:
         request_id = f"destroy:{event.instance_id}"
         request = pb.DestroySlotRequest(request_id=request_id, id=event.slot_id, reason=event.reason)
         reply = await call_platform(self.platform.DestroySlot, request, "DestroySlot", self.patience_s)
@@ -57,19 +60,49 @@ class GcWorker(EffectWorker):
 
     async def start(self) -> str:
         what = await super().start()
-        slots = await self.reconcile()
-        return what if slots is None else f"{what}, reconciled {slots} platform slots"
+        self.reconciled = asyncio.create_task(self._reconcile_when_there())
+        return f"{what}, reconciling once the platform answers"
 
-    async def reconcile(self) -> int | None:
-        """Send each partition the platform's live slots of its functions; None when the platform cannot list them."""
+    async def stop(self) -> None:
+        if self.reconciled is not None:
+            self.reconciled.cancel()
+            await asyncio.gather(self.reconciled, return_exceptions=True)
+        await super().stop()
+
+    async def _reconcile_when_there(self) -> int | None:
+        """Reconcile as soon as the platform answers, however long that takes; a failure after it answered
+        (it went away again) is said once and tried again."""
+        delay, said = 1.0, False
+        while True:
+            await self._channel.channel_ready()  # the list is taken when it answers, not when we began to wait
+            try:
+                slots = await self.reconcile(wait_for_ready=True)
+            except grpc.aio.AioRpcError as e:
+                if not said:
+                    why = f"{e.code().name}: {e.details()}"
+                    log.warning("could not list the platform's slots (%s); trying again", why)
+                    said = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            if slots is not None:
+                log.info("reconciled with the platform: %d live slots", slots)
+            return slots
+
+    async def reconcile(self, wait_for_ready: bool = False) -> int | None:
+        """Send each partition the platform's live slots of its functions; None when the platform cannot list them.
+
+        With `wait_for_ready`, a platform not connected yet is waited for (within the call's 30 s).
+        """
         listed_ms = self.clock.now_ms()  # before the call: a slot created during it is younger than this
         try:
-            reply = await PlatformAdminStub(self._channel).ListSlots(admin.ListSlotsRequest(), timeout=30)
+            reply = await PlatformAdminStub(self._channel).ListSlots(
+                admin.ListSlotsRequest(), wait_for_ready=wait_for_ready, timeout=30
+            )
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                log.info("the platform cannot list its slots: no reconcile")
-            else:
-                log.warning("could not list the platform's slots, no reconcile: %s %s", e.code().name, e.details())
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.info("the platform cannot list its slots: no reconcile")
             return None
         slots = [
             PlatformSlot(id=s.id, instance_id=s.instance_id, memory_mb=s.memory_in_mb, created_ms=s.create_time)

@@ -1,7 +1,7 @@
 """Decisions: a command and the current state in; events, replies and the next deadline out.
 
 A decision has two halves. First the command's own change, one handler per command:
-`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_instance_ready` (SlotReady),
+`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_slot_created`, `_instance_ready` (SlotReady),
 `_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`; a Tick changes nothing by itself.
 Then the phases that bring the function to rest (`_bring_to_rest`), in order: leases, matching
 (`_answer_waiting_requests`, where a queued Assign gets its instance and its answer), starts,
@@ -14,6 +14,7 @@ the state that earlier ones produced, and `Decision.state` equals `replay(s, Dec
 from typing import NamedTuple
 
 from controller.core import reconcile
+from controller.core.limits import NO_ROOM, Room
 from controller.core.policy import Policy
 from controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
 from proto.commands import (
@@ -24,6 +25,7 @@ from proto.commands import (
     Idle,
     Reconcile,
     Reply,
+    SlotCreated,
     SlotDestroyed,
     SlotFailed,
     SlotReady,
@@ -32,7 +34,10 @@ from proto.commands import (
 from proto.events import (
     Assigned,
     Event,
+    FunctionForgotten,
+    FunctionRested,
     FunctionSeen,
+    InstanceCreated,
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
@@ -48,6 +53,10 @@ from proto.events import (
 )
 
 LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
+RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-alive is renewed
+# The timeout of a function whose Assigns give none (timeout_in_secs 0), so that every busy instance
+# has a lease: 15 minutes, the longest a serverless function commonly may run (AWS Lambda's limit).
+DEFAULT_TIMEOUT_S = 900
 
 
 class Decision(NamedTuple):
@@ -60,11 +69,30 @@ class Decision(NamedTuple):
 class _Draft:
     """A decision being built: events are applied as they are emitted."""
 
-    def __init__(self, s: FnState, now: int) -> None:
+    def __init__(self, s: FnState, now: int, room: Room = NO_ROOM) -> None:
         self.s = s
         self.now = now
+        self.room = room
+        self.started = 0  # instances this decision starts: they count against caps over all functions
         self.events: list[Event] = []
         self.replies: list[Reply] = []
+
+    def may_start(self, wanted: int) -> int:
+        """As many of `wanted` new instances as the caps allow."""
+        allowed = self.room.starts(self.s, self.started)
+        return wanted if allowed is None else min(wanted, allowed)
+
+    def start(self, for_request: str = "", why: str = "") -> None:
+        self.started += 1
+        self.emit(
+            SlotWanted(
+                at_ms=self.now,
+                instance_id=self.s.next_instance_id(),
+                meta=self.s.meta,
+                for_request=for_request,
+                reason=why,
+            )
+        )
 
     def emit(self, e: Event) -> None:
         self.events.append(e)
@@ -81,11 +109,14 @@ class _Draft:
             self.reply(to, request_id, **kw)
 
 
-def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None) -> Decision:
-    """`totals`: the whole run so far, for a policy tuned by it (`Policy.tuned_to`)."""
+def decide(
+    s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM
+) -> Decision:
+    """`totals`: the whole run so far, for a policy tuned by it (`Policy.tuned_to`); `room`: the caps and
+    reserved instances the operator set (controller/core/limits.py)."""
     if totals is not None:
         policy = policy.tuned_to(totals)
-    d = _Draft(s, now)
+    d = _Draft(s, now, room)
     match cmd:
         case Assign():
             _queue_request(d, cmd)
@@ -93,6 +124,8 @@ def decide(s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals
             _release(d, cmd)
         case Cancel():
             _cancel(d, cmd)
+        case SlotCreated():
+            _slot_created(d, cmd)
         case SlotReady():
             _instance_ready(d, cmd, policy)
         case SlotFailed():
@@ -182,24 +215,52 @@ def _cancel(d: _Draft, cmd: Cancel) -> None:
     elif (held := _holder(d.s, r)) is not None and held.phase is Phase.BUSY:
         # Release only when no other caller of this request got the instance and still holds it.
         if not cmd.reply_to or held.waiters in ((), (cmd.reply_to,)):
-            d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=f"cancelled: {why}"))
+            why = f"cancelled: {why}"
+            d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=why, cancelled=True))
 
 
 def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:
-    """A slot nothing in the state owns: record it under its own id so that it gets destroyed."""
-    d.emit(InstanceRetired(at_ms=d.now, instance_id=f"{instance_id}@{slot_id}", slot_id=slot_id, reason=why))
+    """A slot nothing in the state owns: record it under its own id so that it gets destroyed (once)."""
+    orphan = f"{instance_id}@{slot_id}"
+    if orphan not in d.s.instances:
+        d.emit(InstanceRetired(at_ms=d.now, instance_id=orphan, slot_id=slot_id, reason=why))
+
+
+def _being_created_on(inst: Instance | None, slot_id: str) -> bool:
+    """Whether a report is about the creation under way: the instance is still being created, and on the slot
+    recorded for it (or none is recorded yet, or the report names none), not on one given up for another."""
+    return inst is not None and inst.phase is Phase.CREATING and (not slot_id or inst.slot_id in ("", slot_id))
+
+
+def _slot_created(d: _Draft, cmd: SlotCreated) -> None:
+    """CreateSlot answered, Init not yet called: record the slot, or retire it when its instance is no longer
+    being created. The worker calls Init only on an OK answer. A second slot replaces the first (a worker
+    gave up on it, its Init may have run), which is destroyed; a slot given up is never taken back."""
+    inst = d.s.instances.get(cmd.instance_id)
+    r, to = cmd.instance_id, cmd.reply_to
+    given_up = f"{cmd.instance_id}@{cmd.slot_id}" in d.s.instances
+    if inst is None or inst.phase is not Phase.CREATING or given_up:
+        if inst is None or inst.slot_id != cmd.slot_id:
+            _retire_orphan(d, cmd.instance_id, cmd.slot_id, "created for an instance no longer wanted")
+        d.reply(to, r, Code.FAILED_PRECONDITION, message=f"instance {cmd.instance_id} is no longer being created")
+        return
+    if inst.slot_id != cmd.slot_id:
+        if inst.slot_id:
+            _retire_orphan(d, inst.id, inst.slot_id, f"replaced by {cmd.slot_id}")
+        d.emit(InstanceCreated(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms))
+    d.reply(to, r, instance_id=inst.id)
 
 
 def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
     """The instance is ready; with dedicated starts it serves the request it was started for, if that still waits."""
     inst = d.s.instances.get(cmd.instance_id)
-    if inst is not None and inst.phase is Phase.CREATING:
+    if _being_created_on(inst, cmd.slot_id):
         d.emit(
             InstanceReady(
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
             )
         )
-        if policy.dedicated_starts and (own := d.s.pending(inst.for_request)) is not None:
+        if policy.dedicated_starts and (own := d.s.pending(inst.for_request)) is not None and _fits(d.s, inst):
             d.emit(Assigned(at_ms=d.now, request_id=own.request_id, instance_id=inst.id))
             d.reply_all(own.waiters, own.request_id, instance_id=inst.id)
     elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
@@ -208,13 +269,12 @@ def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
 
 def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
     inst = d.s.instances.get(cmd.instance_id)
-    if inst is None or inst.phase is not Phase.CREATING:
+    if not _being_created_on(inst, cmd.slot_id):
         if cmd.slot_id and (inst is None or inst.slot_id != cmd.slot_id):
             _retire_orphan(d, cmd.instance_id, cmd.slot_id, f"failed creation of an unknown instance: {cmd.reason}")
         return
-    d.emit(
-        InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, reason=f"creation failed: {cmd.reason}")
-    )
+    slot = cmd.slot_id or inst.slot_id  # CreateSlot answered before (InstanceCreated), or Init failed on it
+    d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=slot, reason=f"creation failed: {cmd.reason}"))
     if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
         victim = d.s.pending(inst.for_request) or d.s.queue[0]
         message = f"the platform could not start an instance: {cmd.reason}"
@@ -246,14 +306,20 @@ def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     _free_lost_leases(d)
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
+    throttle_ms = _throttle_at_the_cap(d, policy)
     _keep_or_retire_idle(d, policy)
     prewarm_ms = _prewarm(d, policy)
-    return _next_wake(d, recheck_ms, prewarm_ms)
+    rest_ms = _rest_or_forget(d)
+    return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms, rest_ms)
+
+
+def _timeout_s(s: FnState) -> int:
+    return s.meta.timeout_s if s.meta is not None and s.meta.timeout_s > 0 else DEFAULT_TIMEOUT_S
 
 
 def _lease_ms(s: FnState) -> int:
-    """How long a request may hold an instance: its function's timeout and a grace (0: no limit)."""
-    return s.meta.timeout_s * 1000 + LEASE_GRACE_MS if s.meta is not None and s.meta.timeout_s > 0 else 0
+    """How long a request may hold an instance: its function's timeout (or the default) and a grace."""
+    return _timeout_s(s) * 1000 + LEASE_GRACE_MS
 
 
 def _free_lost_leases(d: _Draft) -> None:
@@ -262,21 +328,26 @@ def _free_lost_leases(d: _Draft) -> None:
     Its instance is freed and retired, as the run may have left it in any state.
     """
     lease = _lease_ms(d.s)
-    if not lease:
-        return
+    given = "the function's" if d.s.meta is not None and d.s.meta.timeout_s > 0 else "the default"
     for inst in d.s.in_phase(Phase.BUSY):
         if inst.since_ms + lease <= d.now:
-            why = f"no Idle within the function's {d.s.meta.timeout_s}s timeout"
+            why = f"no Idle within {given} {_timeout_s(d.s)}s timeout"
             d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
 
+def _fits(s: FnState, inst: Instance) -> bool:
+    """Whether the instance has the memory the function asks for now (its meta may have grown since)."""
+    return s.meta is None or inst.memory_mb >= s.meta.memory_mb
+
+
 def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
-    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance.
+    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance
+    with enough memory.
 
     With dedicated starts a request whose own instance is being created waits for that one.
     """
-    while (idle := d.s.in_phase(Phase.IDLE)) and (free := _free_to_take(d.s, policy)):
+    while (free := _free_to_take(d.s, policy)) and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
         inst = policy.pick(d.s, idle, d.now)
         waiting = free[0]
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
@@ -292,13 +363,14 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     if not uncovered or d.s.meta is None:
         return None
     plan = policy.plan_queue(d.s, len(uncovered), d.now)
-    for waiting in uncovered[: plan.starts]:
-        i = d.s.next_instance_id()
-        d.emit(SlotWanted(at_ms=d.now, instance_id=i, meta=d.s.meta, for_request=waiting.request_id, reason=plan.why))
-    for waiting in uncovered[plan.starts :]:
+    starts = d.may_start(plan.starts)
+    for waiting in uncovered[:starts]:
+        d.start(for_request=waiting.request_id, why=plan.why)
+    capped = f"at the cap ({_caps(d.s, d.room)}): waits for an instance to free up" if starts < plan.starts else ""
+    for waiting in uncovered[starts:]:
         if waiting.since_ms == d.now:  # say so once, when it arrives
             r, expected = waiting.request_id, plan.expected_ms
-            d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=plan.why))
+            d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=capped or plan.why))
     return plan.recheck_ms
 
 
@@ -310,21 +382,64 @@ def _free_to_take(s: FnState, policy: Policy) -> tuple[Pending, ...]:
 def _uncovered(s: FnState, policy: Policy) -> tuple[Pending, ...]:
     """The waiting requests no instance under creation is for: with dedicated starts, those without
     one started for them; else any creation covers one, the oldest first."""
-    creating = s.in_phase(Phase.CREATING)
+    creating = [i for i in s.in_phase(Phase.CREATING) if _fits(s, i)]
     if policy.dedicated_starts:
         own = {i.for_request for i in creating}
         return tuple(p for p in s.queue if p.request_id not in own)
     return s.queue[len(creating) :]
 
 
+def _caps(s: FnState, room: Room) -> str:
+    lim = room.limits
+    named = [
+        f"{lim.max_instances} instances" if lim.max_instances else "",
+        f"{lim.max_memory_mb} MB" if lim.max_memory_mb else "",
+    ]
+    named += [
+        "the caps over all functions" if room.instances_left is not None or room.memory_left_mb is not None else ""
+    ]
+    return ", ".join(n for n in named if n) or "no cap"
+
+
+def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
+    """Throttle: a request that waited its time at a cap (nothing could start for it) is answered Throttle.
+
+    Returns when the next one's time is up, while the caps hold any back.
+    """
+    if d.may_start(1) or d.s.meta is None:
+        return None
+    due = []
+    for waiting in _uncovered(d.s, policy):
+        deadline = waiting.since_ms + d.room.throttle_after_ms
+        if deadline > d.now:
+            due.append(deadline)
+            continue
+        message = (
+            f"throttled: {_caps(d.s, d.room)} reached and no instance freed up within {d.room.throttle_after_ms} ms"
+        )
+        d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
+        d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
+    return min(due, default=None)
+
+
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
-    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires."""
+    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires, and
+    so does one with less memory than the function asks for now (no request may run on it again)."""
+    for inst in d.s.in_phase(Phase.IDLE):
+        if not _fits(d.s, inst):
+            why = f"{inst.memory_mb} MB, less than the function's {d.s.meta.memory_mb} MB now"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
             keep = policy.keep_alive(d.s, inst, d.now)
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
+            continue
+        if d.room.limits.min_warm and d.room.reserved(d.s) == 0 and _live(d.s) <= d.room.limits.min_warm:
+            until = d.now + RESERVED_RECHECK_MS
+            why = f"reserved: the function keeps {d.room.limits.min_warm} warm"
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=until, why=why))
             continue
         longer = policy.expire(d.s, inst, d.now)
         if longer is not None and longer.until_ms > d.now:
@@ -339,15 +454,43 @@ def _prewarm(d: _Draft, policy: Policy) -> int | None:
     if d.s.meta is None:
         return None
     warm = policy.prewarm(d.s, d.now)
-    for _ in range(warm.count):
-        d.emit(SlotWanted(at_ms=d.now, instance_id=d.s.next_instance_id(), meta=d.s.meta, reason=warm.why))
+    for _ in range(d.may_start(warm.count)):
+        d.start(why=warm.why)
+    if reserved := d.may_start(d.room.reserved(d.s)):
+        for _ in range(reserved):
+            d.start(why=f"reserved: the function keeps {d.room.limits.min_warm} warm")
     return warm.next_ms
+
+
+def _rest_or_forget(d: _Draft) -> int | None:
+    """Rest and forget: a function with nothing in flight and no instance sheds what it no longer needs.
+
+    Returns when the next step is due.
+    """
+    s = d.s
+    if s.meta is None or s.instances or s.queue:
+        return None
+    idle_since = max(s.stats.last_arrival_ms, s.stats.last_end_ms)
+    forget_at = idle_since + d.room.forget_after_ms
+    if d.now >= forget_at:
+        d.emit(FunctionForgotten(at_ms=d.now))
+        return None
+    if s.rested:
+        return forget_at
+    rest_at = idle_since + d.room.rest_after_ms
+    if d.now < rest_at:
+        return rest_at
+    d.emit(FunctionRested(at_ms=d.now))
+    return forget_at
+
+
+def _live(s: FnState) -> int:
+    return sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
 
 
 def _next_wake(d: _Draft, *planned: int | None) -> int | None:
     """Wake: the earliest deadline still ahead, among the policy's plans, keep-alives and leases."""
     wakes = [w for w in planned if w is not None]
     wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
-    if lease := _lease_ms(d.s):
-        wakes += [i.since_ms + lease for i in d.s.in_phase(Phase.BUSY)]
+    wakes += [i.since_ms + _lease_ms(d.s) for i in d.s.in_phase(Phase.BUSY)]
     return min((w for w in wakes if w > d.now), default=None)

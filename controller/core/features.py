@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING
 import msgspec
 from msgspec.structs import replace
 
-from proto.events import Assigned, Event, InstanceReady, Released, RequestArrived, RequestFailed, SlotWanted
+from proto.events import (
+    Assigned,
+    Event,
+    FunctionForgotten,
+    InstanceReady,
+    Released,
+    RequestArrived,
+    RequestFailed,
+    SlotWanted,
+)
 
 if TYPE_CHECKING:
     from controller.core.state import FnState, Instance
@@ -86,6 +95,8 @@ def observe(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
             return _release(st, t, before.instances[i], dies, after)
         case RequestFailed():
             return replace(st, failures=st.failures + 1)
+        case FunctionForgotten():
+            return NO_STATS
     return st
 
 

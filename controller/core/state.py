@@ -18,7 +18,10 @@ from controller.core.features import EARLY_GAPS, GAP_BINS, NO_STATS, FnStats, ga
 from proto.events import (
     Assigned,
     Event,
+    FunctionForgotten,
+    FunctionRested,
     FunctionSeen,
+    InstanceCreated,
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
@@ -78,6 +81,8 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     started: int = 0  # instances ever wanted: numbers the next instance id
     stats: FnStats = NO_STATS
     finished: dict[str, str] = {}  # request -> instance of the latest releases, oldest first
+    slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
+    rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -91,6 +96,11 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
 
     def next_instance_id(self) -> str:
         return f"{self.key}-{self.started + 1}"
+
+    def slot_gb_ms_at(self, now: int) -> float:
+        """Memory x life of every instance started for the function, those alive counted until `now`."""
+        alive = sum(i.memory_mb / 1024 * (now - i.wanted_ms) for i in self.instances.values() if i.wanted_ms)
+        return self.slot_gb_ms + alive
 
     def finished_on(self, request_id: str) -> str | None:
         """The instance a recently finished request was released from, if it is one."""
@@ -120,7 +130,15 @@ def _function_seen(s: FnState, e: FunctionSeen) -> FnState:
 
 def _request_arrived(s: FnState, e: RequestArrived) -> FnState:
     waiting = Pending(request_id=e.request_id, waiters=(e.reply_to,) if e.reply_to else (), since_ms=e.at_ms)
-    return replace(s, queue=(*s.queue, waiting))
+    return replace(s, queue=(*s.queue, waiting), rested=False)
+
+
+def _function_rested(s: FnState, e: FunctionRested) -> FnState:
+    return replace(s, finished={}, rested=True)  # the releases a retry could still ask about: long past
+
+
+def _function_forgotten(s: FnState, e: FunctionForgotten) -> FnState:
+    return FnState(key=s.key)  # what holds nothing is dropped (controller/ledger.py)
 
 
 def _request_retried(s: FnState, e: RequestRetried) -> FnState:
@@ -141,6 +159,13 @@ def _slot_wanted(s: FnState, e: SlotWanted) -> FnState:
         for_request=e.for_request,
     )
     return replace(_put(s, inst), started=s.started + 1)
+
+
+def _instance_created(s: FnState, e: InstanceCreated) -> FnState:
+    old = s.instances.get(e.instance_id)
+    if old is None:
+        return s
+    return _put(s, replace(old, slot_id=e.slot_id))
 
 
 def _instance_ready(s: FnState, e: InstanceReady) -> FnState:
@@ -165,7 +190,13 @@ def _released(s: FnState, e: Released) -> FnState:
     if old is None:
         return s
     s = _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0))
+    if e.cancelled:  # never served: a retry of the request is served anew
+        return s if e.request_id not in s.finished else replace(s, finished=_forget(s.finished, e.request_id))
     return replace(s, finished=_remember(s.finished, e.request_id, e.instance_id))
+
+
+def _forget(finished: dict[str, str], request_id: str) -> dict[str, str]:
+    return {r: i for r, i in finished.items() if r != request_id}
 
 
 def _remember(finished: dict[str, str], request_id: str, instance_id: str) -> dict[str, str]:
@@ -192,14 +223,14 @@ def _instance_retired(s: FnState, e: InstanceRetired) -> FnState:
     old = s.instances.get(e.instance_id)
     slot = e.slot_id or (old.slot_id if old else "")
     if not slot:  # nothing on the platform to destroy
-        return _gone(s, e.instance_id)
+        return _gone(s, e.instance_id, e.at_ms)
     if old is None:  # a slot we never knew: track it until destroyed
         old = Instance(id=e.instance_id, phase=Phase.RETIRING, since_ms=e.at_ms, memory_mb=0)
     return _put(s, replace(old, phase=Phase.RETIRING, since_ms=e.at_ms, slot_id=slot))
 
 
 def _instance_destroyed(s: FnState, e: InstanceDestroyed) -> FnState:
-    return _gone(s, e.instance_id)
+    return _gone(s, e.instance_id, e.at_ms)
 
 
 def _explains(s: FnState, e: RequestWaiting) -> FnState:
@@ -213,6 +244,7 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     WaiterLeft: _waiter_left,
     RequestWaiting: _explains,
     SlotWanted: _slot_wanted,
+    InstanceCreated: _instance_created,
     InstanceReady: _instance_ready,
     Assigned: _assigned,
     Released: _released,
@@ -221,6 +253,8 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     RequestCancelled: _request_ended,
     InstanceRetired: _instance_retired,
     InstanceDestroyed: _instance_destroyed,
+    FunctionRested: _function_rested,
+    FunctionForgotten: _function_forgotten,
 }
 
 
@@ -228,10 +262,14 @@ def _put(s: FnState, inst: Instance) -> FnState:
     return replace(s, instances={**s.instances, inst.id: inst})
 
 
-def _gone(s: FnState, instance_id: str) -> FnState:
-    if instance_id not in s.instances:
+def _gone(s: FnState, instance_id: str, at_ms: int) -> FnState:
+    """The instance is gone: its slot time is closed (an orphan slot found later has no start of ours)."""
+    inst = s.instances.get(instance_id)
+    if inst is None:
         return s
-    return replace(s, instances={i: inst for i, inst in s.instances.items() if i != instance_id})
+    closed = inst.memory_mb / 1024 * (at_ms - inst.wanted_ms) if inst.wanted_ms else 0.0
+    instances = {i: kept for i, kept in s.instances.items() if i != instance_id}
+    return replace(s, instances=instances, slot_gb_ms=s.slot_gb_ms + closed)
 
 
 def _dequeue(s: FnState, request_id: str) -> FnState:
@@ -250,17 +288,33 @@ def _waiters(s: FnState, request_id: str, change: Callable[[tuple[str, ...]], tu
 
 
 class Totals(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole run so far, summed over functions: what the score is made of. A value: `change` makes a new one."""
+    """The whole run so far, summed over functions: what the score is made of, and the instances held
+    now (what caps over all functions count). A value: `change` makes a new one."""
 
     exec_ms: float = 0.0
     exec_gb_ms: float = 0.0
     wait_ms: float = 0.0
     ideal_gb_ms: float = 0.0
+    instances: int = 0  # every instance in a state, retiring ones too (they hold a slot until destroyed)
+    memory_mb: int = 0
     # How soon functions come back while they are new: every function's first gaps (FnStats.early_gaps)
     # by gap bin, and when the early gaps still open began (a function's last arrival, while it is one of
     # its first EARLY_GAPS), ascending: those have lasted at least until now.
     early_gaps: tuple[int, ...] = (0,) * GAP_BINS
     early_open: tuple[int, ...] = ()
+
+    def plus(self, other: "Totals") -> "Totals":
+        """The run's totals from two sets of functions (another node's partitions, say)."""
+        return Totals(
+            exec_ms=self.exec_ms + other.exec_ms,
+            exec_gb_ms=self.exec_gb_ms + other.exec_gb_ms,
+            wait_ms=self.wait_ms + other.wait_ms,
+            ideal_gb_ms=self.ideal_gb_ms + other.ideal_gb_ms,
+            instances=self.instances + other.instances,
+            memory_mb=self.memory_mb + other.memory_mb,
+            early_gaps=tuple(a + b for a, b in zip(self.early_gaps, other.early_gaps, strict=True)),
+            early_open=tuple(sorted(self.early_open + other.early_open)),
+        )
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
         """The totals once one function's state `old` is replaced by `new` (None: no state)."""
@@ -274,14 +328,22 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             for gap in now.early_gaps:
                 counts[gap_bin(gap)] += 1
             early = tuple(counts)
+        before = old.instances if old is not None else {}
+        after = new.instances if new is not None else {}
         return Totals(
             exec_ms=self.exec_ms - was.exec_ms + now.exec_ms,
             exec_gb_ms=self.exec_gb_ms - was.exec_gb_ms + now.exec_gb_ms,
             wait_ms=self.wait_ms - was.wait_ms + now.wait_ms,
             ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
+            instances=self.instances - len(before) + len(after),
+            memory_mb=self.memory_mb - _memory(before) + _memory(after),
             early_gaps=early,
             early_open=_still_open(self.early_open, was, now),
         )
+
+
+def _memory(instances: dict[str, Instance]) -> int:
+    return sum(i.memory_mb for i in instances.values()) if instances else 0
 
 
 def _still_open(opened: tuple[int, ...], was: FnStats, now: FnStats) -> tuple[int, ...]:

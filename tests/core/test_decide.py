@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import pytest
 
-from controller.core.decide import decide
+from controller.core.decide import DEFAULT_TIMEOUT_S, decide
 from controller.core.state import FnState, Phase
 from proto import commands as c
 from proto import events as e
@@ -295,6 +295,59 @@ def test_ready_for_an_unwanted_instance_destroys_its_slot():
     assert s.instances["ghost-1@s9"].phase is Phase.RETIRING
 
 
+def created(i: str = "fn-1", slot: str = "s1") -> c.SlotCreated:
+    return c.SlotCreated(key=KEY, instance_id=i, slot_id=slot, create_ms=100, reply_to=f"to-created-{i}")
+
+
+def test_a_created_slot_is_recorded_before_init_and_a_repeat_changes_nothing():
+    s, (_, d, again) = run(assign("r1"), created(), created())
+    assert d.events == [e.InstanceCreated(at_ms=10, instance_id="fn-1", slot_id="s1", create_ms=100)]
+    assert d.replies == [ok("to-created-fn-1", "fn-1", "fn-1")]
+    assert again.events == [] and again.replies == d.replies
+    assert s.instances["fn-1"].phase is Phase.CREATING and s.instances["fn-1"].slot_id == "s1"
+
+
+def test_a_slot_created_for_an_instance_no_longer_wanted_is_destroyed_and_init_is_refused():
+    _s, (d,) = run(created("ghost-1", "s9"))
+    why = "created for an instance no longer wanted"
+    assert d.events == [e.InstanceRetired(at_ms=0, instance_id="ghost-1@s9", slot_id="s9", reason=why)]
+    assert [r.code for r in d.replies] == [c.Code.FAILED_PRECONDITION]
+    _s, (*_, late) = run(assign("r1"), created(), ready(), created())  # a stale repeat once it is ready
+    assert late.events == [] and [r.code for r in late.replies] == [c.Code.FAILED_PRECONDITION]
+
+
+def test_a_second_slot_for_a_creating_instance_replaces_the_first_which_is_destroyed():
+    s, (*_, d) = run(assign("r1"), created(slot="s1"), created(slot="s2"))
+    assert d.events == [
+        e.InstanceRetired(at_ms=20, instance_id="fn-1@s1", slot_id="s1", reason="replaced by s2"),
+        e.InstanceCreated(at_ms=20, instance_id="fn-1", slot_id="s2", create_ms=100),
+    ]
+    assert s.instances["fn-1"].slot_id == "s2" and s.instances["fn-1@s1"].phase is Phase.RETIRING
+
+
+def test_reports_about_a_slot_given_up_for_another_leave_the_instance_on_the_new_one():
+    """A slow worker's Init on the first slot finishes after a second worker replaced that slot: the instance
+    stays on the second, the first (being destroyed) is never taken back, and a failure on it fails nothing."""
+    s, _ = run(assign("r1"), created(slot="s1"), created(slot="s2"))
+    for late in (
+        ready(slot="s1"),
+        created(slot="s1"),
+        c.SlotFailed(key=KEY, instance_id="fn-1", reason="x", slot_id="s1"),
+    ):
+        d = decide(s, late, 100, DEMO)
+        assert d.events == [] and d.state.instances["fn-1"].slot_id == "s2", late
+        assert d.state.instances["fn-1"].phase is Phase.CREATING
+    assert decide(s, ready(slot="s2"), 100, DEMO).state.instances["fn-1"].phase is Phase.BUSY
+
+
+def test_a_creation_that_fails_after_its_slot_was_recorded_destroys_that_slot():
+    s, (*_, d) = run(assign("r1"), created(), c.SlotFailed(key=KEY, instance_id="fn-1", reason="CreateSlot: full"))
+    assert d.events[0] == e.InstanceRetired(
+        at_ms=20, instance_id="fn-1", slot_id="s1", reason="creation failed: CreateSlot: full"
+    )
+    assert s.instances["fn-1"].phase is Phase.RETIRING
+
+
 def test_repeated_ready_report_is_ignored():
     _s, (*_, d) = run(assign("r1"), ready(), ready())
     assert d.events == []
@@ -305,9 +358,22 @@ def test_cancel_frees_what_the_caller_held_or_waited_for():
     assert d.events == [e.RequestCancelled(at_ms=10, request_id="r1", reason="caller gave up")] and s.queue == ()
     s, (*_, d) = run(assign("r1", to="inbox.1"), ready(), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"))
     why = "cancelled: caller gave up"
-    released = e.Released(at_ms=20, request_id="r1", instance_id="fn-1", status_code=0, reason=why)
+    released = e.Released(at_ms=20, request_id="r1", instance_id="fn-1", status_code=0, reason=why, cancelled=True)
     kept = e.KeptAlive(at_ms=20, instance_id="fn-1", until_ms=20 + KEEP, why="fixed keep-alive 300s")
     assert d.events == [released, kept] and d.replies == [] and s.instances["fn-1"].phase is Phase.IDLE
+
+
+def test_a_request_whose_assignment_was_cancelled_before_its_caller_got_it_is_served_when_retried():
+    """The first attempt's caller gave up (its Cancel came first); the retry is a request never served."""
+    cancel = c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1")
+    _s, (*_, d) = run(assign("r1", to="inbox.1"), ready(), cancel, assign("r1", to="inbox.2"))
+    assert d.events == [
+        e.RequestArrived(at_ms=30, request_id="r1", reply_to="inbox.2"),
+        e.Assigned(at_ms=30, request_id="r1", instance_id="fn-1"),
+    ]
+    assert d.replies == [ok("inbox.2", "r1", "fn-1")]
+    _s, (*_, done) = run(assign("r1", to="inbox.1"), ready(), idle("r1"), assign("r1", to="inbox.2"))
+    assert [r.code for r in done.replies] == [c.Code.FAILED_PRECONDITION], "one that was served is refused"
 
 
 def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
@@ -325,14 +391,34 @@ def test_assign_retried_after_assignment_gets_the_same_instance():
     assert decide(d.state, assign("r1", to="inbox.again"), 110, DEMO).events == [], "the same caller again: no event"
 
 
+BIGGER = e.Meta(memory_mb=2048, runtime="python", timeout_s=60)
+
+
 def test_meta_change_is_recorded_and_used_for_new_instances():
-    bigger = e.Meta(memory_mb=2048, runtime="python", timeout_s=60)
-    _s, (*_, d) = run(assign("r1"), assign("r2", meta=bigger))
+    """The instance being created with the old 512 MB covers no request any more: two start with 2 GB."""
+    _s, (*_, d) = run(assign("r1"), assign("r2", meta=BIGGER))
     assert d.events == [
-        e.FunctionSeen(at_ms=10, meta=bigger),
+        e.FunctionSeen(at_ms=10, meta=BIGGER),
         e.RequestArrived(at_ms=10, request_id="r2", reply_to="to-r2"),
-        e.SlotWanted(at_ms=10, instance_id="fn-2", meta=bigger, for_request="r2", reason=COLD),
+        e.SlotWanted(at_ms=10, instance_id="fn-2", meta=BIGGER, for_request="r1", reason=COLD),
+        e.SlotWanted(at_ms=10, instance_id="fn-3", meta=BIGGER, for_request="r2", reason=COLD),
     ]
+
+
+def test_an_instance_with_less_memory_than_the_function_now_asks_for_is_never_reused_but_retired():
+    _s, (*_, d) = run(assign("r1"), ready(), idle("r1"), assign("r2", meta=BIGGER))
+    assert d.events == [
+        e.FunctionSeen(at_ms=30, meta=BIGGER),
+        e.RequestArrived(at_ms=30, request_id="r2", reply_to="to-r2"),
+        e.SlotWanted(at_ms=30, instance_id="fn-2", meta=BIGGER, for_request="r2", reason=COLD),
+        e.InstanceRetired(
+            at_ms=30, instance_id="fn-1", slot_id="s1", reason="512 MB, less than the function's 2048 MB now"
+        ),
+    ]
+    _s, (*_, smaller) = run(assign("r1", meta=BIGGER), ready(), idle("r1"), assign("r2"))
+    assert [ev for ev in smaller.events if isinstance(ev, e.Assigned)] == [
+        e.Assigned(at_ms=30, request_id="r2", instance_id="fn-1")
+    ], "one with more memory than asked serves"
 
 
 def test_zero_memory_is_refused():
@@ -381,3 +467,13 @@ def test_an_instance_held_past_the_function_timeout_is_freed_and_retired():
     assert late.state.instances["fn-1"].phase is Phase.RETIRING
     after = decide(late.state, idle("r1"), 10 + lease + 5, DEMO)  # the lost caller comes back after all
     assert after.events == [] and after.replies[0].code is c.Code.OK
+
+
+def test_an_instance_of_a_function_without_timeout_has_the_default_lease():
+    no_timeout = e.Meta(memory_mb=512, runtime="python", timeout_s=0)
+    s, (_, d) = run(assign("r1", meta=no_timeout), ready())
+    lease = DEFAULT_TIMEOUT_S * 1000 + 30_000
+    assert d.wake_ms == 10 + lease
+    late = decide(s, c.Tick(key=KEY, due_ms=0), 10 + lease, DEMO)
+    why = f"no Idle within the default {DEFAULT_TIMEOUT_S}s timeout"
+    assert [(type(ev), ev.reason) for ev in late.events] == [(e.Released, why), (e.InstanceRetired, why)]

@@ -1,0 +1,85 @@
+"""Listening: ports and addresses checked when they are parsed, and gRPC servers that own their port.
+
+gRPC binds with SO_REUSEPORT by default: a second server on a port in use starts without a word
+and the kernel splits the clients between the two. Our servers turn it off, so a port in use is
+an error, said in one line.
+"""
+
+import argparse
+import socket
+
+import grpc
+
+GRPC_OPTIONS = [("grpc.so_reuseport", 0)]
+
+
+class CannotListen(RuntimeError):
+    """The address cannot be served (in use, not allowed, not an address of this machine)."""
+
+    def __init__(self, listen: str, why: str) -> None:
+        super().__init__(f"cannot listen on {listen}: {why}")
+        self.listen = listen
+        self.why = why
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 0 meaning any free one."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range (0-65535)")
+    return value
+
+
+def address(text: str) -> str:
+    """An argparse type: HOST:PORT (HOST may be empty, or [IPv6]); the port as `port` accepts it."""
+    _, sep, number = text.rpartition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    port(number)
+    return text
+
+
+def grpc_server(max_calls: int | None = None) -> grpc.aio.Server:
+    """A server that owns its port; with `max_calls`, one that takes up to that many calls at once.
+
+    gRPC's core cancels calls beyond 1,000 not yet taken by the application (some at random up to
+    3,000): in a burst, a CANCELLED call is a failed request. With `max_calls` those limits are
+    raised to it, and a call past it is refused with RESOURCE_EXHAUSTED.
+    """
+    if max_calls is None:
+        return grpc.aio.server(options=GRPC_OPTIONS)
+    pending = [
+        ("grpc.server.max_pending_requests", max_calls),
+        ("grpc.server.max_pending_requests_hard_limit", max_calls),
+    ]
+    return grpc.aio.server(maximum_concurrent_rpcs=max_calls, options=GRPC_OPTIONS + pending)
+
+
+def bind(server: grpc.aio.Server, listen: str) -> int:
+    """Add `listen` to the server and return the port it got; raise CannotListen saying why not."""
+    try:
+        got = server.add_insecure_port(listen)
+    except RuntimeError:
+        got = 0
+    if got == 0:
+        raise CannotListen(listen, why_not(listen))
+    return got
+
+
+def why_not(listen: str) -> str:
+    """Why a bind to `listen` fails, in the kernel's words (asked after gRPC failed, which does not say)."""
+    host, _, number = listen.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(number), type=socket.SOCK_STREAM)
+        family, kind, proto, _, where = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(where)
+    except OSError as e:
+        return e.strerror or str(e)
+    except ValueError:
+        return "not an address"
+    return "gRPC refused it"

@@ -1,0 +1,128 @@
+"""Normal operation logs nothing alarming; a lasting fault is one line, then rarely (issue 12, item 6).
+
+Through `scaler up` as a user runs it, against a platform in this process that the test controls.
+"""
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from platform_stub.server import PlatformStub
+from proto import platform_admin_pb2 as admin
+from proto import serverless_sim_pb2 as pb
+from proto import serverless_sim_pb2_grpc as pb_grpc
+from runtime.faults import LastingFault
+from simulator.dataset import FunctionMeta
+from tests.processes import free_port
+from tests.stack import eventually
+from tests.test_up import Log, start_up
+
+
+class Platform(PlatformStub):
+    """The stub, counting the lists it was asked for, and refusing DestroySlot while `refuse` is set."""
+
+    listed = 0
+    refuse = False
+
+    async def ListSlots(self, request: admin.ListSlotsRequest, context) -> admin.ListSlotsReply:
+        self.listed += 1
+        return await super().ListSlots(request, context)
+
+    async def DestroySlot(self, request: pb.DestroySlotRequest, context) -> pb.DestroySlotReply:
+        if self.refuse:
+            return pb.DestroySlotReply(status=pb.InternalError, error_message="the platform is gone")
+        return await super().DestroySlot(request, context)
+
+
+async def call(address: str, key: str, need_destroy: bool = False) -> None:
+    async with grpc.aio.insecure_channel(address) as channel:
+        scaler = pb_grpc.ScalerStub(channel)
+        meta = pb.Meta(key=key, runtime="python", memory_in_mb=128)
+        reply = await scaler.Assign(pb.AssignRequest(request_id=f"{key}-r", meta_data=meta), timeout=60)
+        result = pb.Result(status_code=500 if need_destroy else 200, need_destroy=need_destroy)
+        await scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=result), timeout=20)
+
+
+async def stopped(proc: asyncio.subprocess.Process, log: Log) -> tuple[int, str, float]:
+    """SIGINT (Ctrl-C); the exit status, everything it logged, and how long it took to stop."""
+    began = time.monotonic()
+    proc.send_signal(2)
+    async with asyncio.timeout(30):
+        err = await log.close()
+        code = await proc.wait()
+    return code, err, time.monotonic() - began
+
+
+async def test_the_documented_start_order_reconciles_once_the_platform_is_there_and_says_nothing():
+    at = f"127.0.0.1:{free_port()}"
+    proc, address, lines = await start_up("--platform", at)  # the scaler first: nobody serves `at` yet
+    log = Log(proc, lines)
+    await asyncio.sleep(2)  # the gc worker has started, and found no platform
+    platform = Platform(at)
+    await platform.start()
+    try:
+        await eventually(lambda: platform.listed == 1, seconds=20)
+        await call(address, "fn")
+    finally:
+        code, err, _ = await stopped(proc, log)
+        await platform.stop()
+    assert code == 0, err
+    assert "WARNING" not in err and "ERROR" not in err, err
+
+
+async def test_a_platform_refusing_every_destroy_is_one_line_not_one_per_retry():
+    platform = Platform("127.0.0.1:0")
+    await platform.start()
+    proc, address, lines = await start_up("--platform", f"127.0.0.1:{platform.port}")
+    log = Log(proc, lines)
+    try:
+        platform.refuse = True
+        await asyncio.gather(call(address, "a", need_destroy=True), call(address, "b", need_destroy=True))
+        await log.wait_for("the platform is gone")
+        await asyncio.sleep(12)  # each batch was tried again (after 5 s, then 10 s)
+        assert log.count("DestroySlot") == 1, log.lines
+        platform.refuse = False
+        await log.wait_for("gc worker: working again after ", seconds=30)
+        await eventually(lambda: not platform.accounting.live, seconds=30)
+    finally:
+        code, err, _ = await stopped(proc, log)
+        await platform.stop()
+    assert code == 0, err
+    assert err.count("ERROR") == 1, err
+
+
+async def test_ctrl_c_while_the_platform_is_at_work_is_prompt_and_quiet():
+    slow = FunctionMeta(key="slow", runtime="python", memory_in_mb=128, init_duration_in_ms=30_000)
+    platform = Platform("127.0.0.1:0", {"slow": slow})
+    await platform.start()
+    proc, address, lines = await start_up("--platform", f"127.0.0.1:{platform.port}")
+    log = Log(proc, lines)
+    waiting = asyncio.create_task(call(address, "slow"))
+    try:
+        await eventually(lambda: platform.accounting.live, seconds=20)  # CreateSlot done, Init under way
+        await asyncio.sleep(0.5)
+        code, err, took = await stopped(proc, log)
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await platform.stop()
+    assert code == 0, err
+    assert "ERROR" not in err and "WARNING" not in err and "Traceback" not in err, err
+    assert took < 8, err  # no part waited out its stop timeout
+
+
+def test_a_lasting_fault_is_summed_up_ever_more_rarely(caplog):
+    now = [0.0]
+    fault = LastingFault(logging.getLogger("test.fault"), "gc worker", clock=lambda: now[0])
+    for second in range(0, 3600, 5):  # an hour of failures, one every 5 s
+        now[0] = second
+        fault.occurred(f"failure at {second}")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "failure at 0"
+    assert lines[1].startswith("gc worker: 12 more failures in the last 60s, still failing; the latest: failure at 60")
+    assert len(lines) == 1 + 5  # then after 2, 4, 8, 16 more minutes: 60 s, 180, 420, 900, 1860
+    now[0] = 3600
+    fault.ended()
+    assert caplog.records[-1].getMessage() == "gc worker: working again after 720 failures over 60 min"
