@@ -24,20 +24,64 @@ MIN_NEW_FUNCTIONS = 10  # gaps of new functions the run needs before they say an
 def gap_points(hist: tuple[float, ...], recent: tuple[int, ...], elapsed: float) -> list[Point]:
     """The function's gaps still possible after `elapsed`, in order: each bin's (decayed) weight where its
     recent gaps were (a timer's period is where it is, not at its bin's middle), spread over the bin when
-    none is recent."""
+    none is recent.
+
+    A recent gap says where the next may fall, give or take how much such gaps vary: each is spread
+    over a few points around it (`_spread`), so that a burst's next lull, three of which were seen, may
+    come later than all three.
+    """
     ordered = sorted(recent)
     points = []
     for i, w in enumerate(hist):
-        if w <= 0 or UPPER[i] <= elapsed:
+        if w <= 0:
             continue
         lo = bisect_left(ordered, LOWER[i]) if i else 0
         hi = bisect_left(ordered, UPPER[i]) if i < GAP_BINS - 1 else len(ordered)
         if hi > lo:
-            share = w / (hi - lo)
-            points += [(float(g), share) for g in ordered[max(lo, bisect_right(ordered, elapsed)) : hi]]
-        else:
+            share = w / (hi - lo) / len(KERNEL)
+            spread = _spread(ordered, lo, hi)
+            points += [(g * f, share) for g in ordered[lo:hi] for f in spread if g * f > elapsed]
+        elif UPPER[i] > elapsed:
             points += _rest_of_bin(i, w, elapsed)
-    return points
+    return sorted(points)
+
+
+# Seven equally likely points of where the next gap falls, in sds of the log of such gaps from one seen:
+# a normal's, or with few gaps seen Student's t with n - 1 degrees of freedom (t[n - 1]), as a prediction
+# from a sample of n is.
+KERNEL = (-1.465, -0.792, -0.366, 0.0, 0.366, 0.792, 1.465)
+KERNEL_T = {
+    1: (0.482, 1.254, 4.381),
+    2: (0.422, 0.985, 2.353),
+    3: (0.402, 0.913, 1.974),
+    4: (0.393, 0.88, 1.82),
+    5: (0.388, 0.861, 1.737),
+    6: (0.384, 0.849, 1.686),
+    8: (0.379, 0.834, 1.625),
+    12: (0.375, 0.819, 1.568),
+}
+ONE_SPREAD = 0.1  # the sd of the log of gaps of a kind seen only once (a burst's first lull): about 10 %
+
+
+def _spread(ordered: list[int], lo: int, hi: int) -> list[float]:
+    """The factors, each as likely, by which the next gap like those in `ordered[lo:hi]` may differ from one
+    of them: from the sd of their logs and their neighbours' (within a bin on either side), widened by
+    sqrt(1 + 1/n) and Student's t, as a prediction from n samples is."""
+    near = ordered[bisect_left(ordered, ordered[lo] / SQRT2) : bisect_right(ordered, ordered[hi - 1] * SQRT2)]
+    n = len(near)
+    if n == 1:
+        return [math.exp(z * ONE_SPREAD) for z in KERNEL]
+    logs = [math.log(max(g, 1)) for g in near]
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1) * (1 + 1 / n))
+    if sd < 1e-4:
+        return [1.0] * len(KERNEL)
+    t = next((q for dof, q in KERNEL_T.items() if dof >= n - 1), None)
+    zs = KERNEL if t is None else (-t[2], -t[1], -t[0], 0.0, *t)
+    return [math.exp(z * sd) for z in zs]
+
+
+SQRT2 = math.sqrt(2)
 
 
 def _rest_of_bin(i: int, weight: float, elapsed: float) -> list[Point]:
