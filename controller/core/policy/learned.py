@@ -263,12 +263,12 @@ class Learned(Policy):
         busy = typical + _death_share(s) * start  # an instance that dies with its request is gone a start
         gb = _gb(s)
         free = _when_free(s, runs, start, now)
-        # Who will want an instance: the queue now, and arrivals over the next two starts at the
-        # recent rate (a queue that cannot keep up with them keeps growing).
+        # Who will want an instance: the queue now, and arrivals over the next two starts (a queue that
+        # cannot keep up with them keeps growing): at the rate within bursts, as many as a burst brings.
         arrivals = [float(now)] * len(s.queue[:QUEUE_SIMULATED])
-        rate = _rate(s)
+        rate, coming = _burst(s, start)
         if rate:
-            arrivals += [now + (j + 1) / rate for j in range(min(int(rate * 2 * start), QUEUE_SIMULATED))]
+            arrivals += [now + (j + 1) / rate for j in range(min(int(rate * 2 * start), coming, QUEUE_SIMULATED))]
 
         def waits(extra: int) -> tuple[float, float | None]:
             """Total expected wait of those requests, and when the first one waiting now is served."""
@@ -338,6 +338,17 @@ def _rate(s: FnState, now: int | None = None) -> float:
         return 0.0
     span = sum(gaps) + (max(0, now - s.stats.last_arrival_ms) if now is not None else 0)
     return len(gaps) / max(span, 1)
+
+
+def _burst(s: FnState, start: int) -> tuple[float, int]:
+    """Arrivals per ms within a burst (gaps shorter than two starts), and how many more a burst brings once
+    it has begun: a gap is short with chance p, so p / (1 - p) (a busy function: all of its recent gaps)."""
+    gaps = s.stats.gaps
+    near = [g for g in gaps if g <= 2 * start]
+    if not near:
+        return _rate(s), len(gaps)
+    far = len(gaps) - len(near)
+    return len(near) / max(sum(near), 1), math.ceil(len(near) / far) if far else len(gaps)
 
 
 def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
