@@ -177,7 +177,7 @@ class Learned(Policy):
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
         whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`)."""
         elapsed = now - s.stats.last_arrival_ms
-        own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed)
+        own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
         timed = bool(own)
         if sum(s.stats.gap_hist) >= self.min_samples:
             return own or beyond(max(elapsed, 1)), timed
