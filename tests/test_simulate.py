@@ -240,18 +240,19 @@ def test_offline_counts_what_the_gentle_trace_implies(tmp_path):
 @pytest.mark.skipif(not (SHARED / "dataSet_1").is_dir(), reason=f"the shared datasets are not at {SHARED}")
 def test_offline_runs_the_five_hour_trace(tmp_path, capsys):
     # The demo policy's decisions over dataSet_1's five hours, as the offline mode is deterministic:
-    # 45 of 22,868 requests start an instance (each waits CreateSlot + Init), 68 slots in all (need_destroy
-    # retires some), and nodes1, called every 30 s, keeps its one instance all along.
+    # 68 of 22,868 requests start an instance (each waits CreateSlot + Init) and each slot serves first the
+    # request it was started for, as the Go starter's (need_destroy retires some),
+    # and nodes1, called every 30 s, keeps its one instance all along.
     out_json = tmp_path / "stats.json"
     code, out, _ = simulate_cli(capsys, SHARED / "dataSet_1", "--offline", "--policy", "demo", "--json", out_json)
     assert code == 0
     assert out.startswith("dataSet_1: offline, policy demo, 22868 requests")
     stats = json.loads(out_json.read_text())
-    decided = {"totalRequestsCount": 22868, "failedRequestsCount": 0, "coldStarts": 45, "totalLiveSlotCount": 68}
+    decided = {"totalRequestsCount": 22868, "failedRequestsCount": 0, "coldStarts": 68, "totalLiveSlotCount": 68}
     assert {k: stats[k] for k in decided} == decided
-    assert stats["invocationScheduleTimeInSecs"] == pytest.approx(5.841)
-    assert stats["totalSlotTimeInGBs"] == pytest.approx(18270.09025)  # slots charged until 20 s after the last Idle
-    assert stats["score"] == pytest.approx(50.064201727235556)
+    assert stats["invocationScheduleTimeInSecs"] == pytest.approx(8.952)
+    assert stats["totalSlotTimeInGBs"] == pytest.approx(18268.30525)  # slots charged until 20 s after the last Idle
+    assert stats["score"] == pytest.approx(49.84063442773277)
     nodes1 = next(f for f in stats["functions"] if f["key"] == "nodes1")
     assert (nodes1["requests"], nodes1["coldStarts"]) == (634, 1)
 

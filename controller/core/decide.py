@@ -16,7 +16,7 @@ from typing import NamedTuple
 from controller.core import reconcile
 from controller.core.limits import NO_ROOM, Room
 from controller.core.policy import Policy
-from controller.core.state import FnState, Instance, Phase, Totals, apply
+from controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
 from proto.commands import (
     AnyCommand,
     Assign,
@@ -127,7 +127,7 @@ def decide(
         case SlotCreated():
             _slot_created(d, cmd)
         case SlotReady():
-            _instance_ready(d, cmd)
+            _instance_ready(d, cmd, policy)
         case SlotFailed():
             _creation_failed(d, cmd)
         case SlotDestroyed():
@@ -251,7 +251,8 @@ def _slot_created(d: _Draft, cmd: SlotCreated) -> None:
     d.reply(to, r, instance_id=inst.id)
 
 
-def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
+def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
+    """The instance is ready; with dedicated starts it serves the request it was started for, if that still waits."""
     inst = d.s.instances.get(cmd.instance_id)
     if _being_created_on(inst, cmd.slot_id):
         d.emit(
@@ -259,6 +260,9 @@ def _instance_ready(d: _Draft, cmd: SlotReady) -> None:
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
             )
         )
+        if policy.dedicated_starts and (own := d.s.pending(inst.for_request)) is not None and _fits(d.s, inst):
+            d.emit(Assigned(at_ms=d.now, request_id=own.request_id, instance_id=inst.id))
+            d.reply_all(own.waiters, own.request_id, instance_id=inst.id)
     elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
         _retire_orphan(d, cmd.instance_id, cmd.slot_id, "ready for an instance no longer wanted")
 
@@ -302,7 +306,7 @@ def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     _free_lost_leases(d)
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
-    throttle_ms = _throttle_at_the_cap(d)
+    throttle_ms = _throttle_at_the_cap(d, policy)
     _keep_or_retire_idle(d, policy)
     prewarm_ms = _prewarm(d, policy)
     rest_ms = _rest_or_forget(d)
@@ -339,10 +343,13 @@ def _fits(s: FnState, inst: Instance) -> bool:
 
 def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
     """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance
-    with enough memory."""
-    while d.s.queue and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
+    with enough memory.
+
+    With dedicated starts a request whose own instance is being created waits for that one.
+    """
+    while (free := _free_to_take(d.s, policy)) and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
         inst = policy.pick(d.s, idle, d.now)
-        waiting = d.s.queue[0]
+        waiting = free[0]
         d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
         d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
 
@@ -352,7 +359,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
     Returns when the policy wants to look again at those left waiting.
     """
-    uncovered = d.s.queue[sum(_fits(d.s, i) for i in d.s.in_phase(Phase.CREATING)) :]
+    uncovered = _uncovered(d.s, policy)
     if not uncovered or d.s.meta is None:
         return None
     plan = policy.plan_queue(d.s, len(uncovered), d.now)
@@ -365,6 +372,21 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
             r, expected = waiting.request_id, plan.expected_ms
             d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=capped or plan.why))
     return plan.recheck_ms
+
+
+def _free_to_take(s: FnState, policy: Policy) -> tuple[Pending, ...]:
+    """The waiting requests that may take any idle instance: all, or with dedicated starts those without their own."""
+    return _uncovered(s, policy) if policy.dedicated_starts else s.queue
+
+
+def _uncovered(s: FnState, policy: Policy) -> tuple[Pending, ...]:
+    """The waiting requests no instance under creation is for: with dedicated starts, those without
+    one started for them; else any creation covers one, the oldest first."""
+    creating = [i for i in s.in_phase(Phase.CREATING) if _fits(s, i)]
+    if policy.dedicated_starts:
+        own = {i.for_request for i in creating}
+        return tuple(p for p in s.queue if p.request_id not in own)
+    return s.queue[len(creating) :]
 
 
 def _caps(s: FnState, room: Room) -> str:
@@ -380,16 +402,15 @@ def _caps(s: FnState, room: Room) -> str:
     return ", ".join(n for n in named if n) or "no cap"
 
 
-def _throttle_at_the_cap(d: _Draft) -> int | None:
+def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
     """Throttle: a request that waited its time at a cap (nothing could start for it) is answered Throttle.
 
     Returns when the next one's time is up, while the caps hold any back.
     """
     if d.may_start(1) or d.s.meta is None:
         return None
-    covered = len(d.s.in_phase(Phase.CREATING))
     due = []
-    for waiting in d.s.queue[covered:]:
+    for waiting in _uncovered(d.s, policy):
         deadline = waiting.since_ms + d.room.throttle_after_ms
         if deadline > d.now:
             due.append(deadline)

@@ -2,7 +2,7 @@
 
 `state.apply` folds an event in two steps: the lifecycle (instances, queue) in `state.py`, then
 `observe` here, which reads the state before and after the event and changes only `FnStats`.
-The features are history (counters, recent gaps and runs, bursts, histograms, the score's
+The features are history (counters, recent gaps, lulls and runs, histograms, the score's
 figures), so nothing in the lifecycle depends on them.
 
 `VERSION` stamps what this fold computes, for snapshots (controller/snapshots.py): a snapshot
@@ -13,6 +13,7 @@ it does (it pins the features of a reference event log).
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import TYPE_CHECKING
 
@@ -33,11 +34,12 @@ from proto.events import (
 if TYPE_CHECKING:
     from controller.core.state import FnState, Instance
 
-VERSION = 1
+VERSION = 2
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
-BURSTS_KEPT = 32  # recent burst-to-burst periods
+LULLS_KEPT = 32  # recent gaps longer than two starts: when a burst's next one came
+EARLY_GAPS = 3  # a function's first gaps, which tell how soon functions seen once or twice come back
 IDLE_BINS = 240  # idle-time histogram: 1-minute bins over 4 hours ("Serverless in the Wild")
 GAP_BINS = 48  # inter-arrival histogram: half-octave bins from 1 ms to 4.6 h
 GAP_HALF_LIFE_MS = 30 * 60_000  # its counts halve every 30 minutes, so rare long gaps are remembered
@@ -57,8 +59,8 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     gaps: tuple[int, ...] = ()  # recent inter-arrival times, oldest first
     runs: tuple[int, ...] = ()  # recent execution times (assignment to release)
     start_ms: int = 0  # the last instance's start: SlotWanted to ready (CreateSlot + Init + our overhead)
-    burst_start_ms: int = 0  # the arrival that began the current burst (after a gap > 2 starts)
-    bursts: tuple[int, ...] = ()  # recent times from one burst's start to the next's
+    lulls: tuple[int, ...] = ()  # recent gaps longer than two starts (long enough to retire and start again)
+    early_gaps: tuple[int, ...] = ()  # the function's first EARLY_GAPS gaps
     gap_hist: tuple[float, ...] = ()  # inter-arrival times, decayed counts per half-octave (gap_bin)
     idle_hist: tuple[int, ...] = ()  # idle times (nothing in flight until the next arrival), by minute
     idle_oob: int = 0  # idle times beyond the histogram's 4 hours
@@ -66,7 +68,8 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     exec_ms: float = 0.0  # time instances were busy with requests
     exec_gb_ms: float = 0.0
     wait_ms: float = 0.0  # time requests waited for an instance
-    ideal_gb_ms: float = 0.0  # idle slot time a clairvoyant scaler would pay: min(gap, start) x memory per arrival
+    ideal_gb_ms: float = 0.0  # idle slot time a clairvoyant scaler would pay (see _clairvoyant)
+    ideal_free: tuple[int, ...] = ()  # when that scaler's instances free up, ascending (those it may still reuse)
 
 
 NO_STATS = FnStats()
@@ -114,30 +117,31 @@ def _release(st: FnStats, t: int, inst: Instance, dies: bool, after: FnState) ->
 
 
 def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
-    burst_start, bursts = _bursts(st, t)
     gaps, gap_hist = _gaps(st, t)
     idle_hist, idle_oob = _idle_time(st, t, before)
+    ideal_ms, ideal_free = _clairvoyant(st, t)
     return replace(
         st,
-        ideal_gb_ms=st.ideal_gb_ms + _ideal_idle_ms(st, t) * (before.meta.memory_mb / 1024 if before.meta else 1.0),
+        ideal_gb_ms=st.ideal_gb_ms + ideal_ms * (before.meta.memory_mb / 1024 if before.meta else 1.0),
+        ideal_free=ideal_free,
         arrivals=st.arrivals + 1,
         last_arrival_ms=t,
         gaps=gaps,
-        burst_start_ms=burst_start,
-        bursts=bursts,
+        lulls=_lulls(st, t),
+        early_gaps=(*st.early_gaps, t - st.last_arrival_ms) if 0 < st.arrivals <= EARLY_GAPS else st.early_gaps,
         gap_hist=gap_hist,
         idle_hist=idle_hist,
         idle_oob=idle_oob,
     )
 
 
-def _bursts(st: FnStats, t: int) -> tuple[int, tuple[int, ...]]:
-    """A burst begins after a gap long enough to retire an instance and start one again."""
-    if st.arrivals and t - st.last_arrival_ms <= 2 * (st.start_ms or UNKNOWN_START_MS):
-        return st.burst_start_ms, st.bursts
-    if st.burst_start_ms:
-        return t, _ring(st.bursts, t - st.burst_start_ms, BURSTS_KEPT)
-    return t, st.bursts
+def _lulls(st: FnStats, t: int) -> tuple[int, ...]:
+    """The recent lulls, with the gap that ends now if it was one: long enough to retire an instance and
+    start one again. Kept apart from the gaps, whose ring a busy function fills with short ones in seconds."""
+    gap = t - st.last_arrival_ms
+    if not st.arrivals or gap <= 2 * (st.start_ms or UNKNOWN_START_MS):
+        return st.lulls
+    return _ring(st.lulls, gap, LULLS_KEPT)
 
 
 def _gaps(st: FnStats, t: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
@@ -162,18 +166,24 @@ def _idle_time(st: FnStats, t: int, before: FnState) -> tuple[tuple[int, ...], i
     return (*hist[:minute], hist[minute] + 1, *hist[minute + 1 :]), st.idle_oob
 
 
-def _ideal_idle_ms(st: FnStats, t: int) -> float:
-    """Idle slot time a clairvoyant scaler pays for this arrival.
+def _clairvoyant(st: FnStats, t: int) -> tuple[float, tuple[int, ...]]:
+    """The idle slot time a clairvoyant scaler pays for this arrival, and when its instances free up after it.
 
-    It keeps the instance that ran the previous request through the gap after it, or starts one
-    just in time: the arrival costs that idle time, at most one start (none when the requests
-    overlap). From the arrivals alone, so it does not depend on our own choices.
+    It serves the arrival on the instance that freed most recently, paying the time it stood idle,
+    or on one started just in time, paying a start; an instance idle longer than a start is not worth
+    keeping (it retires, and starting another costs the same). Each request is taken to run the
+    recent mean. From the arrivals and runs alone, so it does not depend on our own choices.
     """
     start = st.start_ms or UNKNOWN_START_MS
-    if not st.arrivals:
-        return start
-    run = sum(st.runs) / len(st.runs) if st.runs else 0.0
-    return min(max(t - st.last_arrival_ms - run, 0.0), start)
+    run = round(sum(st.runs) / len(st.runs)) if st.runs else 0
+    free = [f for f in st.ideal_free if f > t - start]
+    taken = bisect.bisect_right(free, t)
+    if taken:
+        idle = float(t - free.pop(taken - 1))
+    else:
+        idle = float(start)
+    bisect.insort(free, t + run)
+    return idle, tuple(free)
 
 
 def _ring(values: tuple[int, ...], value: int, keep: int) -> tuple[int, ...]:

@@ -5,6 +5,7 @@ their phases, its queue of waiting requests), then the features (`features.obser
 function's history, `FnStats`), which read the lifecycle and never change it.
 """
 
+import bisect
 import enum
 import functools
 from collections.abc import Callable, Iterable
@@ -13,7 +14,7 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
-from controller.core.features import NO_STATS, FnStats, observe
+from controller.core.features import EARLY_GAPS, GAP_BINS, NO_STATS, FnStats, gap_bin, observe
 from proto.events import (
     Assigned,
     Event,
@@ -54,7 +55,7 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     waiters: tuple[str, ...] = ()  # where that request's answer went: who may cancel it
     keep_until_ms: int = 0  # when idle: the policy's keep-alive deadline; 0 until decided
     wanted_ms: int = 0
-    for_request: str = ""  # when creating: the request whose miss started it
+    for_request: str = ""  # the request whose miss started it ("": started ahead of demand, a pre-warm)
 
     @property
     def busy(self) -> bool:
@@ -171,7 +172,7 @@ def _instance_ready(s: FnState, e: InstanceReady) -> FnState:
     old = s.instances.get(e.instance_id)
     if old is None:
         return s  # about an instance already gone
-    return _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, slot_id=e.slot_id, for_request=""))
+    return _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, slot_id=e.slot_id))
 
 
 def _assigned(s: FnState, e: Assigned) -> FnState:
@@ -296,6 +297,11 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     ideal_gb_ms: float = 0.0
     instances: int = 0  # every instance in a state, retiring ones too (they hold a slot until destroyed)
     memory_mb: int = 0
+    # How soon functions come back while they are new: every function's first gaps (FnStats.early_gaps)
+    # by gap bin, and when the early gaps still open began (a function's last arrival, while it is one of
+    # its first EARLY_GAPS), ascending: those have lasted at least until now.
+    early_gaps: tuple[int, ...] = (0,) * GAP_BINS
+    early_open: tuple[int, ...] = ()
 
     def plus(self, other: "Totals") -> "Totals":
         """The run's totals from two sets of functions (another node's partitions, say)."""
@@ -306,12 +312,22 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             ideal_gb_ms=self.ideal_gb_ms + other.ideal_gb_ms,
             instances=self.instances + other.instances,
             memory_mb=self.memory_mb + other.memory_mb,
+            early_gaps=tuple(a + b for a, b in zip(self.early_gaps, other.early_gaps, strict=True)),
+            early_open=tuple(sorted(self.early_open + other.early_open)),
         )
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
         """The totals once one function's state `old` is replaced by `new` (None: no state)."""
         was = old.stats if old is not None else NO_STATS
         now = new.stats if new is not None else NO_STATS
+        early = self.early_gaps
+        if was.early_gaps != now.early_gaps:
+            counts = list(early)
+            for gap in was.early_gaps:
+                counts[gap_bin(gap)] -= 1
+            for gap in now.early_gaps:
+                counts[gap_bin(gap)] += 1
+            early = tuple(counts)
         before = old.instances if old is not None else {}
         after = new.instances if new is not None else {}
         return Totals(
@@ -321,8 +337,24 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
             instances=self.instances - len(before) + len(after),
             memory_mb=self.memory_mb - _memory(before) + _memory(after),
+            early_gaps=early,
+            early_open=_still_open(self.early_open, was, now),
         )
 
 
 def _memory(instances: dict[str, Instance]) -> int:
     return sum(i.memory_mb for i in instances.values()) if instances else 0
+
+
+def _still_open(opened: tuple[int, ...], was: FnStats, now: FnStats) -> tuple[int, ...]:
+    """The early gaps still open, once one function's stats `was` become `now`."""
+    before = was.last_arrival_ms if 0 < was.arrivals <= EARLY_GAPS else None
+    after = now.last_arrival_ms if 0 < now.arrivals <= EARLY_GAPS else None
+    if before == after:
+        return opened
+    times = list(opened)
+    if before is not None and (at := bisect.bisect_left(times, before)) < len(times) and times[at] == before:
+        del times[at]
+    if after is not None:
+        bisect.insort(times, after)
+    return tuple(times)

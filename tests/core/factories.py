@@ -2,6 +2,7 @@
 
 from controller.core.decide import decide
 from controller.core.policy import get_policy
+from controller.core.policy.base import FixedKeepAlive
 from controller.core.state import FnState, replay
 from proto import commands as c
 from proto import events as e
@@ -9,6 +10,9 @@ from proto import events as e
 KEY = "fn"
 META = e.Meta(memory_mb=512, runtime="python", timeout_s=60)
 DEMO = get_policy("demo")
+# The demo's choices with pooled starts (as `learned` has them): whoever waits longest takes the
+# first instance ready, whichever request it was started for.
+POOLED = FixedKeepAlive(5 * 60_000, "demo", dedicated_starts=False)
 
 
 def assign(r: str = "r1", to: str = "", meta: e.Meta = META) -> c.Assign:

@@ -8,7 +8,7 @@ from controller.core.decide import DEFAULT_TIMEOUT_S, decide
 from controller.core.state import FnState, Phase
 from proto import commands as c
 from proto import events as e
-from tests.core.factories import DEMO, KEY, META, assign, idle, ready, run
+from tests.core.factories import DEMO, KEY, META, POOLED, assign, idle, ready, run
 
 T = 1_000  # when the command of a table row is decided; its given commands came at 0, 10, 20, ...
 LEASE = META.timeout_s * 1000 + 30_000  # a busy instance is looked at again when its lease ends
@@ -147,10 +147,42 @@ def test_concurrent_assigns_never_share_an_instance():
     assert s.stats.cold_starts == 3
 
 
-def test_first_ready_instance_serves_the_oldest_waiting_request():
-    _, decisions = run(assign("r1"), assign("r2"), ready("fn-2", "s2"))
+def test_pooled_starts_the_first_ready_instance_serves_the_oldest_waiting_request():
+    _, decisions = run(assign("r1"), assign("r2"), ready("fn-2", "s2"), policy=POOLED)
     assigned = [ev for ev in decisions[-1].events if isinstance(ev, e.Assigned)]
     assert [(a.request_id, a.instance_id) for a in assigned] == [("r1", "fn-2")]
+
+
+def test_dedicated_starts_an_instance_started_for_a_request_serves_only_that_request():
+    s, decisions = run(assign("r1"), assign("r2"), ready("fn-2", "s2"))
+    assert decisions[-1].events[1:] == [e.Assigned(at_ms=20, request_id="r2", instance_id="fn-2")]
+    assert decisions[-1].replies == [ok("to-r2", "r2", "fn-2")]
+    assert [p.request_id for p in s.queue] == ["r1"]  # r1 still waits, for fn-1
+
+
+def test_dedicated_starts_an_instance_freed_meanwhile_goes_idle_for_the_next_arrival():
+    s, (*_, freed) = run(assign("r1"), ready("fn-1", "s1"), assign("r2"), idle("r1", "fn-1"))
+    assert [type(ev) for ev in freed.events] == [e.Released, e.KeptAlive]  # r2 waits for fn-2, its own
+    assert s.instances["fn-1"].phase is Phase.IDLE and [p.request_id for p in s.queue] == ["r2"]
+    s, (nxt, own) = run(assign("r3"), ready("fn-2", "s2"), s=s, at=100)
+    assert [(a.request_id, a.instance_id) for a in nxt.events if isinstance(a, e.Assigned)] == [("r3", "fn-1")]
+    assert [(a.request_id, a.instance_id) for a in own.events if isinstance(a, e.Assigned)] == [("r2", "fn-2")]
+    assert s.stats.cold_starts == 2  # one slot per cold Assign, as the Go starter
+
+
+def test_dedicated_starts_count_each_request_without_a_start_of_its_own():
+    # r1's start is ready but r1 was cancelled; r2 has its own start: one start each, none shared
+    s, _ = run(assign("r1"), c.Cancel(key=KEY, request_id="r1", reply_to="to-r1"), assign("r2"))
+    assert [(i.id, i.for_request) for i in s.in_phase(Phase.CREATING)] == [("fn-1", "r1"), ("fn-2", "r2")]
+
+
+def test_dedicated_starts_an_instance_whose_request_went_away_goes_idle_when_ready():
+    s, (*_, d) = run(assign("r1"), c.Cancel(key=KEY, request_id="r1", reply_to="to-r1"), assign("r2"), ready())
+    assert not [ev for ev in d.events if isinstance(ev, e.Assigned)]  # r2 waits for fn-2
+    assert s.instances["fn-1"].phase is Phase.IDLE and [p.request_id for p in s.queue] == ["r2"]
+    fail = c.SlotFailed(key=KEY, instance_id="fn-1", reason="x", slot_id="s1")
+    s, (*_, d) = run(assign("r1"), c.Cancel(key=KEY, request_id="r1", reply_to="to-r1"), assign("r2"), fail)
+    assert not [ev for ev in d.events if isinstance(ev, e.RequestFailed)]  # r2's own start is still under way
 
 
 def test_reuse_picks_the_most_recently_idled_instance():
@@ -180,22 +212,24 @@ def test_destroyed_slot_removes_the_instance():
 
 
 def test_idle_errors_are_clear():
-    s, _ = run(assign("r1"), ready(), assign("r2"))
+    s, _ = run(assign("r1"), ready(), assign("r2"), policy=POOLED)
     d = decide(s, idle("r1", i="fn-9"), 100, DEMO)
     assert d.replies[0].code is c.Code.NOT_FOUND and "fn-9" in d.replies[0].message
     d = decide(s, idle("r2", i="fn-1"), 100, DEMO)  # fn-1 serves r1
     assert d.replies[0].code is c.Code.FAILED_PRECONDITION and "r1" in d.replies[0].message
-    moved_on, _ = run(idle("r1"), s=s)  # r2 was waiting: fn-1 went straight to it
+    moved_on, _ = run(idle("r1"), s=s, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
     d = decide(moved_on, idle("r3", i="fn-1"), 200, DEMO)  # r3 never held fn-1
     assert d.replies[0].code is c.Code.FAILED_PRECONDITION
 
 
 def test_an_idle_repeated_after_its_release_was_recorded_is_ok_whatever_became_of_the_instance():
-    s, _ = run(assign("r1"), ready(), assign("r2"))
-    moved_on, _ = run(idle("r1"), s=s)  # r2 was waiting: fn-1 went straight to it
+    s, _ = run(assign("r1"), ready(), assign("r2"), policy=POOLED)
+    moved_on, _ = run(idle("r1"), s=s, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
     again = decide(moved_on, idle("r1"), 200, DEMO)
     assert again.events == [] and again.replies[0].code is c.Code.OK
-    gone, _ = run(idle("r2", need_destroy=True), c.SlotDestroyed(key=KEY, instance_id="fn-1"), s=moved_on)
+    gone, _ = run(
+        idle("r2", need_destroy=True), c.SlotDestroyed(key=KEY, instance_id="fn-1"), s=moved_on, policy=POOLED
+    )
     assert "fn-1" not in gone.instances
     for r in ("r1", "r2"):
         again = decide(gone, idle(r), 300, DEMO)
@@ -205,7 +239,7 @@ def test_an_idle_repeated_after_its_release_was_recorded_is_ok_whatever_became_o
 
 
 def test_an_assign_repeated_after_its_request_finished_is_refused_even_once_the_instance_moved_on():
-    s, _ = run(assign("r1"), ready(), assign("r2"), idle("r1"))  # fn-1 now serves r2
+    s, _ = run(assign("r1"), ready(), assign("r2"), idle("r1"), policy=POOLED)  # fn-1 now serves r2
     d = decide(s, assign("r1", to="late-retry"), 300, DEMO)
     assert d.events == [] and d.replies[0].code is c.Code.FAILED_PRECONDITION and "fn-1" in d.replies[0].message
 
@@ -244,7 +278,11 @@ def test_creation_failure_without_slot_leaves_nothing():
 
 def test_failure_spares_requests_another_creation_covers():
     _s, (*_, d) = run(
-        assign("r1"), assign("r2"), ready("fn-2", "s2"), c.SlotFailed(key=KEY, instance_id="fn-1", reason="x")
+        assign("r1"),
+        assign("r2"),
+        ready("fn-2", "s2"),
+        c.SlotFailed(key=KEY, instance_id="fn-1", reason="x"),
+        policy=POOLED,
     )
     # fn-2 went to r1; fn-1 was r1's but r2 now waits on it: r2 is the one that fails
     assert [ev.request_id for ev in d.events if isinstance(ev, e.RequestFailed)] == ["r2"]

@@ -1,8 +1,10 @@
 """Our policy's behaviours that matter, pinned on the pure core."""
 
+import msgspec
 from msgspec.structs import replace
 
 from controller.core.decide import decide
+from controller.core.features import GAP_BINS, gap_bin
 from controller.core.policy import get_policy
 from controller.core.policy.learned import Learned, exchange_rate
 from controller.core.state import FnState, Phase, Totals
@@ -75,4 +77,48 @@ def test_exchange_rate_values_waiting_more_when_executions_are_tiny():
     tiny = Totals(exec_ms=60_000, exec_gb_ms=60_000 * 0.25, ideal_gb_ms=60_000 / 30 * 150 * 0.25)
     long = Totals(exec_ms=600_000, exec_gb_ms=600_000 * 0.5, ideal_gb_ms=600_000 / 2_000 * 150 * 0.5)
     assert exchange_rate(tiny) > exchange_rate(long) > 0
-    assert exchange_rate(Totals(exec_ms=1_000, exec_gb_ms=1_000)) is None  # too little history yet
+    assert exchange_rate(Totals(exec_ms=500, exec_gb_ms=500)) is None  # too little history yet
+
+
+def periodic(period_ms: int, start_ms: int, calls: int = 20) -> FnState:
+    """A function called every `period_ms` for a while, each call 50 ms, its instances taking `start_ms`; its
+    last call at t=0 and nothing live."""
+    gaps = (period_ms,) * calls
+    hist = [0.0] * GAP_BINS
+    hist[gap_bin(period_ms)] = float(calls)
+    stats = replace(
+        FnState(key="fn").stats,
+        arrivals=calls + 1,
+        gaps=gaps,
+        lulls=gaps,
+        gap_hist=tuple(hist),
+        runs=(50,) * calls,
+        start_ms=start_ms,
+        last_arrival_ms=0,
+    )
+    return FnState(key="fn", meta=e.Meta(memory_mb=1024), stats=stats, started=calls)
+
+
+def creating(id: str, wanted_ms: int, for_request: str = ""):
+    from controller.core.state import Instance
+
+    return Instance(
+        id=id, phase=Phase.CREATING, since_ms=wanted_ms, memory_mb=1024, wanted_ms=wanted_ms, for_request=for_request
+    )
+
+
+def test_only_an_instance_started_for_a_predicted_arrival_is_held_for_it():
+    period, start = 30_000, 2_000
+    s = periodic(period, start)
+    plan = LEARNED.prewarm(s, 1_000)
+    assert plan.count == 0 and plan.next_ms is not None and period - 2 * start < plan.next_ms <= period - start
+    ahead = creating("fn-21", plan.next_ms)  # the pre-warm the plan asked for
+    spare = creating("fn-22", plan.next_ms, for_request="r7")  # started for r7, which another instance served
+    s = msgspec.structs.replace(s, instances={"fn-21": ahead, "fn-22": spare})
+    ready = plan.next_ms + start
+    for inst, held in (("fn-21", True), ("fn-22", False)):
+        d = decide(s, c.SlotReady(key="fn", instance_id=inst, slot_id=f"s-{inst}"), ready, LEARNED)
+        (kept,) = [ev for ev in d.events if isinstance(ev, e.KeptAlive)]
+        assert (kept.why == "pre-warmed: held through the predicted arrival") is held, kept
+        if held:
+            assert kept.until_ms > period  # through the predicted arrival, not just to it

@@ -230,8 +230,9 @@ def test_the_run_check_catches_a_cache_filled_at_run_time(monkeypatch):
     monkeypatch.setattr(learned, "_POOL_MEMO", {}, raising=False)
     compute = learned.Learned.pool_target
 
-    def memoised(self, s, now):
-        return learned._POOL_MEMO.setdefault((id(s.stats), now, self.wait_gb), compute(self, s, now))
+    def memoised(self, s, now, **kw):
+        key = (id(s.stats), now, self.wait_gb, *kw.items())
+        return learned._POOL_MEMO.setdefault(key, compute(self, s, now, **kw))
 
     monkeypatch.setattr(learned.Learned, "pool_target", memoised)
     before = globals_of_the_core()

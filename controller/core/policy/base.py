@@ -48,6 +48,11 @@ class Policy:
     """
 
     name = "base"
+    # Whether an instance started for a waiting request serves that request only (the challenge's
+    # Go starter: the Assign that misses creates its own slot and waits for it, while an instance
+    # freed meanwhile goes idle for the next arrival); else whoever waits longest takes whatever is
+    # ready first.
+    dedicated_starts: bool = False
 
     def tuned_to(self, totals: Totals) -> Self:
         """This policy with its parameters set from the whole run so far: a new value (most ignore the run)."""
@@ -79,6 +84,7 @@ class FixedKeepAlive(Policy):
 
     keep_alive_ms: int = 5 * 60_000
     name: str = "demo"
+    dedicated_starts: bool = True
 
     def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
         return KeepAlive(now + self.keep_alive_ms, f"fixed keep-alive {self.keep_alive_ms / 1000:g}s")

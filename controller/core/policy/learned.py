@@ -1,40 +1,95 @@
 """Our policy: learn each function from its own events, and weigh waiting against memory.
 
 The challenge's score trades slot memory x time (GB·s) against time requests wait. Every choice
-here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth.
-It is learned from the run itself (`exchange_rate`): the rate at which the score trades the two
-at the best point this workload allows, so a trace of tiny executions (where memory is what a
-scaler can save) and one of long executions (where waiting is) each get their own.
+here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth. It
+is learned from the run itself (`exchange_rate`): the rate at which the score trades the two where
+a clairvoyant scaler would stand on this workload, whose slot time the features fold from the
+arrivals, concurrency included (`features._clairvoyant`; before it counted one instance per
+function: gen-burst's rate 3.3 against the bound's 15.0, now 13.0).
 
-- Pool: while a function is active, keep the number of instances k that minimises memory x k
-  + wait_gb x expected waiting (Erlang C on its recent arrival rate and run time), plus spares
-  for instances lost with their request (need_destroy) during a start. A clearly larger pool
-  shrinks as instances go idle.
-- Lulls: how long after the last arrival to keep the last instance, from a time-decayed
-  histogram of the function's gaps (rare long gaps stay remembered): keep while the expected
-  memory until the next arrival costs less than a miss. A miss costs the start time for the
-  first request and for those that arrive meanwhile (followers, at the rate within a burst).
-  Memory enters both sides: a large function is kept for less time than a small one.
-- Waiting: with no idle instance, start the number of instances that minimises the queue's
-  expected total wait (the queue now and the arrivals to come, simulated against the busy
+What a function's history says (`next_arrival`, `outlook`; the arithmetic is in forecast.py):
+- The next arrival: the time-decayed histogram of its gaps, each bin's weight put where the recent
+  gaps in it were, exact (a 10 s timer's bin runs from 8.2 to 11.6 s; its middle, 9.7 s, retired
+  the instance 0.3 s before each tick: gen-timer 58.20 -> 68.57). Past its longest gap, a Pareto
+  tail: the longer a lull has lasted, the longer it may. A function with little history of its
+  own borrows how soon the run's new functions came back, rather than keeping an instance for the
+  break-even time of a miss (gen-oneoff 49.85 -> 61.52; seed 2 46.08 -> 55.72); a gap still open
+  counts as one that lasted at least its age (Kaplan-Meier; counted as "never", the functions with
+  long periods, not back yet, made the 60 s timer's second call a miss: gen-timer seed 2 44.83 -> 47.01).
+- A burst (its gaps shorter than two starts): the rate within it, the instances it needs (the pool
+  below, at that rate), and what missing it costs: its first request waits a start, its followers
+  half a start each and then in the queue they made, which those instances drain a run at a time.
+
+What it decides:
+- Pool: while a function is busy it keeps the k instances that minimise memory x k + wait_gb x
+  expected waiting: Erlang C on the recent rate and busy time, scaled by (ca^2 + cs^2) / 2
+  (Allen-Cunneen): a timer's arrivals queue far less than Poisson ones (a 4 GB timer whose runs
+  overlap the next tick kept a second instance all hour: gen-timer 68.57 -> 82.04), a burst's
+  more. A request that kills its instance (need_destroy) keeps it busy a start longer (a 4 GB
+  function of 13 ms runs that dies every 250 requests: dataSet_3 77.46 -> 79.12), plus spares. A
+  pool shrinks only past the load half a standard error above its estimate, so that it does not
+  shrink and grow with the noise of its rate (dataSet_3 79.09 -> 79.79). It grows only for waiting
+  requests: no pre-warms to a target while active (they mostly churned and overshot at a burst's
+  end: gen-poisson 87.15 -> 91.57, gen-ramp 85.84 -> 90.03, dataSet_3 76.64 -> 80.01).
+- Lulls (`lull`): for the next arrival, the cheapest of keeping one instance, or as many as a
+  burst needs, until some time; retiring them (a miss); and, when nothing is busy, retiring them
+  to start again just before the next arrival (`return_plan`), when the history says when
+  (without it: gen-timer 80.35, the 60 s timer with an 11 s init kept through each minute, 899
+  GB·s, now 199; dataSet_1 48.07, now 52.35: its calls every 1.15 s come back warm). A keep that
+  reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
+- Waiting (`plan_queue`): with no idle instance, start the number of instances that minimises the
+  queue's expected total wait (the queue now and the arrivals to come, simulated against the busy
   instances' expected rests) x wait_gb plus their cost; the others wait for a busy one.
-- Pre-warm: when nothing is left, the recent burst-to-burst periods predict the next burst; an
-  instance is started to be ready just before it when that beats the expected cost of a cold
-  start (periodic functions, bursts that recur).
+- Pre-warm (`prewarm`): with nothing live, the return plan: one instance or a burst's worth, ready
+  just before the predicted arrival and held through its spread. Only an instance started for a
+  predicted arrival, that no arrival has come for since, is held so; any other (a cold start whose
+  request another instance served) is kept or retired like the rest.
 """
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 
-from controller.core.features import GAP_BINS
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from controller.core.policy.estimate import start_ms
+from controller.core.policy.forecast import (
+    MIN_NEW_FUNCTIONS,
+    Option,
+    Plan,
+    Point,
+    beyond,
+    blend,
+    gap_points,
+    keep_plan,
+    new_function_points,
+    pool_size,
+    restart_plan,
+    scv,
+    share_by,
+)
 from controller.core.state import FnState, Instance, Phase, Totals
 
-_UPPER = [2 ** ((i + 1) / 2) for i in range(GAP_BINS)]  # upper edge of each gap bin, ms
-_MID = [2 ** ((i + 0.5) / 2) for i in range(GAP_BINS)]
+
+@dataclass(frozen=True)
+class Outlook:
+    """What a function's history says about its next burst, worked out once per choice."""
+
+    gb: float
+    start: int  # ms from wanting an instance to its being ready
+    burst_rate: float  # arrivals per ms within bursts (gaps shorter than two starts)
+    need: int  # instances a burst needs to be served without waiting
+    followers_wait: float  # ms a burst's followers wait in all when it finds no instance
+    miss: float  # GB·ms a burst that finds no instance costs: its first request's wait and start, its followers'
+    lam: float  # GB·ms one ms of waiting is worth
+
+    def shortfall(self, count: int) -> float:
+        """What an arrival served by `count` ready instances still costs: its followers that find none free."""
+        return 0.0 if count >= self.need else self.lam * self.followers_wait * (1 - count / self.need)
+
+    def options(self) -> list[Option]:
+        """What to have ready for the next arrival: one instance, or as many as a burst needs."""
+        return [(k, self.gb * k, self.shortfall(k)) for k in sorted({1, self.need})]
 
 
 @dataclass(frozen=True)
@@ -42,68 +97,52 @@ class Learned(Policy):
     name: str = "learned"
     wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
     min_samples: int = 3
+    new_gaps: tuple[int, ...] = ()  # how soon the run's functions came back while new (Totals.early_gaps)
+    new_open: tuple[int, ...] = ()  # ... and since when those not back yet have been away (Totals.early_open)
 
     def tuned_to(self, totals: Totals) -> "Learned":
-        """Value waiting at the rate the score trades it for memory, given the run so far."""
+        """Value waiting at the rate the score trades it for memory, given the run so far; and know how
+        soon new functions came back in this run."""
         rate = exchange_rate(totals)
-        if rate is None:
-            return self
-        return replace(self, wait_gb=min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB))
+        wait_gb = self.wait_gb if rate is None else min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB)
+        return replace(self, wait_gb=wait_gb, new_gaps=totals.early_gaps, new_open=totals.early_open)
 
     # --- what the history says -------------------------------------------------------------
 
-    def _gb(self, s: FnState) -> float:
-        return (s.meta.memory_mb if s.meta else 1024) / 1024
+    def outlook(self, s: FnState) -> Outlook:
+        """The function's next burst: how fast it comes, how many instances it needs, what missing it costs.
 
-    def _rate(self, s: FnState, now: int | None = None) -> float:
-        """Recent arrivals per ms; with `now`, the gap still open counts too (a lull lowers it)."""
-        gaps = s.stats.gaps
-        if not gaps:
-            return 0.0
-        span = sum(gaps) + (max(0, now - s.stats.last_arrival_ms) if now is not None else 0)
-        return len(gaps) / max(span, 1)
-
-    def miss_cost(self, s: FnState, gb: float) -> float:
-        """GB·ms lost when a request finds no instance: it and those arriving meanwhile wait a start.
-
-        Followers arrive at the rate within a burst (gaps shorter than two starts), at most as many
-        as a burst holds.
+        A burst's followers (arrivals during one start after its first, at the rate within bursts, at
+        most a burst's size) wait half a start each when it finds no instance, then in the queue they
+        made, which the instances it needs drain a run at a time.
         """
-        start = start_ms(s)
-        near = [g for g in s.stats.gaps if g <= 2 * start]
-        far = len(s.stats.gaps) - len(near)
-        followers = 0.0
-        if near:
-            per_burst = len(near) / max(far, 1)  # followers a burst brings after its first request
-            followers = min(len(near) / max(sum(near), 1) * start, per_burst)
-        return self.wait_gb * start * (1 + followers / 2) + gb * start
+        gb, start, runs, gaps = _gb(s), start_ms(s), s.stats.runs, s.stats.gaps
+        near = [g for g in gaps if g <= 2 * start]
+        run = _busy(s) if runs else 0.0
+        rate = len(near) / max(sum(near), 1) if near else 0.0
+        need = 1
+        if runs and len(near) >= 2:
+            need = pool_size(rate, run, gb, self.wait_gb, (scv(near) + scv(runs)) / 2)
+        followers = min(rate * start, len(near) / max(len(gaps) - len(near), 1)) if near else 0.0
+        waits = followers * start / 2 + followers * followers * run / (2 * need)
+        miss = self.wait_gb * (start + waits) + gb * start
+        return Outlook(gb, start, rate, need, waits, miss, self.wait_gb)
 
-    def pool_target(self, s: FnState, now: int) -> int:
-        """Instances worth keeping for the recent load: memory x k against expected waiting (M/M/k)."""
-        runs = s.stats.runs
+    def pool_target(self, s: FnState, now: int, margin: float = 0.0) -> int:
+        """Instances worth keeping for the recent load (`forecast.pool_size`), plus spares for those that die.
+
+        `margin`: for the rate `margin` standard errors above its estimate (the recent gaps are a sample).
+        """
+        runs, gaps = s.stats.runs, s.stats.gaps
         if not runs:
             return 1
-        run = max(sum(runs) / len(runs), 1.0)
-        rate = self._rate(s, now)
-        load = rate * run
-        gb = self._gb(s)
-        k = max(1, math.ceil(load + 1e-9))
-        erlang_b = 1.0
-        for j in range(1, k + 1):
-            erlang_b = load * erlang_b / (j + load * erlang_b)
-        best = math.inf
-        spares = self._spares(s, rate, gb)
-        while True:  # the cost is convex in k: stop at its first rise
-            if k > load:
-                wait = k * erlang_b / (k - load * (1 - erlang_b)) * run / (k - load)  # Erlang C x run / (k - load)
-                cost = gb * k + self.wait_gb * rate * wait
-            else:
-                cost = math.inf
-            if cost >= best:
-                return k - 1 + spares
-            best = cost
-            k += 1
-            erlang_b = load * erlang_b / (k + load * erlang_b)
+        run = _busy(s)
+        rate, gb = _rate(s, now), _gb(s)
+        arrivals = scv(gaps)
+        if margin and gaps:
+            rate *= 1 + margin * math.sqrt(arrivals / len(gaps))
+        variability = (arrivals + scv(runs)) / 2
+        return pool_size(rate, run, gb, self.wait_gb, variability) + self._spares(s, rate, gb)
 
     def _spares(self, s: FnState, rate: float, gb: float) -> int:
         """Instances kept beyond the load for those lost with their request (need_destroy).
@@ -129,50 +168,84 @@ class Learned(Policy):
             term *= expected / (spare + 1)
         return best_s
 
-    def lull_deadline(self, s: FnState, now: int) -> tuple[int, str]:
-        """Until when the function's last instance is worth keeping, counted from its last arrival."""
-        gb = self._gb(s)
-        miss = self.miss_cost(s, gb)
-        last = s.stats.last_arrival_ms
+    def _little_history(self, s: FnState) -> bool:
+        """Too few gaps of its own, and too few of the run's new functions to go by."""
+        return sum(s.stats.gap_hist) < self.min_samples and sum(self.new_gaps) + len(self.new_open) < MIN_NEW_FUNCTIONS
+
+    def next_arrival(self, s: FnState, now: int) -> tuple[list[Point], bool]:
+        """When the function's next call may come (ms after its last), given none came by `now`: its own
+        gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
+        whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`)."""
+        elapsed = now - s.stats.last_arrival_ms
+        own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
+        timed = bool(own)
+        if sum(s.stats.gap_hist) >= self.min_samples:
+            return own or beyond(max(elapsed, 1)), timed
+        return blend(own, new_function_points(self.new_gaps, self.new_open, now, elapsed)), timed
+
+    def return_plan(self, s: FnState, now: int) -> tuple[Plan, int] | None:
+        """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
+        `plan.until`, after the last arrival) and how many, one or as many as a burst needs; None when a
+        miss costs less, or when the function's history does not say when its next call comes."""
+        st = s.stats
+        if not st.start_ms or not st.arrivals or self._little_history(s):
+            return None
+        points, timed = self.next_arrival(s, now)
+        if not timed:
+            return None
+        o, elapsed = self.outlook(s), now - st.last_arrival_ms
+        return restart_plan(points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
+
+    def lull(self, s: FnState, now: int) -> tuple[int, int, str]:
+        """How many instances to keep for the function's next arrival, until when, and why: the cheapest of
+        keeping one or as many as a burst needs, retiring them (a miss), and, when the function is quiet,
+        retiring them to start again just before the next arrival (`return_plan`)."""
+        o, st = self.outlook(s), s.stats
+        last = st.last_arrival_ms
         elapsed = now - last
-        hist = s.stats.gap_hist
-        if sum(hist) < self.min_samples:
-            keep = miss / gb  # ski rental: idle as long as a miss would cost
+        if self._little_history(s):
+            keep = (o.miss - o.shortfall(1)) / o.gb  # nothing to go by: ski rental, idle as long as a miss costs
             if elapsed >= keep:
-                return now, "little history, and idle longer than a miss would cost"
-            return last + int(keep), f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival"
-        bins = [(max(_MID[i], elapsed), w) for i, w in enumerate(hist) if w > 0 and _UPPER[i] > elapsed]
-        if not bins:
-            return now, "no gap this long seen before"
-        total = sum(w for _, w in bins)
-        best_cost, best_t = total * miss, elapsed  # keep nothing: the next arrival misses
-        caught = caught_w = 0.0
-        for value, w in bins:
-            caught += w * gb * (value - elapsed)
-            caught_w += w
-            cost = caught + (total - caught_w) * (gb * (value - elapsed) + miss)
-            if cost < best_cost:
-                best_cost, best_t = cost, value
-        if best_t <= elapsed:
-            return now, "a longer wait for the next arrival costs more than a miss"
-        hit = caught_share(bins, best_t, total)
-        return last + int(best_t) + 1, f"keep {(best_t - elapsed) / 1000:.3g}s more: {hit:.0%} of gaps end by then"
+                return now, 0, "little history, and idle longer than a miss would cost"
+            return (
+                last + int(keep),
+                1,
+                f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
+            )
+        points, _ = self.next_arrival(s, now)
+        keep, count = keep_plan(points, elapsed, o.miss, o.options())
+        quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
+        if quiet and _restart_floor(points, elapsed, o) < keep.cost:
+            back = self.return_plan(s, now)
+            if back is not None and back[0].cost < keep.cost and back[0].ready - o.start > elapsed:
+                return now, 0, "cheaper to start again just before the next arrival"
+        if keep.until <= elapsed:
+            return now, 0, "a longer wait for the next arrival costs more than a miss"
+        burst_end = 2 * o.start  # a gap longer than this ends the burst: then look again (return, or keep)
+        if elapsed < burst_end < keep.until:
+            return last + burst_end + 1, count, "keep through the burst, then look again"
+        more, hit = (keep.until - elapsed) / 1000, share_by(points, keep.until)
+        return last + int(keep.until) + 1, count, f"keep {more:.3g}s more: {hit:.0%} of gaps end by then"
 
     # --- the policy's choices -----------------------------------------------------------------
 
     def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
-        if not inst.request_id:  # fresh from a pre-warm: hold it through the predicted arrival
-            hold = self._prewarm_plan(s, now - start_ms(s))
-            if hold is not None and hold[1] > now:
-                return KeepAlive(hold[1], "pre-warmed: held through the predicted arrival")
+        ahead = not inst.for_request and not inst.request_id  # started for a predicted arrival...
+        if ahead and s.stats.last_arrival_ms < inst.wanted_ms:  # ...still to come: hold it through it
+            back = self.return_plan(s, inst.wanted_ms)
+            until = s.stats.last_arrival_ms + int(back[0].until) + 1 if back is not None else 0
+            if until > now:
+                return KeepAlive(until, "pre-warmed: held through the predicted arrival")
         return self.expire(s, inst, now) or KeepAlive(now, "no reason to keep it")
 
     def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
+        """Keep the instance for the lull's plan, unless the function has more than that plan and the load need:
+        clearly more, the load taken a standard error above its estimate, so that a pool does not shrink and
+        grow again with the noise of its rate."""
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        target = self.pool_target(s, now)
-        if live > target + max(1, target // 10):
-            return None  # surplus: the pool is clearly larger than the load needs (slack: no churn)
-        until, why = self.lull_deadline(s, now)
+        until, count, why = self.lull(s, now)
+        if live > count and live > self.pool_target(s, now, margin=0.5):
+            return None
         return KeepAlive(until, why) if until > now else None
 
     def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
@@ -187,14 +260,15 @@ class Learned(Policy):
             return QueuePlan(starts=uncovered)
         start = start_ms(s)
         typical = runs[len(runs) // 2]
-        gb = self._gb(s)
+        busy = typical + _death_share(s) * start  # an instance that dies with its request is gone a start
+        gb = _gb(s)
         free = _when_free(s, runs, start, now)
-        # Who will want an instance: the queue now, and arrivals over the next two starts at the
-        # recent rate (a queue that cannot keep up with them keeps growing).
+        # Who will want an instance: the queue now, and arrivals over the next two starts (a queue that
+        # cannot keep up with them keeps growing): at the rate within bursts, as many as a burst brings.
         arrivals = [float(now)] * len(s.queue[:QUEUE_SIMULATED])
-        rate = self._rate(s)
+        rate, coming = _burst(s, start)
         if rate:
-            arrivals += [now + (j + 1) / rate for j in range(min(int(rate * 2 * start), QUEUE_SIMULATED))]
+            arrivals += [now + (j + 1) / rate for j in range(min(int(rate * 2 * start), coming, QUEUE_SIMULATED))]
 
         def waits(extra: int) -> tuple[float, float | None]:
             """Total expected wait of those requests, and when the first one waiting now is served."""
@@ -205,7 +279,7 @@ class Learned(Policy):
                 at = max(heapq.heappop(heap) if heap else math.inf, arrived)
                 total += at - arrived
                 first = at if first is None else first
-                heapq.heappush(heap, at + typical)
+                heapq.heappush(heap, at + busy)
             return total, first
 
         best_m, (wait, first) = 0, waits(0)
@@ -228,90 +302,69 @@ class Learned(Policy):
         )
 
     def prewarm(self, s: FnState, now: int) -> Prewarm:
-        live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        if live or s.queue:
-            target = self.pool_target(s, now)
-            if live < target and self.lull_deadline(s, now)[0] > now:  # still active
-                return Prewarm(target - live, f"pool target {target} for the recent load")
+        if s.queue or any(i.phase is not Phase.RETIRING for i in s.instances.values()):
+            return NO_PREWARM  # a function with instances grows only for waiting requests (`plan_queue`)
+        back = self.return_plan(s, now)
+        if back is None:
             return NO_PREWARM
-        plan = self._prewarm_plan(s, now)
-        if plan is None:
-            return NO_PREWARM
-        begin, _ = plan
+        plan, count = back
+        begin = s.stats.last_arrival_ms + int(plan.ready) - start_ms(s)
         if begin > now:
             return Prewarm(next_ms=begin)
-        return Prewarm(1, f"pre-warm: next arrival expected {(begin + start_ms(s) - now) / 1000:.3g}s from now")
-
-    def _prewarm_plan(self, s: FnState, now: int) -> tuple[int, int] | None:
-        """(when to start an instance, until when to hold it) for the next burst, or None when a
-        cold start is cheaper. From recent burst-to-burst periods longer than the time since this
-        burst began."""
-        st = s.stats
-        since = now - st.burst_start_ms
-        xs = sorted(p for p in st.bursts if p > since)
-        if len(xs) < self.min_samples or not st.start_ms:
-            return None
-        gb = self._gb(s)
-        burst_gap = 2 * start_ms(s)
-        near = [g for g in st.gaps if g <= burst_gap]
-        rate = len(near) / max(sum(near), 1) if near else 0.0  # arrivals per ms within a burst
-        plan = best_prewarm(xs, since, start_ms(s), gb, self.wait_gb, self.miss_cost(s, gb), rate)
-        if plan is None:
-            return None
-        ready, hold_end, _ = plan
-        return st.burst_start_ms + int(ready) - start_ms(s), st.burst_start_ms + int(hold_end) + 1
+        expected = (s.stats.last_arrival_ms + plan.ready - now) / 1000
+        return Prewarm(count, f"pre-warm: next arrival expected {expected:.3g}s from now")
 
 
-def best_prewarm(
-    xs: list[int],
-    elapsed: float,
-    start: int,
-    gb: float,
-    lam: float,
-    miss: float,
-    rate: float = 0.0,
-    candidates: int = 16,
-) -> tuple[float, float, float] | None:
-    """The instance to have ready at R and hold until H (times after the last arrival) for arrivals at
-    the sorted gaps `xs` (all > `elapsed`, when nothing is kept), and its expected total cost; None
-    when letting every arrival miss is cheaper. An arrival before R - start misses; one before R
-    waits for the starting instance, and so do those arriving at `rate` (per ms) meanwhile; one
-    after H misses. Costs in GB·ms (`lam` per ms of waiting).
-    """
-    n = len(xs)
-    prefix, squares = [0.0], [0.0]
-    for x in xs:
-        prefix.append(prefix[-1] + x)
-        squares.append(squares[-1] + x * x)
+def _gb(s: FnState) -> float:
+    return (s.meta.memory_mb if s.meta else 1024) / 1024
 
-    def span(lo: float, hi: float, right: bool = False) -> tuple[int, int]:
-        return bisect_left(xs, lo), (bisect_right if right else bisect_left)(xs, hi)
 
-    step = max(1, n // candidates)
-    readies = sorted({x for x in xs[::step] if x - start >= elapsed})
-    best, plan = n * miss, None
-    for ready in readies:
-        i0, i1 = span(-math.inf, ready - start)
-        early = i1 - i0
-        j0, j1 = span(ready - start, ready)
-        waits = j1 - j0
-        # sum over waiting arrivals of w (1 + rate w / 2), with w = ready - g
-        w1 = waits * ready - (prefix[j1] - prefix[j0])
-        w2 = waits * ready * ready - 2 * ready * (prefix[j1] - prefix[j0]) + (squares[j1] - squares[j0])
-        base = early * miss + lam * (w1 + rate * w2 / 2) + waits * gb * start
-        for hold_end in xs[bisect_left(xs, ready) :: step]:
-            k0, k1 = span(ready, hold_end, right=True)
-            served, served_sum = k1 - k0, prefix[k1] - prefix[k0]
-            late = n - early - waits - served
-            cost = base + gb * (served * (start - ready) + served_sum) + late * (gb * (start + hold_end - ready) + miss)
-            if cost < best:
-                best, plan = cost, (ready, hold_end, cost)
-    return plan
+def _death_share(s: FnState) -> float:
+    """The share of requests that kill their instance (need_destroy)."""
+    return s.stats.deaths / s.stats.arrivals if s.stats.arrivals else 0.0
+
+
+def _busy(s: FnState) -> float:
+    """How long a request keeps an instance from the next one, on average: its run, and when it kills the
+    instance (need_destroy), the start of another."""
+    runs = s.stats.runs
+    return max(sum(runs) / len(runs), 1.0) + _death_share(s) * start_ms(s)
+
+
+def _rate(s: FnState, now: int | None = None) -> float:
+    """Recent arrivals per ms; with `now`, the gap still open counts too (a lull lowers it)."""
+    gaps = s.stats.gaps
+    if not gaps:
+        return 0.0
+    span = sum(gaps) + (max(0, now - s.stats.last_arrival_ms) if now is not None else 0)
+    return len(gaps) / max(span, 1)
+
+
+def _burst(s: FnState, start: int) -> tuple[float, int]:
+    """Arrivals per ms within a burst (gaps shorter than two starts), and how many more a burst brings once
+    it has begun: a gap is short with chance p, so p / (1 - p) (a busy function: all of its recent gaps)."""
+    gaps = s.stats.gaps
+    near = [g for g in gaps if g <= 2 * start]
+    if not near:
+        return _rate(s), len(gaps)
+    far = len(gaps) - len(near)
+    return len(near) / max(sum(near), 1), math.ceil(len(near) / far) if far else len(gaps)
+
+
+def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
+    """Less than any restart can cost: arrivals within a start from now wait for it (or miss)."""
+    soon = elapsed + o.start
+    floor = 0.0
+    for value, w in points:
+        if value >= soon:
+            break
+        floor += w * min(o.miss, o.lam * (soon - value))
+    return floor
 
 
 QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
 MAX_STARTS = 32  # instances started in one decision at most
-MIN_EXEC_MS = 30_000  # execution the run needs before its exchange rate is trusted
+MIN_EXEC_MS = 1_000  # execution the run needs before its exchange rate is trusted
 MIN_WAIT_GB, MAX_WAIT_GB = 0.1, 1000.0
 
 
@@ -328,10 +381,6 @@ def exchange_rate(t: Totals) -> float | None:
     e, e_gb = t.exec_ms / 1000, t.exec_gb_ms / 1000
     slot = e_gb + t.ideal_gb_ms / 1000
     return slot * slot / (e * e_gb)
-
-
-def caught_share(bins: list[tuple[float, float]], until: float, total: float) -> float:
-    return sum(w for value, w in bins if value <= until) / total if total else 0.0
 
 
 def _when_free(s: FnState, runs: list[int], start: int, now: int) -> list[float]:
