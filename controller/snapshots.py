@@ -17,6 +17,9 @@ when it is certainly right:
 - `seq` is a low watermark: every batch of the partition at or below it is in `states`. Batches
   above it may be in too; `last_seq` (per function, the last batch folded into its state) tells
   which, so replay after the snapshot skips those and folds the rest.
+Once retention has dropped batches, a partition's snapshot is the only record of them: it is then
+used by `scaler replay` too, and a partition without one that reaches back to the stream's first
+batch is refused (controller/rebuild.py).
 """
 
 import hashlib
@@ -44,6 +47,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: dict[str, int]
     states: dict[str, FnState]
     wake: dict[str, int] = {}  # each function's next deadline (clock ms)
+    at_ms: int = 0  # when it was taken (clock ms): it holds no batch decided after that
 
 
 class _Stored(msgspec.Struct, frozen=True, kw_only=True):

@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from nats.aio.client import Client
 from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionError
@@ -18,14 +18,27 @@ from proto.subjects import EVENTS, EVT, command_subject
 
 log = logging.getLogger("scaler.bus")
 
-# The log: kept whole, since all state is rebuilt from it.
+# The log. Its oldest batches go once they pass the retention's age or size (discard old): what
+# they did lives on in the snapshots (controller/snapshots.py), which the controller keeps ahead of
+# what the stream drops (controller/rebuild.py says when a partition cannot be rebuilt).
 STREAM = StreamConfig(
     name=EVENTS,
     subjects=[f"{EVT}.>"],
     retention=RetentionPolicy.LIMITS,
     storage=StorageType.FILE,
-    discard=DiscardPolicy.NEW,
+    discard=DiscardPolicy.OLD,
 )
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much of EVENTS is kept: batches older than `max_age_s`, or past `max_bytes` of batches, go first."""
+
+    max_age_s: float = 24 * 3600.0
+    max_bytes: int = 10 * 10**9
+
+
+DEFAULT_RETENTION = Retention()
 ATTEMPT_S = 10.0  # how long one attempt to reach a command's owner waits for its answer
 
 
@@ -92,18 +105,22 @@ async def connect(
     return nc
 
 
-async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: float = 30.0) -> None:
+async def ensure_stream(
+    js: JetStreamContext, replicas: int = 1, retention: Retention | None = None, patience_s: float = 30.0
+) -> None:
     """Create the stream, or bring an existing one to this configuration. Safe to run from every component.
 
     An existing stream keeps its replicas when they are more than asked for: an operator (or a
     node started with `--replicas 3`) raised them, and a component started without the flag must
-    not put them back. A cluster's JetStream answers nothing until it has elected its leader:
-    that is waited for, up to `patience_s`.
+    not put them back. Its retention is set by the nodes, which are told it (`retention`); the
+    others (workers: None) create the stream with the default one and leave an existing one's
+    alone. A cluster's JetStream answers nothing until it has elected its leader: that is waited
+    for, up to `patience_s`.
     """
     async with asyncio.timeout(patience_s):
         while True:
             try:
-                return await _ensure_stream(js, replicas)
+                return await _ensure_stream(js, replicas, retention)
             except TimeoutError:
                 log.info("JetStream does not answer yet; waiting")
             except APIError as e:
@@ -112,19 +129,22 @@ async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: flo
             await asyncio.sleep(0.2)
 
 
-async def _ensure_stream(js: JetStreamContext, replicas: int) -> None:
+async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retention | None) -> None:
     try:
         info = await js.stream_info(EVENTS)
     except NotFoundError:
-        await js.add_stream(replace(STREAM, num_replicas=replicas))
+        await js.add_stream(_config(STREAM, replicas, retention or DEFAULT_RETENTION))
         return
-    wanted = replace(STREAM, num_replicas=max(replicas, info.config.num_replicas or 1))
-    if _differs(info.config, wanted):
+    have = info.config
+    kept = retention or Retention(max_age_s=have.max_age or 0.0, max_bytes=have.max_bytes or -1)
+    wanted = _config(STREAM, max(replicas, have.num_replicas or 1), kept)
+    fields = ("subjects", "retention", "discard", "num_replicas", "max_age", "max_bytes")
+    if any(getattr(have, f) != getattr(wanted, f) for f in fields):
         await js.update_stream(wanted)
 
 
-def _differs(have: StreamConfig, want: StreamConfig) -> bool:
-    return any(getattr(have, f) != getattr(want, f) for f in ("subjects", "retention", "discard", "num_replicas"))
+def _config(base: StreamConfig, replicas: int, retention: Retention) -> StreamConfig:
+    return replace(base, num_replicas=replicas, max_age=retention.max_age_s, max_bytes=retention.max_bytes)
 
 
 async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: str = "") -> Reply:
