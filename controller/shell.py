@@ -264,7 +264,12 @@ class Controller:
                 self._loading.pop(p, None)
 
     async def _lost(self, partitions: list[int]) -> None:
-        """Stop serving them: no new command, the ones under way finish, a snapshot, and their state goes."""
+        """Stop serving them: no new command, the ones under way finish, a snapshot, and their state goes.
+
+        Only a partition that was served is snapshotted: one still loading (or that failed to) holds
+        no state a snapshot could claim.
+        """
+        served = [p for p in partitions if p in self.serving]
         for p in partitions:
             if (task := self._loading.pop(p, None)) is not None:
                 task.cancel()
@@ -279,7 +284,7 @@ class Controller:
                     await self._drained.wait()
         except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
             log.warning("partitions %s given up with commands still under way", partitions)
-        await asyncio.gather(*(self._save(p, force=self._stopping) for p in partitions))
+        await asyncio.gather(*(self._save(p, force=self._stopping) for p in served))
         self._forget(partitions)
 
     async def _drop(self, partitions: list[int]) -> None:

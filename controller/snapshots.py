@@ -93,12 +93,14 @@ class SnapshotStore:
         self.replicas = replicas
         self._store = None
 
-    async def open(self) -> None:
+    async def open(self, create: bool = True) -> None:
+        """Open the bucket, created if missing (without `create`, a missing bucket holds no snapshot)."""
         try:
             self._store = await self.js.object_store(BUCKET)
         except (BucketNotFoundError, NotFoundError):
-            config = ObjectStoreConfig(bucket=BUCKET, storage=StorageType.FILE, replicas=self.replicas)
-            self._store = await self.js.create_object_store(BUCKET, config=config)
+            if create:
+                config = ObjectStoreConfig(bucket=BUCKET, storage=StorageType.FILE, replicas=self.replicas)
+                self._store = await self.js.create_object_store(BUCKET, config=config)
 
     async def save(self, partition: int, snapshot: Snapshot) -> int:
         """Store the partition's snapshot in place of the one before; returns its size in bytes."""
@@ -110,6 +112,8 @@ class SnapshotStore:
 
     async def load(self, partition: int, stream: str, stream_last_seq: int) -> Snapshot | None:
         """The partition's snapshot if it is usable for this stream, else None (then its batches are all read)."""
+        if self._store is None:
+            return None
         try:
             found = await self._store.get(name(partition))
         except (ObjectNotFoundError, NotFoundError):
