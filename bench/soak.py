@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import io
 import json
-import os
 import random
 import re
 import sys
@@ -167,10 +166,9 @@ async def soak(a: argparse.Namespace) -> None:
     calls = trace(a.requests, a.functions, a.minutes * 60, a.speed)
     limits = Path(tempfile.mkdtemp(prefix="soak-")) / "limits.json"
     limits.write_text(json.dumps(LIMITS))
-    os.environ["SCALER_LIMITS"] = str(limits)  # read by the node `scaler up` starts
     up, found = await spawn(
         sys.executable, "-m", "scaler", "up", "--port", "0", "--metrics-port", "0", "--policy", a.policy,
-        "--speed", str(a.speed), "--store-limit-gb", str(a.store_limit_gb),
+        "--speed", str(a.speed), "--store-limit-gb", str(a.store_limit_gb), "--limits", str(limits),
         ready=r"scaler ready: gRPC \S+:(\d+), .* nats (nats://\S+).*metrics http://\S+:(\d+)/metrics",
     )  # fmt: skip
     client = Client(f"127.0.0.1:{found[1]}", a.speed)

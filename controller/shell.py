@@ -211,7 +211,8 @@ class Controller:
         if self._guard is not None:
             self._guard.cancel()
         with contextlib.suppress(Exception):  # NATS away: the snapshots are as fresh as the last guard made them
-            self._seen = max(self._seen, (await rebuild.kept(self._js)).last_seq)
+            async with asyncio.timeout(1):
+                self._seen = max(self._seen, (await rebuild.kept(self._js)).last_seq)
         if self.leases is not None:
             await self.leases.stop()  # gives every partition back, each snapshotted
         if self.shared is not None:
