@@ -51,8 +51,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
         type=at_least(MIN_RETENTION_HOURS),
         default=service.env("RETENTION_HOURS", str(DEFAULT_RETENTION.max_age_s / 3600)),
         metavar="H",
-        help="EVENTS keeps batches this long (README: Retention); set by the node on the stream at its start"
-        " [SCALER_RETENTION_HOURS]",
+        help="EVENTS keeps batches this long (README: Retention); a node sets it on the stream once every"
+        " partition has a snapshot [SCALER_RETENTION_HOURS]",
     )
     p.add_argument(
         "--store-limit-gb",

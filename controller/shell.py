@@ -59,8 +59,18 @@ from proto.commands import (
     encode,
 )
 from proto.events import Batch, encode_batch
-from proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition
-from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send
+from proto.subjects import CMD, EVENTS, PARTITIONS, event_subject, function_events, partition
+from runtime.bus import (
+    DEFAULT_RETENTION,
+    Retention,
+    Unavailable,
+    close,
+    connect,
+    ensure_stream,
+    retention_of,
+    send,
+    set_retention,
+)
 from runtime.clock import Clock
 from runtime.text import plural
 
@@ -154,6 +164,7 @@ class Controller:
         self._seen = 0  # the stream's last sequence when last looked at (see _watermark)
         self._first = 0  # ... and its first
         self._guard: asyncio.Task | None = None
+        self._retention_set = False  # the stream's limits are ours (see _apply_retention)
         self._stopping = False
         self.snapshot_saved_s: float | None = None  # wall clock of the last snapshot written (metrics)
         self._stream = ""
@@ -642,6 +653,9 @@ class Controller:
             except Exception:  # NATS away: nothing is appended or dropped meanwhile either
                 continue
             self._seen = max(self._seen, at.last_seq)
+            if not self._retention_set:
+                with contextlib.suppress(Exception):  # tried again at the next look
+                    await self._apply_retention(at)
             if at.first_seq > self._first:  # functions whose every batch is gone: no order check to keep
                 self._first = at.first_seq
                 self.ledger.expire_before(at.first_seq)
@@ -650,6 +664,19 @@ class Controller:
                 saving = self._saving.get(p)
                 if (saving is None or saving.done()) and self._due(p, at, now):
                     self._saving[p] = asyncio.create_task(self._save(p, force=True))
+
+    async def _apply_retention(self, at: rebuild.Kept) -> None:
+        """Bring the stream's limits to ours once every partition has a snapshot this version reads, in the newer
+        half of what is kept. Lower limits drop old batches at once, and until then a partition without such a
+        snapshot (an upgrade that changed the state's shape, a stream older than retention) needs them all."""
+        if retention_of((await self._js.stream_info(EVENTS)).config) != self.retention:
+            snaps = await asyncio.gather(*(self._store.load(p, at.stream_id, at.last_seq) for p in range(PARTITIONS)))
+            newer_half = at.first_seq + (at.last_seq - at.first_seq) // 2
+            if not all(snap is not None and snap.seq >= newer_half for snap in snaps):
+                return
+            await set_retention(self._js, self.retention)
+            log.info("EVENTS now keeps %gh and %g GB", self.retention.max_age_s / 3600, self.retention.max_bytes / 1e9)
+        self._retention_set = True
 
     def _due(self, p: int, at: rebuild.Kept, now: float) -> bool:
         """Events unsaved for the snapshot interval (a partition that went quiet), or a snapshot in the older

@@ -112,10 +112,10 @@ async def ensure_stream(
 
     An existing stream keeps its replicas when they are more than asked for: an operator (or a
     node started with `--replicas 3`) raised them, and a component started without the flag must
-    not put them back. Its retention is set by the nodes, which are told it (`retention`); the
-    others (workers: None) create the stream with the default one and leave an existing one's
-    alone. A cluster's JetStream answers nothing until it has elected its leader: that is waited
-    for, up to `patience_s`.
+    not put them back. A new stream gets `retention` (the default one from those not told it:
+    workers); an existing one keeps its own here, and a node brings it to its own later
+    (`set_retention`). A cluster's JetStream answers nothing until it has elected its leader: that
+    is waited for, up to `patience_s`.
     """
     async with asyncio.timeout(patience_s):
         while True:
@@ -133,18 +133,33 @@ async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retenti
     try:
         info = await js.stream_info(EVENTS)
     except NotFoundError:
-        await js.add_stream(_config(STREAM, replicas, retention or DEFAULT_RETENTION))
+        await js.add_stream(_config(replicas, retention or DEFAULT_RETENTION))
         return
-    have = info.config
-    kept = retention or Retention(max_age_s=have.max_age or 0.0, max_bytes=have.max_bytes or -1)
-    wanted = _config(STREAM, max(replicas, have.num_replicas or 1), kept)
-    fields = ("subjects", "retention", "discard", "num_replicas", "max_age", "max_bytes")
-    if any(getattr(have, f) != getattr(wanted, f) for f in fields):
+    wanted = _config(max(replicas, info.config.num_replicas or 1), retention_of(info.config))
+    if _differs(info.config, wanted):
         await js.update_stream(wanted)
 
 
-def _config(base: StreamConfig, replicas: int, retention: Retention) -> StreamConfig:
-    return replace(base, num_replicas=replicas, max_age=retention.max_age_s, max_bytes=retention.max_bytes)
+async def set_retention(js: JetStreamContext, retention: Retention) -> bool:
+    """Bring the existing stream's limits to `retention`; whether they changed. Lowered limits drop the
+    oldest batches at once: a node does it only once every partition's snapshot holds what they did."""
+    have = (await js.stream_info(EVENTS)).config
+    if retention_of(have) == retention:
+        return False
+    await js.update_stream(replace(_config(have.num_replicas or 1, retention), subjects=have.subjects))
+    return True
+
+
+def retention_of(config: StreamConfig) -> Retention:
+    return Retention(max_age_s=config.max_age or 0.0, max_bytes=config.max_bytes or -1)
+
+
+def _config(replicas: int, retention: Retention) -> StreamConfig:
+    return replace(STREAM, num_replicas=replicas, max_age=retention.max_age_s, max_bytes=retention.max_bytes)
+
+
+def _differs(have: StreamConfig, want: StreamConfig) -> bool:
+    return any(getattr(have, f) != getattr(want, f) for f in ("subjects", "retention", "discard", "num_replicas"))
 
 
 async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: str = "") -> Reply:

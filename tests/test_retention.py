@@ -10,7 +10,7 @@ from controller import rebuild, replay, snapshots, stream
 from controller.shell import Controller
 from controller.snapshots import SnapshotStore
 from proto.subjects import EVENTS, PARTITIONS, function_events, partition
-from runtime.bus import DEFAULT_RETENTION, Retention, connected, ensure_stream
+from runtime.bus import DEFAULT_RETENTION, Retention, connected, ensure_stream, set_retention
 from tests.stack import Stack
 from tests.test_replay import scaler_replay
 from tests.test_snapshots import DEMO
@@ -52,12 +52,13 @@ async def test_a_node_sets_the_retention_and_a_worker_leaves_it(nats_url):
         await ensure_stream(js)  # a worker first: the default retention
         config = (await js.stream_info(EVENTS)).config
         assert (config.max_age, config.max_bytes, config.discard) == (24 * 3600, 10 * 10**9, "old")
-        await ensure_stream(js, retention=TINY)  # a node: what it was told
+        await ensure_stream(js, retention=TINY)  # a node starting: an existing stream's limits are left for later
+        assert (await js.stream_info(EVENTS)).config.max_bytes == DEFAULT_RETENTION.max_bytes
+        assert await set_retention(js, TINY)  # ... when every partition has a snapshot
         await ensure_stream(js)  # a worker again: leaves it
         config = (await js.stream_info(EVENTS)).config
         assert (config.max_age, config.max_bytes) == (TINY.max_age_s, TINY.max_bytes)
-        await ensure_stream(js, retention=DEFAULT_RETENTION)
-        assert (await js.stream_info(EVENTS)).config.max_bytes == DEFAULT_RETENTION.max_bytes
+        assert not await set_retention(js, TINY)
 
 
 async def test_bad_retention_flags_are_refused_before_anything_starts():
@@ -156,3 +157,36 @@ async def test_a_partition_no_snapshot_covers_is_refused_clearly(nats_url):
     async with asyncio.timeout(60):
         _, err = await proc.communicate()
     assert proc.returncode == 1 and expected in err.decode(), err.decode()
+
+
+async def test_a_stream_older_than_the_retention_is_cut_only_once_snapshots_hold_it(nats_url):
+    """An upgrade: a stream written without limits and no snapshot this version reads (deleted here). Applying
+    a small limit at start would drop batches only a full replay holds: the node replays, snapshots, then cuts."""
+    async with Stack(nats_url, retention=Retention(max_age_s=0, max_bytes=-1)) as stack:  # no limits, as before
+        await rounds(stack, 400, keys(40))
+        await stack.settled()
+        before = dict(stack.controller.states)
+    async with connected(nats_url, "test") as nc:
+        await nc.jetstream().delete_object_store(snapshots.BUCKET)
+    upgraded = Controller(nats_url, DEMO, retention=TINY, guard_every_s=0.05)
+    await upgraded.start()
+    try:
+        assert upgraded.states == before
+        async with connected(nats_url, "test") as nc:
+            js = nc.jetstream()
+
+            for _ in range(600):  # 30 s
+                if (await js.stream_info(EVENTS)).config.max_bytes == TINY.max_bytes:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the node never set its retention on the stream")
+    finally:
+        await upgraded.stop()
+    assert (await kept(nats_url)).first_seq > 200, "the limit dropped most of the stream"
+    again = Controller(nats_url, DEMO, retention=TINY)
+    await again.start()
+    try:
+        assert again.states == before
+    finally:
+        await again.stop()
