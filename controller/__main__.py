@@ -13,7 +13,14 @@ from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from controller.shell import MAX_BEHIND_S, Controller
 from runtime import service
+from runtime.bus import DEFAULT_RETENTION, Retention
 from runtime.clock import Clock
+
+# The least retention a node accepts: the controller looks at the stream every second and snapshots a
+# partition once its snapshot falls into the older half of what is kept (or a quarter of the age), so
+# half the store must outlast a second of the busiest appends (about 1,000 batches/s of ~1.5 kB).
+MIN_RETENTION_HOURS = 1 / 60
+MIN_STORE_LIMIT_GB = 0.004
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -40,6 +47,22 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
     p.add_argument(
+        "--retention-hours",
+        type=at_least(MIN_RETENTION_HOURS),
+        default=service.env("RETENTION_HOURS", str(DEFAULT_RETENTION.max_age_s / 3600)),
+        metavar="H",
+        help="EVENTS keeps batches this long (README: Retention); a node sets it on the stream once every"
+        " partition has a snapshot [SCALER_RETENTION_HOURS]",
+    )
+    p.add_argument(
+        "--store-limit-gb",
+        type=at_least(MIN_STORE_LIMIT_GB),
+        default=service.env("STORE_LIMIT_GB", str(DEFAULT_RETENTION.max_bytes / 10**9)),
+        metavar="GB",
+        help="... and at most this much of them, the oldest going first [SCALER_STORE_LIMIT_GB]",
+    )
+
+    p.add_argument(
         "--limits",
         type=limits_file,
         default=service.env("LIMITS", ""),
@@ -61,6 +84,25 @@ def limits_file(path: str) -> str:
     return path
 
 
+def at_least(floor: float):
+    """An argparse type: a number not below `floor`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value >= floor:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be at least {floor:.3g}, got {text}")
+        return value
+
+    return parse
+
+
+def retention(a: argparse.Namespace) -> Retention:
+    return Retention(max_age_s=a.retention_hours * 3600, max_bytes=int(a.store_limit_gb * 10**9))
+
+
 def load_limits(path: str) -> Limits:
     """The operator's caps from a JSON file; every mistake said with the file's name."""
     if not path:
@@ -76,7 +118,15 @@ def load_limits(path: str) -> Limits:
 def make(a: argparse.Namespace) -> Controller:
     policy = get_policy(a.policy)
     limits = load_limits(a.limits)
-    return Controller(a.nats, policy, Clock(a.speed), replicas=a.replicas, max_behind_s=a.max_behind, limits=limits)
+    return Controller(
+        a.nats,
+        policy,
+        Clock(a.speed),
+        replicas=a.replicas,
+        max_behind_s=a.max_behind,
+        limits=limits,
+        retention=retention(a),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -75,6 +75,21 @@ class Ledger:
         self.last_seq.pop(key, None)
         self.wake.pop(key, None)
 
+    def expire(self, key: str, seq: int) -> None:
+        """Retention dropped the function's batches after `seq` (all of them when 0): its state holds them
+        still, and its next append expects `seq` as the last one stored."""
+        if seq:
+            self.last_seq[key] = seq
+        else:
+            self.last_seq.pop(key, None)
+
+    def expire_before(self, first_seq: int) -> None:
+        """The stream now begins at `first_seq`: functions whose last batch is older have none left in it.
+        Their next append expects none, and a forgotten one leaves nothing behind at all."""
+        gone = [key for key, seq in self.last_seq.items() if seq < first_seq]
+        for key in gone:
+            del self.last_seq[key]
+
     def restore(self, states: dict[str, FnState], last_seq: dict[str, int], wake: dict[str, int], seq: int) -> None:
         """Start from a snapshot: these states hold every batch up to `seq`, and each one's up to its last_seq."""
         for key, s in states.items():

@@ -5,6 +5,11 @@ as replayed up to the end, a stream sequence (`--until-seq`) or a time (`--until
 `--key K`, also the timeline of that function's decisions. With `--verify`, compares the replay
 with the running controller's own state and exits 1 on any difference. Reads a live NATS
 (`--nats`), or the store a stopped `scaler up --data-dir DIR` left (`--data-dir`).
+
+While the stream holds everything from seq 1, a replay folds it all. Once retention has dropped
+its oldest batches, each partition starts from its snapshot, as the controller's start does
+(controller/rebuild.py), so the replay is still exact; what came before the snapshots can no
+longer be shown, and asking for it (`--until-seq`, `--until`) is refused.
 """
 
 import argparse
@@ -15,14 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import nats
 from nats.js.errors import NotFoundError
 
-from controller import explain, state_service, stream
+from controller import explain, rebuild, state_service, stream
 from controller.core.state import FnState
 from controller.ledger import Ledger
+from controller.snapshots import Snapshot, SnapshotStore
 from proto.events import Batch
-from proto.subjects import function_events
+from proto.subjects import PARTITIONS, function_events, partition
 from runtime import running
 from runtime.bus import servers
 from runtime.natsd import NatsServer, StoreBusy, claim
@@ -66,10 +73,52 @@ def parse_time(text: str) -> int:
 
 
 @dataclass
+class Origin:
+    """Where a replay starts: the whole stream, or (once retention dropped batches) each partition's snapshot."""
+
+    kept: rebuild.Kept
+    snaps: dict[int, Snapshot | None]
+
+    @property
+    def newest(self) -> Snapshot | None:
+        return max((s for s in self.snaps.values() if s is not None), key=lambda s: s.seq, default=None)
+
+    def check(self, until_seq: int | None, until_ms: int | None) -> None:
+        """Refuse a point before the snapshots: what led there is gone from the stream."""
+        for snap in self.snaps.values():
+            if snap is None:
+                continue
+            holds = max([snap.seq, *snap.last_seq.values()])
+            if until_seq is not None and until_seq < holds:
+                raise ValueError(f"--until-seq {until_seq} is {self._before(holds)}")
+            if until_ms is not None and until_ms < snap.at_ms:
+                when = datetime.datetime.fromtimestamp(snap.at_ms / 1000, datetime.UTC).isoformat(timespec="seconds")
+                raise ValueError(f"--until is {self._before(holds)}, taken at {when.replace('+00:00', 'Z')}")
+
+    def _before(self, holds: int) -> str:
+        return (
+            f"before what can be rebuilt: retention dropped EVENTS before seq {self.kept.first_seq:,}, and replay"
+            f" starts from the snapshots, one of which holds batches up to seq {holds:,}"
+        )
+
+
+async def origin(js, key: str | None = None) -> Origin:
+    """The snapshots a replay of `key` (None: everything) starts from, when the stream no longer begins at seq 1."""
+    at = await rebuild.kept(js)
+    partitions = [partition(key)] if key is not None else list(range(PARTITIONS))
+    if not at.truncated:
+        return Origin(at, dict.fromkeys(partitions))
+    store = SnapshotStore(js)
+    await store.open(create=False)
+    return Origin(at, await rebuild.snapshots(store, at, partitions))
+
+
+@dataclass
 class Replayed:
     ledger: Ledger = field(default_factory=Ledger)
     batches: int = 0
     events: int = 0
+    origin: Origin | None = None
 
     @property
     def states(self) -> dict[str, FnState]:
@@ -78,14 +127,20 @@ class Replayed:
 
 async def replay(
     js,
-    subject: str = stream.ALL,
+    key: str | None = None,
     until_seq: int | None = None,
     until_ms: int | None = None,
     keep: Callable[[int, Batch], bool] | None = None,
     seen: Callable[[int, Batch], None] | None = None,
+    start: Origin | None = None,
 ) -> Replayed:
-    """Fold the stream into states, as the controller does at start; `keep` picks batches, `seen` watches them."""
-    out = Replayed()
+    """Fold the stream into states, as the controller does at start; `keep` picks batches, `seen` watches them.
+
+    From `start` (by default, where the stream and its snapshots allow: Origin); `key` alone when given.
+    """
+    start = start or await origin(js, key)
+    start.check(until_seq, until_ms)
+    out = Replayed(origin=start)
 
     def fold(seq: int, batch: Batch) -> bool:
         if until_ms is not None and batch.at_ms > until_ms:
@@ -99,20 +154,21 @@ async def replay(
             seen(seq, batch)
         return False
 
-    await stream.read(js, fold, subject=subject, until_seq=until_seq)
+    snaps = start.snaps if key is None else {p: _only(snap, key) for p, snap in start.snaps.items()}
+    after = rebuild.restore(out.ledger, snaps)
+    subject = function_events(key) if key is not None else None
+    await rebuild.fold_after(js, after, fold, subject, until_seq)
     return out
 
 
 async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
     """Replay up to what the running controller has applied and compare, function by function."""
+    start = await origin(js, key)  # before the running state: the snapshots are older than it, never newer
     running = await state_service.fetch(nc)
     # The controller holds every batch up to `seq`, and per function exactly up to its last_seq.
     end = max([running.seq, *running.last_seq.values()])
     replayed = await replay(
-        js,
-        subject=function_events(key) if key is not None else stream.ALL,
-        until_seq=end,
-        keep=lambda seq, b: seq <= running.last_seq.get(b.key, running.seq),
+        js, key, until_seq=end, keep=lambda seq, b: seq <= running.last_seq.get(b.key, running.seq), start=start
     )
     theirs = running.states if key is None else {k: v for k, v in running.states.items() if k == key}
     bad = 0
@@ -133,14 +189,14 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
 
 async def show(js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout) -> int:
     timeline: list[str] = []
-    subject = function_events(key) if key is not None else stream.ALL
     seen = (lambda seq, b: timeline.append(explain.batch(seq, b))) if key is not None else None
-    replayed = await replay(js, subject, until_seq, until_ms, seen=seen)
+    replayed = await replay(js, key, until_seq, until_ms, seen=seen)
+    since = _since(replayed.origin)
     if key is not None:
         if key not in replayed.states:
             print(f"no events for function {key!r}", file=out)
             return 1
-        print(f"timeline of {key}:", file=out)
+        print(f"timeline of {key}{since}:", file=out)
         for line in timeline:
             print(f"  {line}", file=out)
         print(file=out)
@@ -148,8 +204,28 @@ async def show(js, key: str | None, until_seq: int | None, until_ms: int | None,
         for line in explain.state(replayed.states[k], replayed.ledger.last_seq[k]):
             print(line, file=out)
     states, batches = plural(len(replayed.states), "function"), plural(replayed.batches, "batch", "batches")
-    print(f"\n{states} from {batches}, {plural(replayed.events, 'event')}", file=out)
+    print(f"\n{states} from {batches}, {plural(replayed.events, 'event')}{since}", file=out)
     return 0
+
+
+def _only(snap: Snapshot | None, key: str) -> Snapshot | None:
+    """A partition's snapshot reduced to one of its functions."""
+    if snap is None:
+        return None
+
+    def pick(by_key: dict) -> dict:
+        return {k: v for k, v in by_key.items() if k == key}
+
+    return msgspec.structs.replace(snap, states=pick(snap.states), last_seq=pick(snap.last_seq), wake=pick(snap.wake))
+
+
+def _since(start: Origin | None) -> str:
+    """Where a replay started, when not at the stream's beginning."""
+    newest = start.newest if start is not None else None
+    if newest is None:
+        return ""
+    which = "its partition's snapshot at" if len(start.snaps) == 1 else "each partition's snapshot, the newest at"
+    return f" (from {which} seq {newest.seq:,}: retention dropped EVENTS before seq {start.kept.first_seq:,})"
 
 
 def running_nats() -> str:
@@ -218,6 +294,6 @@ async def _main(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_main(args))
-    except (ValueError, stream.UnreadableStream) as e:
+    except (ValueError, stream.UnreadableStream, rebuild.Uncovered) as e:
         print(f"scaler replay: {e}", file=sys.stderr)
         return 2

@@ -6,14 +6,19 @@ a second writer fails instead of corrupting the stream), and only then answers. 
 function are decided in arrival order under its lock; different functions proceed concurrently.
 
 Partitions come and go with their leases (controller/leases.py): one gained is loaded from its
-snapshot and the batches after it, then served; one lost stops being served, is snapshotted and
-dropped. Commands come three ways: `call` from the gateway in the same process (the hot path:
-no NATS hop but the append; a call for a partition served elsewhere is forwarded), core NATS
-requests on `cmd.<partition>` (front gateways, other nodes and the workers' reports), and the
-controller's own timers (Tick, when a function's deadline is due).
+snapshot and the batches after it (controller/rebuild.py), then served; one lost stops being
+served, is snapshotted and dropped. Snapshots are kept ahead of the stream's retention: every
+second the controller looks at what EVENTS keeps and snapshots each partition whose snapshot
+falls into the older half of it, or is older than a quarter of the retention's age, so that the
+batches retention drops are always held by a snapshot. Commands come three ways: `call` from
+the gateway in the same process (the hot path: no NATS hop but the append; a call for a
+partition served elsewhere is forwarded), core NATS requests on `cmd.<partition>` (front
+gateways, other nodes and the workers' reports), and the controller's own timers (Tick, when a
+function's deadline is due).
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
@@ -26,7 +31,7 @@ from msgspec.structs import replace
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
-from controller import state_service, stream
+from controller import rebuild, state_service, stream
 from controller.core import reconcile
 from controller.core.decide import Decision
 from controller.core.limits import NO_LIMITS, Limits
@@ -54,8 +59,18 @@ from proto.commands import (
     encode,
 )
 from proto.events import Batch, encode_batch
-from proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition, partition_events
-from runtime.bus import Unavailable, close, connect, ensure_stream, send
+from proto.subjects import CMD, EVENTS, PARTITIONS, event_subject, function_events, partition
+from runtime.bus import (
+    DEFAULT_RETENTION,
+    Retention,
+    Unavailable,
+    close,
+    connect,
+    ensure_stream,
+    retention_of,
+    send,
+    set_retention,
+)
 from runtime.clock import Clock
 from runtime.text import plural
 
@@ -74,6 +89,7 @@ STORE_TROUBLE_S = 5.0  # an append failed to reach JetStream this recently: a ba
 MAX_BACKLOG = 4096
 SNAPSHOT_EVERY = 10_000  # events in a partition
 SNAPSHOT_INTERVAL_S = 60.0
+GUARD_EVERY_S = 1.0  # how often the stream's retention is compared with the snapshots
 OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
 
 
@@ -96,6 +112,8 @@ class Controller:
         max_backlog: int = MAX_BACKLOG,
         max_behind_s: float = MAX_BEHIND_S,
         limits: Limits = NO_LIMITS,
+        retention: Retention = DEFAULT_RETENTION,
+        guard_every_s: float = GUARD_EVERY_S,
     ) -> None:
         self.nats_url = nats_url
         self.policy = policy
@@ -105,6 +123,8 @@ class Controller:
         self.lease_ttl_s = lease_ttl_s
         self.lease_every_s = lease_every_s
         self.limits = limits  # the operator's caps; those over all functions are split by partitions held
+        self.retention = retention  # set on the stream at start; what the snapshots must keep ahead of
+        self._guard_every_s = guard_every_s
         self.max_backlog = max_backlog
         self.max_behind_s = max_behind_s
         self.backlog = 0  # commands between their arrival here and their decision stored
@@ -140,6 +160,12 @@ class Controller:
         self._unsaved: Counter[int] = Counter()  # events appended since the partition's last snapshot
         self._saved_at: dict[int, float] = {}
         self._saving: dict[int, asyncio.Task] = {}
+        self._snap_seq: dict[int, int] = {}  # the watermark of each partition's newest snapshot (0: none)
+        self._seen = 0  # the stream's last sequence when last looked at (see _watermark)
+        self._first = 0  # ... and its first
+        self._guard: asyncio.Task | None = None
+        self._retention_set = False  # the stream's limits are ours (see _apply_retention)
+        self._stopping = False
         self.snapshot_saved_s: float | None = None  # wall clock of the last snapshot written (metrics)
         self._stream = ""
         self._nc = None
@@ -162,7 +188,7 @@ class Controller:
         self._nc = await connect(self.nats_url, f"controller {self.node}")
         stream.check_server(self._nc)
         self._js = self._nc.jetstream()
-        await ensure_stream(self._js, self.replicas)
+        await ensure_stream(self._js, self.replicas, self.retention)
         await stream.check_layout(self._js)
         self._stream = await stream.stream_id(self._js)
         self._store = SnapshotStore(self._js, self.replicas)
@@ -182,6 +208,7 @@ class Controller:
         )
         await self.shared.start()
         await self.leases.start()
+        self._guard = asyncio.create_task(self._keep_ahead())
         if self._loading:  # the first partitions: ready once they are served (a broken stream stops the start)
             await asyncio.gather(*set(self._loading.values()))
         functions, batches = plural(len(self.states), "function"), plural(self.loaded_batches, "batch", "batches")
@@ -191,6 +218,12 @@ class Controller:
         )
 
     async def stop(self) -> None:
+        self._stopping = True  # every partition given back is snapshotted, at the newest watermark
+        if self._guard is not None:
+            self._guard.cancel()
+        with contextlib.suppress(Exception):  # NATS away: the snapshots are as fresh as the last guard made them
+            async with asyncio.timeout(1):
+                self._seen = max(self._seen, (await rebuild.kept(self._js)).last_seq)
         if self.leases is not None:
             await self.leases.stop()  # gives every partition back, each snapshotted
         if self.shared is not None:
@@ -217,30 +250,15 @@ class Controller:
     async def _load(self, partitions: list[int]) -> None:
         """Each partition's snapshot, then its batches after it; then serve it."""
         try:
-            last = await stream.last_seq(self._js)
-            snaps = await asyncio.gather(*(self._store.load(p, self._stream, last) for p in partitions))
-            after = {}
-            for p, snap in zip(partitions, snaps, strict=True):
-                after[p] = snap.seq if snap is not None else 0
-                if snap is not None:
-                    self.ledger.restore(snap.states, snap.last_seq, snap.wake, snap.seq)
-
-            folded = 0
-
-            def fold(seq: int, batch: Batch) -> None:
-                nonlocal folded
-                if seq > after.get(partition(batch.key), seq):
-                    self.ledger.fold(seq, batch)
-                    folded += 1
-
-            if len(partitions) > PARTITIONS // 2:  # most of the stream: one read of all of it
-                await stream.read(self._js, fold, after_seq=min(after.values()))
-            else:
-                await asyncio.gather(*(stream.read(self._js, fold, partition_events(p), after[p]) for p in partitions))
+            at = await rebuild.kept(self._js)
+            snaps = await rebuild.snapshots(self._store, at, partitions)
+            after = rebuild.restore(self.ledger, snaps)
+            folded = await rebuild.fold_after(self._js, after, self.ledger.fold)
             self.loaded_batches += folded
             now = asyncio.get_running_loop().time()
             for p in partitions:
-                if after[p] < last:  # a snapshot now spares the next start (or owner) what was just read
+                self._snap_seq[p] = after[p]
+                if after[p] < at.last_seq:  # a snapshot now spares the next start (or owner) what was just read
                     self._unsaved[p] += 1
                 self._subs[p] = await self._nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self._on_request)
                 self._saved_at[p] = now
@@ -258,7 +276,12 @@ class Controller:
                 self._loading.pop(p, None)
 
     async def _lost(self, partitions: list[int]) -> None:
-        """Stop serving them: no new command, the ones under way finish, a snapshot, and their state goes."""
+        """Stop serving them: no new command, the ones under way finish, a snapshot, and their state goes.
+
+        Only a partition that was served is snapshotted: one still loading (or that failed to) holds
+        no state a snapshot could claim.
+        """
+        served = [p for p in partitions if p in self.serving]
         for p in partitions:
             if (task := self._loading.pop(p, None)) is not None:
                 task.cancel()
@@ -273,7 +296,7 @@ class Controller:
                     await self._drained.wait()
         except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
             log.warning("partitions %s given up with commands still under way", partitions)
-        await asyncio.gather(*(self._save(p) for p in partitions))
+        await asyncio.gather(*(self._save(p, force=self._stopping) for p in served))
         self._forget(partitions)
 
     async def _drop(self, partitions: list[int]) -> None:
@@ -288,6 +311,7 @@ class Controller:
             self._doubtful.pop(key, None)  # the next owner reads the stream: stored or not, it knows
         for p in partitions:
             self._unsaved.pop(p, None)
+            self._snap_seq.pop(p, None)
         self._doubtful = {k: b for k, b in self._doubtful.items() if partition(k) not in partitions}
 
     def _share_the_caps(self) -> None:
@@ -302,15 +326,25 @@ class Controller:
 
     def snapshot(self, partitions: set[int] | None = None) -> Snapshot:
         """A consistent copy of the state (of some partitions): FnState is immutable, so copying is enough."""
-        watermark = min(self._appending, default=self.ledger.seq)
         keys = self.ledger.states if partitions is None else self._keys(list(partitions))
         return Snapshot(
-            seq=watermark,
+            seq=self._watermark(),
+            at_ms=self.clock.now_ms(),
             stream=self._stream,
             last_seq={k: self.ledger.last_seq[k] for k in keys if k in self.ledger.last_seq},
             states={k: self.ledger.states[k] for k in keys},
             wake={k: self.ledger.wake[k] for k in keys if k in self.ledger.wake},
         )
+
+    def _watermark(self) -> int:
+        """A sequence at or above every batch of our partitions that the state holds, and below every one it lacks.
+
+        The newest we folded or appended, or the stream's last when last looked at, if newer: our
+        partitions' batches are all ours, and one appended after that look lands above it; but
+        never above an append under way, stored and not yet applied. An idle node's watermark
+        thus follows the stream that other nodes fill, and stays ahead of its retention.
+        """
+        return min(self._appending, default=max(self.ledger.seq, self._seen))
 
     # --- commands -----------------------------------------------------------------------------
 
@@ -477,11 +511,18 @@ class Controller:
                 delay = min(delay * 2, 1.0)
 
     async def _catch_up(self, key: str) -> None:
-        """Fold the function's batches after the last one we hold: another writer, or our own lost ack."""
+        """Fold the function's batches after the last one we hold: another writer, or our own lost ack.
+
+        Or retention dropped the function's last batch (it was idle a long time): its state holds
+        it, and the next append expects what the stream still has of the function (nothing).
+        """
         try:
             await stream.read(self._js, self.ledger.fold, function_events(key), self.ledger.last_seq.get(key, 0))
+            stored = await stream.last_seq(self._js, function_events(key))
         except (NatsError, TimeoutError) as e:
             raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
+        if stored < self.ledger.last_seq.get(key, 0):
+            self.ledger.expire(key, stored)
 
     async def _reconcile(self, cmd: Reconcile) -> Decision:
         """The platform's list for one partition, put to each of its functions in turn (those the list names
@@ -603,6 +644,51 @@ class Controller:
 
     # --- snapshots and tasks ------------------------------------------------------------------
 
+    async def _keep_ahead(self) -> None:
+        """Every second: snapshot the partitions whose snapshot retention is about to overtake (see _due)."""
+        while True:
+            await asyncio.sleep(self._guard_every_s)
+            try:
+                at = await rebuild.kept(self._js)
+            except Exception:  # NATS away: nothing is appended or dropped meanwhile either
+                continue
+            self._seen = max(self._seen, at.last_seq)
+            if not self._retention_set:
+                with contextlib.suppress(Exception):  # tried again at the next look
+                    await self._apply_retention(at)
+            if at.first_seq > self._first:  # functions whose every batch is gone: no order check to keep
+                self._first = at.first_seq
+                self.ledger.expire_before(at.first_seq)
+            now = asyncio.get_running_loop().time()
+            for p in sorted(self.serving):
+                saving = self._saving.get(p)
+                if (saving is None or saving.done()) and self._due(p, at, now):
+                    self._saving[p] = asyncio.create_task(self._save(p, force=True))
+
+    async def _apply_retention(self, at: rebuild.Kept) -> None:
+        """Bring the stream's limits to ours once every partition has a snapshot this version reads, in the newer
+        half of what is kept. Lower limits drop old batches at once, and until then a partition without such a
+        snapshot (an upgrade that changed the state's shape, a stream older than retention) needs them all."""
+        if retention_of((await self._js.stream_info(EVENTS)).config) != self.retention:
+            snaps = await asyncio.gather(*(self._store.load(p, at.stream_id, at.last_seq) for p in range(PARTITIONS)))
+            newer_half = at.first_seq + (at.last_seq - at.first_seq) // 2
+            if not all(snap is not None and snap.seq >= newer_half for snap in snaps):
+                return
+            await set_retention(self._js, self.retention)
+            log.info("EVENTS now keeps %gh and %g GB", self.retention.max_age_s / 3600, self.retention.max_bytes / 1e9)
+        self._retention_set = True
+
+    def _due(self, p: int, at: rebuild.Kept, now: float) -> bool:
+        """Events unsaved for the snapshot interval (a partition that went quiet), or a snapshot in the older
+        half of what the stream keeps or older than a quarter of its age, which a newer watermark would help."""
+        saved_at = self._saved_at.get(p, now)
+        if self._unsaved[p] and now - saved_at >= self._snapshot_interval_s:
+            return True
+        if self._watermark() <= self._snap_seq.get(p, 0):
+            return False
+        older_half = self._snap_seq.get(p, 0) < at.first_seq + (at.last_seq - at.first_seq) // 2
+        return older_half or now - saved_at >= self.retention.max_age_s / 4
+
     def _maybe_snapshot(self, p: int, events: int) -> None:
         self._unsaved[p] += events
         if (saving := self._saving.get(p)) is not None and not saving.done():
@@ -611,16 +697,17 @@ class Controller:
         if self._unsaved[p] >= self._snapshot_every or now - self._saved_at.get(p, now) >= self._snapshot_interval_s:
             self._saving[p] = asyncio.create_task(self._save(p))
 
-    async def _save(self, p: int) -> None:
-        """Snapshot one partition (after the one being written, if any)."""
+    async def _save(self, p: int, force: bool = False) -> None:
+        """Snapshot one partition (after the one being written, if any), if it changed or `force`."""
         if (saving := self._saving.get(p)) is not None and saving is not asyncio.current_task():
             await asyncio.shield(saving)
-        if not self._unsaved[p]:
+        if not self._unsaved[p] and not force:
             return
         self._unsaved[p], self._saved_at[p] = 0, asyncio.get_running_loop().time()
         snap = self.snapshot({p})
         try:
             size = await self._store.save(p, snap)
+            self._snap_seq[p] = max(self._snap_seq.get(p, 0), snap.seq)
             self.snapshot_saved_s = time.time()
             log.debug("snapshot of partition %d at seq %d: %d functions, %d bytes", p, snap.seq, len(snap.states), size)
         except Exception as e:  # a snapshot is an optimisation: never let it stop command handling

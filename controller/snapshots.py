@@ -17,6 +17,9 @@ when it is certainly right:
 - `seq` is a low watermark: every batch of the partition at or below it is in `states`. Batches
   above it may be in too; `last_seq` (per function, the last batch folded into its state) tells
   which, so replay after the snapshot skips those and folds the rest.
+Once retention has dropped batches, a partition's snapshot is the only record of them: it is then
+used by `scaler replay` too, and a partition without one that reaches back to the stream's first
+batch is refused (controller/rebuild.py).
 """
 
 import hashlib
@@ -44,6 +47,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: dict[str, int]
     states: dict[str, FnState]
     wake: dict[str, int] = {}  # each function's next deadline (clock ms)
+    at_ms: int = 0  # when it was taken (clock ms): it holds no batch decided after that
 
 
 class _Stored(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,12 +93,14 @@ class SnapshotStore:
         self.replicas = replicas
         self._store = None
 
-    async def open(self) -> None:
+    async def open(self, create: bool = True) -> None:
+        """Open the bucket, created if missing (without `create`, a missing bucket holds no snapshot)."""
         try:
             self._store = await self.js.object_store(BUCKET)
         except (BucketNotFoundError, NotFoundError):
-            config = ObjectStoreConfig(bucket=BUCKET, storage=StorageType.FILE, replicas=self.replicas)
-            self._store = await self.js.create_object_store(BUCKET, config=config)
+            if create:
+                config = ObjectStoreConfig(bucket=BUCKET, storage=StorageType.FILE, replicas=self.replicas)
+                self._store = await self.js.create_object_store(BUCKET, config=config)
 
     async def save(self, partition: int, snapshot: Snapshot) -> int:
         """Store the partition's snapshot in place of the one before; returns its size in bytes."""
@@ -106,6 +112,8 @@ class SnapshotStore:
 
     async def load(self, partition: int, stream: str, stream_last_seq: int) -> Snapshot | None:
         """The partition's snapshot if it is usable for this stream, else None (then its batches are all read)."""
+        if self._store is None:
+            return None
         try:
             found = await self._store.get(name(partition))
         except (ObjectNotFoundError, NotFoundError):

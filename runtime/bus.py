@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from nats.aio.client import Client
 from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionError
@@ -18,14 +18,27 @@ from proto.subjects import EVENTS, EVT, command_subject
 
 log = logging.getLogger("scaler.bus")
 
-# The log: kept whole, since all state is rebuilt from it.
+# The log. Its oldest batches go once they pass the retention's age or size (discard old): what
+# they did lives on in the snapshots (controller/snapshots.py), which the controller keeps ahead of
+# what the stream drops (controller/rebuild.py says when a partition cannot be rebuilt).
 STREAM = StreamConfig(
     name=EVENTS,
     subjects=[f"{EVT}.>"],
     retention=RetentionPolicy.LIMITS,
     storage=StorageType.FILE,
-    discard=DiscardPolicy.NEW,
+    discard=DiscardPolicy.OLD,
 )
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much of EVENTS is kept: batches older than `max_age_s`, or past `max_bytes` of batches, go first."""
+
+    max_age_s: float = 24 * 3600.0
+    max_bytes: int = 10 * 10**9
+
+
+DEFAULT_RETENTION = Retention()
 ATTEMPT_S = 10.0  # how long one attempt to reach a command's owner waits for its answer
 
 
@@ -92,18 +105,22 @@ async def connect(
     return nc
 
 
-async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: float = 30.0) -> None:
+async def ensure_stream(
+    js: JetStreamContext, replicas: int = 1, retention: Retention | None = None, patience_s: float = 30.0
+) -> None:
     """Create the stream, or bring an existing one to this configuration. Safe to run from every component.
 
     An existing stream keeps its replicas when they are more than asked for: an operator (or a
     node started with `--replicas 3`) raised them, and a component started without the flag must
-    not put them back. A cluster's JetStream answers nothing until it has elected its leader:
-    that is waited for, up to `patience_s`.
+    not put them back. A new stream gets `retention` (the default one from those not told it:
+    workers); an existing one keeps its own here, and a node brings it to its own later
+    (`set_retention`). A cluster's JetStream answers nothing until it has elected its leader: that
+    is waited for, up to `patience_s`.
     """
     async with asyncio.timeout(patience_s):
         while True:
             try:
-                return await _ensure_stream(js, replicas)
+                return await _ensure_stream(js, replicas, retention)
             except TimeoutError:
                 log.info("JetStream does not answer yet; waiting")
             except APIError as e:
@@ -112,15 +129,33 @@ async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: flo
             await asyncio.sleep(0.2)
 
 
-async def _ensure_stream(js: JetStreamContext, replicas: int) -> None:
+async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retention | None) -> None:
     try:
         info = await js.stream_info(EVENTS)
     except NotFoundError:
-        await js.add_stream(replace(STREAM, num_replicas=replicas))
+        await js.add_stream(_config(replicas, retention or DEFAULT_RETENTION))
         return
-    wanted = replace(STREAM, num_replicas=max(replicas, info.config.num_replicas or 1))
+    wanted = _config(max(replicas, info.config.num_replicas or 1), retention_of(info.config))
     if _differs(info.config, wanted):
         await js.update_stream(wanted)
+
+
+async def set_retention(js: JetStreamContext, retention: Retention) -> bool:
+    """Bring the existing stream's limits to `retention`; whether they changed. Lowered limits drop the
+    oldest batches at once: a node does it only once every partition's snapshot holds what they did."""
+    have = (await js.stream_info(EVENTS)).config
+    if retention_of(have) == retention:
+        return False
+    await js.update_stream(replace(_config(have.num_replicas or 1, retention), subjects=have.subjects))
+    return True
+
+
+def retention_of(config: StreamConfig) -> Retention:
+    return Retention(max_age_s=config.max_age or 0.0, max_bytes=config.max_bytes or -1)
+
+
+def _config(replicas: int, retention: Retention) -> StreamConfig:
+    return replace(STREAM, num_replicas=replicas, max_age=retention.max_age_s, max_bytes=retention.max_bytes)
 
 
 def _differs(have: StreamConfig, want: StreamConfig) -> bool:

@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the node serves Prometheus metrics on http://0.0.0.0:N/metrics (0: any free port; default: none)",
     )
-    controller_main.add_options(p)  # the node's: policy, replicas, limits, overload
+    controller_main.add_options(p)  # the node's: policy, replicas, limits, overload, retention
     p.add_argument("--speed", type=positive, default=1.0, help="run every clock N times faster (for simulations)")
     add_log_level(p, "INFO", "this command's log level; components log warnings")
 
@@ -158,6 +158,7 @@ class Supervisor:
         metrics = ["--metrics-port", str(a.metrics_port)] if a.metrics_port is not None else []
         node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(a.replicas)]
         node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
+        node_args += ["--retention-hours", str(a.retention_hours), "--store-limit-gb", str(a.store_limit_gb)]
         node = await self._part("node", "scaler", *node_args)
         node.launch = self._same_port(node, "scaler", node_args)
         await self._part("workers", "workers", "--platform", platform)  # the gc worker reconciles in the background

@@ -10,11 +10,12 @@ import grpc
 
 from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import get_policy
-from controller.shell import Controller
+from controller.shell import GUARD_EVERY_S, Controller
 from gateway.server import Gateway
 from platform_stub.server import Faults, PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
+from runtime.bus import DEFAULT_RETENTION, Retention
 from runtime.clock import Clock
 from simulator.dataset import FunctionMeta
 from workers.gc import GcWorker
@@ -39,12 +40,21 @@ class Stack:
     faults: Faults = field(default_factory=Faults)
     create_latency_ms: int = 20
     limits: Limits = NO_LIMITS
+    retention: Retention = DEFAULT_RETENTION
+    guard_every_s: float = GUARD_EVERY_S
 
     async def __aenter__(self) -> "Stack":
         self.stub = PlatformStub("127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults)
         await self.stub.start()
         platform = f"127.0.0.1:{self.stub.port}"
-        self.controller = Controller(self.nats_url, get_policy(self.policy), self.clock, limits=self.limits)
+        self.controller = Controller(
+            self.nats_url,
+            get_policy(self.policy),
+            self.clock,
+            limits=self.limits,
+            retention=self.retention,
+            guard_every_s=self.guard_every_s,
+        )
         self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)
         self.gc_worker = GcWorker(self.nats_url, platform, self.clock)

@@ -1,0 +1,192 @@
+"""Retention: EVENTS drops its oldest batches, and every partition's state is still rebuilt exactly (from its
+snapshot), by the controller's start and by `scaler replay`; or refused, clearly, when it cannot be."""
+
+import asyncio
+import sys
+
+import pytest
+
+from controller import rebuild, replay, snapshots, stream
+from controller.shell import Controller
+from controller.snapshots import SnapshotStore
+from proto.subjects import EVENTS, PARTITIONS, function_events, partition
+from runtime.bus import DEFAULT_RETENTION, Retention, connected, ensure_stream, set_retention
+from tests.stack import Stack
+from tests.test_replay import scaler_replay
+from tests.test_snapshots import DEMO
+
+TINY = Retention(max_age_s=3600, max_bytes=128_000)  # a few hundred batches
+
+
+def keys(n: int) -> list[str]:
+    return [f"fn{i}" for i in range(n)]
+
+
+async def rounds(stack: Stack, n: int, functions: list[str], tag: str = "r") -> None:
+    """One request after another (a rate the tests' guard keeps up with on any machine), each function in turn."""
+    for i in range(n):
+        reply = await stack.assign(f"{tag}{i}", key=functions[i % len(functions)])
+        await stack.idle(reply)
+
+
+async def kept(nats_url: str) -> rebuild.Kept:
+    async with connected(nats_url, "test") as nc:
+        return await rebuild.kept(nc.jetstream())
+
+
+async def truncated_stack(nats_url: str, stack: Stack, n: int = 400) -> None:
+    """Enough traffic over 40 functions that the stream has dropped many batches."""
+    await rounds(stack, n, keys(40))
+    await stack.settled()
+    at = await kept(nats_url)
+    assert at.first_seq > 200, f"the test needs the stream truncated well past the start: {at}"
+
+
+def tiny_stack(nats_url: str) -> Stack:
+    return Stack(nats_url, retention=TINY, guard_every_s=0.05)
+
+
+async def test_a_node_sets_the_retention_and_a_worker_leaves_it(nats_url):
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        await ensure_stream(js)  # a worker first: the default retention
+        config = (await js.stream_info(EVENTS)).config
+        assert (config.max_age, config.max_bytes, config.discard) == (24 * 3600, 10 * 10**9, "old")
+        await ensure_stream(js, retention=TINY)  # a node starting: an existing stream's limits are left for later
+        assert (await js.stream_info(EVENTS)).config.max_bytes == DEFAULT_RETENTION.max_bytes
+        assert await set_retention(js, TINY)  # ... when every partition has a snapshot
+        await ensure_stream(js)  # a worker again: leaves it
+        config = (await js.stream_info(EVENTS)).config
+        assert (config.max_age, config.max_bytes) == (TINY.max_age_s, TINY.max_bytes)
+        assert not await set_retention(js, TINY)
+
+
+async def test_bad_retention_flags_are_refused_before_anything_starts():
+    for flag, value, message in [
+        ("--store-limit-gb", "0.001", "must be at least 0.004"),
+        ("--retention-hours", "0", "must be at least 0.0167"),
+        ("--retention-hours", "soon", "not a number"),
+    ]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scaler.cli", "node", flag, value, stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await proc.communicate()
+        assert proc.returncode == 2 and message in err.decode(), err.decode()
+
+
+async def test_snapshots_stay_ahead_of_a_tiny_store_and_a_restart_is_exact(nats_url):
+    async with tiny_stack(nats_url) as stack:
+        await truncated_stack(nats_url, stack)
+        before = dict(stack.controller.states)
+        # Every partition's snapshot reaches back past the first batch kept, the idle ones too.
+        async with connected(nats_url, "test") as nc:
+            js = nc.jetstream()
+            store = SnapshotStore(js)
+            await store.open()
+            at = await rebuild.kept(js)
+            found = await rebuild.snapshots(store, at, range(PARTITIONS))
+            assert all(snap is not None and snap.seq + 1 >= at.first_seq for snap in found.values())
+    restarted = Controller(nats_url, DEMO, retention=TINY)
+    await restarted.start()
+    try:
+        assert restarted.states == before
+        assert sum(s.stats.arrivals for s in restarted.states.values()) == 400
+    finally:
+        await restarted.stop()
+
+
+async def test_a_function_whose_batches_retention_dropped_goes_on(nats_url):
+    """Its next append expects what the stream still holds of it (nothing), not its last batch: no conflicts."""
+    async with Stack(nats_url, retention=TINY, guard_every_s=3600) as stack:  # no guard: the append finds it out
+        await rounds(stack, 1, ["old"], tag="o")
+        await rounds(stack, 400, keys(40))
+        async with connected(nats_url, "test") as nc:
+            js = nc.jetstream()
+            assert await stream.last_seq(js, function_events("old")) == 0
+        await rounds(stack, 1, ["old"], tag="o-again")
+        assert stack.controller.states["old"].stats.arrivals == 2
+
+
+async def test_replay_starts_from_the_snapshots_once_the_stream_is_truncated(nats_url):
+    async with tiny_stack(nats_url) as stack:
+        await truncated_stack(nats_url, stack)
+        async with connected(nats_url, "test") as nc:
+            replayed = await replay.replay(nc.jetstream())
+        assert replayed.states == stack.controller.states
+        code, out, err = await scaler_replay("--nats", nats_url, "--verify")
+        assert code == 0 and "verified: 40 functions equal" in out, out + err
+        code, out, err = await scaler_replay("--nats", nats_url, "--key", "fn7")
+        assert code == 0, err
+        assert "timeline of fn7 (from its partition's snapshot at seq " in out
+        assert "retention dropped EVENTS before seq " in out and "arrivals 10," in out
+        code, out, err = await scaler_replay("--nats", nats_url)
+        assert code == 0 and "40 functions from " in out and "(from each partition's snapshot, the newest at" in out
+        for args in (["--until-seq", "5"], ["--until", "1000"]):
+            code, _, err = await scaler_replay("--nats", nats_url, *args)
+            assert code == 2 and "is before what can be rebuilt: retention dropped EVENTS before seq" in err, err
+            assert err.count("\n") == 1 and "Traceback" not in err
+
+
+async def test_a_partition_no_snapshot_covers_is_refused_clearly(nats_url):
+    async with tiny_stack(nats_url) as stack:
+        await truncated_stack(nats_url, stack)
+    lost = partition("fn3")
+    async with connected(nats_url, "test") as nc:
+        store = SnapshotStore(nc.jetstream())
+        await store.open()
+        await store._store.delete(snapshots.name(lost))
+    expected = f"partition {lost} cannot be rebuilt exactly: retention dropped EVENTS before seq "
+    controller = Controller(nats_url, DEMO, retention=TINY)
+    with pytest.raises(rebuild.Uncovered, match=expected):
+        await controller.start()
+    await controller.stop()
+    code, _, err = await scaler_replay("--nats", nats_url)
+    assert code == 2 and expected in err and "it has no usable snapshot" in err, err
+    # A node, as a process, says it and exits 1.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "scaler.cli",
+        "node",
+        "--nats",
+        nats_url,
+        "--listen",
+        "127.0.0.1:0",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        _, err = await proc.communicate()
+    assert proc.returncode == 1 and expected in err.decode(), err.decode()
+
+
+async def test_a_stream_older_than_the_retention_is_cut_only_once_snapshots_hold_it(nats_url):
+    """An upgrade: a stream written without limits and no snapshot this version reads (deleted here). Applying
+    a small limit at start would drop batches only a full replay holds: the node replays, snapshots, then cuts."""
+    async with Stack(nats_url, retention=Retention(max_age_s=0, max_bytes=-1)) as stack:  # no limits, as before
+        await rounds(stack, 400, keys(40))
+        await stack.settled()
+        before = dict(stack.controller.states)
+    async with connected(nats_url, "test") as nc:
+        await nc.jetstream().delete_object_store(snapshots.BUCKET)
+    upgraded = Controller(nats_url, DEMO, retention=TINY, guard_every_s=0.05)
+    await upgraded.start()
+    try:
+        assert upgraded.states == before
+        async with connected(nats_url, "test") as nc:
+            js = nc.jetstream()
+
+            for _ in range(600):  # 30 s
+                if (await js.stream_info(EVENTS)).config.max_bytes == TINY.max_bytes:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the node never set its retention on the stream")
+    finally:
+        await upgraded.stop()
+    assert (await kept(nats_url)).first_seq > 200, "the limit dropped most of the stream"
+    again = Controller(nats_url, DEMO, retention=TINY)
+    await again.start()
+    try:
+        assert again.states == before
+    finally:
+        await again.stop()
