@@ -87,6 +87,7 @@ CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of t
 MAX_BEHIND_S = 2.0
 STORE_TROUBLE_S = 5.0  # an append failed to reach JetStream this recently: a backlog is the store's, not overload
 MAX_BACKLOG = 4096
+LOAD_ERROR_EVERY_S = 600.0
 SNAPSHOT_EVERY = 10_000  # events in a partition
 SNAPSHOT_INTERVAL_S = 60.0
 GUARD_EVERY_S = 1.0  # how often the stream's retention is compared with the snapshots
@@ -142,6 +143,7 @@ class Controller:
         self.leases: Leases | None = None
         self.shared: SharedTotals | None = None  # the run's totals across nodes
         self._loading: dict[int, asyncio.Task] = {}
+        self._load_error_at = -LOAD_ERROR_EVERY_S  # when a failed load was last logged
         self._subs: dict[int, object] = {}
         self._in_flight: Counter[int] = Counter()  # handles under way, by partition
         self._drained = asyncio.Event()  # set when a partition's handles under way reach none
@@ -268,7 +270,12 @@ class Controller:
                 self.timers.set(key, self.ledger.wake.get(key))
             await self._answer_again(partitions)
         except Exception as e:
-            log.error("could not load partitions %s; giving them back: %s", partitions, e)
+            # The lease round takes them again each second: a lasting fault is said once, then every 10 minutes.
+            if (now := time.monotonic()) - self._load_error_at >= LOAD_ERROR_EVERY_S:
+                self._load_error_at = now
+                log.error("could not load partitions %s; giving them back: %s", partitions, e)
+            else:
+                log.debug("could not load partitions %s; giving them back: %s", partitions, e)
             self._spawn(self._drop(partitions))
             raise
         finally:
