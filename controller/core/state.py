@@ -5,7 +5,6 @@ their phases, its queue of waiting requests), then the features (`features.obser
 function's history, `FnStats`), which read the lifecycle and never change it.
 """
 
-import bisect
 import enum
 import functools
 from collections.abc import Callable, Iterable
@@ -15,6 +14,7 @@ import msgspec
 from msgspec.structs import replace
 
 from controller.core.features import EARLY_GAPS, GAP_BINS, NO_STATS, FnStats, gap_bin, observe
+from controller.core.open_gaps import ACTIVE_MS, NO_OPEN_GAPS, RESTED_MS, Opened, OpenGaps
 from proto.events import (
     Assigned,
     Event,
@@ -299,9 +299,9 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     memory_mb: int = 0
     # How soon functions come back while they are new: every function's first gaps (FnStats.early_gaps)
     # by gap bin, and when the early gaps still open began (a function's last arrival, while it is one of
-    # its first EARLY_GAPS), ascending: those have lasted at least until now.
+    # its first EARLY_GAPS), by coarse start: those have lasted at least until now.
     early_gaps: tuple[int, ...] = (0,) * GAP_BINS
-    early_open: tuple[int, ...] = ()
+    early_open: OpenGaps = NO_OPEN_GAPS
 
     def plus(self, other: "Totals") -> "Totals":
         """The run's totals from two sets of functions (another node's partitions, say)."""
@@ -313,7 +313,7 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             instances=self.instances + other.instances,
             memory_mb=self.memory_mb + other.memory_mb,
             early_gaps=tuple(a + b for a, b in zip(self.early_gaps, other.early_gaps, strict=True)),
-            early_open=tuple(sorted(self.early_open + other.early_open)),
+            early_open=self.early_open.plus(other.early_open),
         )
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
@@ -338,7 +338,7 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             instances=self.instances - len(before) + len(after),
             memory_mb=self.memory_mb - _memory(before) + _memory(after),
             early_gaps=early,
-            early_open=_still_open(self.early_open, was, now),
+            early_open=_still_open(self.early_open, old, new),
         )
 
 
@@ -346,15 +346,19 @@ def _memory(instances: dict[str, Instance]) -> int:
     return sum(i.memory_mb for i in instances.values()) if instances else 0
 
 
-def _still_open(opened: tuple[int, ...], was: FnStats, now: FnStats) -> tuple[int, ...]:
-    """The early gaps still open, once one function's stats `was` become `now`."""
-    before = was.last_arrival_ms if 0 < was.arrivals <= EARLY_GAPS else None
-    after = now.last_arrival_ms if 0 < now.arrivals <= EARLY_GAPS else None
+def _still_open(opened: OpenGaps, old: FnState | None, new: FnState | None) -> OpenGaps:
+    """The early gaps still open, once one function's state `old` becomes `new`."""
+    before, after = _open_gap(old), _open_gap(new)
     if before == after:
         return opened
-    times = list(opened)
-    if before is not None and (at := bisect.bisect_left(times, before)) < len(times) and times[at] == before:
-        del times[at]
-    if after is not None:
-        bisect.insort(times, after)
-    return tuple(times)
+    if before is not None:
+        opened = opened.add(before, -1)
+    return opened.add(after) if after is not None else opened
+
+
+def _open_gap(s: FnState | None) -> Opened | None:
+    """Where the function's early gap still open is counted, if it has one."""
+    if s is None or not 0 < s.stats.arrivals <= EARLY_GAPS:
+        return None
+    t = s.stats.last_arrival_ms
+    return Opened(True, t // RESTED_MS) if s.rested else Opened(False, t // ACTIVE_MS)

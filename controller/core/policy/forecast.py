@@ -105,25 +105,27 @@ def beyond(elapsed: float, steps: int = 48) -> list[Point]:
     return [*points, (NEVER, 2 ** (-steps / 4))]
 
 
-def new_function_points(
-    early_gaps: tuple[int, ...], open_since: tuple[int, ...], now: int, elapsed: float
-) -> list[Point]:
+def new_function_points(early_gaps: tuple[int, ...], open_ages: list[tuple[float, int]], elapsed: float) -> list[Point]:
     """How soon the run's functions came back while new, as a prior of weight PRIOR_WEIGHT; the part of it
     still possible after `elapsed`.
 
-    Their first gaps by bin (`early_gaps`), and the early gaps still open (since `open_since`): those
-    are only known to last longer than their age, so the chance to come back within each bin is the
-    share of the gaps that reached it and ended in it (Kaplan-Meier). What lies past the oldest
-    of them is not known: it follows the longest as `beyond` does.
+    Their first gaps by bin (`early_gaps`), and the early gaps still open (`open_ages`: how long they
+    have lasted, ascending, with how many have, OpenGaps.ages): those are only known to last longer
+    than their age, so the chance to come back within each bin is the share of the gaps that reached
+    it and ended in it (Kaplan-Meier). What lies past the oldest of them is not known: it follows the
+    longest as `beyond` does.
     """
-    ages = sorted(now - t for t in open_since)
-    if sum(early_gaps) + len(ages) < MIN_NEW_FUNCTIONS:
+    ages = [age for age, _ in open_ages]
+    below = [0]  # open gaps younger than each age, and in all
+    for _, n in open_ages:
+        below.append(below[-1] + n)
+    at_risk = sum(early_gaps) + below[-1]
+    if at_risk < MIN_NEW_FUNCTIONS:
         return []
-    at_risk = sum(early_gaps) + len(ages)
     survive, points, longest = PRIOR_WEIGHT, [], 0.0
     censored = 0  # open gaps no longer at risk: younger than the bins so far
     for i, ended in enumerate(early_gaps):
-        young = bisect_left(ages, UPPER[i]) - censored  # open gaps whose age lies in this bin
+        young = below[bisect_left(ages, UPPER[i])] - censored  # open gaps whose age lies in this bin
         if ended:
             mass = survive * ended / at_risk
             if UPPER[i] > elapsed:

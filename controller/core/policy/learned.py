@@ -51,6 +51,7 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 
+from controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from controller.core.policy.estimate import start_ms
 from controller.core.policy.forecast import (
@@ -98,7 +99,7 @@ class Learned(Policy):
     wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
     min_samples: int = 3
     new_gaps: tuple[int, ...] = ()  # how soon the run's functions came back while new (Totals.early_gaps)
-    new_open: tuple[int, ...] = ()  # ... and since when those not back yet have been away (Totals.early_open)
+    new_open: OpenGaps = NO_OPEN_GAPS  # ... and since when those not back yet have been away (Totals.early_open)
 
     def tuned_to(self, totals: Totals) -> "Learned":
         """Value waiting at the rate the score trades it for memory, given the run so far; and know how
@@ -181,7 +182,7 @@ class Learned(Policy):
         timed = bool(own)
         if sum(s.stats.gap_hist) >= self.min_samples:
             return own or beyond(max(elapsed, 1)), timed
-        return blend(own, new_function_points(self.new_gaps, self.new_open, now, elapsed)), timed
+        return blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed)), timed
 
     def return_plan(self, s: FnState, now: int) -> tuple[Plan, int] | None:
         """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
