@@ -21,6 +21,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 
 from proto.subjects import PARTITIONS
+from runtime.tasks import cancelled
 
 log = logging.getLogger("scaler.controller.leases")
 
@@ -70,10 +71,7 @@ class Leases:
 
     async def stop(self) -> None:
         """Give everything back at once, so the other nodes need not wait for the leases to expire."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancelled(self._task)
         with contextlib.suppress(Exception):  # NATS away: the leases will lapse instead
             await self.give_back(sorted(self.held))
             await self._nodes.delete(self.node)

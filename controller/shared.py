@@ -19,6 +19,7 @@ from nats.js.errors import KeyNotFoundError, NoKeysError
 from controller.core.state import Totals
 from controller.leases import bucket
 from controller.ledger import Ledger
+from runtime.tasks import cancelled
 
 log = logging.getLogger("scaler.controller.shared")
 
@@ -43,8 +44,7 @@ class SharedTotals:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await cancelled(self._task)
         with contextlib.suppress(Exception):
             await self._kv.delete(self.node)
 

@@ -72,6 +72,7 @@ from runtime.bus import (
     set_retention,
 )
 from runtime.clock import Clock
+from runtime.tasks import cancelled
 from runtime.text import plural
 
 log = logging.getLogger("scaler.controller")
@@ -221,8 +222,7 @@ class Controller:
 
     async def stop(self) -> None:
         self._stopping = True  # every partition given back is snapshotted, at the newest watermark
-        if self._guard is not None:
-            self._guard.cancel()
+        await cancelled(self._guard)
         with contextlib.suppress(Exception):  # NATS away: the snapshots are as fresh as the last guard made them
             async with asyncio.timeout(1):
                 self._seen = max(self._seen, (await rebuild.kept(self._js)).last_seq)
@@ -233,8 +233,7 @@ class Controller:
         if self._state_sub is not None:
             await self._state_sub.unsubscribe()
         await self.timers.stop()
-        if self._lag_watch is not None:
-            self._lag_watch.cancel()
+        await cancelled(self._lag_watch)
         if self.forwarder is not None:
             await self.forwarder.stop()
         if self._tasks:

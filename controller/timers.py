@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from runtime.clock import Clock
+from runtime.tasks import cancelled
 
 log = logging.getLogger("scaler.controller.timers")
 
@@ -40,8 +41,7 @@ class Timers:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await cancelled(self._task)
         if self._firing:
             await asyncio.wait(self._firing, timeout=10)
 
