@@ -43,6 +43,7 @@ class TooBig(Exception):
     """The batch is larger than NATS takes in one message: it can never be stored."""
 
 
+STALL_S = 10.0  # a read that hears nothing this long is given up (its caller retries)
 HEADERS_ROOM = 512  # bytes of a message's headers, which count against the payload limit too
 
 
@@ -143,11 +144,13 @@ async def read(
         end = min(end, until_seq)
     if end <= after_seq:
         return 0
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    count = 0
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    count, heard_at = 0, loop.time()
 
     async def deliver(msg: Msg) -> None:
-        nonlocal count
+        nonlocal count, heard_at
+        heard_at = loop.time()
         if done.done():
             return
         meta = msg.metadata
@@ -176,7 +179,11 @@ async def read(
         probe = await sub.consumer_info()
         if probe.num_pending == 0 and probe.delivered.consumer_seq == 0:
             return 0
-        await done
+        while not done.done():  # a consumer lost with its server (a cluster's failover) delivers nothing more
+            await asyncio.wait({done}, timeout=STALL_S)
+            if not done.done() and loop.time() - heard_at >= STALL_S:
+                raise Unavailable(f"reading EVENTS stalled: nothing delivered for {STALL_S:g}s after {count} batches")
+        done.result()
     finally:
         await sub.unsubscribe()
     return count

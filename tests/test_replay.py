@@ -3,16 +3,20 @@
 import asyncio
 import io
 import re
+import signal
 import sys
 
 import msgspec
+import pytest
 from msgspec.structs import replace
 
-from controller import explain, replay, state_service
+from controller import explain, replay, state_service, stream
 from controller.core.state import Phase
 from controller.snapshots import Snapshot
-from proto.events import RequestWaiting
-from runtime.bus import connected
+from proto.events import Batch, RequestWaiting, encode_batch
+from proto.subjects import event_subject
+from runtime.bus import Unavailable, connected, ensure_stream
+from runtime.natsd import NatsServer
 from tests.stack import Stack
 from tests.test_up import assign_and_idle, start_up, stop
 
@@ -172,3 +176,36 @@ async def test_replay_finds_the_nats_of_the_running_scaler_up(tmp_path, monkeypa
     code, _, err = await scaler_replay()
     assert code == 2 and "no running `scaler up` found" in err
     assert list((tmp_path / "scaler").iterdir()) == []
+
+
+async def test_a_read_that_hears_nothing_more_gives_up_instead_of_waiting_forever(tmp_path, monkeypatch):
+    """A consumer lost with its server delivers nothing more: the read says so (Unavailable), and its caller
+    (a start, a take-over, `scaler replay`) fails or retries rather than hang. Here the server is frozen."""
+    monkeypatch.setattr(stream, "STALL_S", 1.0)
+    async with NatsServer(tmp_path / "nats") as server, connected(server.url, "test") as nc:
+        js = nc.jetstream()
+        await ensure_stream(js)
+        for n in range(5_000):
+            batch = Batch(key="fn", at_ms=n, cause=f"c{n}", events=[])
+            await nc.publish(event_subject("fn"), encode_batch(batch))
+        await nc.flush()
+        await eventually_stored(js, 5_000)
+
+        def freeze_at_the_first(seq: int, batch: Batch) -> None:
+            if seq == 1:
+                server.proc.send_signal(signal.SIGSTOP)
+
+        try:
+            with pytest.raises(Unavailable, match="reading EVENTS stalled"):
+                async with asyncio.timeout(30):
+                    await stream.read(js, freeze_at_the_first)
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+
+
+async def eventually_stored(js, count: int) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            if (await js.stream_info("EVENTS")).state.messages >= count:
+                return
+            await asyncio.sleep(0.05)
