@@ -33,7 +33,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replicas",
         type=replicas,
-        default=int(service.env("REPLICAS", "1")),
+        default=service.env("REPLICAS", "1"),  # a string: argparse checks it with `type` too
         help="copies JetStream keeps of the stream, leases and snapshots it creates: 3 on a NATS cluster"
         " (an existing stream's are never lowered) [SCALER_REPLICAS]",
     )
@@ -41,7 +41,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-behind",
         type=service.positive,
-        default=float(service.env("MAX_BEHIND", str(MAX_BEHIND_S))),
+        default=service.env("MAX_BEHIND", str(MAX_BEHIND_S)),
         help="seconds decisions may lag behind arrivals (a weighted mean) before new Assigns are refused"
         " with RESOURCE_EXHAUSTED [SCALER_MAX_BEHIND]",
     )
