@@ -183,10 +183,8 @@ async def test_gc_worker_killed_mid_destroy(tmp_path):
 
 
 async def test_nats_restarted_with_its_store(tmp_path, stub):
-    store = tmp_path / "nats"
-    nats = NatsServer(store)
+    nats = NatsServer(tmp_path / "nats")
     await nats.start()
-    port = int(nats.url.rsplit(":", 1)[1])
     try:
         async with Parts(nats.url, f"127.0.0.1:{stub.port}", reply_timeout_s=10) as parts:
             driver = Driver(parts.gateway, timeout_s=30)
@@ -195,8 +193,7 @@ async def test_nats_restarted_with_its_store(tmp_path, stub):
             await nats.stop()
             down_at = time.monotonic()
             await eventually(lambda: any(c.error or c.retries for c in driver.calls), seconds=20)  # the outage is felt
-            nats = NatsServer(store, port=port)
-            await nats.start()
+            await nats.start()  # again: the same port, the same store
             up_at = time.monotonic()
             # Serving again: a fresh request is answered.
             async with asyncio.timeout(30):
@@ -298,10 +295,8 @@ async def test_smoke_test_callers_retrying_through_a_nats_restart_mid_burst_are_
     smoke = load_dataset(SMOKE)
     stub = PlatformStub("127.0.0.1:0", smoke.metas, create_latency_ms=100, like_challenge=True)
     await stub.start()
-    store = tmp_path / "nats"
-    nats = NatsServer(store)
+    nats = NatsServer(tmp_path / "nats")
     await nats.start()
-    port = int(nats.url.rsplit(":", 1)[1])
     try:
         async with Parts(nats.url, f"127.0.0.1:{stub.port}", reply_timeout_s=10) as parts:
             callers = TraceCallers(parts.gateway, smoke, attempt_s=2)  # impatient: many calls given up and repeated
@@ -309,8 +304,7 @@ async def test_smoke_test_callers_retrying_through_a_nats_restart_mid_burst_are_
             await eventually(lambda: len(callers.calls) > 300, seconds=30)  # 121 before the burst, 859 in it
             await nats.stop(kill=True)
             await eventually(lambda: callers.refusals, seconds=30)  # the outage is felt
-            nats = NatsServer(store, port=port)
-            await nats.start()
+            await nats.start()  # again: the same port, the same store
             await run
             print(f"\nsmoke test through a NATS restart: calls repeated {dict(callers.refusals)}")
             assert [c.error for c in callers.calls if c.error] == []
