@@ -48,7 +48,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "--retention-hours",
-        type=at_least(MIN_RETENTION_HOURS),
+        type=service.at_least(MIN_RETENTION_HOURS),
         default=service.env("RETENTION_HOURS", str(DEFAULT_RETENTION.max_age_s / 3600)),
         metavar="H",
         help="EVENTS keeps batches this long (README: Retention); a node sets it on the stream once every"
@@ -56,7 +56,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--store-limit-gb",
-        type=at_least(MIN_STORE_LIMIT_GB),
+        type=service.at_least(MIN_STORE_LIMIT_GB),
         default=service.env("STORE_LIMIT_GB", str(DEFAULT_RETENTION.max_bytes / 10**9)),
         metavar="GB",
         help="... and at most this much of them, the oldest going first [SCALER_STORE_LIMIT_GB]",
@@ -82,21 +82,6 @@ def limits_file(path: str) -> str:
     """The path, once its content is known to be good: a mistake is said at the command line, with the file's name."""
     load_limits(path)
     return path
-
-
-def at_least(floor: float):
-    """An argparse type: a number not below `floor`."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value >= floor:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"must be at least {floor:.3g}, got {text}")
-        return value
-
-    return parse
 
 
 def retention(a: argparse.Namespace) -> Retention:

@@ -41,7 +41,7 @@ class Kept(NamedTuple):
 
 async def kept(js: JetStreamContext) -> Kept:
     info = await js.stream_info(EVENTS)
-    return Kept(info.state.first_seq, info.state.last_seq, info.created.isoformat() if info.created else "")
+    return Kept(info.state.first_seq, info.state.last_seq, stream.incarnation(info))
 
 
 def covers(snap: Snapshot | None, at: Kept) -> bool:

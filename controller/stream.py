@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy, StreamInfo
 from nats.js.errors import NotFoundError
 
 from proto.events import Batch, decode_batch
@@ -128,7 +128,10 @@ async def check_layout(js: JetStreamContext) -> None:
 async def stream_id(js: JetStreamContext) -> str:
     """Which incarnation of the EVENTS stream this is (its creation time): a deleted and recreated
     store has the same name but another history, and a snapshot of the old one must not be used."""
-    info = await js.stream_info(EVENTS)
+    return incarnation(await js.stream_info(EVENTS))
+
+
+def incarnation(info: StreamInfo) -> str:
     return info.created.isoformat() if info.created else ""
 
 

@@ -91,13 +91,29 @@ def add_log_level(p: argparse.ArgumentParser, default: str, help: str) -> None:
 
 def positive(text: str) -> float:
     """An argparse type: a number above zero (a speed, a duration)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
     return value
+
+
+def at_least(floor: float) -> Callable[[str], float]:
+    """An argparse type: a number not below `floor`."""
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not value >= floor:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be at least {floor:.3g}, got {text}")
+        return value
+
+    return parse
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def setup_logging(level: str) -> None:
