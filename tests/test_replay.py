@@ -185,20 +185,22 @@ async def test_a_read_that_hears_nothing_more_gives_up_instead_of_waiting_foreve
     async with NatsServer(tmp_path / "nats") as server, connected(server.url, "test") as nc:
         js = nc.jetstream()
         await ensure_stream(js)
-        for n in range(5_000):
-            batch = Batch(key="fn", at_ms=n, cause=f"c{n}", events=[])
+        # 100 MB of batches: what follows the freeze is more than a client holds unread (nats-py's 64 MB), so
+        # the frozen server leaves the read waiting however late a batch is handled on a busy machine.
+        for n in range(10_000):
+            batch = Batch(key="fn", at_ms=n, cause=f"c{n}".ljust(10_000, "."), events=[])
             await nc.publish(event_subject("fn"), encode_batch(batch))
         await nc.flush()
-        await eventually_stored(js, 5_000)
+        await eventually_stored(js, 10_000)
 
-        def freeze_at_the_first(seq: int, batch: Batch) -> None:
-            if seq == 1:
+        def freeze_on_the_way(seq: int, batch: Batch) -> None:
+            if seq == 1_000:  # well after the read's own request to the server was answered
                 server.proc.send_signal(signal.SIGSTOP)
 
         try:
             with pytest.raises(Unavailable, match="reading EVENTS stalled"):
                 async with asyncio.timeout(30):
-                    await stream.read(js, freeze_at_the_first)
+                    await stream.read(js, freeze_on_the_way)
         finally:
             server.proc.send_signal(signal.SIGCONT)
 
