@@ -72,9 +72,9 @@ class Leases:
     async def stop(self) -> None:
         """Give everything back at once, so the other nodes need not wait for the leases to expire."""
         await cancelled(self._task)
-        with contextlib.suppress(Exception):  # NATS away: the leases will lapse instead
-            await self.give_back(sorted(self.held))
-            await self._nodes.delete(self.node)
+        # Each on its own (NATS away: they lapse instead): a heartbeat left behind would make the next
+        # node count two and take half the partitions until it lapsed.
+        await asyncio.gather(self.give_back(sorted(self.held)), self._nodes.delete(self.node), return_exceptions=True)
 
     async def _run(self) -> None:
         failing = 0
@@ -144,10 +144,19 @@ class Leases:
         if not partitions:
             return
         await self.lost(partitions)
-        for p in partitions:
-            revision = self.held.pop(p)
-            with contextlib.suppress(KeyWrongLastSequenceError, KeyNotFoundError):
-                await self._leases.delete(f"p{p}", last=revision)
+        freed = [(p, self.held.pop(p)) for p in partitions]
+        # All at once and each on its own: one that times out (NATS slow or away) lapses after the TTL,
+        # and does not keep the others held until then, nor the stop waiting a timeout per partition.
+        results = await asyncio.gather(
+            *(self._leases.delete(f"p{p}", last=revision) for p, revision in freed), return_exceptions=True
+        )
+        stuck = [
+            p
+            for (p, _), r in zip(freed, results, strict=True)
+            if isinstance(r, Exception) and not isinstance(r, (KeyWrongLastSequenceError, KeyNotFoundError))
+        ]
+        if stuck:
+            log.warning("could not free the leases of partitions %s; they lapse within %gs", _ranges(stuck), self.ttl_s)
         log.info("%s gave back partitions %s", self.node, _ranges(partitions))
 
 

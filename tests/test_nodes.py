@@ -10,7 +10,7 @@ import pytest
 
 from controller import replay
 from controller.core.policy import get_policy
-from controller.leases import holders
+from controller.leases import LEASES, holders
 from controller.shell import Controller
 from platform_stub.server import PlatformStub
 from proto.commands import Assign, Idle
@@ -156,3 +156,19 @@ def test_sharing_the_totals_gives_the_scores_of_one_node():
     )
     assert split.score != one.score, "the split totals did change decisions on this trace"
     assert shared.score == pytest.approx(one.score, abs=0.1)
+
+
+async def test_a_stop_that_cannot_free_its_leases_still_drops_its_heartbeat(nats_url, caplog):
+    """The leases lapse on their own; a heartbeat left behind made the next node count two and take half."""
+    first = Controller(nats_url, get_policy("demo"))
+    await first.start()
+    async with connected(nats_url, "test") as nc:
+        await nc.jetstream().delete_key_value(LEASES)  # every lease's delete fails now
+    await first.stop()
+    assert "could not free the leases of partitions 0-31" in caplog.text
+    second = Controller(nats_url, get_policy("demo"))
+    await second.start()
+    try:
+        assert second.serving == set(range(PARTITIONS))
+    finally:
+        await second.stop()
