@@ -72,6 +72,8 @@ class Leases:
     async def stop(self) -> None:
         """Give everything back at once, so the other nodes need not wait for the leases to expire."""
         await cancelled(self._task)
+        if self._nodes is None:  # its start failed before it held anything
+            return
         # Each on its own (NATS away: they lapse instead): a heartbeat left behind would make the next
         # node count two and take half the partitions until it lapsed.
         await asyncio.gather(self.give_back(sorted(self.held)), self._nodes.delete(self.node), return_exceptions=True)
