@@ -275,7 +275,14 @@ async def test_every_part_dies_with_scaler_up_and_the_temporary_store_goes(how):
         assert len(parts) >= 5, parts  # nats (and its lifeline), the stub, the node, the workers
         assert store.is_dir()  # noqa: ASYNC240
         proc.send_signal(getattr(signal, how))  # the terminal closed / killed outright
-        await eventually(lambda: proc.returncode is not None and not [pid for pid in parts if alive(pid)], 30)
+        log = asyncio.create_task(proc.stderr.read())  # what it says while stopping, should a part hang
+        try:
+            await eventually(lambda: proc.returncode is not None and not [pid for pid in parts if alive(pid)], 30)
+        except TimeoutError:
+            still = [parts[pid] for pid in parts if alive(pid)]
+            reap([proc.pid, *parts])  # the pipe ends with them
+            said = (await asyncio.wait_for(log, 10)).decode()
+            pytest.fail(f"still running 30s after {how}: {still}; its log:\n{''.join(lines)}{said}")
         assert await refuses_connections(address)
         await eventually(lambda: not store.exists(), seconds=10)
     finally:
