@@ -25,9 +25,15 @@ READY = re.compile(r"scaler ready: gRPC [\d.]+:(\d+),")
 
 
 async def start_up(*args: str) -> tuple[asyncio.subprocess.Process, str, list[str]]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scaler.cli", "up", "--port", "0", *args, stderr=asyncio.subprocess.PIPE
-    )
+    # As from a terminal: SIGHUP at its default, even when the tests run under nohup (which `scaler up`
+    # would inherit, and then rightly not stop on SIGHUP).
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scaler.cli", "up", "--port", "0", *args, stderr=asyncio.subprocess.PIPE
+        )
+    finally:
+        signal.signal(signal.SIGHUP, before)
     lines: list[str] = []
     async with asyncio.timeout(30):
         while True:
