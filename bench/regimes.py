@@ -45,8 +45,7 @@ class SwitchingLedger(Ledger):
 
 
 def score(dataset, policy: Policy, ledger: Ledger | None = None) -> float:
-    sim = Simulation(dataset, policy) if ledger is None else Simulation(dataset, policy, ledger=ledger)
-    return sim.run().stats().score
+    return Simulation(dataset, policy, ledger=ledger or Ledger()).run().stats().score
 
 
 def main() -> int:
