@@ -11,7 +11,9 @@ from proto.events import (
     Assigned,
     Batch,
     Event,
+    FunctionDeleted,
     FunctionForgotten,
+    FunctionRestarted,
     FunctionRested,
     FunctionSeen,
     InstanceCreated,
@@ -25,6 +27,8 @@ from proto.events import (
     RequestFailed,
     RequestRetried,
     RequestWaiting,
+    SessionBound,
+    SessionEnded,
     SlotWanted,
     WaiterLeft,
 )
@@ -49,8 +53,8 @@ def event(e: Event) -> str:
         case FunctionSeen(meta=m):
             runtime = f" {m.runtime}" if m.runtime else ""
             return f"function seen: {m.memory_mb} MB{runtime}, timeout {m.timeout_s}s"
-        case RequestArrived(request_id=r):
-            return f"request {r} queued"
+        case RequestArrived(request_id=r, session=session):
+            return f"request {r} of session {session} queued" if session else f"request {r} queued"
         case RequestRetried(request_id=r):
             return f"request {r} asked again: one more caller waits"
         case WaiterLeft(request_id=r):
@@ -77,6 +81,14 @@ def event(e: Event) -> str:
             return f"{i} retired{_why(why)}" + (f"; {slot} to destroy" if slot else "")
         case InstanceDestroyed(instance_id=i, slot_id=slot, reason=why):
             return f"{i} gone" + (f" with {slot}" if slot else "") + _why(why)
+        case SessionBound(session=session, instance_id=i, request_id=r, why=why):
+            return f"session {session} bound to {i} by {r}{_why(why)}"
+        case SessionEnded(session=session, reason=why):
+            return f"session {session} unbound{_why(why)}"
+        case FunctionRestarted(reason=why):
+            return f"function restarted by an operator{_why(why)}: busy instances retire when released"
+        case FunctionDeleted(reason=why):
+            return f"function deleted by an operator{_why(why)}: its state forgotten"
         case FunctionRested():
             return "function at rest: its record of recent releases dropped"
         case FunctionForgotten():
@@ -122,6 +134,8 @@ def state(s: FnState, last_seq: int = 0) -> Iterator[str]:
         yield f"  waiting: {p.request_id} since {clock(p.since_ms)} ({len(p.waiters)} caller(s))"
     for i in sorted(s.instances.values(), key=lambda i: (i.wanted_ms, i.id)):
         yield "  " + _instance(i)
+    for session, b in sorted(s.sessions.items()):
+        yield f"  session {session} → {b.instance_id}, last used {clock(b.used_ms)}"
     if not s.instances and not s.queue:
         yield "  no instances"
 

@@ -22,6 +22,7 @@ class Assign(Command, tag="assign"):
     request_id: str
     meta: Meta
     reply_to: str = ""
+    session: str = ""  # a session id: the request prefers the instance that served the session before
 
 
 class Idle(Command, tag="idle"):
@@ -76,6 +77,22 @@ class Tick(Command, tag="tick"):
     due_ms: int
 
 
+class Restart(Command, tag="restart"):
+    """An operator's: retire the function's instances, idle ones now and busy ones when released."""
+
+    reason: str = ""
+    reply_to: str = ""
+    asked_ms: int = 0  # when the operator asked (tells two restarts apart)
+
+
+class Delete(Command, tag="delete"):
+    """An operator's: destroy the function's instances and forget it; a later Assign starts afresh."""
+
+    reason: str = ""
+    reply_to: str = ""
+    asked_ms: int = 0
+
+
 class PlatformSlot(msgspec.Struct, frozen=True, kw_only=True):
     """A live slot as the platform lists it (PlatformAdmin.ListSlots)."""
 
@@ -103,7 +120,10 @@ def owner(slot: PlatformSlot) -> str:
     return key if dash and n.isdigit() else ""
 
 
-AnyCommand = Assign | Idle | Cancel | SlotCreated | SlotReady | SlotFailed | SlotDestroyed | Tick | Reconcile
+AnyCommand = (
+    Assign | Idle | Cancel | SlotCreated | SlotReady | SlotFailed | SlotDestroyed | Tick | Reconcile | Restart | Delete
+)
+Admin = Restart | Delete  # an operator's commands, answered once stored
 
 
 def command_id(cmd: AnyCommand) -> str:
@@ -127,6 +147,10 @@ def command_id(cmd: AnyCommand) -> str:
             return f"tick:{k}:{t}"
         case Reconcile(listed_ms=t):
             return f"reconcile:{t}"
+        case Restart(key=k, asked_ms=t):
+            return f"restart:{k}:{t}"
+        case Delete(key=k, asked_ms=t):
+            return f"delete:{k}:{t}"
     raise TypeError(f"not a command: {cmd!r}")
 
 

@@ -40,6 +40,7 @@ class RequestArrived(Event, tag="request-arrived"):
 
     request_id: str
     reply_to: str = ""
+    session: str = ""  # the caller's session (gRPC metadata `scaler-session`): it prefers its bound instance
 
 
 class RequestRetried(Event, tag="request-retried"):
@@ -140,6 +141,37 @@ class InstanceDestroyed(Event, tag="instance-destroyed"):
     reason: str = ""
 
 
+class SessionBound(Event, tag="session-bound"):
+    """A session's request took an instance other than the one the session was bound to (or it had none):
+    the session's next requests prefer this one."""
+
+    session: str
+    instance_id: str
+    request_id: str = ""
+    why: str = ""
+
+
+class SessionEnded(Event, tag="session-ended"):
+    """A session's binding is gone: it was idle too long, or its instance went."""
+
+    session: str
+    reason: str = ""
+
+
+class FunctionRestarted(Event, tag="function-restarted"):
+    """An operator restarted the function's instances: idle ones retire now (their own events), busy ones as
+    they are released; instances still being created are left to start."""
+
+    reason: str = ""
+
+
+class FunctionDeleted(Event, tag="function-deleted"):
+    """An operator deleted the function: its instances are retired (their own events, before this one) and
+    its state is forgotten but for the slots still being destroyed; its next Assign starts afresh."""
+
+    reason: str = ""
+
+
 class FunctionRested(Event, tag="function-rested"):
     """The function has had nothing in flight a while: what only a retry could still need is dropped."""
 
@@ -166,6 +198,10 @@ AnyEvent = (
     | InstanceDestroyed
     | FunctionRested
     | FunctionForgotten
+    | SessionBound
+    | SessionEnded
+    | FunctionRestarted
+    | FunctionDeleted
 )
 
 

@@ -67,6 +67,10 @@ EVENT_TAGS = {
     "InstanceDestroyed": "instance-destroyed",
     "FunctionRested": "function-rested",
     "FunctionForgotten": "function-forgotten",
+    "SessionBound": "session-bound",
+    "SessionEnded": "session-ended",
+    "FunctionRestarted": "function-restarted",
+    "FunctionDeleted": "function-deleted",
 }
 
 
@@ -81,6 +85,8 @@ COMMAND_TAGS = {
     "SlotDestroyed": "slot-destroyed",
     "Tick": "tick",
     "Reconcile": "reconcile",
+    "Restart": "restart",
+    "Delete": "delete",
 }
 
 

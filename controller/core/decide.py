@@ -2,10 +2,16 @@
 
 A decision has two halves. First the command's own change, one handler per command:
 `_queue_request` (Assign), `_release` (Idle), `_cancel`, `_slot_created`, `_instance_ready` (SlotReady),
-`_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`; a Tick changes nothing by itself.
+`_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`, and an operator's `_restart` and `_delete`;
+a Tick changes nothing by itself.
 Then the phases that bring the function to rest (`_bring_to_rest`), in order: leases, matching
 (`_answer_waiting_requests`, where a queued Assign gets its instance and its answer), starts,
-keep/retire, pre-warm, and the next wake.
+keep/retire, sessions' ends, pre-warm, and the next wake.
+
+Sessions: an Assign may name a session; its request prefers the instance bound to the session (the
+one that served it last). When that one is busy the request waits for it, up to `session_wait_ms`,
+before it takes another instance like any request and the session moves there (`SessionBound`). A
+binding ends with its instance or after the session's idle time (`SessionEnded`).
 
 `decide` applies each event as it emits it, so every later choice in the same decision sees
 the state that earlier ones produced, and `Decision.state` equals `replay(s, Decision.events)`.
@@ -14,6 +20,7 @@ the state that earlier ones produced, and `Decision.state` equals `replay(s, Dec
 from typing import NamedTuple
 
 from controller.core import reconcile
+from controller.core.features import UNKNOWN_START_MS
 from controller.core.limits import NO_ROOM, Room
 from controller.core.policy import Policy
 from controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
@@ -22,9 +29,11 @@ from proto.commands import (
     Assign,
     Cancel,
     Code,
+    Delete,
     Idle,
     Reconcile,
     Reply,
+    Restart,
     SlotCreated,
     SlotDestroyed,
     SlotFailed,
@@ -34,7 +43,9 @@ from proto.commands import (
 from proto.events import (
     Assigned,
     Event,
+    FunctionDeleted,
     FunctionForgotten,
+    FunctionRestarted,
     FunctionRested,
     FunctionSeen,
     InstanceCreated,
@@ -48,6 +59,8 @@ from proto.events import (
     RequestFailed,
     RequestRetried,
     RequestWaiting,
+    SessionBound,
+    SessionEnded,
     SlotWanted,
     WaiterLeft,
 )
@@ -57,6 +70,13 @@ RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-
 # The timeout of a function whose Assigns give none (timeout_in_secs 0), so that every busy instance
 # has a lease: 15 minutes, the longest a serverless function commonly may run (AWS Lambda's limit).
 DEFAULT_TIMEOUT_S = 900
+# A session's request waits for its busy instance at most as long as a new instance takes to start (the
+# function's last CreateSlot + Init; 1 s before it is known), and never more than this. Moving costs the
+# session what it kept on its instance (a warm cache, a loaded model, a conversation), which is what a
+# cold start costs any request; so waiting that long is worth it, and waiting longer never is: an
+# instance started at once would have served it by then. Sessions' requests are mostly sequential (the
+# next one comes after the last one's answer), so their bound instance is rarely busy at all.
+MAX_SESSION_WAIT_MS = 10_000
 
 
 class Decision(NamedTuple):
@@ -134,6 +154,8 @@ def decide(
             _slot_destroyed(d, cmd)
         case Reconcile():
             _reconcile(d, cmd)
+        case Restart() | Delete():
+            _operator(d, cmd)
         case Tick():
             pass  # what is due happens at rest
         case _:
@@ -169,7 +191,7 @@ def _queue_request(d: _Draft, cmd: Assign) -> None:
         return
     if d.s.meta != cmd.meta:
         d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
-    d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to))
+    d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to, session=cmd.session))
 
 
 def _release(d: _Draft, cmd: Idle) -> None:
@@ -199,6 +221,9 @@ def _release(d: _Draft, cmd: Idle) -> None:
         )
         if cmd.need_destroy:
             why = f"need_destroy: {cmd.reason}" if cmd.reason else "need_destroy"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+        elif inst.restarting:
+            why = "restarted: retired once released"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
         d.reply(to, r, instance_id=inst.id)
 
@@ -261,8 +286,7 @@ def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
             )
         )
         if policy.dedicated_starts and (own := d.s.pending(inst.for_request)) is not None and _fits(d.s, inst):
-            d.emit(Assigned(at_ms=d.now, request_id=own.request_id, instance_id=inst.id))
-            d.reply_all(own.waiters, own.request_id, instance_id=inst.id)
+            _assign(d, own, inst)
     elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
         _retire_orphan(d, cmd.instance_id, cmd.slot_id, "ready for an instance no longer wanted")
 
@@ -293,6 +317,44 @@ def _reconcile(d: _Draft, cmd: Reconcile) -> None:
         d.emit(e)
 
 
+def _operator(d: _Draft, cmd: Restart | Delete) -> None:
+    """An operator's command, about a function this node knows (one it never saw, or forgot, is NOT_FOUND)."""
+    if not _known(d.s):
+        d.reply(cmd.reply_to, "", Code.NOT_FOUND, message=f"no function {cmd.key!r}")
+    elif isinstance(cmd, Restart):
+        _restart(d, cmd)
+    else:
+        _delete(d, cmd)
+
+
+def _restart(d: _Draft, cmd: Restart) -> None:
+    """An operator's restart: idle instances retire now, busy ones once released (`Instance.restarting`)."""
+    why = f"restarted: {cmd.reason}" if cmd.reason else "restarted"
+    idle, busy = d.s.in_phase(Phase.IDLE), d.s.in_phase(Phase.BUSY)
+    d.emit(FunctionRestarted(at_ms=d.now, reason=cmd.reason))
+    for inst in idle:
+        d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+    message = f"{len(idle)} idle instance(s) retired, {len(busy)} busy one(s) retire when released"
+    d.reply(cmd.reply_to, "", message=message)
+
+
+def _delete(d: _Draft, cmd: Delete) -> None:
+    """An operator's delete: waiting requests fail, every instance retires, and the function is forgotten."""
+    why = f"function deleted: {cmd.reason}" if cmd.reason else "function deleted"
+    for waiting in d.s.queue:
+        d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=why))
+        d.reply_all(waiting.waiters, waiting.request_id, code=Code.NOT_FOUND, message=why)
+    live = [i for i in d.s.instances.values() if i.phase is not Phase.RETIRING]
+    for inst in live:
+        d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+    d.emit(FunctionDeleted(at_ms=d.now, reason=cmd.reason))
+    d.reply(cmd.reply_to, "", message=f"{len(live)} instance(s) retired, the function forgotten")
+
+
+def _known(s: FnState) -> bool:
+    return s.meta is not None or bool(s.queue) or any(i.phase is not Phase.RETIRING for i in s.instances.values())
+
+
 # --- at rest: the phases every decision ends with, in this order ----------------------------
 
 
@@ -308,6 +370,7 @@ def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     recheck_ms = _start_instances_for_waiting(d, policy)
     throttle_ms = _throttle_at_the_cap(d, policy)
     _keep_or_retire_idle(d, policy)
+    _end_sessions(d)
     prewarm_ms = _prewarm(d, policy)
     rest_ms = _rest_or_forget(d)
     return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms, rest_ms)
@@ -343,15 +406,65 @@ def _fits(s: FnState, inst: Instance) -> bool:
 
 def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
     """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance
-    with enough memory.
+    with enough memory, the policy's pick among those no session is bound to if there are any.
 
-    With dedicated starts a request whose own instance is being created waits for that one.
+    With dedicated starts a request whose own instance is being created waits for that one. A
+    session's request takes its bound instance when idle, and waits while it is busy (`_holding`).
     """
-    while (free := _free_to_take(d.s, policy)) and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
-        inst = policy.pick(d.s, idle, d.now)
-        waiting = free[0]
-        d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
-        d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
+    held: set[str] = set()
+    while idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]:
+        waiting = next((p for p in _free_to_take(d.s, policy) if p.request_id not in held), None)
+        if waiting is None:
+            return
+        bound = _bound(d.s, waiting.session)
+        if bound is not None and bound.phase is Phase.IDLE and _fits(d.s, bound):
+            inst = bound
+        elif _holding(d.s, waiting, d.now):
+            held.add(waiting.request_id)
+            continue
+        else:
+            taken = {b.instance_id for b in d.s.sessions.values()}
+            inst = policy.pick(d.s, [i for i in idle if i.id not in taken] or idle, d.now)
+        _assign(d, waiting, inst)
+
+
+def _assign(d: _Draft, waiting: Pending, inst: Instance) -> None:
+    """The request gets the instance, and its callers their answer; a session not bound to it moves to it."""
+    was = d.s.sessions.get(waiting.session) if waiting.session else None
+    if waiting.session and (was is None or was.instance_id != inst.id):
+        if was is None:
+            why = "the session's first request here"
+        elif _bound(d.s, waiting.session) is None:
+            why = f"its instance {was.instance_id} is gone"
+        else:
+            why = f"its instance {was.instance_id} stayed busy past {session_wait_ms(d.s)} ms"
+        d.emit(SessionBound(at_ms=d.now, session=waiting.session, instance_id=inst.id, request_id=waiting.request_id,
+                            why=why))  # fmt: skip
+    d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
+    d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
+
+
+def _bound(s: FnState, session: str) -> Instance | None:
+    """The session's instance, while it may still serve (idle, busy or being created)."""
+    b = s.sessions.get(session) if session else None
+    inst = s.instances.get(b.instance_id) if b is not None else None
+    return inst if inst is not None and inst.phase is not Phase.RETIRING else None
+
+
+def session_wait_ms(s: FnState) -> int:
+    """How long a session's request waits for its busy instance (see MAX_SESSION_WAIT_MS)."""
+    return min(s.stats.start_ms or UNKNOWN_START_MS, MAX_SESSION_WAIT_MS)
+
+
+def _holding(s: FnState, waiting: Pending, now: int) -> bool:
+    """Whether a session's request still waits for its bound instance, busy now, rather than take another."""
+    bound = _bound(s, waiting.session)
+    return (
+        bound is not None
+        and bound.phase is Phase.BUSY
+        and now < waiting.since_ms + session_wait_ms(s)
+        and _fits(s, bound)
+    )
 
 
 def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
@@ -359,7 +472,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
     Returns when the policy wants to look again at those left waiting.
     """
-    uncovered = _uncovered(d.s, policy)
+    uncovered = _uncovered(d.s, policy, d.now)
     if not uncovered or d.s.meta is None:
         return None
     plan = policy.plan_queue(d.s, len(uncovered), d.now)
@@ -379,14 +492,18 @@ def _free_to_take(s: FnState, policy: Policy) -> tuple[Pending, ...]:
     return _uncovered(s, policy) if policy.dedicated_starts else s.queue
 
 
-def _uncovered(s: FnState, policy: Policy) -> tuple[Pending, ...]:
+def _uncovered(s: FnState, policy: Policy, now: int | None = None) -> tuple[Pending, ...]:
     """The waiting requests no instance under creation is for: with dedicated starts, those without
-    one started for them; else any creation covers one, the oldest first."""
+    one started for them; else any creation covers one, the oldest first. Given `now`, without the
+    sessions' requests that still wait for their busy instance."""
     creating = [i for i in s.in_phase(Phase.CREATING) if _fits(s, i)]
+    queue = s.queue
+    if now is not None and s.sessions:
+        queue = tuple(p for p in queue if not _holding(s, p, now))
     if policy.dedicated_starts:
         own = {i.for_request for i in creating}
-        return tuple(p for p in s.queue if p.request_id not in own)
-    return s.queue[len(creating) :]
+        return tuple(p for p in queue if p.request_id not in own)
+    return queue[len(creating) :]
 
 
 def _caps(s: FnState, room: Room) -> str:
@@ -410,7 +527,7 @@ def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
     if d.may_start(1) or d.s.meta is None:
         return None
     due = []
-    for waiting in _uncovered(d.s, policy):
+    for waiting in _uncovered(d.s, policy, d.now):
         deadline = waiting.since_ms + d.room.throttle_after_ms
         if deadline > d.now:
             due.append(deadline)
@@ -447,6 +564,17 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
         else:
             why = f"keep-alive expired after {(d.now - inst.since_ms) / 1000:g}s idle"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+
+
+def _end_sessions(d: _Draft) -> None:
+    """Sessions' ends: a binding goes with its instance, or once the session has not used it for its idle time."""
+    idle_ms = d.room.session_idle_ms
+    for session, b in list(d.s.sessions.items()):
+        inst = d.s.instances.get(b.instance_id)
+        if inst is None or inst.phase is Phase.RETIRING:
+            d.emit(SessionEnded(at_ms=d.now, session=session, reason=f"its instance {b.instance_id} went"))
+        elif inst.session != session and b.used_ms + idle_ms <= d.now:
+            d.emit(SessionEnded(at_ms=d.now, session=session, reason=f"unused for {idle_ms / 1000:g}s"))
 
 
 def _prewarm(d: _Draft, policy: Policy) -> int | None:
@@ -493,4 +621,8 @@ def _next_wake(d: _Draft, *planned: int | None) -> int | None:
     wakes = [w for w in planned if w is not None]
     wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
     wakes += [i.since_ms + _lease_ms(d.s) for i in d.s.in_phase(Phase.BUSY)]
+    if d.s.sessions:
+        wakes += [p.since_ms + session_wait_ms(d.s) for p in d.s.queue if _holding(d.s, p, d.now)]
+        busy = {i.session for i in d.s.in_phase(Phase.BUSY)}
+        wakes += [b.used_ms + d.room.session_idle_ms for k, b in d.s.sessions.items() if k not in busy]
     return min((w for w in wakes if w > d.now), default=None)

@@ -23,6 +23,7 @@ from msgspec.structs import replace
 from proto.events import (
     Assigned,
     Event,
+    FunctionDeleted,
     FunctionForgotten,
     InstanceReady,
     Released,
@@ -95,7 +96,7 @@ def observe(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
             return _release(st, t, before.instances[i], dies, after)
         case RequestFailed():
             return replace(st, failures=st.failures + 1)
-        case FunctionForgotten():
+        case FunctionForgotten() | FunctionDeleted():
             return NO_STATS
     return st
 

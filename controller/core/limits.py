@@ -30,6 +30,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     throttle_after_ms: int = 10_000  # how long a request waits at a cap before it is answered Throttle
     rest_after_ms: int = 10 * 60_000  # idle this long (nothing in flight, no instance): a function rests
     forget_after_ms: int = 24 * 3_600_000  # idle this long: it is forgotten, what was learned of it too
+    session_idle_ms: int = 60_000  # a session unused this long loses its instance (openYuanRong's reaper: 60 s)
 
     def of(self, key: str) -> FunctionLimits:
         return self.functions.get(key, self.default)
@@ -57,6 +58,7 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
     throttle_after_ms: int = NO_LIMITS.throttle_after_ms
     rest_after_ms: int = NO_LIMITS.rest_after_ms
     forget_after_ms: int = NO_LIMITS.forget_after_ms
+    session_idle_ms: int = NO_LIMITS.session_idle_ms
 
     @staticmethod
     def of(limits: Limits, key: str, totals: Totals) -> "Room":
@@ -68,6 +70,7 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
             throttle_after_ms=limits.throttle_after_ms,
             rest_after_ms=limits.rest_after_ms,
             forget_after_ms=limits.forget_after_ms,
+            session_idle_ms=limits.session_idle_ms,
         )
 
     def starts(self, s: FnState, started: int) -> int | None:

@@ -18,7 +18,9 @@ from controller.core.open_gaps import ACTIVE_MS, NO_OPEN_GAPS, RESTED_MS, Opened
 from proto.events import (
     Assigned,
     Event,
+    FunctionDeleted,
     FunctionForgotten,
+    FunctionRestarted,
     FunctionRested,
     FunctionSeen,
     InstanceCreated,
@@ -33,6 +35,8 @@ from proto.events import (
     RequestFailed,
     RequestRetried,
     RequestWaiting,
+    SessionBound,
+    SessionEnded,
     SlotWanted,
     WaiterLeft,
 )
@@ -56,6 +60,8 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     keep_until_ms: int = 0  # when idle: the policy's keep-alive deadline; 0 until decided
     wanted_ms: int = 0
     for_request: str = ""  # the request whose miss started it ("": started ahead of demand, a pre-warm)
+    session: str = ""  # when busy: the session of the request it serves
+    restarting: bool = False  # retires when released (an operator restarted the function while it was busy)
 
     @property
     def busy(self) -> bool:
@@ -68,6 +74,14 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     waiters: tuple[str, ...]  # reply subjects of its callers (a retried call adds one)
     since_ms: int
+    session: str = ""
+
+
+class Binding(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's instance, and when the session last used it (its last request assigned or released)."""
+
+    instance_id: str
+    used_ms: int
 
 
 FINISHED_KEPT = 256  # recent releases remembered, so a repeated Idle or Assign is known for what it is
@@ -83,6 +97,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     finished: dict[str, str] = {}  # request -> instance of the latest releases, oldest first
     slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
     rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
+    sessions: dict[str, Binding] = {}  # session -> the instance its requests prefer
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -129,7 +144,8 @@ def _function_seen(s: FnState, e: FunctionSeen) -> FnState:
 
 
 def _request_arrived(s: FnState, e: RequestArrived) -> FnState:
-    waiting = Pending(request_id=e.request_id, waiters=(e.reply_to,) if e.reply_to else (), since_ms=e.at_ms)
+    waiters = (e.reply_to,) if e.reply_to else ()
+    waiting = Pending(request_id=e.request_id, waiters=waiters, since_ms=e.at_ms, session=e.session)
     return replace(s, queue=(*s.queue, waiting), rested=False)
 
 
@@ -180,16 +196,33 @@ def _assigned(s: FnState, e: Assigned) -> FnState:
     if old is None:
         return s
     waiting = s.pending(e.request_id)
-    waiters = waiting.waiters if waiting else ()
-    inst = replace(old, phase=Phase.BUSY, since_ms=e.at_ms, request_id=e.request_id, waiters=waiters, keep_until_ms=0)
-    return _put(_dequeue(s, e.request_id), inst)
+    waiters, session = (waiting.waiters, waiting.session) if waiting else ((), "")
+    inst = replace(
+        old,
+        phase=Phase.BUSY,
+        since_ms=e.at_ms,
+        request_id=e.request_id,
+        waiters=waiters,
+        keep_until_ms=0,
+        session=session,
+    )
+    return _used(_put(_dequeue(s, e.request_id), inst), session, inst.id, e.at_ms)
+
+
+def _used(s: FnState, session: str, instance_id: str, at_ms: int) -> FnState:
+    """The session used its bound instance at `at_ms`: its idle time starts again."""
+    bound = s.sessions.get(session) if session else None
+    if bound is None or bound.instance_id != instance_id:
+        return s
+    return replace(s, sessions={**s.sessions, session: replace(bound, used_ms=at_ms)})
 
 
 def _released(s: FnState, e: Released) -> FnState:
     old = s.instances.get(e.instance_id)
     if old is None:
         return s
-    s = _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0))
+    s = _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0, session=""))
+    s = _used(s, old.session, old.id, e.at_ms)
     if e.cancelled:  # never served: a retry of the request is served anew
         return s if e.request_id not in s.finished else replace(s, finished=_forget(s.finished, e.request_id))
     return replace(s, finished=_remember(s.finished, e.request_id, e.instance_id))
@@ -233,6 +266,25 @@ def _instance_destroyed(s: FnState, e: InstanceDestroyed) -> FnState:
     return _gone(s, e.instance_id, e.at_ms)
 
 
+def _session_bound(s: FnState, e: SessionBound) -> FnState:
+    return replace(s, sessions={**s.sessions, e.session: Binding(instance_id=e.instance_id, used_ms=e.at_ms)})
+
+
+def _session_ended(s: FnState, e: SessionEnded) -> FnState:
+    return replace(s, sessions={k: b for k, b in s.sessions.items() if k != e.session})
+
+
+def _function_restarted(s: FnState, e: FunctionRestarted) -> FnState:
+    busy = {i.id: replace(i, restarting=True) for i in s.instances.values() if i.phase is Phase.BUSY}
+    return replace(s, instances={**s.instances, **busy}) if busy else s
+
+
+def _function_deleted(s: FnState, e: FunctionDeleted) -> FnState:
+    """Only the slots still being destroyed are kept (and the instance count, so no id is used twice)."""
+    retiring = {i.id: i for i in s.instances.values() if i.phase is Phase.RETIRING}
+    return FnState(key=s.key, instances=retiring, started=s.started, slot_gb_ms=s.slot_gb_ms)
+
+
 def _explains(s: FnState, e: RequestWaiting) -> FnState:
     return s  # explains a decision; changes nothing
 
@@ -255,6 +307,10 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     InstanceDestroyed: _instance_destroyed,
     FunctionRested: _function_rested,
     FunctionForgotten: _function_forgotten,
+    SessionBound: _session_bound,
+    SessionEnded: _session_ended,
+    FunctionRestarted: _function_restarted,
+    FunctionDeleted: _function_deleted,
 }
 
 
