@@ -8,6 +8,10 @@ Every field that reaches a command or an event is bounded here, so that no call 
 NATS refuses (1 MB by default): with these limits the largest event is about 1.5 kB (an Idle's
 reason, which a need_destroy release and retirement both carry), a command under 1 kB, and a
 decision's batch holds a few events per command plus one or two per instance it touches.
+
+An Assign may carry a session id in its gRPC metadata, under `scaler-session` (SESSION_KEY): the
+request then prefers the instance that served the session before (controller/core/decide.py). The
+challenge's protocol has no such field, so its callers never send one and nothing changes for them.
 """
 
 import logging
@@ -16,7 +20,7 @@ from typing import Protocol
 
 import grpc
 
-from gateway import info
+from gateway import admin, info
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import Assign, Code, Idle, Reply
@@ -43,6 +47,8 @@ MAX_REASON_BYTES = 1024  # an Idle's reason
 MAX_MEMORY_MB = 1 << 20  # 1 TiB
 MAX_TIMEOUT_S = 86_400  # a day; 0 is "none given" (the lease then uses the default timeout)
 MAX_DURATION_MS = 86_400_000  # a day: no request holds an instance longer than its lease
+SESSION_KEY = "scaler-session"  # the gRPC metadata key of an Assign's session id
+MAX_SESSION_BYTES = 256
 Call = Assign | Idle  # what the gateway passes on (named here: the servicer's methods shadow the commands)
 
 
@@ -89,7 +95,14 @@ def _check_key(key: str) -> None:
         raise _invalid(problem)
 
 
-def assign_command(request: pb.AssignRequest) -> Assign:
+def session_of(metadata) -> str:
+    """The session id an Assign's metadata names ("" if none), checked."""
+    session = next((value for key, value in metadata or () if key == SESSION_KEY), "")
+    _check_text(SESSION_KEY, session, MAX_SESSION_BYTES)
+    return session
+
+
+def assign_command(request: pb.AssignRequest, session: str = "") -> Assign:
     if not request.HasField("meta_data"):
         raise _invalid("meta_data is missing")
     meta = request.meta_data
@@ -104,6 +117,7 @@ def assign_command(request: pb.AssignRequest) -> Assign:
         key=meta.key,
         request_id=request.request_id,
         meta=Meta(memory_mb=meta.memory_in_mb, runtime=meta.runtime, timeout_s=meta.timeout_in_secs),
+        session=session,
     )
 
 
@@ -150,6 +164,8 @@ class Gateway(pb_grpc.ScalerServicer):
         pb_grpc.add_ScalerServicer_to_server(self, self._server)
         if self.info is not None:
             self._server.add_generic_rpc_handlers((info.handler(self.info),))
+        if isinstance(self.router, admin.Functions):
+            self._server.add_generic_rpc_handlers((admin.handler(self.router, self.reply_timeout_s),))
         self.port = bind(self._server, self.listen)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]
@@ -162,7 +178,7 @@ class Gateway(pb_grpc.ScalerServicer):
     async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
         began = perf_counter()
         try:
-            cmd = assign_command(request)
+            cmd = assign_command(request, session_of(context.invocation_metadata()))
             reply = await self._call(cmd, context)
         except Throttled as e:  # the challenge's own answer for "not now": its Throttle status
             return pb.AssignReply(status=pb.Throttle, error_message=str(e))

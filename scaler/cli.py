@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from controller import replay
-from scaler import node, up
+from scaler import admin, node, up
 from simulator import cli as simulate
 
 SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-line help)
@@ -12,6 +12,9 @@ SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-li
     "node": (node, "serve the gRPC Scaler service with the controller, in one process"),
     "replay": (replay, "rebuild the state from the event stream, show it or verify it"),
     "simulate": (simulate, "replay a dataset against the scaler and score it"),
+    "functions": (admin.List, "list the functions the running nodes hold, with their instances by phase"),
+    "restart": (admin.Restart, "restart a function's instances (idle ones now, busy ones when released)"),
+    "delete": (admin.Delete, "delete a function: destroy its instances and forget it"),
 }
 
 

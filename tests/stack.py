@@ -42,9 +42,12 @@ class Stack:
     limits: Limits = NO_LIMITS
     retention: Retention = DEFAULT_RETENTION
     guard_every_s: float = GUARD_EVERY_S
+    like_challenge: bool = False  # the platform makes a new slot per CreateSlot and cannot list them
 
     async def __aenter__(self) -> "Stack":
-        self.stub = PlatformStub("127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults)
+        self.stub = PlatformStub(
+            "127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults, self.like_challenge
+        )
         await self.stub.start()
         platform = f"127.0.0.1:{self.stub.port}"
         self.controller = Controller(
@@ -71,9 +74,11 @@ class Stack:
             await part.stop()
         await self.stub.stop()
 
-    async def assign(self, request_id: str, key: str = "fn", memory_mb: int = 256) -> pb.AssignReply:
+    async def assign(self, request_id: str, key: str = "fn", memory_mb: int = 256, session: str = "") -> pb.AssignReply:
         meta = pb.Meta(key=key, runtime="python", timeout_in_secs=60, memory_in_mb=memory_mb)
-        return await self.scaler.Assign(pb.AssignRequest(request_id=request_id, meta_data=meta), timeout=30)
+        metadata = (("scaler-session", session),) if session else None
+        request = pb.AssignRequest(request_id=request_id, meta_data=meta)
+        return await self.scaler.Assign(request, timeout=30, metadata=metadata)
 
     async def idle(self, reply: pb.AssignReply, need_destroy: bool = False, **assignment) -> pb.IdleReply:
         a = pb.Assignment(
