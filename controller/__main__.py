@@ -69,6 +69,14 @@ def add_options(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="a JSON file of caps, reserved instances, rest and forget (README: Limits) [SCALER_LIMITS]",
     )
+    p.add_argument(
+        "--session-idle",
+        type=service.positive,
+        default=service.env("SESSION_IDLE", None),
+        metavar="S",
+        help="seconds a session may go unused before it loses its instance"
+        f" (default {NO_LIMITS.session_idle_ms // 1000}; docs/sessions-and-admin.md) [SCALER_SESSION_IDLE]",
+    )
 
 
 def replicas(text: str) -> int:
@@ -103,6 +111,8 @@ def load_limits(path: str) -> Limits:
 def make(a: argparse.Namespace) -> Controller:
     policy = get_policy(a.policy)
     limits = load_limits(a.limits)
+    if a.session_idle is not None:  # the flag over the limits file's session_idle_ms
+        limits = msgspec.structs.replace(limits, session_idle_ms=round(a.session_idle * 1000))
     return Controller(
         a.nats,
         policy,

@@ -158,6 +158,7 @@ class Supervisor:
         metrics = ["--metrics-port", str(a.metrics_port)] if a.metrics_port is not None else []
         node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(a.replicas)]
         node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
+        node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []
         node_args += ["--retention-hours", str(a.retention_hours), "--store-limit-gb", str(a.store_limit_gb)]
         node = await self._part("node", "scaler", *node_args)
         node.launch = self._same_port(node, "scaler", node_args)
