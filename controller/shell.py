@@ -41,9 +41,11 @@ from proto.commands import (
     Assign,
     Cancel,
     Code,
+    Delete,
     Idle,
     Reconcile,
     Reply,
+    Restart,
     SlotCreated,
     Tick,
     command_id,
@@ -221,6 +223,10 @@ class Controller:
 
     # --- partitions served and released --------------------------------------------------------
 
+    async def functions(self) -> dict[str, FnState]:
+        """Every function the running controllers hold (scaler.Admin/List), asked of each over NATS."""
+        return (await state_service.fetch(self._nc)).states
+
     async def _served(self, partitions: list[int]) -> None:
         """Loaded and served: arm their timers, and tell their callers again what they were assigned."""
         for key in self.partitions.keys(partitions):
@@ -240,7 +246,7 @@ class Controller:
 
     # --- commands -----------------------------------------------------------------------------
 
-    async def call(self, cmd: Assign | Idle, timeout_s: float | None) -> Reply:
+    async def call(self, cmd: Assign | Idle | Restart | Delete, timeout_s: float | None) -> Reply:
         """Decide a call from this process and wait for its answer (an Assign may wait for an instance).
 
         A call whose partition another node serves is forwarded to it. An Assign whose caller stops
@@ -403,7 +409,7 @@ class Controller:
     async def _serve(self, cmd: AnyCommand, msg: Msg) -> None:
         """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored (a
         SlotCreated by its decision too: it says whether to go on with Init)."""
-        is_call = isinstance(cmd, Assign | Idle | SlotCreated)
+        is_call = isinstance(cmd, Assign | Idle | SlotCreated | Restart | Delete)
         if is_call:
             cmd = replace(cmd, reply_to=msg.reply)
             if (refused := self._overloaded(cmd)) is not None:

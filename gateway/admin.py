@@ -4,11 +4,13 @@ JSON in and out, as `scaler.Info` (no .proto to share for a few fields). Restart
 commands to the function's controller like any call: forwarded to the node that owns the function,
 decided in its order, stored as events with the operator's reason, and answered once stored. A
 function no controller knows is NOT_FOUND. List asks every running controller for what it holds
-(controller/state_service.py). A gateway whose router cannot list (a front gateway) serves none of
-this: UNIMPLEMENTED.
+(controller/state_service.py). Drain hands the node's partitions to the other nodes and stops it
+(scaler/node.py). A gateway whose router cannot list (a front gateway) serves none of this:
+UNIMPLEMENTED.
 """
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 import grpc
@@ -91,7 +93,9 @@ def _ask(body: bytes, needs_key: bool) -> Ask:
     return ask
 
 
-def handler(router: Functions, timeout_s: float) -> grpc.GenericRpcHandler:
+def handler(
+    router: Functions, timeout_s: float, drain: Callable[[], Awaitable[str]] | None = None
+) -> grpc.GenericRpcHandler:
     async def guarded(work, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             return msgspec.json.encode(await work(body))
@@ -117,7 +121,12 @@ def handler(router: Functions, timeout_s: float) -> grpc.GenericRpcHandler:
 
         return run
 
-    methods = {"List": list_, "Restart": command(Restart), "Delete": command(Delete)}
+    async def drain_(body: bytes) -> Answer:
+        if drain is None:
+            raise _Refused(grpc.StatusCode.UNIMPLEMENTED, "this process does not drain")
+        return Answer(message=await drain())
+
+    methods = {"List": list_, "Restart": command(Restart), "Delete": command(Delete), "Drain": drain_}
 
     def unary(work):
         async def method(body: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -150,8 +150,10 @@ class Gateway(pb_grpc.ScalerServicer):
         reply_timeout_s: float = 60.0,
         info: dict | None = None,
         max_calls: int = MAX_CALLS,
+        drain=None,
     ) -> None:
         self.router = router
+        self.drain = drain  # scaler.Admin/Drain: hand the node's partitions over and stop (scaler/node.py)
         self.info = info  # what it says of itself on scaler.Info (gateway/info.py); None: nothing
         self.listen = listen
         self.reply_timeout_s = reply_timeout_s
@@ -165,7 +167,7 @@ class Gateway(pb_grpc.ScalerServicer):
         if self.info is not None:
             self._server.add_generic_rpc_handlers((info.handler(self.info),))
         if isinstance(self.router, admin.Functions):
-            self._server.add_generic_rpc_handlers((admin.handler(self.router, self.reply_timeout_s),))
+            self._server.add_generic_rpc_handlers((admin.handler(self.router, self.reply_timeout_s, self.drain),))
         self.port = bind(self._server, self.listen)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]

@@ -1,8 +1,9 @@
-"""`scaler functions`, `scaler restart KEY`, `scaler delete KEY`: an operator's calls to a running node.
+"""`scaler functions`, `scaler restart KEY`, `scaler delete KEY`, `scaler drain`: an operator's calls to a node.
 
 They talk to any node's gRPC port (`scaler.Admin`, gateway/admin.py); a node passes a restart or a
 delete on to the node that owns the function. `functions` lists every function the running nodes
-hold, with its instances by phase.
+hold, with its instances by phase; `drain` makes the node it calls hand its partitions to the other
+nodes and stop.
 """
 
 import argparse
@@ -37,6 +38,8 @@ def command(method: str, a: argparse.Namespace) -> int:
         return 1
     if a.json:
         print(msgspec.json.encode(answer).decode())
+    elif method == "Drain":
+        print(answer.message)
     elif method == "List":
         for f in answer.functions:
             phases = ", ".join(f"{len(ids)} {phase} ({' '.join(ids)})" for phase, ids in f.instances.items())
@@ -87,3 +90,16 @@ class Delete(_Change):
     """Delete a function: its instances are destroyed and its state forgotten; a later Assign starts afresh."""
 
     method = "Delete"
+
+
+class Drain:
+    """Drain a node: it hands its partitions to the other nodes, then stops (as on SIGTERM)."""
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        add_gateway(p)
+
+    @staticmethod
+    def run(a: argparse.Namespace) -> int:
+        a.key = ""
+        return command("Drain", a)

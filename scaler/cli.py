@@ -15,6 +15,7 @@ SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-li
     "functions": (admin.List, "list the functions the running nodes hold, with their instances by phase"),
     "restart": (admin.Restart, "restart a function's instances (idle ones now, busy ones when released)"),
     "delete": (admin.Delete, "delete a function: destroy its instances and forget it"),
+    "drain": (admin.Drain, "make a node hand its partitions to the other nodes, then stop"),
 }
 
 

@@ -5,9 +5,9 @@ import asyncio
 import grpc
 import pytest
 
-from controller import stream
 from proto import events as e
 from proto.subjects import function_events
+from runtime import stream
 from runtime.bus import connected
 from tests.stack import Stack
 from tests.test_replay import scaler_replay

@@ -1,0 +1,85 @@
+"""Function admin on real processes: restart and delete against a platform that makes a new slot per
+CreateSlot and cannot list its slots (no reconcile could find a slot left behind)."""
+
+import asyncio
+import sys
+
+import grpc
+import msgspec
+import pytest
+
+from gateway.admin import SERVICE, Answer
+from proto import events as e
+from tests.stack import Stack, eventually
+from tests.test_sessions import stored_events
+
+
+async def admin(stack: Stack, method: str, **body) -> Answer:
+    call = stack.channel.unary_unary(f"/{SERVICE}/{method}")
+    return msgspec.json.decode(await call(msgspec.json.encode(body), timeout=30), type=Answer)
+
+
+async def scaler(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scaler.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    return proc.returncode, out.decode(), err.decode()
+
+
+def live_slots(stack: Stack) -> int:
+    return len(stack.stub.accounting.live)
+
+
+async def test_restart_and_delete_leave_no_slot_behind(nats_url):
+    async with Stack(nats_url, like_challenge=True, create_latency_ms=500) as stack:
+        a, b, c = await asyncio.gather(stack.assign("a"), stack.assign("b"), stack.assign("c"))
+        await asyncio.gather(stack.idle(a), stack.idle(b))  # two idle, c busy
+        busy = c.assigment.instance_id
+        idle = sorted({"fn-1", "fn-2", "fn-3"} - {busy})
+        listed = (await admin(stack, "List")).functions
+        assert [(f.key, f.instances) for f in listed] == [("fn", {"idle": idle, "busy": [busy]})]
+
+        said = await admin(stack, "Restart", key="fn", reason="new code")
+        assert said.message == "2 idle instance(s) retired, 1 busy one(s) retire when released"
+        await eventually(lambda: live_slots(stack) == 1)  # the idle ones' slots destroyed at once
+        fresh = await stack.assign("d")  # a new instance: none of the old ones serves again
+        assert fresh.assigment.instance_id == "fn-4"
+        await stack.idle(c)
+        await eventually(lambda: live_slots(stack) == 1)  # c's slot went when it was released
+
+        # Delete while d is busy and e's instance is still being created (its slot does not exist yet).
+        pending = asyncio.create_task(stack.assign("e"))
+        await eventually(
+            lambda: any(i.phase.value == "creating" for i in stack.controller.states["fn"].instances.values())
+        )
+        said = await admin(stack, "Delete", key="fn", reason="retired app")
+        assert said.message == "2 instance(s) retired, the function forgotten"
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await pending
+        assert (
+            failed.value.code() is grpc.StatusCode.NOT_FOUND
+            and "function deleted: retired app" in failed.value.details()
+        )
+        await eventually(lambda: live_slots(stack) == 0 and "fn" not in stack.controller.states)
+        assert stack.stub.accounting.created == 5  # e's slot was made after the delete, and destroyed
+
+        again = await stack.assign("f")  # starts afresh
+        assert stack.controller.states["fn"].stats.arrivals == 1
+        await stack.idle(again)
+        where = ("--gateway", f"127.0.0.1:{stack.gateway.port}")
+        code, out, _ = await scaler("functions", *where)
+        assert code == 0 and out == f"fn  256 MB: 1 idle ({again.assigment.instance_id})\n"
+        code, out, err = await scaler("delete", "fn", "--reason", "gone for good", *where)
+        assert code == 0 and out == "fn: 1 instance(s) retired, the function forgotten\n", err
+        await eventually(lambda: live_slots(stack) == 0 and "fn" not in stack.controller.states)
+        code, _, err = await scaler("restart", "fn", *where)
+        assert code == 1 and err == "scaler restart: NOT_FOUND: no function 'fn'\n"
+
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await admin(stack, "Delete", key="")
+        assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+    kinds = [type(x) for batch in await stored_events(nats_url) for x in batch]
+    assert kinds.count(e.FunctionRestarted) == 1 and kinds.count(e.FunctionDeleted) == 2
