@@ -78,6 +78,30 @@ class Leases:
         # node count two and take half the partitions until it lapsed.
         await asyncio.gather(self.give_back(sorted(self.held)), self._nodes.delete(self.node), return_exceptions=True)
 
+    async def drain(self) -> list[int]:
+        """Hand every partition over and take none again; returns those given back.
+
+        The heartbeat goes first: the other nodes then count one node less, so their fair share
+        covers every partition given back and their next round takes them, without waiting for
+        anything to lapse.
+        """
+        await cancelled(self._task)
+        self._task = None
+        if self._nodes is None:  # its start failed before it held anything
+            return []
+        with contextlib.suppress(Exception):  # NATS away: the heartbeat lapses within the TTL
+            await self._nodes.delete(self.node)
+        given = sorted(self.held)
+        await self.give_back(given)
+        return given
+
+    async def others(self) -> list[str]:
+        """The other live nodes, by their heartbeats."""
+        try:
+            return [n for n in await self._nodes.keys() if n != self.node]
+        except NoKeysError:
+            return []
+
     async def _run(self) -> None:
         failing = 0
         while True:
@@ -137,7 +161,7 @@ class Leases:
             except KeyWrongLastSequenceError:
                 continue  # someone holds it
         if taken:
-            log.info("%s leased partitions %s", self.node, _ranges(taken))
+            log.info("%s leased partitions %s", self.node, ranges(taken))
             await self.gained(taken)
 
     async def give_back(self, partitions: list[int]) -> None:
@@ -158,8 +182,8 @@ class Leases:
             if isinstance(r, Exception) and not isinstance(r, (KeyWrongLastSequenceError, KeyNotFoundError))
         ]
         if stuck:
-            log.warning("could not free the leases of partitions %s; they lapse within %gs", _ranges(stuck), self.ttl_s)
-        log.info("%s gave back partitions %s", self.node, _ranges(partitions))
+            log.warning("could not free the leases of partitions %s; they lapse within %gs", ranges(stuck), self.ttl_s)
+        log.info("%s gave back partitions %s", self.node, ranges(partitions))
 
 
 async def holders(js: JetStreamContext) -> dict[int, str]:
@@ -176,7 +200,7 @@ async def holders(js: JetStreamContext) -> dict[int, str]:
     return held
 
 
-def _ranges(partitions: list[int]) -> str:
+def ranges(partitions: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
     out, start = [], None
     for a, b in zip(partitions, [*partitions[1:], None], strict=True):

@@ -2,12 +2,19 @@
 
 A call is validated, decided under its function's lock, its batch appended to the event stream,
 and answered once stored: no other process on the way. The workers run apart (`python -m workers`).
+
+On SIGTERM (or `scaler drain`) the node drains before it stops: it hands its partitions to the
+other nodes, each snapshotted under its lease, while its gRPC port still serves (passing calls on
+to the new owners), and only then stops serving (docs/sessions-and-admin.md).
 """
 
 import argparse
+import asyncio
+import signal
 
 from controller import __main__ as controller_main
 from controller.metrics import ControllerCollector
+from controller.shell import Controller
 from gateway import __main__ as gateway_main
 from gateway.server import Gateway
 from runtime import metrics, service
@@ -28,13 +35,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+class Node(service.Together):
+    """The controller, the gateway and metrics; a stop drains the controller first, the gateway still serving."""
+
+    def __init__(self, controller: Controller, parts: list[service.Component]) -> None:
+        super().__init__(parts)
+        self.controller = controller
+
+    async def stop(self) -> None:
+        await self.controller.drain()
+        await super().stop()
+
+    async def drain_and_stop(self) -> str:
+        """scaler.Admin/Drain: drain now, answer, then stop as on SIGTERM."""
+        said = await self.controller.drain()
+        asyncio.get_running_loop().call_later(0.1, signal.raise_signal, signal.SIGTERM)
+        return said
+
+
 def make(a: argparse.Namespace) -> service.Component:
     controller = controller_main.make(a)
     says = {"speed": a.speed, "policy": a.policy}  # checked by `scaler simulate` before it begins
-    parts = [controller, Gateway(controller, a.listen, a.reply_timeout, says)]
+    gateway = Gateway(controller, a.listen, a.reply_timeout, says)
+    parts = [controller, gateway]
     if a.metrics_port is not None:
         parts.append(metrics.endpoint(f"0.0.0.0:{a.metrics_port}", [ControllerCollector(controller)]))
-    return service.Together(parts)
+    node = Node(controller, parts)
+    gateway.drain = node.drain_and_stop
+    return node
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,46 @@
+"""A drained node on real processes: two nodes under load, one stopped as on SIGTERM, no call refused."""
+
+import asyncio
+
+from controller.core.policy import get_policy
+from controller.shell import Controller
+from gateway.server import Gateway
+from proto.subjects import PARTITIONS
+from scaler.node import Node
+from tests.processes import Driver
+from tests.stack import Stack, eventually
+from tests.test_nodes import KEYS, check, shared_between
+
+
+async def test_a_drained_node_hands_its_partitions_over_and_refuses_nothing(nats_url):
+    async with Stack(nats_url) as stack:  # node a, with the workers and the platform
+        a = stack.controller
+        b = Controller(nats_url, get_policy("demo"))
+        gateway = Gateway(b, "127.0.0.1:0", reply_timeout_s=30)
+        leaving = Node(b, [b, gateway])
+        await leaving.start()
+        await shared_between(nats_url, 2)
+        staying_load = Driver(f"127.0.0.1:{stack.gateway.port}", keys=KEYS, clients=6, tag="s")
+        # The leaving node's callers hold each instance a while: at the stop some are mid-request, and
+        # their Idle goes to the leaving node during its drain.
+        leaving_load = Driver(f"127.0.0.1:{gateway.port}", keys=KEYS, clients=6, tag="l", hold_s=0.3)
+        loads = [asyncio.create_task(d.run()) for d in (staying_load, leaving_load)]
+        await eventually(
+            lambda: all({c.key for c in d.calls if c.idle_at} == set(KEYS) for d in (staying_load, leaving_load)), 30
+        )
+        loaded = a.loaded_batches
+        leaving_load.stop()  # its callers send no new Assign (as a load balancer stops routing to it)
+        await leaving.stop()  # SIGTERM's way: drain, then the gateway and the controller stop
+        await eventually(lambda: a.serving == set(range(PARTITIONS)), 30)
+        drained = len(staying_load.calls)
+        await eventually(lambda: len(staying_load.calls) > drained + 30, 30)
+        staying_load.stop()
+        await asyncio.gather(*loads)
+
+        calls = staying_load.calls + leaving_load.calls
+        assert [(c.request_id, c.error, c.retries) for c in calls if c.error or c.retries] == []
+        assert sum(1 for c in leaving_load.calls if c.idle_at) > 0
+        # Node a took the partitions over from the snapshots node b wrote: no batch of them was read after.
+        assert a.loaded_batches == loaded
+        await stack.settled()
+        await check(nats_url, stack.stub, calls)
