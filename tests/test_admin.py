@@ -8,9 +8,13 @@ import grpc
 import msgspec
 import pytest
 
+from controller.core.policy import get_policy
+from controller.shell import Controller
 from gateway.admin import SERVICE, Answer
+from gateway.server import Gateway
 from proto import events as e
 from tests.stack import Stack, eventually
+from tests.test_nodes import KEYS, shared_between
 from tests.test_sessions import stored_events
 
 
@@ -83,3 +87,32 @@ async def test_restart_and_delete_leave_no_slot_behind(nats_url):
 
     kinds = [type(x) for batch in await stored_events(nats_url) for x in batch]
     assert kinds.count(e.FunctionRestarted) == 1 and kinds.count(e.FunctionDeleted) == 2
+
+
+async def test_admin_calls_reach_the_node_that_owns_the_function(nats_url):
+    """Through either node: a restart is decided by the function's owner, a list shows every node's functions."""
+    async with Stack(nats_url) as stack:
+        b = Controller(nats_url, get_policy("demo"))
+        gateway = Gateway(b, "127.0.0.1:0", reply_timeout_s=30)
+        await b.start()
+        await gateway.start()
+        try:
+            await shared_between(nats_url, 2)
+            for key in KEYS:
+                await stack.idle(await stack.assign(f"r-{key}", key=key))
+            owners = {key: "a" if stack.controller.serves(key) else "b" for key in KEYS}
+            assert set(owners.values()) == {"a", "b"}
+            through_b = grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}")
+            listed = await through_b.unary_unary(f"/{SERVICE}/List")(b"{}", timeout=30)
+            assert [f.key for f in msgspec.json.decode(listed, type=Answer).functions] == sorted(KEYS)
+            restart = through_b.unary_unary(f"/{SERVICE}/Restart")
+            for key in KEYS:
+                said = msgspec.json.decode(await restart(msgspec.json.encode({"key": key}), timeout=30), type=Answer)
+                assert said.message == "1 idle instance(s) retired, 0 busy one(s) retire when released"
+            await through_b.close()
+            await eventually(lambda: not stack.stub.accounting.live)
+        finally:
+            await gateway.stop()
+            await b.stop()
+    kinds = [type(x) for key in KEYS for batch in await stored_events(nats_url, key) for x in batch]
+    assert kinds.count(e.FunctionRestarted) == len(KEYS)
