@@ -1,14 +1,17 @@
 """A drained node on real processes: two nodes under load, one stopped as on SIGTERM, no call refused."""
 
 import asyncio
+import re
 
 from controller.core.policy import get_policy
 from controller.shell import Controller
 from gateway.server import Gateway
+from platform_stub.server import PlatformStub
 from proto.subjects import PARTITIONS
 from scaler.node import Node
-from tests.processes import Driver
+from tests.processes import Driver, Parts
 from tests.stack import Stack, eventually
+from tests.test_admin import scaler
 from tests.test_nodes import KEYS, check, shared_between
 
 
@@ -44,3 +47,29 @@ async def test_a_drained_node_hands_its_partitions_over_and_refuses_nothing(nats
         assert a.loaded_batches == loaded
         await stack.settled()
         await check(nats_url, stack.stub, calls)
+
+
+async def test_scaler_drain_hands_a_running_nodes_partitions_over_and_stops_it(nats_url):
+    platform = PlatformStub("127.0.0.1:0", create_latency_ms=20)
+    await platform.start()
+    try:
+        async with Parts(nats_url, f"127.0.0.1:{platform.port}", nodes=2) as parts:
+            await shared_between(nats_url, 2)
+            load = Driver(parts.address("node"), keys=KEYS, clients=4, tag="s")
+            running = asyncio.create_task(load.run())
+            await eventually(lambda: {c.key for c in load.calls if c.idle_at} == set(KEYS), 30)
+            code, out, err = await scaler("drain", "--gateway", parts.address("node-1"))
+            assert code == 0, err
+            assert re.fullmatch(r"\S+ handed partitions 0-15 to \S+\n|\S+ handed partitions 16-31 to \S+\n", out), out
+            async with asyncio.timeout(30):
+                assert await parts.running["node-1"].proc.wait() == 0  # then it stopped, as on SIGTERM
+            held = await shared_between(nats_url, 1, seconds=5)  # already: the drain waited for the take-over
+            drained = len(load.calls)
+            await eventually(lambda: len(load.calls) > drained + 20, 30)
+            load.stop()
+            await running
+            assert [(c.request_id, c.error, c.retries) for c in load.calls if c.error or c.retries] == []
+            assert sum(held.values()) == PARTITIONS
+            await check(nats_url, platform, load.calls)
+    finally:
+        await platform.stop()
