@@ -161,7 +161,14 @@ class Partitions:
         """Hand every partition to the other nodes: each stops taking commands, finishes those under way, is
         snapshotted and released under its lease, and freed; returns once another node holds them all (or
         no other node is up, or `patience_s` passed). Calls for them meanwhile are passed on (forwarded),
-        waiting for the new owner: none is refused."""
+        waiting for the new owner: none is refused. With no other node up it does nothing: the stop then
+        refuses new calls at once rather than hold them for a hand-over nobody takes."""
+        try:
+            alone = not await self.leases.others()
+        except Exception:  # NATS away: no hand-over can happen either
+            alone = True
+        if alone:
+            return f"{self.leases.node}: no other node is up to take its partitions"
         given = await self.leases.drain()
         if not given:
             return f"{self.leases.node} held no partition"
