@@ -1,6 +1,7 @@
 """An upgrade keeps every snapshot: a store written by an earlier version, whose stream retention has emptied,
 loads into this one (tests/fixtures/upgrade: one store per state version, never rewritten)."""
 
+import hashlib
 import tarfile
 from pathlib import Path
 
@@ -8,9 +9,10 @@ import msgspec
 import pytest
 
 from controller import rebuild
+from controller.core import state
 from controller.ledger import Ledger
 from controller.shell import Controller
-from controller.snapshots import SnapshotStore
+from controller.snapshots import Snapshot, SnapshotStore
 from proto.subjects import PARTITIONS
 from runtime.bus import connected
 from runtime.natsd import NatsServer
@@ -18,6 +20,8 @@ from tests.fixtures.upgrade.make import summary
 from tests.test_snapshots import DEMO
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upgrade"
+# What a snapshot stores, by state version: another shape needs another version (and its upcast).
+SCHEMAS = {2: "5d6b0173f6ee4414"}
 RELEASES = sorted(p.name.removeprefix("store-").removesuffix(".tar.gz") for p in FIXTURES.glob("store-*.tar.gz"))
 
 
@@ -42,3 +46,11 @@ async def test_a_store_written_by_an_earlier_version_loads_from_its_snapshots(re
             assert len(node.serving) == PARTITIONS and "0 batches read" in ready, ready
         finally:
             await node.stop()
+
+
+def test_what_a_snapshot_stores_is_pinned_to_the_state_version():
+    schema = hashlib.sha256(msgspec.json.encode(msgspec.json.schema(Snapshot))).hexdigest()[:16]
+    assert SCHEMAS.get(state.VERSION) == schema, (
+        "what a snapshot stores changed: bump controller.core.state.VERSION, add its step to controller/upcasts.py,"
+        f" pin {schema} here, and write that version's store (python -m tests.fixtures.upgrade.make v{state.VERSION})"
+    )
