@@ -27,7 +27,7 @@ import logging
 import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import BucketNotFoundError, DigestMismatchError, NotFoundError, ObjectNotFoundError
 
 from controller.core import features, state
 from controller.core.state import FnState
@@ -75,6 +75,7 @@ class SnapshotStore:
         self.js = js
         self.replicas = replicas
         self._store = None
+        self._torn: set[tuple[int, str]] = set()  # (partition, object) found torn: said once
 
     async def open(self, create: bool = True) -> None:
         """Open the bucket, created if missing (without `create`, a missing bucket holds no snapshot)."""
@@ -101,14 +102,11 @@ class SnapshotStore:
 
     async def load(self, partition: int, stream: str, stream_last_seq: int) -> Snapshot | None:
         """The partition's snapshot if it is usable for this stream, else None (then its batches are all read)."""
-        if self._store is None:
+        data = await self._read(partition)
+        if data is None:
             return None
         try:
-            found = await self._store.get(name(partition))
-        except (ObjectNotFoundError, NotFoundError):
-            return None
-        try:
-            stored = _stored.decode(found.data)
+            stored = _stored.decode(data)
         except msgspec.DecodeError as e:
             log.warning("snapshot of partition %d ignored: unreadable (%s)", partition, e)
             return None
@@ -131,4 +129,31 @@ class SnapshotStore:
                 return upcast(stored.body, version, Snapshot)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 log.warning("snapshot of partition %d ignored: unreadable (%s)", partition, e)
+        return None
+
+    async def _read(self, partition: int) -> bytes | None:
+        """The partition's object, or None: none, or torn (a chunk missing or its digest wrong), said once per object.
+
+        The chunks are counted before they are read: the object store's reader waits forever for a missing one.
+        """
+        if self._store is None:
+            return None
+        try:
+            info = await self._store.get_info(name(partition))
+        except (ObjectNotFoundError, NotFoundError):
+            return None
+        chunks = f"$O.{BUCKET}.C.{info.nuid}"
+        held = (await self.js.stream_info(f"OBJ_{BUCKET}", subjects_filter=chunks)).state.subjects or {}
+        if held.get(chunks, 0) == info.chunks:
+            try:
+                return (await self._store.get(name(partition))).data
+            except DigestMismatchError:
+                pass
+        if (partition, info.nuid) not in self._torn:
+            self._torn.add((partition, info.nuid))
+            log.warning(
+                "snapshot of partition %d ignored: torn (%d of %d chunks, or its digest does not match); its"
+                " batches are read from the stream",
+                partition, held.get(chunks, 0), info.chunks,
+            )  # fmt: skip
         return None
