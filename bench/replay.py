@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from controller import replay, stream
+from controller import replay
 from controller.core.policy import get_policy
 from controller.core.state import Phase
 from controller.ledger import Ledger
@@ -24,6 +24,7 @@ from controller.snapshots import BUCKET
 from proto import commands as c
 from proto.events import Meta, encode_batch
 from proto.subjects import event_subject
+from runtime import stream
 from runtime.bus import connected, ensure_stream
 from runtime.natsd import NatsServer
 

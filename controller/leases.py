@@ -5,7 +5,7 @@ expire unless renewed (`ttl_s`). Each round (every `every_s`) a node renews what
 the live nodes, gives back what is above its fair share (ceil(partitions / nodes)) and takes free
 partitions up to it. A node that dies stops renewing: its leases expire and the others take its
 partitions within a few seconds. A lease only says who should write: what keeps two writers from
-corrupting a function is the expected-sequence check of every append (controller/stream.py), so
+corrupting a function is the expected-sequence check of every append (runtime/stream.py), so
 a node that lost its lease without noticing yet can only fail to append, never overwrite.
 """
 

@@ -15,11 +15,11 @@ from typing import NamedTuple
 
 from nats.js import JetStreamContext
 
-from controller import stream
 from controller.ledger import Ledger
 from controller.snapshots import Snapshot, SnapshotStore
 from proto.events import Batch
 from proto.subjects import EVENTS, PARTITIONS, partition, partition_events
+from runtime import stream
 
 
 class Uncovered(Exception):

@@ -24,13 +24,13 @@ import msgspec
 import nats
 from nats.js.errors import NotFoundError
 
-from controller import explain, rebuild, state_service, stream
+from controller import explain, rebuild, state_service
 from controller.core.state import FnState
 from controller.ledger import Ledger
 from controller.snapshots import Snapshot, SnapshotStore
 from proto.events import Batch
 from proto.subjects import PARTITIONS, function_events, partition
-from runtime import running
+from runtime import running, stream
 from runtime.bus import servers
 from runtime.natsd import NatsServer, StoreBusy, claim
 from runtime.text import plural

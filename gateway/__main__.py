@@ -3,9 +3,9 @@ to the node that owns its function (`scaler node` serves it in the same process 
 
 import argparse
 
-from gateway.forward import Forwarder
 from gateway.server import Gateway
 from runtime import service
+from runtime.forward import Forwarder
 from runtime.ports import address
 
 

@@ -13,13 +13,14 @@ from typing import NamedTuple
 
 import pytest
 
-from controller import ledger, stream
+from controller import ledger
 from controller.core.decide import Decision, decide
 from controller.core.limits import NO_ROOM
 from controller.core.policy import get_policy
 from controller.core.state import FnState, Totals, replay
 from proto.commands import AnyCommand, command_id
 from proto.events import Batch
+from runtime import stream
 from runtime.bus import connected
 
 

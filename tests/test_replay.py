@@ -10,11 +10,12 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from controller import explain, replay, state_service, stream
+from controller import explain, replay, state_service
 from controller.core.state import Phase
 from controller.snapshots import Snapshot
 from proto.events import Batch, RequestWaiting, encode_batch
 from proto.subjects import event_subject
+from runtime import stream
 from runtime.bus import Unavailable, connected, ensure_stream
 from runtime.natsd import NatsServer
 from tests.stack import Stack

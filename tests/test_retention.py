@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
-from controller import rebuild, replay, snapshots, stream
+from controller import rebuild, replay, snapshots
 from controller.shell import Controller
 from controller.snapshots import SnapshotStore
 from proto.subjects import EVENTS, PARTITIONS, function_events, partition
+from runtime import stream
 from runtime.bus import DEFAULT_RETENTION, Retention, connected, ensure_stream, set_retention
 from tests.stack import Stack
 from tests.test_replay import scaler_replay
@@ -142,7 +143,7 @@ async def test_a_partition_no_snapshot_covers_is_refused_clearly(nats_url, caplo
         with pytest.raises(rebuild.Uncovered, match=expected):
             await controller.start()
         with pytest.raises(rebuild.Uncovered, match=expected):  # as a take-over retries it, each lease round
-            await controller._load([lost])
+            await controller.partitions.load([lost])
         await controller.stop()
     said = [r.getMessage() for r in caplog.records if "could not load partitions" in r.getMessage()]
     assert len(said) == 1, said  # a lasting fault is said once, then rarely

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from controller import snapshots, stream
+from controller import snapshots
 from controller.core import features, state
 from controller.core.policy import get_policy
 from controller.core.state import FnState
@@ -15,6 +15,7 @@ from controller.snapshots import Snapshot, SnapshotStore
 from proto.commands import Assign
 from proto.events import Meta
 from proto.subjects import event_subject, function_events, partition, partition_events
+from runtime import stream
 from runtime.bus import connected, ensure_stream
 from tests.stack import Stack
 
@@ -66,7 +67,7 @@ async def test_a_snapshot_taken_during_an_append_does_not_claim_it(nats_url):
         controller = stack.controller
         gate = asyncio.Event()
         appended = asyncio.Event()
-        original = controller._append
+        original = controller.writer._publish
 
         async def slow_for_one_key(batch):
             seq = await original(batch)
@@ -75,30 +76,30 @@ async def test_a_snapshot_taken_during_an_append_does_not_claim_it(nats_url):
                 await gate.wait()
             return seq
 
-        controller._append = slow_for_one_key
+        controller.writer._publish = slow_for_one_key
         slow = asyncio.create_task(stack.assign("s1", key="slow"))
         await appended.wait()
         await stack.assign("f1", key="fast")  # appended after the slow one, and applied
         snap = controller.snapshot()
-        slow_seq = await stream.last_seq(controller._js, function_events("slow"))
+        slow_seq = await stream.last_seq(controller.writer.js, function_events("slow"))
         assert controller.ledger.seq > slow_seq
         assert snap.seq < slow_seq and "slow" not in snap.states
         gate.set()
         await slow
-        assert controller.snapshot().seq >= await stream.last_seq(controller._js)
+        assert controller.snapshot().seq >= await stream.last_seq(controller.writer.js)
 
 
 async def test_every_snapshot_taken_under_load_restores_the_replayed_state(nats_url):
     taken: list[tuple[int, Snapshot]] = []
     async with Stack(nats_url) as stack:
-        stack.controller._snapshot_every = 1  # a snapshot after every append that finds none being written
-        save = stack.controller._store.save
+        stack.controller.snapshots.every = 1  # a snapshot after every append that finds none being written
+        save = stack.controller.snapshots.store.save
 
         async def keep(p: int, snap: Snapshot) -> int:
             taken.append((p, snap))
             return await save(p, snap)
 
-        stack.controller._store.save = keep
+        stack.controller.snapshots.store.save = keep
         await some_traffic(stack, "a", n=40)
     expected = await full_replay(nats_url)
     assert len(taken) > 3

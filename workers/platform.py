@@ -20,7 +20,6 @@ import asyncio
 import logging
 from typing import NamedTuple
 
-from controller import stream
 from proto import serverless_sim_pb2 as pb
 from proto.commands import AnyCommand, Code, SlotCreated, SlotFailed, SlotReady
 from proto.events import (
@@ -34,6 +33,7 @@ from proto.events import (
     creates,
 )
 from proto.subjects import function_events
+from runtime import stream
 from runtime.bus import send
 from workers.effects import REPORT_PATIENCE_S, Delivery, EffectWorker, PlatformError, brief, call_platform
 

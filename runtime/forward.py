@@ -19,7 +19,7 @@ from proto.commands import Assign, Cancel, Code, Idle, Reply, decode_reply, enco
 from proto.subjects import command_subject
 from runtime.bus import Unavailable, close, connect, send
 
-log = logging.getLogger("scaler.gateway.forward")
+log = logging.getLogger("scaler.forward")
 
 RESEND_S = 2.0  # no answer this long: send the call again (its owner may have died with it)
 CANCEL_PATIENCE_S = 120.0

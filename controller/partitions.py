@@ -1,0 +1,176 @@
+"""The partitions a node serves: leased (controller/leases.py), loaded, served, and given up.
+
+One gained is loaded from its snapshot and the batches after it (controller/rebuild.py), then its
+commands are taken (`cmd.<partition>`, one node of the queue group answers each) and the node is
+told (`served`). One lost stops taking commands at once; the commands under way finish, the node
+is told (`released`: it snapshots and forgets), and the lease is given back.
+"""
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from controller import rebuild
+from controller.core.limits import NO_LIMITS, Limits
+from controller.leases import EVERY_S, TTL_S, Leases
+from controller.ledger import Ledger
+from controller.snapshots import SnapshotStore
+from controller.snapshotter import Snapshotter
+from proto.subjects import CMD, PARTITIONS, partition
+from runtime.bus import Unavailable
+
+log = logging.getLogger("scaler.controller")
+
+OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
+LOAD_ERROR_EVERY_S = 600.0
+DRAIN_S = 15.0  # how long a partition given up waits for its commands under way
+
+
+class NotServing(Unavailable):
+    """This node does not (or no longer) serve the command's partition: another node, or soon."""
+
+
+class Partitions:
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        ledger: Ledger,
+        store: SnapshotStore,
+        snapshotter: Snapshotter,
+        serving: set[int],
+        on_command: Callable[[Msg], Awaitable[None]],
+        served: Callable[[list[int]], Awaitable[None]],
+        released: Callable[[list[int], list[int]], Awaitable[None]],
+        node: str,
+        limits: Limits = NO_LIMITS,
+        lease_ttl_s: float = TTL_S,
+        lease_every_s: float = EVERY_S,
+        replicas: int = 1,
+        drain_s: float = DRAIN_S,
+    ) -> None:
+        self.nc = nc
+        self.js = js
+        self.ledger = ledger
+        self.store = store
+        self.snapshotter = snapshotter
+        self.serving = serving  # partitions loaded and answered here
+        self.on_command = on_command  # a command on cmd.<partition>
+        self.served = served  # partitions just loaded and served: their timers and callers
+        self.released = released  # (served, all) given up, their commands done: snapshot and forget them
+        self.limits = limits  # the operator's caps; those over all functions are split by partitions held
+        self.drain_s = drain_s
+        self.leases = Leases(js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas)
+        self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
+        self.loading: dict[int, asyncio.Task] = {}
+        self._load_error_at = -LOAD_ERROR_EVERY_S  # when a failed load was last logged
+        self._subs: dict[int, object] = {}
+        self._in_flight: Counter[int] = Counter()  # commands under way, by partition
+        self._drained = asyncio.Event()  # set when a partition's commands under way reach none
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Take partitions; returns once the first ones are served (a broken stream stops the start)."""
+        await self.leases.start()
+        if self.loading:
+            await asyncio.gather(*set(self.loading.values()))
+
+    def serves(self, key: str) -> bool:
+        return partition(key) in self.serving
+
+    def check(self, p: int) -> None:
+        if p not in self.serving:
+            raise NotServing(f"partition {p} is not served by {self.leases.node}")
+
+    def entered(self, p: int) -> None:
+        """A command of partition `p` is under way (a partition given up waits for it)."""
+        self._in_flight[p] += 1
+
+    def left(self, p: int) -> None:
+        self._in_flight[p] -= 1
+        if not self._in_flight[p]:
+            self._drained.set()
+
+    def keys(self, partitions: list[int]) -> list[str]:
+        wanted = set(partitions)
+        return [k for k in self.ledger.states if partition(k) in wanted]
+
+    async def gained(self, partitions: list[int]) -> None:
+        """Leased: load them in the background (the lease round must go on renewing meanwhile)."""
+        task = asyncio.create_task(self.load(partitions))
+        for p in partitions:
+            self.loading[p] = task
+
+    async def load(self, partitions: list[int]) -> None:
+        """Each partition's snapshot, then its batches after it; then serve it."""
+        try:
+            at = await rebuild.kept(self.js)
+            snaps = await rebuild.snapshots(self.store, at, partitions)
+            after = rebuild.restore(self.ledger, snaps)
+            self.loaded_batches += await rebuild.fold_after(self.js, after, self.ledger.fold)
+            for p in partitions:
+                self.snapshotter.loaded(p, after[p], at.last_seq)
+                self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self.on_command)
+                self.serving.add(p)
+            self._share_the_caps()
+            await self.served(partitions)
+        except Exception as e:
+            # The lease round takes them again each second: a lasting fault is said once, then every 10 minutes.
+            if (now := time.monotonic()) - self._load_error_at >= LOAD_ERROR_EVERY_S:
+                self._load_error_at = now
+                log.error("could not load partitions %s; giving them back: %s", partitions, e)
+            else:
+                log.debug("could not load partitions %s; giving them back: %s", partitions, e)
+            self._spawn(self._give_back(partitions))
+            raise
+        finally:
+            for p in partitions:
+                self.loading.pop(p, None)
+
+    async def lost(self, partitions: list[int]) -> None:
+        """Stop serving them: no new command, the ones under way finish, then the node releases them.
+
+        Only a partition that was served is snapshotted: one still loading (or that failed to) holds
+        no state a snapshot could claim.
+        """
+        served = [p for p in partitions if p in self.serving]
+        for p in partitions:
+            if (task := self.loading.pop(p, None)) is not None:
+                task.cancel()
+            self.serving.discard(p)
+            if (sub := self._subs.pop(p, None)) is not None:
+                await sub.unsubscribe()
+        self._share_the_caps()
+        try:
+            async with asyncio.timeout(self.drain_s):
+                while any(self._in_flight[p] for p in partitions):
+                    self._drained.clear()
+                    await self._drained.wait()
+        except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
+            log.warning("partitions %s given up with commands still under way", partitions)
+        await self.released(served, partitions)
+
+    async def stop(self) -> None:
+        await self.leases.stop()  # gives every partition back, each released first
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=10)
+
+    async def _give_back(self, partitions: list[int]) -> None:
+        await self.leases.give_back(partitions)
+
+    def _share_the_caps(self) -> None:
+        """Caps over all functions, split by partitions held: together the nodes never pass them."""
+        self.ledger.limits = (
+            self.limits.share(len(self.serving) / PARTITIONS) if self.limits is not NO_LIMITS else NO_LIMITS
+        )
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

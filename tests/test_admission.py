@@ -1,0 +1,53 @@
+"""Admission without a node: a clock that only moves when told, and commands that never leave."""
+
+from controller.admission import Admission
+from proto.commands import Assign, Code, Idle
+from proto.events import Meta
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def assign(n: int = 1) -> Assign:
+    return Assign(key="fn", request_id=f"r{n}", reply_to="inbox", meta=Meta(memory_mb=128))
+
+
+def idle() -> Idle:
+    return Idle(key="fn", request_id="r1", instance_id="fn-1")
+
+
+def test_an_assign_is_refused_once_the_oldest_undecided_command_waited_too_long():
+    clock = Clock()
+    a = Admission(max_backlog=100, max_behind_s=2.0, clock=clock)
+    first = a.arrived()
+    a.arrived()
+    clock.now += 1.9
+    assert a.refuse(assign(), "n1") is None
+    clock.now += 0.2
+    refused = a.refuse(assign(), "n1")
+    assert refused.code is Code.RESOURCE_EXHAUSTED and "2 commands waiting" in refused.message
+    assert a.refuse(idle(), "n1") is None, "an Idle frees an instance: never refused"
+    assert a.refuse(assign(), "n1", store_troubled=True) is None, "the store's backlog is not overload"
+    a.decided(first)
+    assert a.refuse(assign(), "n1") is not None, "the second command arrived with the first: as far behind"
+    assert a.refused == 2
+
+
+def test_the_backlog_cap_and_a_late_event_loop_refuse_too_and_recover():
+    clock = Clock()
+    a = Admission(max_backlog=2, max_behind_s=2.0, clock=clock)
+    tokens = [a.arrived(), a.arrived()]
+    assert a.refuse(assign(), "n1") is not None
+    for t in tokens:
+        a.decided(t)
+    assert a.backlog == 0 and a.behind_s() == 0.0 and a.refuse(assign(), "n1") is None
+    a.lagged(3.0)
+    assert a.refuse(assign(), "n1") is not None
+    for _ in range(30):  # falls slowly: a burst of a second or two is absorbed, a lasting lag is not
+        a.lagged(0.0)
+    assert a.lag_s < 2.0 and a.refuse(assign(), "n1") is None

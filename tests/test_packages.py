@@ -1,0 +1,101 @@
+"""Packages point one way: proto, runtime, controller core, services, tools.
+
+A module imports from its own package and from the layers below it, never from a layer above
+nor from another service beside it (a node's gateway and controller meet in `runtime`, not in
+each other). Read from the sources, imports inside functions included.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = {
+    "proto": 0,
+    "runtime": 1,
+    "controller.core": 2,
+    "controller": 3,
+    "gateway": 3,
+    "workers": 3,
+    "platform_stub": 4,
+    "simulator": 4,
+    "scaler": 4,
+    "bench": 4,
+    "scripts": 4,
+    "tests": 4,
+}
+TOOLS = 4  # tools may use one another (the simulator drives the stub, the stub reads traces)
+
+
+def package(module: str) -> str | None:
+    """The package of LAYERS a dotted module name belongs to (the longest match), or None for a library."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if (name := ".".join(parts[:n])) in LAYERS:
+            return name
+    return None
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def offence(importer: str, imported: str) -> str | None:
+    """Why `importer`'s package may not import `imported`'s, or None when it may."""
+    if importer == imported:
+        return None
+    low, high = LAYERS[imported], LAYERS[importer]
+    if low > high:
+        return "points up"
+    if low == high and high != TOOLS:
+        return "points sideways"
+    return None
+
+
+def offences(root: Path = ROOT) -> list[str]:
+    found = []
+    for top in {name.split(".")[0] for name in LAYERS}:
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root)
+            importer = package(".".join(rel.with_suffix("").parts))
+            for line, name in imports(path):
+                imported = package(name)
+                if imported is not None and (why := offence(importer, imported)):
+                    found.append(f"{rel}:{line}: {importer} imports {name}: {why}")
+    return found
+
+
+def test_packages_point_one_way():
+    assert offences() == []
+
+
+@pytest.mark.parametrize(
+    "importer, imported, why",
+    [
+        ("controller", "gateway", "points sideways"),
+        ("workers", "controller", "points sideways"),
+        ("runtime", "controller", "points up"),
+        ("runtime", "controller.core", "points up"),
+        ("proto", "runtime", "points up"),
+        ("controller", "controller.core", None),
+        ("controller.core", "controller", "points up"),
+        ("scaler", "gateway", None),
+        ("simulator", "platform_stub", None),
+    ],
+)
+def test_the_rule(importer, imported, why):
+    assert offence(importer, imported) == why
+
+
+def test_a_sideways_import_is_found(tmp_path):
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "w.py").write_text("def f():\n    from controller import stream\n")
+    assert offences(tmp_path) == ["workers/w.py:2: workers imports controller.stream: points sideways"]
