@@ -5,13 +5,13 @@ its snapshot, and the stream may drop what every snapshot already holds (its ret
 snapshot is an optimisation and never a source of truth while the stream still holds everything:
 deleting the bucket changes nothing but start time. That holds because a snapshot is used only
 when it is certainly right:
-- it is stamped with the shape of the state (`shape`): the msgspec schema of what it stores,
-  the source of the lifecycle fold (`controller/core/state.py`) and the version of the features
-  fold (`controller/core/features.VERSION`). Any change there makes old snapshots unreadable by
-  design, so they are ignored (full replay), never misread. The features fold is stamped by its
-  version, not its source: tidying it keeps snapshots; changing what it computes bumps the
-  version (a test pins its results per version), because a snapshot's features folded by the
-  old rules would differ from a replay's, and `scaler replay --verify` would rightly say so;
+- it is stamped with the version of the state it holds (`controller/core/state.VERSION`, which
+  covers the schema and the lifecycle fold) and of the features fold (`features.VERSION`). An
+  older state version is upcast (controller/upcasts.py), so an upgrade keeps every snapshot; a
+  newer one (a downgrade) is ignored, never misread. The features cannot be upcast (they are
+  folded from events): a snapshot of another features version is ignored (full replay), which is
+  why a test pins the features' results per version and a change there bumps it. Version 1 was
+  stamped by a hash of the schema and the fold's source (`V1_SHAPES`);
 - it is stamped with the EVENTS stream it was taken from (its creation time): a snapshot of
   another store is ignored;
 - `seq` is a low watermark: every batch of the partition at or below it is in `states`. Batches
@@ -22,19 +22,16 @@ used by `scaler replay` too, and a partition without one that reaches back to th
 batch is refused (controller/rebuild.py).
 """
 
-import hashlib
-import inspect
 import logging
-from pathlib import Path
-from types import ModuleType
 
 import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import BucketNotFoundError, DigestMismatchError, NotFoundError, ObjectNotFoundError
 
 from controller.core import features, state
 from controller.core.state import FnState
+from controller.upcasts import upcast
 
 log = logging.getLogger("scaler.controller.snapshots")
 
@@ -51,32 +48,18 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Stored(msgspec.Struct, frozen=True, kw_only=True):
-    """What the object holds: the stamps, readable whatever the shape, then the snapshot."""
+    """What the object holds: the stamps, readable whatever the version, then the snapshot."""
 
-    shape: str
+    shape: str  # version 1's stamp (a hash); "" since
     stream: str
     seq: int
     body: bytes
+    version: int = 1  # controller/core/state.VERSION of the body
+    features: int = 0  # controller/core/features.VERSION of the body (version 1: in `shape`)
 
 
-def shape(schema: bytes, lifecycle: bytes, features_version: int) -> str:
-    """The stamp of what a snapshot holds: its schema, the lifecycle fold's source, the features fold's version."""
-    return hashlib.sha256(b"\0".join((schema, lifecycle, str(features_version).encode()))).hexdigest()[:16]
+V1_SHAPES = {"88aab271c3044262": 2}  # version 1's stamp -> the features version it stood for
 
-
-def _source(module: ModuleType) -> bytes:
-    try:
-        return inspect.getsource(module).encode()
-    except (OSError, TypeError):  # installed without sources: the compiled module stands for them
-        return Path(module.__file__).read_bytes()
-
-
-def current_shape() -> str:
-    """The stamp of the code running now."""
-    return shape(msgspec.json.encode(msgspec.json.schema(Snapshot)), _source(state), features.VERSION)
-
-
-SHAPE = current_shape()
 
 _encoder = msgspec.msgpack.Encoder()
 _stored = msgspec.msgpack.Decoder(_Stored)
@@ -92,6 +75,7 @@ class SnapshotStore:
         self.js = js
         self.replicas = replicas
         self._store = None
+        self._torn: set[tuple[int, str]] = set()  # (partition, object) found torn: said once
 
     async def open(self, create: bool = True) -> None:
         """Open the bucket, created if missing (without `create`, a missing bucket holds no snapshot)."""
@@ -104,27 +88,35 @@ class SnapshotStore:
 
     async def save(self, partition: int, snapshot: Snapshot) -> int:
         """Store the partition's snapshot in place of the one before; returns its size in bytes."""
-        body = _encoder.encode(
-            _Stored(shape=SHAPE, stream=snapshot.stream, seq=snapshot.seq, body=_encoder.encode(snapshot))
+        stored = _Stored(
+            shape="",
+            stream=snapshot.stream,
+            seq=snapshot.seq,
+            body=_encoder.encode(snapshot),
+            version=state.VERSION,
+            features=features.VERSION,
         )
+        body = _encoder.encode(stored)
         await self._store.put(name(partition), body)
         return len(body)
 
     async def load(self, partition: int, stream: str, stream_last_seq: int) -> Snapshot | None:
         """The partition's snapshot if it is usable for this stream, else None (then its batches are all read)."""
-        if self._store is None:
+        data = await self._read(partition)
+        if data is None:
             return None
         try:
-            found = await self._store.get(name(partition))
-        except (ObjectNotFoundError, NotFoundError):
-            return None
-        try:
-            stored = _stored.decode(found.data)
+            stored = _stored.decode(data)
         except msgspec.DecodeError as e:
             log.warning("snapshot of partition %d ignored: unreadable (%s)", partition, e)
             return None
-        if stored.shape != SHAPE:
-            log.info("snapshot of partition %d ignored: taken by a version with another state shape", partition)
+        version, features_version = stored.version, stored.features
+        if version == 1:
+            features_version = V1_SHAPES.get(stored.shape, 0)
+        if version > state.VERSION:
+            log.info("snapshot of partition %d ignored: taken by a newer version (state v%d)", partition, version)
+        elif features_version != features.VERSION:
+            log.info("snapshot of partition %d ignored: its features were folded by other rules", partition)
         elif stored.stream != stream:
             log.info("snapshot of partition %d ignored: taken from another EVENTS stream", partition)
         elif stored.seq > stream_last_seq:
@@ -132,7 +124,36 @@ class SnapshotStore:
                         stream_last_seq)  # fmt: skip
         else:
             try:
-                return _snapshot.decode(stored.body)
-            except msgspec.DecodeError as e:
+                if version == state.VERSION:
+                    return _snapshot.decode(stored.body)
+                return upcast(stored.body, version, Snapshot)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 log.warning("snapshot of partition %d ignored: unreadable (%s)", partition, e)
+        return None
+
+    async def _read(self, partition: int) -> bytes | None:
+        """The partition's object, or None: none, or torn (a chunk missing or its digest wrong), said once per object.
+
+        The chunks are counted before they are read: the object store's reader waits forever for a missing one.
+        """
+        if self._store is None:
+            return None
+        try:
+            info = await self._store.get_info(name(partition))
+        except (ObjectNotFoundError, NotFoundError):
+            return None
+        chunks = f"$O.{BUCKET}.C.{info.nuid}"
+        held = (await self.js.stream_info(f"OBJ_{BUCKET}", subjects_filter=chunks)).state.subjects or {}
+        if held.get(chunks, 0) == info.chunks:
+            try:
+                return (await self._store.get(name(partition))).data
+            except DigestMismatchError:
+                pass
+        if (partition, info.nuid) not in self._torn:
+            self._torn.add((partition, info.nuid))
+            log.warning(
+                "snapshot of partition %d ignored: torn (%d of %d chunks, or its digest does not match); its"
+                " batches are read from the stream",
+                partition, held.get(chunks, 0), info.chunks,
+            )  # fmt: skip
         return None

@@ -1,7 +1,11 @@
 """What the two effect executors share: react to chosen events, call the platform, report back.
 
-Each worker has a durable consumer on the EVENTS stream that sees only the batches with work
-for it (their subject names their effects, proto.subjects), so an event is acted on at least
+Each kind of worker has one durable consumer on the EVENTS stream that sees only the batches with
+work for it (their subject names their effects, proto.subjects), shared by every process of that
+kind (on any machine) as a queue group: NATS pushes each batch to one of them, and a batch a dead
+or paused one held unacked goes to another after the ack wait. A queue group rather than a pull
+consumer: delivery stays the push it was with one worker (a cold start's CreateSlot waits for no
+fetch round), and the processes need no fetch loop of their own. An event is acted on at least
 once: the batch is acked only after every outcome it caused was reported to the function's
 controller, and answered (stored). The controller ignores repeated reports; a worker acting
 on a batch again (`Delivery.redelivered`) must not repeat what the platform does not dedupe
@@ -15,7 +19,7 @@ from typing import ClassVar
 
 import grpc
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from proto import serverless_sim_pb2 as pb
@@ -152,22 +156,30 @@ class EffectWorker:
             ack_wait=self.ack_wait_s,
             max_ack_pending=self._max_pending,
             filter_subjects=subjects,
+            deliver_group=self.durable,
         )
-        await self._drop_if_changed(subjects)
+        if (resume := await self._drop_if_changed(subjects)) is not None:
+            config.deliver_policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, resume
         self._sub = await self._js.subscribe(
-            f"{EVT}.>", durable=self.durable, stream=EVENTS, cb=self._on_batch, manual_ack=True, config=config
+            f"{EVT}.>", queue=self.durable, stream=EVENTS, cb=self._on_batch, manual_ack=True, config=config
         )
         return f"{self.name} (platform {self.platform_addr})"
 
-    async def _drop_if_changed(self, subjects: list[str]) -> None:
-        """A durable consumer keeps its filter: one made for other subjects is made again (it is not bound:
-        a worker that is running holds it)."""
+    async def _drop_if_changed(self, subjects: list[str]) -> int | None:
+        """A durable consumer keeps its filter and its delivery: one made for other subjects, or for a single
+        process (before queue groups), is made again, resuming after the last batch all its work was done for.
+        Returns that sequence, or None when the consumer is kept (or there was none)."""
         try:
             info = await self._js.consumer_info(EVENTS, self.durable)
         except NotFoundError:
-            return
-        if sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) != sorted(subjects):
-            await self._js.delete_consumer(EVENTS, self.durable)
+            return None
+        filtered = sorted(info.config.filter_subjects or [info.config.filter_subject or ""])
+        if filtered == sorted(subjects) and info.config.deliver_group == self.durable:
+            return None
+        await self._js.delete_consumer(EVENTS, self.durable)
+        log.info("%s: consumer %s made again for this version, from batch %d", self.name, self.durable,
+                 info.ack_floor.stream_seq + 1)  # fmt: skip
+        return info.ack_floor.stream_seq + 1
 
     async def stop(self) -> None:
         """Take no more work, and let what is under way finish for a moment: an event whose effect is not

@@ -65,11 +65,7 @@ from proto.events import (
     WaiterLeft,
 )
 
-LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
 RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-alive is renewed
-# The timeout of a function whose Assigns give none (timeout_in_secs 0), so that every busy instance
-# has a lease: 15 minutes, the longest a serverless function commonly may run (AWS Lambda's limit).
-DEFAULT_TIMEOUT_S = 900
 # A session's request waits for its busy instance at most as long as a new instance takes to start (the
 # function's last CreateSlot + Init; 1 s before it is known), and never more than this. Moving costs the
 # session what it kept on its instance (a warm cache, a loaded model, a conversation), which is what a
@@ -197,7 +193,7 @@ def _queue_request(d: _Draft, cmd: Assign) -> None:
 def _release(d: _Draft, cmd: Idle) -> None:
     r, to = cmd.request_id, cmd.reply_to
     inst = d.s.instances.get(cmd.instance_id)
-    released = d.s.finished.get(r) == cmd.instance_id
+    released = d.s.finished_on(r) == cmd.instance_id
     if released and (inst is None or inst.request_id != r or inst.phase is not Phase.BUSY):
         d.reply(to, r, message=f"instance {cmd.instance_id} was already released by request {r}")  # a retried Idle
     elif inst is None:
@@ -376,25 +372,16 @@ def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
     return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms, rest_ms)
 
 
-def _timeout_s(s: FnState) -> int:
-    return s.meta.timeout_s if s.meta is not None and s.meta.timeout_s > 0 else DEFAULT_TIMEOUT_S
-
-
-def _lease_ms(s: FnState) -> int:
-    """How long a request may hold an instance: its function's timeout (or the default) and a grace."""
-    return _timeout_s(s) * 1000 + LEASE_GRACE_MS
-
-
 def _free_lost_leases(d: _Draft) -> None:
     """Leases: a request busy past its function's timeout lost its caller (no Idle will come).
 
     Its instance is freed and retired, as the run may have left it in any state.
     """
-    lease = _lease_ms(d.s)
+    lease = d.s.lease_ms()
     given = "the function's" if d.s.meta is not None and d.s.meta.timeout_s > 0 else "the default"
     for inst in d.s.in_phase(Phase.BUSY):
         if inst.since_ms + lease <= d.now:
-            why = f"no Idle within {given} {_timeout_s(d.s)}s timeout"
+            why = f"no Idle within {given} {d.s.timeout_s()}s timeout"
             d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
@@ -600,6 +587,8 @@ def _rest_or_forget(d: _Draft) -> int | None:
         return None
     idle_since = max(s.stats.last_arrival_ms, s.stats.last_end_ms)
     forget_at = idle_since + d.room.forget_after_ms
+    if s.finished:  # not before a retry of its last release can no longer come
+        forget_at = max(forget_at, next(reversed(s.finished.values())).at_ms + s.lease_ms())
     if d.now >= forget_at:
         d.emit(FunctionForgotten(at_ms=d.now))
         return None
@@ -620,7 +609,7 @@ def _next_wake(d: _Draft, *planned: int | None) -> int | None:
     """Wake: the earliest deadline still ahead, among the policy's plans, keep-alives and leases."""
     wakes = [w for w in planned if w is not None]
     wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
-    wakes += [i.since_ms + _lease_ms(d.s) for i in d.s.in_phase(Phase.BUSY)]
+    wakes += [i.since_ms + d.s.lease_ms() for i in d.s.in_phase(Phase.BUSY)]
     if d.s.sessions:
         wakes += [p.since_ms + session_wait_ms(d.s) for p in d.s.queue if _holding(d.s, p, d.now)]
         busy = {i.session for i in d.s.in_phase(Phase.BUSY)}

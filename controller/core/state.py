@@ -3,6 +3,10 @@
 `apply` folds one event in two steps: the lifecycle here (the function's meta, its instances and
 their phases, its queue of waiting requests), then the features (`features.observe`: the
 function's history, `FnStats`), which read the lifecycle and never change it.
+
+`VERSION` stamps what this fold computes and the shape it stores, for snapshots
+(controller/snapshots.py): a change to either bumps it, with an upcast from the version before
+(controller/upcast.py), so that every snapshot an earlier version wrote still loads.
 """
 
 import enum
@@ -84,7 +88,22 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
     used_ms: int
 
 
-FINISHED_KEPT = 256  # recent releases remembered, so a repeated Idle or Assign is known for what it is
+VERSION = 3  # 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions
+
+# Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
+# window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
+FINISHED_KEPT = 2048
+LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
+# The timeout of a function whose Assigns give none (timeout_in_secs 0), so that every busy instance
+# has a lease: 15 minutes, the longest a serverless function commonly may run (AWS Lambda's limit).
+DEFAULT_TIMEOUT_S = 900
+
+
+class Finished(msgspec.Struct, frozen=True, array_like=True):
+    """A released request: the instance that served it, and when."""
+
+    instance_id: str
+    at_ms: int
 
 
 class FnState(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,7 +113,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     queue: tuple[Pending, ...] = ()
     started: int = 0  # instances ever wanted: numbers the next instance id
     stats: FnStats = NO_STATS
-    finished: dict[str, str] = {}  # request -> instance of the latest releases, oldest first
+    finished: dict[str, Finished] = {}  # the releases within the lease window, by request, oldest first
     slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
     rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
     sessions: dict[str, Binding] = {}  # session -> the instance its requests prefer
@@ -119,7 +138,15 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
 
     def finished_on(self, request_id: str) -> str | None:
         """The instance a recently finished request was released from, if it is one."""
-        return self.finished.get(request_id)
+        done = self.finished.get(request_id)
+        return done.instance_id if done is not None else None
+
+    def timeout_s(self) -> int:
+        return self.meta.timeout_s if self.meta is not None and self.meta.timeout_s > 0 else DEFAULT_TIMEOUT_S
+
+    def lease_ms(self) -> int:
+        """How long a request may hold an instance, and may be retried: the function's timeout and a grace."""
+        return self.timeout_s() * 1000 + LEASE_GRACE_MS
 
 
 def apply(s: FnState, e: Event) -> FnState:
@@ -150,7 +177,7 @@ def _request_arrived(s: FnState, e: RequestArrived) -> FnState:
 
 
 def _function_rested(s: FnState, e: FunctionRested) -> FnState:
-    return replace(s, finished={}, rested=True)  # the releases a retry could still ask about: long past
+    return replace(s, finished=_recent(s, s.finished, e.at_ms), rested=True)
 
 
 def _function_forgotten(s: FnState, e: FunctionForgotten) -> FnState:
@@ -225,20 +252,30 @@ def _released(s: FnState, e: Released) -> FnState:
     s = _used(s, old.session, old.id, e.at_ms)
     if e.cancelled:  # never served: a retry of the request is served anew
         return s if e.request_id not in s.finished else replace(s, finished=_forget(s.finished, e.request_id))
-    return replace(s, finished=_remember(s.finished, e.request_id, e.instance_id))
+    return replace(s, finished=_remember(s, e.request_id, Finished(e.instance_id, e.at_ms)))
 
 
-def _forget(finished: dict[str, str], request_id: str) -> dict[str, str]:
+def _forget(finished: dict[str, Finished], request_id: str) -> dict[str, Finished]:
     return {r: i for r, i in finished.items() if r != request_id}
 
 
-def _remember(finished: dict[str, str], request_id: str, instance_id: str) -> dict[str, str]:
-    kept = dict(finished)
+def _remember(s: FnState, request_id: str, done: Finished) -> dict[str, Finished]:
+    kept = _recent(s, s.finished, done.at_ms)
+    kept = dict(kept) if kept is s.finished else kept
     kept.pop(request_id, None)  # a reused request id moves to the newest end
-    kept[request_id] = instance_id
+    kept[request_id] = done
     if len(kept) > FINISHED_KEPT:
         del kept[next(iter(kept))]
     return kept
+
+
+def _recent(s: FnState, finished: dict[str, Finished], now: int) -> dict[str, Finished]:
+    """The releases a retry may still come for at `now` (the same dict when all may)."""
+    since = now - s.lease_ms()
+    oldest = next(iter(finished.values()), None)
+    if oldest is None or oldest.at_ms >= since:
+        return finished
+    return {r: done for r, done in finished.items() if done.at_ms >= since}
 
 
 def _kept_alive(s: FnState, e: KeptAlive) -> FnState:

@@ -4,8 +4,8 @@ from typing import NamedTuple
 
 import pytest
 
-from controller.core.decide import DEFAULT_TIMEOUT_S, decide
-from controller.core.state import FnState, Phase
+from controller.core.decide import decide
+from controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_KEPT, FnState, Phase
 from proto import commands as c
 from proto import events as e
 from tests.core.factories import DEMO, KEY, META, POOLED, assign, idle, ready, run
@@ -242,6 +242,19 @@ def test_an_assign_repeated_after_its_request_finished_is_refused_even_once_the_
     s, _ = run(assign("r1"), ready(), assign("r2"), idle("r1"), policy=POOLED)  # fn-1 now serves r2
     d = decide(s, assign("r1", to="late-retry"), 300, DEMO)
     assert d.events == [] and d.replies[0].code is c.Code.FAILED_PRECONDITION and "fn-1" in d.replies[0].message
+
+
+def test_a_release_is_remembered_for_its_lease_window_past_many_others_and_then_forgotten():
+    """A late retry is known as long as the platform may send it (the 60 s timeout + 30 s grace), however many
+    releases came since, up to FINISHED_KEPT; past the window it is forgotten at the next release."""
+    s, _ = run(assign("r1"), ready(), idle("r1"))
+    for n in range(300):  # more releases than the 256 once kept
+        s, _ = run(assign(f"x{n}"), idle(f"x{n}"), s=s, at=1_000 + n * 100)
+    late = decide(s, assign("r1", to="late"), 89_000, DEMO)
+    assert late.replies == [c.Reply(to="late", request_id="r1", code=c.Code.FAILED_PRECONDITION,
+                                    message="request r1 already finished on instance fn-1")]  # fmt: skip
+    s, _ = run(assign("y"), idle("y"), s=s, at=91_000)
+    assert "r1" not in s.finished and "x299" in s.finished and len(s.finished) <= FINISHED_KEPT
 
 
 def test_a_second_caller_of_a_served_request_holds_it_too_so_the_first_ones_cancel_does_not_free_it():

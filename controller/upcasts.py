@@ -1,0 +1,43 @@
+"""Snapshots of older state versions, brought to the current one: an upgrade keeps every snapshot.
+
+A snapshot's body is decoded as plain data (maps, lists, strings, numbers), each step below turns
+version N's data into N+1's, and the result is converted to today's structs. A change to what
+`controller/core/state.py` stores or computes bumps `state.VERSION` and adds its step here;
+`tests/test_upgrade.py` pins the shape per version and loads a store written by every release.
+"""
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+
+from controller.core import state
+
+Data = dict[str, Any]
+T = TypeVar("T")
+
+
+def _v1(snapshot: Data) -> Data:
+    """Version 1 remembered a release's instance without its time: the snapshot's own time stands for it (a
+    release is kept a little longer than its window, never shorter)."""
+    at = snapshot.get("at_ms", 0)
+    for fn in snapshot.get("states", {}).values():
+        fn["finished"] = {r: [instance, at] for r, instance in fn.get("finished", {}).items()}
+    return snapshot
+
+
+def _v2(snapshot: Data) -> Data:
+    """Version 2 had no sessions: its functions have none bound, its instances serve none, and none is
+    restarting; those fields' defaults say so, so the data stands as it is."""
+    return snapshot
+
+
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2}  # from version N to N+1
+
+
+def upcast(body: bytes, version: int, into: type[T]) -> T:
+    """Decode a snapshot written at `version` (older than today's) into today's `into`."""
+    data = msgspec.msgpack.decode(body)
+    for v in range(version, state.VERSION):
+        data = STEPS[v](data)
+    return msgspec.convert(data, into)

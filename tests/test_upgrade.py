@@ -1,0 +1,56 @@
+"""An upgrade keeps every snapshot: a store written by an earlier version, whose stream retention has emptied,
+loads into this one (tests/fixtures/upgrade: one store per state version, never rewritten)."""
+
+import hashlib
+import tarfile
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from controller import rebuild
+from controller.core import state
+from controller.ledger import Ledger
+from controller.shell import Controller
+from controller.snapshots import Snapshot, SnapshotStore
+from proto.subjects import PARTITIONS
+from runtime.bus import connected
+from runtime.natsd import NatsServer
+from tests.fixtures.upgrade.make import summary
+from tests.test_snapshots import DEMO
+
+FIXTURES = Path(__file__).parent / "fixtures" / "upgrade"
+# What a snapshot stores, by state version: another shape needs another version (and its upcast).
+SCHEMAS = {2: "5d6b0173f6ee4414", 3: "fdf152dac07fcc8e"}
+RELEASES = sorted(p.name.removeprefix("store-").removesuffix(".tar.gz") for p in FIXTURES.glob("store-*.tar.gz"))
+
+
+@pytest.mark.parametrize("release", RELEASES)
+async def test_a_store_written_by_an_earlier_version_loads_from_its_snapshots(release, tmp_path):
+    with tarfile.open(FIXTURES / f"store-{release}.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    expected = msgspec.json.decode((FIXTURES / f"expected-{release}.json").read_bytes())
+    async with NatsServer(tmp_path / "nats") as server:
+        async with connected(server.url, "test") as nc:
+            js = nc.jetstream()
+            at = await rebuild.kept(js)
+            assert at.truncated and at.first_seq > at.last_seq  # every batch gone: only the snapshots hold them
+            store = SnapshotStore(js)
+            await store.open(create=False)
+            ledger = Ledger()
+            rebuild.restore(ledger, await rebuild.snapshots(store, at, range(PARTITIONS)))
+            assert summary(ledger.states) == expected
+        node = Controller(server.url, DEMO)
+        try:
+            ready = await node.start()
+            assert len(node.serving) == PARTITIONS and "0 batches read" in ready, ready
+        finally:
+            await node.stop()
+
+
+def test_what_a_snapshot_stores_is_pinned_to_the_state_version():
+    schema = hashlib.sha256(msgspec.json.encode(msgspec.json.schema(Snapshot))).hexdigest()[:16]
+    assert SCHEMAS.get(state.VERSION) == schema, (
+        "what a snapshot stores changed: bump controller.core.state.VERSION, add its step to controller/upcasts.py,"
+        f" pin {schema} here, and write that version's store (python -m tests.fixtures.upgrade.make v{state.VERSION})"
+    )
