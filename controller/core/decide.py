@@ -457,8 +457,14 @@ def _holding(s: FnState, waiting: Pending, now: int) -> bool:
 def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     """Starts: for waiting requests no instance under creation covers, the policy starts some, the rest wait.
 
-    Returns when the policy wants to look again at those left waiting.
+    Returns when the policy wants to look again at those left waiting. A session's request that waits
+    for its own busy instance gets no start (and says so when it arrives).
     """
+    for waiting in d.s.queue if d.s.sessions else ():
+        if waiting.since_ms == d.now and _holding(d.s, waiting, d.now):
+            bound, wait_ms = d.s.sessions[waiting.session].instance_id, session_wait_ms(d.s)
+            why = f"waits up to {wait_ms} ms for its session's instance {bound}, busy"
+            d.emit(RequestWaiting(at_ms=d.now, request_id=waiting.request_id, expected_ms=d.now + wait_ms, why=why))
     uncovered = _uncovered(d.s, policy, d.now)
     if not uncovered or d.s.meta is None:
         return None

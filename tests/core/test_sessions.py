@@ -147,3 +147,18 @@ def test_delete_retires_everything_fails_the_waiting_and_forgets():
     assert [x.instance_id for x in d.events if isinstance(x, e.SlotWanted)] == ["fn-3"]  # no id used twice
     unknown = decide(FnState(key="nope"), c.Delete(key="nope", reply_to="op"), 0, DEMO)
     assert unknown.replies[0].code is c.Code.NOT_FOUND and unknown.events == []
+
+
+def test_with_no_other_instance_a_session_waits_then_starts_one_and_moves():
+    fn = Fn()
+    fn(assign("s-1", session="chat"), 0)
+    fn(ready("fn-1", "s1"), 100)  # s-1 on fn-1
+    d = fn(assign("s-2", session="chat"), 200)
+    assert [type(x) for x in d.events] == [e.RequestArrived, e.RequestWaiting]  # no start while it waits
+    assert "fn-1" in d.events[-1].why
+    due = 200 + session_wait_ms(fn.s)
+    assert d.wake_ms == due
+    d = fn(c.Tick(key=KEY, due_ms=due), due)
+    assert [x.instance_id for x in d.events if isinstance(x, e.SlotWanted)] == ["fn-2"]
+    d = fn(ready("fn-2", "s2"), due + 100)
+    assert answered(d, "s-2") == "fn-2" and fn.s.sessions["chat"].instance_id == "fn-2"
