@@ -399,8 +399,8 @@ def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
     session's request takes its bound instance when idle, and waits while it is busy (`_holding`).
     """
     held: set[str] = set()
-    while idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]:
-        waiting = next((p for p in _free_to_take(d.s, policy) if p.request_id not in held), None)
+    while (free := _free_to_take(d.s, policy)) and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
+        waiting = next((p for p in free if p.request_id not in held), None)
         if waiting is None:
             return
         bound = _bound(d.s, waiting.session)
