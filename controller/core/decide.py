@@ -424,7 +424,7 @@ def _assign(d: _Draft, waiting: Pending, inst: Instance) -> None:
         elif _bound(d.s, waiting.session) is None:
             why = f"its instance {was.instance_id} is gone"
         else:
-            why = f"its instance {was.instance_id} stayed busy past {session_wait_ms(d.s)} ms"
+            why = f"its instance {was.instance_id} stayed busy past the wait"
         d.emit(SessionBound(at_ms=d.now, session=waiting.session, instance_id=inst.id, request_id=waiting.request_id,
                             why=why))  # fmt: skip
     d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
