@@ -103,8 +103,8 @@ def handler(
             await context.abort(e.code, str(e))
         except Unavailable as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-        except TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout_s:g}s")
+        except TimeoutError as e:  # the owner, or (List) a node holding partitions, did not answer
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer in time ({e or 'timeout'})")
 
     async def list_(body: bytes) -> Answer:
         ask = _ask(body, needs_key=False)
