@@ -57,6 +57,11 @@ class ControllerCollector:
         yield GaugeMetricFamily(
             "scaler_stream_sequence", "Newest EVENTS stream sequence the controller folded or appended", c.ledger.seq
         )
+        yield GaugeMetricFamily(
+            "scaler_nats_sync_always",
+            "Whether NATS syncs every write to disk before acknowledging it: 1 yes, 0 no, -1 unknown",
+            c.sync.gauge,
+        )
         saved = getattr(c, "snapshot_saved_s", None)
         if saved is not None:
             yield GaugeMetricFamily(

@@ -54,7 +54,7 @@ from proto.commands import (
     encode,
 )
 from proto.subjects import PARTITIONS, partition
-from runtime import stream
+from runtime import durability, stream
 from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send
 from runtime.clock import Clock
 from runtime.forward import Forwarder
@@ -75,7 +75,7 @@ class Controller:
         nats_url: str,
         policy: Policy,
         clock: Clock | None = None,
-        replicas: int = 1,
+        replicas: int = 0,
         node: str = "",
         lease_ttl_s: float = TTL_S,
         lease_every_s: float = EVERY_S,
@@ -86,11 +86,16 @@ class Controller:
         limits: Limits = NO_LIMITS,
         retention: Retention = DEFAULT_RETENTION,
         guard_every_s: float = GUARD_EVERY_S,
+        nats_monitor: str = "",
+        nats_unsynced: bool = False,
     ) -> None:
         self.nats_url = nats_url
         self.policy = policy
         self.clock = clock or Clock()
-        self.replicas = replicas
+        self.replicas = replicas  # 0: as durability.default_replicas says (3 on a cluster)
+        self.nats_monitor = nats_monitor  # where to ask whether NATS syncs every write
+        self.nats_unsynced = nats_unsynced  # ... and not syncing is intended: no warning
+        self.sync = durability.Sync.UNKNOWN
         self.node = node or f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.lease_ttl_s = lease_ttl_s
         self.lease_every_s = lease_every_s
@@ -149,6 +154,10 @@ class Controller:
     async def start(self) -> str:
         self._nc = await connect(self.nats_url, f"controller {self.node}")
         stream.check_server(self._nc)
+        self.replicas = self.replicas or durability.default_replicas(self._nc)
+        monitors = durability.monitor_urls(self.nats_url, self.nats_monitor)
+        self.sync = await durability.server_sync(monitors)
+        durability.warn(self.sync, monitors, self.nats_unsynced)
         self._js = self._nc.jetstream()
         await ensure_stream(self._js, self.replicas, self.retention)
         await stream.check_layout(self._js)
@@ -201,7 +210,7 @@ class Controller:
         functions, batches = plural(len(self.states), "function"), plural(self.loaded_batches, "batch", "batches")
         return (
             f"controller {self.node} ({self.policy.name} policy, {len(self.serving)} of {PARTITIONS} partitions,"
-            f" {functions}, {batches} read)"
+            f" {functions}, {batches} read; {durability.describe(self.sync, self.replicas)})"
         )
 
     async def drain(self) -> str:
