@@ -162,6 +162,7 @@ class Controller:
             self.retention,
             self.serving,
             self.writer.floor,
+            self._holds,
             stream_id,
             self.snapshot_every,
             self.snapshot_interval_s,
@@ -220,6 +221,10 @@ class Controller:
         await close(self._nc)
 
     # --- partitions served and released --------------------------------------------------------
+
+    async def _holds(self, p: int) -> bool:
+        """Whether partition `p`'s lease is still ours, confirmed now (a snapshot is written only then)."""
+        return self.partitions is not None and await self.partitions.leases.confirm(p)
 
     async def _served(self, partitions: list[int]) -> None:
         """Loaded and served: arm their timers, and tell their callers again what they were assigned."""
@@ -299,6 +304,7 @@ class Controller:
             if p not in self.serving:
                 raise NotServing(f"partition {p} was given up")
             await self._settle(cmd.key)
+            self.partitions.check(p)  # fenced: nothing decided or answered past the lease's renewal deadline
             now = self.clock.now_ms()
             decision = self.ledger.decide(cmd, now, self.policy)
             batch = self.ledger.batch(cmd, decision, now)
