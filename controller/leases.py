@@ -4,15 +4,25 @@ Every node heartbeats in one bucket and holds its partitions in another, both wi
 expire unless renewed (`ttl_s`). Each round (every `every_s`) a node renews what it holds, counts
 the live nodes, gives back what is above its fair share (ceil(partitions / nodes)) and takes free
 partitions up to it. A node that dies stops renewing: its leases expire and the others take its
-partitions within a few seconds. A lease only says who should write: what keeps two writers from
-corrupting a function is the expected-sequence check of every append (runtime/stream.py), so
-a node that lost its lease without noticing yet can only fail to append, never overwrite.
+partitions within a few seconds.
+
+Fencing, as Kubernetes' leader election does it: a node decides for a partition only while its
+lease was renewed less than `deadline_s` ago (`fresh`), measured on its monotonic clock from the
+moment it sent the renewal, so before the server can let the lease lapse (`ttl_s` from when it
+got it), with a margin for a paused process and clock drift. A partition past its deadline is
+dropped at once (`lost`), and a paused node (SIGSTOP) that wakes past its lease says so, once,
+before it decides anything: the check is made by every command, whichever runs first on waking.
+A lease that lapsed is never quietly taken back: another node may have written meanwhile, so it
+is dropped and loaded anew. What a snapshot claims is checked atomically by the lease's revision
+(`confirm`: a compare-and-set renewal just before the snapshot is taken). Appends need no lease:
+the expected-sequence check of every append (runtime/stream.py) makes a stale writer fail.
 """
 
 import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
@@ -29,6 +39,12 @@ LEASES = "scaler_leases"  # p<N> -> the node that writes partition N
 NODES = "scaler_nodes"  # <node> -> heartbeat
 TTL_S = 4.0
 EVERY_S = 1.0
+
+
+def renew_deadline(ttl_s: float) -> float:
+    """How long after sending its last renewal a node still decides: a quarter of the lease (at least 1 s) is
+    left for a pause between a decision and its answer, and for the server's clock running fast."""
+    return ttl_s - max(1.0, ttl_s / 4)
 
 
 async def bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int) -> KeyValue:
@@ -58,19 +74,49 @@ class Leases:
         self.ttl_s = ttl_s
         self.every_s = every_s
         self.replicas = replicas
+        self.deadline_s = renew_deadline(ttl_s)
         self.held: dict[int, int] = {}  # partition -> revision of our lease entry
+        self.renewed: dict[int, float] = {}  # partition -> when its last renewal that succeeded was sent (monotonic)
+        self._locks: dict[int, asyncio.Lock] = {}  # one renewal of a partition at a time
         self._leases: KeyValue | None = None
         self._nodes: KeyValue | None = None
         self._task: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
+        self.draining = False  # handing everything over (drain): no heartbeat, nothing taken
 
     async def start(self) -> None:
         self._leases = await bucket(self.js, LEASES, self.ttl_s, self.replicas)
         self._nodes = await bucket(self.js, NODES, self.ttl_s, self.replicas)
         await self.round()
         self._task = asyncio.create_task(self._run())
+        self._watch = asyncio.create_task(self._watch_deadlines())
+
+    def fresh(self, p: int) -> bool:
+        """Whether this node may decide for partition `p` now: it holds the lease and renewed it in time."""
+        return p in self.held and time.monotonic() - self.renewed.get(p, -1e9) < self.deadline_s
+
+    def stale(self) -> list[int]:
+        """Partitions held past their renewal deadline."""
+        return [p for p in self.held if not self.fresh(p)]
+
+    async def confirm(self, p: int) -> bool:
+        """Renew `p`'s lease if it is still ours at the revision we hold (compare-and-set): whether it is, and
+        fresh. After a True, nobody else wrote the partition since we took it, for `deadline_s` from now."""
+        async with self._lock(p):
+            revision = self.held.get(p)
+            if revision is None:
+                return False
+            sent = time.monotonic()
+            try:
+                self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
+            except Exception:  # lapsed and taken, or NATS away: not certain, so not ours
+                return False
+            self.renewed[p] = sent
+            return self.fresh(p)
 
     async def stop(self) -> None:
         """Give everything back at once, so the other nodes need not wait for the leases to expire."""
+        await cancelled(self._watch)
         await cancelled(self._task)
         if self._nodes is None:  # its start failed before it held anything
             return
@@ -85,14 +131,15 @@ class Leases:
         covers every partition given back and their next round takes them, without waiting for
         anything to lapse.
         """
-        await cancelled(self._task)
-        self._task = None
         if self._nodes is None:  # its start failed before it held anything
             return []
+        self.draining = True  # the rounds go on renewing what is held (its snapshots need the lease), nothing more
         with contextlib.suppress(Exception):  # NATS away: the heartbeat lapses within the TTL
             await self._nodes.delete(self.node)
         given = sorted(self.held)
         await self.give_back(given)
+        await cancelled(self._task)
+        self._task = None
         return given
 
     async def others(self) -> list[str]:
@@ -124,6 +171,9 @@ class Leases:
             return 1
 
     async def round(self) -> None:
+        if self.draining:
+            await self._renew()
+            return
         await self._nodes.put(self.node, b"")
         await self._renew()
         share = math.ceil(PARTITIONS / await self.live_nodes())
@@ -133,20 +183,42 @@ class Leases:
             await self._take(share - len(self.held))
 
     async def _renew(self) -> None:
-        lost = []
-        for p, revision in list(self.held.items()):
-            try:
-                self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
-            except KeyWrongLastSequenceError:  # it lapsed (NATS was away a while): take it back if nobody did
+        lapsed = []
+        for p in list(self.held):
+            async with self._lock(p):
+                if (revision := self.held.get(p)) is None:
+                    continue
+                sent = time.monotonic()
                 try:
-                    self.held[p] = await self._leases.create(f"p{p}", self.node.encode())
-                except KeyWrongLastSequenceError:  # someone else holds it now
-                    lost.append(p)
-        if lost:
-            log.warning("leases lapsed on partitions %s: another node writes them now", lost)
-            for p in lost:
-                del self.held[p]
-            await self.lost(lost)
+                    self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
+                    self.renewed[p] = sent
+                except KeyWrongLastSequenceError:  # it lapsed: another node may have written it meanwhile
+                    lapsed.append(p)
+        if lapsed:
+            await self._drop(lapsed, "their leases lapsed")
+
+    async def _watch_deadlines(self) -> None:
+        """Drop the partitions past their renewal deadline (NATS away, or this process was paused)."""
+        while True:
+            await asyncio.sleep(min(self.every_s, self.deadline_s) / 4)
+            late = [p for p in self.stale() if not self._lock(p).locked()]  # a renewal under way settles the rest
+            if late:
+                ago = time.monotonic() - min(self.renewed.get(p, 0.0) for p in late)
+                await self._drop(late, f"their leases were last renewed {ago:.1f}s ago (paused, or cut off from NATS)")
+
+    async def _drop(self, partitions: list[int], why: str) -> None:
+        """Stop deciding for partitions whose lease is no longer certainly ours; said once, in one line."""
+        partitions = [p for p in partitions if p in self.held]
+        if not partitions:
+            return
+        log.warning("%s no longer decides for partitions %s: %s", self.node, ranges(sorted(partitions)), why)
+        for p in partitions:
+            del self.held[p]
+            self.renewed.pop(p, None)
+        await self.lost(partitions)
+
+    def _lock(self, p: int) -> asyncio.Lock:
+        return self._locks.setdefault(p, asyncio.Lock())
 
     async def _take(self, wanted: int) -> None:
         taken = []
@@ -155,8 +227,10 @@ class Leases:
                 break
             if p in self.held:
                 continue
+            sent = time.monotonic()
             try:
                 self.held[p] = await self._leases.create(f"p{p}", self.node.encode())
+                self.renewed[p] = sent
                 taken.append(p)
             except KeyWrongLastSequenceError:
                 continue  # someone holds it
@@ -170,7 +244,9 @@ class Leases:
         if not partitions:
             return
         await self.lost(partitions)
-        freed = [(p, self.held.pop(p)) for p in partitions]
+        freed = [(p, self.held.pop(p)) for p in partitions if p in self.held]
+        for p, _ in freed:
+            self.renewed.pop(p, None)
         # All at once and each on its own: one that times out (NATS slow or away) lapses after the TTL,
         # and does not keep the others held until then, nor the stop waiting a timeout per partition.
         results = await asyncio.gather(

@@ -86,8 +86,11 @@ class Partitions:
         return partition(key) in self.serving
 
     def check(self, p: int) -> None:
+        """Refuse to decide for a partition not served here, or whose lease is past its renewal deadline."""
         if p not in self.serving:
             raise NotServing(f"partition {p} is not served by {self.leases.node}")
+        if not self.leases.fresh(p):
+            raise NotServing(f"partition {p}: {self.leases.node}'s lease is not renewed in time, it decides nothing")
 
     def entered(self, p: int) -> None:
         """A command of partition `p` is under way (a partition given up waits for it)."""

@@ -173,6 +173,7 @@ class Controller:
             self.retention,
             self.serving,
             self.writer.floor,
+            self._holds,
             stream_id,
             self.snapshot_every,
             self.snapshot_interval_s,
@@ -246,6 +247,10 @@ class Controller:
     async def functions(self) -> dict[str, FnState]:
         """Every function the running controllers hold (scaler.Admin/List), asked of each over NATS."""
         return (await state_service.fetch(self._nc)).states
+
+    async def _holds(self, p: int) -> bool:
+        """Whether partition `p`'s lease is still ours, confirmed now (a snapshot is written only then)."""
+        return self.partitions is not None and await self.partitions.leases.confirm(p)
 
     async def _served(self, partitions: list[int]) -> None:
         """Loaded and served: arm their timers, and tell their callers again what they were assigned."""
@@ -325,6 +330,7 @@ class Controller:
             if p not in self.serving:
                 raise NotServing(f"partition {p} was given up")
             await self._settle(cmd.key)
+            self.partitions.check(p)  # fenced: nothing decided or answered past the lease's renewal deadline
             now = self.clock.now_ms()
             decision = self.ledger.decide(cmd, now, self.policy)
             batch = self.ledger.batch(cmd, decision, now)

@@ -5,7 +5,9 @@ snapshot is `interval_s` old. Every `guard_every_s` the stream's extent is looke
 whose snapshot falls into the older half of what EVENTS keeps, or is older than a quarter of the
 retention's age, is snapshotted, so that the batches retention drops are always held by a
 snapshot; and the stream's own limits are brought to the node's retention once every partition
-has such a snapshot.
+has such a snapshot. A snapshot is taken only just after the partition's lease was confirmed ours
+(`fence`, a compare-and-set renewal: controller/leases.py), so it never claims batches another
+owner wrote: a node that lost a lease, or is giving up one it no longer holds, writes none.
 """
 
 import asyncio
@@ -13,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 
@@ -42,6 +44,7 @@ class Snapshotter:
         retention: Retention,
         serving: set[int],
         floor: Callable[[int], int],
+        fence: Callable[[int], Awaitable[bool]],
         stream_id: str,
         every: int = SNAPSHOT_EVERY,
         interval_s: float = SNAPSHOT_INTERVAL_S,
@@ -54,6 +57,7 @@ class Snapshotter:
         self.retention = retention
         self.serving = serving  # the node's partitions (the set itself, kept up to date by the node)
         self.floor = floor  # the write path's floor: no watermark above an append under way
+        self.fence = fence  # whether the partition's lease is still ours, renewed just now
         self.stream_id = stream_id
         self.every = every
         self.interval_s = interval_s
@@ -133,9 +137,12 @@ class Snapshotter:
             await asyncio.shield(saving)
         if not self._unsaved[p] and not force:
             return
-        self._unsaved[p], self._saved_at[p] = 0, asyncio.get_running_loop().time()
-        snap = self.snapshot({p})
         try:
+            if not await self.fence(p):
+                log.info("partition %d not snapshotted: its lease is no longer certainly ours", p)
+                return
+            self._unsaved[p], self._saved_at[p] = 0, asyncio.get_running_loop().time()
+            snap = self.snapshot({p})  # at once: the lease was just confirmed
             size = await self.store.save(p, snap)
             self._snap_seq[p] = max(self._snap_seq.get(p, 0), snap.seq)
             self.saved_s = time.time()

@@ -1,0 +1,36 @@
+"""What must hold after any fault, read from the store itself."""
+
+from collections import defaultdict
+
+from controller import rebuild
+from controller.ledger import Ledger
+from controller.snapshots import SnapshotStore
+from proto.events import Batch
+from proto.subjects import PARTITIONS, partition
+from runtime import stream
+
+
+async def snapshots_hold_what_they_claim(js) -> list[str]:
+    """Each partition's snapshot holds exactly the stream's batches it claims: every function's state is the fold
+    of its batches up to its `last_seq`, and no batch at or below the watermark is left out. Returns the breaches."""
+    batches: dict[str, list[tuple[int, Batch]]] = defaultdict(list)
+    await stream.read(js, lambda seq, b: batches[b.key].append((seq, b)))
+    at = await rebuild.kept(js)
+    store = SnapshotStore(js)
+    await store.open(create=False)
+    breaches = []
+    for p in range(PARTITIONS):
+        snap = await store.load(p, at.stream_id, at.last_seq)
+        if snap is None:
+            continue
+        for key in {k for k in batches if partition(k) == p} | set(snap.states):
+            upto = snap.last_seq.get(key, snap.seq)
+            if left_out := [seq for seq, _ in batches[key] if upto < seq <= snap.seq]:
+                breaches.append(f"partition {p}'s snapshot (seq {snap.seq}) claims {key}'s batches {left_out}")
+            folded = Ledger()
+            for seq, batch in batches[key]:
+                if seq <= upto:
+                    folded.fold(seq, batch)
+            if folded.states.get(key) != snap.states.get(key):
+                breaches.append(f"partition {p}'s snapshot of {key} is not its batches up to seq {upto}")
+    return breaches

@@ -1,0 +1,58 @@
+"""Fencing on real processes: a node paused (SIGSTOP) past its lease while two nodes serve under load comes back
+knowing it lost its partitions, says so once, and decides, answers and snapshots nothing for them."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from platform_stub.server import PlatformStub
+from runtime.bus import connected
+from runtime.natsd import NatsServer
+from tests.invariants import snapshots_hold_what_they_claim
+from tests.processes import Driver, Parts
+from tests.stack import eventually
+from tests.test_nodes import KEYS, check, shared_between
+
+FENCED = "no longer decides for partitions"
+
+
+@pytest.fixture
+async def stub():
+    platform = PlatformStub("127.0.0.1:0", create_latency_ms=20, like_challenge=True)
+    await platform.start()
+    yield platform
+    await platform.stop()
+
+
+async def test_a_node_paused_past_its_lease_comes_back_fenced(tmp_path, stub, capfd):
+    async with NatsServer(tmp_path / "nats") as nats, Parts(nats.url, f"127.0.0.1:{stub.port}", nodes=2) as parts:
+        await shared_between(nats.url, 2)
+        # Callers on both nodes; those of the paused one wait and retry (same request id), as a platform does.
+        callers = [Driver(parts.address(n), keys=KEYS, clients=6, tag=n, retry_assign=True) for n in parts.nodes]
+        loads = [asyncio.create_task(d.run()) for d in callers]
+        await eventually(lambda: all({c.key for c in d.calls if c.idle_at} == set(KEYS) for d in callers), 30)
+        paused = parts.running["node-1"].proc.pid
+        os.kill(paused, signal.SIGSTOP)
+        paused_at = time.monotonic()
+        try:
+            await shared_between(nats.url, 1, seconds=30)  # its leases lapsed; the other node took them
+            await eventually(lambda: sum(1 for c in callers[0].calls if c.got_at > paused_at + 6) > 40, 30)
+        finally:
+            os.kill(paused, signal.SIGCONT)
+        await shared_between(nats.url, 2, seconds=30)  # back, and given its share anew
+        woke_at = time.monotonic()
+        await eventually(lambda: all(sum(1 for c in d.calls if c.got_at > woke_at) > 20 for d in callers), 30)
+        for d in callers:
+            d.stop()
+        await asyncio.gather(*loads)
+        calls = [c for d in callers for c in d.calls]
+        assert [c.error for c in calls if c.error] == []
+        assert all(d.overlaps() == [] for d in callers)
+        await check(nats.url, stub, calls)  # each request assigned once, no slot leaked, replay == state
+        async with connected(nats.url, "test") as nc:
+            assert await snapshots_hold_what_they_claim(nc.jetstream()) == []
+    said = capfd.readouterr().err
+    assert said.count(FENCED) == 1, said[-3000:]
