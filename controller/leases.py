@@ -39,6 +39,7 @@ LEASES = "scaler_leases"  # p<N> -> the node that writes partition N
 NODES = "scaler_nodes"  # <node> -> heartbeat
 TTL_S = 4.0
 EVERY_S = 1.0
+HAND_OVER_S = 10.0  # how long a draining node waits for the other nodes to take its partitions
 
 
 def renew_deadline(ttl_s: float) -> float:
@@ -124,23 +125,46 @@ class Leases:
         # node count two and take half the partitions until it lapsed.
         await asyncio.gather(self.give_back(sorted(self.held)), self._nodes.delete(self.node), return_exceptions=True)
 
-    async def drain(self) -> list[int]:
-        """Hand every partition over and take none again; returns those given back.
+    async def drain(self, patience_s: float = HAND_OVER_S) -> str:
+        """Hand every partition to the other nodes and take none again; say what became of them.
 
+        Each partition stops taking commands, finishes those under way, is snapshotted and released
+        under its lease (the rounds go on renewing what is still held, nothing more), and is freed.
         The heartbeat goes first: the other nodes then count one node less, so their fair share
-        covers every partition given back and their next round takes them, without waiting for
-        anything to lapse.
+        covers every partition given back and their next round takes them. Returns once another
+        node holds them all (or none is up any more, or `patience_s` passed). With no other node up
+        it does nothing: the stop then refuses new calls at once rather than hold them for a
+        hand-over nobody takes.
         """
-        if self._nodes is None:  # its start failed before it held anything
-            return []
-        self.draining = True  # the rounds go on renewing what is held (its snapshots need the lease), nothing more
+        try:
+            alone = self._nodes is None or not await self.others()
+        except Exception:  # NATS away: no hand-over can happen either
+            alone = True
+        if alone:
+            return f"{self.node}: no other node is up to take its partitions"
+        self.draining = True
         with contextlib.suppress(Exception):  # NATS away: the heartbeat lapses within the TTL
             await self._nodes.delete(self.node)
         given = sorted(self.held)
         await self.give_back(given)
         await cancelled(self._task)
         self._task = None
-        return given
+        if not given:
+            return f"{self.node} held no partition"
+        deadline = time.monotonic() + patience_s
+        while time.monotonic() < deadline:
+            try:
+                held = await holders(self.js)
+                if all(held.get(p, self.node) != self.node for p in given):
+                    takers = ", ".join(sorted({held[p] for p in given}))
+                    return f"{self.node} handed partitions {_ranges(given)} to {takers}"
+                if not await self.others():
+                    break
+            except Exception as e:  # NATS away: the next owner finds the snapshots all the same
+                log.warning("could not see who took partitions %s: %s", _ranges(given), e)
+                break
+            await asyncio.sleep(0.05)
+        return f"{self.node} gave back partitions {_ranges(given)}; no other node took them yet"
 
     async def others(self) -> list[str]:
         """The other live nodes, by their heartbeats."""
@@ -211,7 +235,7 @@ class Leases:
         partitions = [p for p in partitions if p in self.held]
         if not partitions:
             return
-        log.warning("%s no longer decides for partitions %s: %s", self.node, ranges(sorted(partitions)), why)
+        log.warning("%s no longer decides for partitions %s: %s", self.node, _ranges(sorted(partitions)), why)
         for p in partitions:
             del self.held[p]
             self.renewed.pop(p, None)
@@ -235,7 +259,7 @@ class Leases:
             except KeyWrongLastSequenceError:
                 continue  # someone holds it
         if taken:
-            log.info("%s leased partitions %s", self.node, ranges(taken))
+            log.info("%s leased partitions %s", self.node, _ranges(taken))
             await self.gained(taken)
 
     async def give_back(self, partitions: list[int]) -> None:
@@ -258,8 +282,8 @@ class Leases:
             if isinstance(r, Exception) and not isinstance(r, (KeyWrongLastSequenceError, KeyNotFoundError))
         ]
         if stuck:
-            log.warning("could not free the leases of partitions %s; they lapse within %gs", ranges(stuck), self.ttl_s)
-        log.info("%s gave back partitions %s", self.node, ranges(partitions))
+            log.warning("could not free the leases of partitions %s; they lapse within %gs", _ranges(stuck), self.ttl_s)
+        log.info("%s gave back partitions %s", self.node, _ranges(partitions))
 
 
 async def holders(js: JetStreamContext) -> dict[int, str]:
@@ -276,7 +300,7 @@ async def holders(js: JetStreamContext) -> dict[int, str]:
     return held
 
 
-def ranges(partitions: list[int]) -> str:
+def _ranges(partitions: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
     out, start = [], None
     for a, b in zip(partitions, [*partitions[1:], None], strict=True):

@@ -18,7 +18,7 @@ from nats.js import JetStreamContext
 
 from controller import rebuild
 from controller.core.limits import NO_LIMITS, Limits
-from controller.leases import EVERY_S, TTL_S, Leases, holders, ranges
+from controller.leases import EVERY_S, TTL_S, Leases
 from controller.ledger import Ledger
 from controller.snapshots import SnapshotStore
 from controller.snapshotter import Snapshotter
@@ -30,7 +30,6 @@ log = logging.getLogger("scaler.controller")
 OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
 LOAD_ERROR_EVERY_S = 600.0
 DRAIN_S = 15.0  # how long a partition given up waits for its commands under way
-HAND_OVER_S = 10.0  # how long a draining node waits for the other nodes to take its partitions
 
 
 class NotServing(Unavailable):
@@ -159,36 +158,6 @@ class Partitions:
         except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
             log.warning("partitions %s given up with commands still under way", partitions)
         await self.released(served, partitions)
-
-    async def drain(self, patience_s: float = HAND_OVER_S) -> str:
-        """Hand every partition to the other nodes: each stops taking commands, finishes those under way, is
-        snapshotted and released under its lease, and freed; returns once another node holds them all (or
-        no other node is up, or `patience_s` passed). Calls for them meanwhile are passed on (forwarded),
-        waiting for the new owner: none is refused. With no other node up it does nothing: the stop then
-        refuses new calls at once rather than hold them for a hand-over nobody takes."""
-        try:
-            alone = not await self.leases.others()
-        except Exception:  # NATS away: no hand-over can happen either
-            alone = True
-        if alone:
-            return f"{self.leases.node}: no other node is up to take its partitions"
-        given = await self.leases.drain()
-        if not given:
-            return f"{self.leases.node} held no partition"
-        deadline = time.monotonic() + patience_s
-        while time.monotonic() < deadline:
-            try:
-                held = await holders(self.js)
-                if all(held.get(p, self.leases.node) != self.leases.node for p in given):
-                    taken = sorted({held[p] for p in given})
-                    return f"{self.leases.node} handed partitions {ranges(given)} to {', '.join(taken)}"
-                if not await self.leases.others():
-                    break
-            except Exception as e:  # NATS away: the next owner finds the snapshots all the same
-                log.warning("could not see who took partitions %s: %s", ranges(given), e)
-                break
-            await asyncio.sleep(0.05)
-        return f"{self.leases.node} gave back partitions {ranges(given)}; no other node took them yet"
 
     async def stop(self) -> None:
         await self.leases.stop()  # gives every partition back, each released first

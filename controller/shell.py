@@ -221,7 +221,7 @@ class Controller:
         if self.partitions is None:
             return f"{self.node} is not running"
         await self.snapshots.stop()
-        said = await self.partitions.drain()
+        said = await self.partitions.leases.drain()
         log.info("drained: %s", said)
         return said
 
