@@ -83,7 +83,6 @@ class Leases:
         self._nodes: KeyValue | None = None
         self._task: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
-        self.draining = False  # handing everything over (drain): no heartbeat, nothing taken
 
     async def start(self) -> None:
         self._leases = await bucket(self.js, LEASES, self.ttl_s, self.replicas)
@@ -129,7 +128,7 @@ class Leases:
         """Hand every partition to the other nodes and take none again; say what became of them.
 
         Each partition stops taking commands, finishes those under way, is snapshotted and released
-        under its lease (the rounds go on renewing what is still held, nothing more), and is freed.
+        under its lease, and is freed.
         The heartbeat goes first: the other nodes then count one node less, so their fair share
         covers every partition given back and their next round takes them. Returns once another
         node holds them all (or none is up any more, or `patience_s` passed). With no other node up
@@ -142,13 +141,14 @@ class Leases:
             alone = True
         if alone:
             return f"{self.node}: no other node is up to take its partitions"
-        self.draining = True
+        # As at a stop: no round renews a lease while it is being freed (a renewal landing after the hand-over
+        # began would keep it), and none takes one again. Each snapshot confirms its lease just before.
+        await cancelled(self._watch)
+        await cancelled(self._task)
         with contextlib.suppress(Exception):  # NATS away: the heartbeat lapses within the TTL
             await self._nodes.delete(self.node)
         given = sorted(self.held)
         await self.give_back(given)
-        await cancelled(self._task)
-        self._task = None
         if not given:
             return f"{self.node} held no partition"
         deadline = time.monotonic() + patience_s
@@ -195,9 +195,6 @@ class Leases:
             return 1
 
     async def round(self) -> None:
-        if self.draining:
-            await self._renew()
-            return
         await self._nodes.put(self.node, b"")
         await self._renew()
         share = math.ceil(PARTITIONS / await self.live_nodes())
