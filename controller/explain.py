@@ -116,7 +116,8 @@ def _instance(i: Instance) -> str:
             what = f"for {i.for_request}" if i.for_request else "pre-warm"
             return f"{i.id:<14} creating  {what}, wanted at {clock(i.wanted_ms)}"
         case Phase.BUSY:
-            return f"{i.id:<14} busy      {slot}, held by {i.request_id} since {clock(i.since_ms)}"
+            restart = ", retires when released (restarted)" if i.restarting else ""
+            return f"{i.id:<14} busy      {slot}, held by {i.request_id} since {clock(i.since_ms)}{restart}"
         case Phase.IDLE:
             keep = f", keep-alive until {clock(i.keep_until_ms)}" if i.keep_until_ms else ""
             return f"{i.id:<14} idle      {slot}, since {clock(i.since_ms)}{keep}"

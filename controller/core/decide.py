@@ -425,8 +425,8 @@ def _assign(d: _Draft, waiting: Pending, inst: Instance) -> None:
             why = f"its instance {was.instance_id} is gone"
         else:
             why = f"its instance {was.instance_id} stayed busy past the wait"
-        d.emit(SessionBound(at_ms=d.now, session=waiting.session, instance_id=inst.id, request_id=waiting.request_id,
-                            why=why))  # fmt: skip
+        r = waiting.request_id
+        d.emit(SessionBound(at_ms=d.now, session=waiting.session, instance_id=inst.id, request_id=r, why=why))
     d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
     d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
 

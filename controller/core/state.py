@@ -317,7 +317,8 @@ def _function_restarted(s: FnState, e: FunctionRestarted) -> FnState:
 
 
 def _function_deleted(s: FnState, e: FunctionDeleted) -> FnState:
-    """Only the slots still being destroyed are kept (and the instance count, so no id is used twice)."""
+    """Only the slots still being destroyed are kept, and the instance count with them (no id is used twice
+    while they remain)."""
     retiring = {i.id: i for i in s.instances.values() if i.phase is Phase.RETIRING}
     return FnState(key=s.key, instances=retiring, started=s.started, slot_gb_ms=s.slot_gb_ms)
 
