@@ -364,7 +364,7 @@ class Controller:
                 now = self.clock.now_ms()
                 decision = self.ledger.decide(cmd, now, self.policy, last)
                 batch = self.ledger.batch(cmd, decision, now)
-                if batch is not None:
+                if batch is not None and len(cmds) > 1:  # alone, the append itself says when it is too big
                     alone = len(encode_batch(batch))
                     try:
                         stream.fits(alone, self._nc.max_payload)
@@ -375,6 +375,7 @@ class Controller:
                     if batches and size + n > room:
                         break
                     size += n
+                if batch is not None:
                     batches.append(batch)
                 decided.append((cmd, decision, batch is not None))
                 outcomes.append(decision)
