@@ -7,7 +7,7 @@ import os
 import signal
 
 from controller import replay
-from proto.events import Batch
+from proto.events import Batch, RequestArrived, decode_batch, encode_batch, join
 from proto.subjects import function_events
 from runtime import stream
 from runtime.bus import connected
@@ -69,3 +69,15 @@ async def test_a_group_stays_under_the_payload_limit_and_replay_explains_each_de
         assert code == 0, err
         for i in ids:
             assert sum(f"assign:{i} →" in line for line in out.splitlines()) == 1, i
+
+
+def test_a_joined_batch_gives_back_each_decision_and_a_lone_one_is_itself():
+    def one(n: int, events: int, wake: int | None) -> Batch:
+        arrived = [RequestArrived(at_ms=n, request_id=f"r{n}-{k}") for k in range(events)]
+        return Batch(key="fn", at_ms=n, cause=f"assign:r{n}", events=arrived, wake_ms=wake)
+
+    decisions = [one(1, 2, 10), one(2, 1, None), one(3, 3, 30)]
+    joined = decode_batch(encode_batch(join(decisions)))
+    assert joined.decisions() == decisions
+    assert (joined.cause, joined.at_ms, joined.wake_ms, len(joined.events)) == ("assign:r1", 1, 30, 6)
+    assert join(decisions[:1]) is decisions[0] and decisions[0].decisions() == [decisions[0]]
