@@ -303,35 +303,48 @@ class Controller:
         self.partitions.entered(p)
         queued = _Queued(cmd, asyncio.get_running_loop().create_future(), self.admission.arrived())
         lane = self._lanes.get(cmd.key)
-        if lane is None:
-            lane = self._lanes[cmd.key] = deque()
-            self._spawn(self._run(cmd.key, lane))
-        lane.append(queued)
-        return await asyncio.shield(queued.done)  # a caller that stops waiting leaves it to be decided all the same
+        if lane is not None:  # an append of the function is under way: wait for its queue to reach this one
+            lane.append(queued)
+            return await asyncio.shield(queued.done)  # a caller that stops waiting: decided all the same
+        lane = self._lanes[cmd.key] = deque([queued])  # none: decided at once, in the caller's own task
+        try:
+            await self._group(cmd.key, lane)
+        finally:
+            if lane:  # those that came meanwhile
+                self._spawn(self._run(cmd.key, lane))
+            else:
+                del self._lanes[cmd.key]
+            if queued.done.done() and not queued.done.cancelled():
+                queued.done.exception()  # seen, even by a caller cancelled meanwhile
+        return queued.done.result()
 
     async def _run(self, key: str, lane: deque["_Queued"]) -> None:
         """Decide and store the function's queued commands, a group at a time, until none is left."""
         try:
             while lane:
-                group = [lane.popleft() for _ in range(min(len(lane), MAX_GROUP))]
-                taken, outcomes = group, []
-                try:
-                    outcomes = await self._decide_and_append(key, [q.cmd for q in group])
-                    taken = group[: len(outcomes)]
-                    lane.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
-                    await self._answer([r for o in outcomes if isinstance(o, Decision) for r in o.replies])
-                except Exception as e:
-                    if outcomes:  # decided and stored, but an answer could not go out (NATS away): it is kept
-                        log.warning("%s: could not answer: %s", key, e)
-                    else:  # the partition went, or the store did: nothing of the group decided
-                        outcomes = [e] * len(group)
-                finally:
-                    for i, q in enumerate(taken):  # short of outcomes only when cancelled (the node stops)
-                        self._done(q, outcomes[i] if i < len(outcomes) else NotServing(f"{key}: its queue stopped"))
+                await self._group(key, lane)
         finally:
             del self._lanes[key]
             for q in lane:  # cancelled while running: nothing is left waiting
                 self._done(q, NotServing(f"{key}: its queue stopped"))
+
+    async def _group(self, key: str, lane: deque["_Queued"]) -> None:
+        """Decide and store the commands at the head of the function's queue, together, and answer them."""
+        group = [lane.popleft() for _ in range(min(len(lane), MAX_GROUP))]
+        taken, outcomes = group, []
+        try:
+            outcomes = await self._decide_and_append(key, [q.cmd for q in group])
+            taken = group[: len(outcomes)]
+            lane.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
+            await self._answer([r for o in outcomes if isinstance(o, Decision) for r in o.replies])
+        except Exception as e:
+            if outcomes:  # decided and stored, but an answer could not go out (NATS away): it is kept
+                log.warning("%s: could not answer: %s", key, e)
+            else:  # the partition went, or the store did: nothing of the group decided
+                outcomes = [e] * len(group)
+        finally:
+            for i, q in enumerate(taken):  # short of outcomes only when cancelled
+                self._done(q, outcomes[i] if i < len(outcomes) else NotServing(f"{key}: its queue stopped"))
 
     def _done(self, q: "_Queued", outcome: Decision | BaseException) -> None:
         self.admission.decided(q.token)
