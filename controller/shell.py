@@ -16,7 +16,8 @@ import itertools
 import logging
 import secrets
 import socket
-import weakref
+from collections import deque
+from typing import NamedTuple
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
@@ -53,6 +54,7 @@ from proto.commands import (
     decode_reply,
     encode,
 )
+from proto.events import Batch, encode_batch, join
 from proto.subjects import PARTITIONS, partition
 from runtime import durability, stream
 from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send
@@ -66,6 +68,8 @@ __all__ = ["GUARD_EVERY_S", "MAX_BACKLOG", "MAX_BEHIND_S", "Controller", "NotSer
 log = logging.getLogger("scaler.controller")
 
 APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
+MAX_GROUP = 256  # commands of one function decided and appended together, at most
+STEP_ROOM = 32  # bytes a decision's step adds to a batch holding several, beside its cause
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
 
 
@@ -113,8 +117,8 @@ class Controller:
         self.snapshots: Snapshotter | None = None
         self.partitions: Partitions | None = None
         self.shared: SharedTotals | None = None  # the run's totals across nodes
-        # One per function with commands under way; gone with the last of them, so an idle function costs none.
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # Per function with commands under way, in arrival order; gone with the last, so an idle function costs none.
+        self._lanes: dict[str, deque[_Queued]] = {}
         self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
         self._tokens = itertools.count()
         self._inbox = ""
@@ -264,7 +268,6 @@ class Controller:
         for key in self.partitions.keys(partitions):
             self.timers.set(key, None)
             self.ledger.forget(key)
-            self._locks.pop(key, None)
         gone = set(partitions)
         self.writer.forget(lambda key: partition(key) in gone)  # the next owner reads the stream: it knows
         self.snapshots.forget(partitions)
@@ -309,44 +312,124 @@ class Controller:
         return self.admission.refuse(cmd, self.node, self.writer.troubled())
 
     async def handle(self, cmd: AnyCommand) -> Decision:
-        """Decide one command of one function, append its batch, answer: in the function's arrival order."""
+        """Decide one command of one function, append its batch, answer: in the function's arrival order.
+
+        The command joins its function's queue. While an append of the function is in flight, the
+        commands arriving meanwhile wait; then they are decided in arrival order and appended together,
+        one message and one ack for all (group commit). Functions do not wait for each other.
+        """
         if isinstance(cmd, Reconcile) and cmd.partition >= 0:
             return await self._reconcile(cmd)
         p = partition(cmd.key)
         self.partitions.check(p)
         self.partitions.entered(p)
-        token = self.admission.arrived()
+        queued = _Queued(cmd, asyncio.get_running_loop().create_future(), self.admission.arrived())
+        lane = self._lanes.get(cmd.key)
+        if lane is not None:  # an append of the function is under way: wait for its queue to reach this one
+            lane.append(queued)
+            return await asyncio.shield(queued.done)  # a caller that stops waiting: decided all the same
+        lane = self._lanes[cmd.key] = deque([queued])  # none: decided at once, in the caller's own task
         try:
-            async with self._locks.setdefault(cmd.key, asyncio.Lock()):
-                decision = await self._decide_and_append(cmd, p)
+            await self._group(cmd.key, lane)
         finally:
-            self.admission.decided(token)
-            self.partitions.left(p)
-        await self._answer(decision.replies)
-        return decision
+            if lane:  # those that came meanwhile
+                self._spawn(self._run(cmd.key, lane))
+            else:
+                del self._lanes[cmd.key]
+            if queued.done.done() and not queued.done.cancelled():
+                queued.done.exception()  # seen, even by a caller cancelled meanwhile
+        return queued.done.result()
 
-    async def _decide_and_append(self, cmd: AnyCommand, p: int) -> Decision:
+    async def _run(self, key: str, lane: deque["_Queued"]) -> None:
+        """Decide and store the function's queued commands, a group at a time, until none is left."""
+        try:
+            while lane:
+                await self._group(key, lane)
+        finally:
+            del self._lanes[key]
+            for q in lane:  # cancelled while running: nothing is left waiting
+                self._done(q, NotServing(f"{key}: its queue stopped"))
+
+    async def _group(self, key: str, lane: deque["_Queued"]) -> None:
+        """Decide and store the commands at the head of the function's queue, together, and answer them."""
+        group = [lane.popleft() for _ in range(min(len(lane), MAX_GROUP))]
+        taken, outcomes = group, []
+        try:
+            outcomes = await self._decide_and_append(key, [q.cmd for q in group])
+            taken = group[: len(outcomes)]
+            lane.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
+            await self._answer([r for o in outcomes if isinstance(o, Decision) for r in o.replies])
+        except Exception as e:
+            if outcomes:  # decided and stored, but an answer could not go out (NATS away): it is kept
+                log.warning("%s: could not answer: %s", key, e)
+            else:  # the partition went, or the store did: nothing of the group decided
+                outcomes = [e] * len(group)
+        finally:
+            for i, q in enumerate(taken):  # short of outcomes only when cancelled
+                self._done(q, outcomes[i] if i < len(outcomes) else NotServing(f"{key}: its queue stopped"))
+
+    def _done(self, q: "_Queued", outcome: Decision | BaseException) -> None:
+        self.admission.decided(q.token)
+        self.partitions.left(partition(q.cmd.key))
+        if not q.done.done():
+            if isinstance(outcome, BaseException):
+                q.done.set_exception(outcome)
+            else:
+                q.done.set_result(outcome)
+
+    async def _decide_and_append(self, key: str, cmds: list[AnyCommand]) -> list[Decision | Exception]:
+        """Decide the commands in order, each on the state the one before left, and append their batches as one.
+
+        One outcome per command taken, in order: its decision, stored; or TooBig when its decision alone is
+        more than a message holds (it is not stored; the next command is decided as if it never came). Those
+        whose batches would take the message past NATS's payload limit are not taken (left for the next
+        group). A conflict folds the other writer's batches and decides the group again.
+        """
+        p = partition(key)
+        room = self._nc.max_payload - stream.HEADERS_ROOM
         for _ in range(APPEND_ATTEMPTS):
             if p not in self.serving:
                 raise NotServing(f"partition {p} was given up")
-            await self._settle(cmd.key)
+            await self._settle(key)
             self.partitions.check(p)  # fenced: nothing decided or answered past the lease's renewal deadline
-            now = self.clock.now_ms()
-            decision = self.ledger.decide(cmd, now, self.policy)
-            batch = self.ledger.batch(cmd, decision, now)
+            outcomes: list[Decision | Exception] = []
+            decided: list[tuple[AnyCommand, Decision, bool]] = []
+            batches: list[Batch] = []
+            size, last = 0, None
+            for cmd in cmds:
+                now = self.clock.now_ms()
+                decision = self.ledger.decide(cmd, now, self.policy, last)
+                batch = self.ledger.batch(cmd, decision, now)
+                if batch is not None and len(cmds) > 1:  # alone, the append itself says when it is too big
+                    alone = len(encode_batch(batch))
+                    try:
+                        stream.fits(alone, self._nc.max_payload)
+                    except TooBig as e:  # refused on its own; the next command is decided as if it never came
+                        outcomes.append(e)
+                        continue
+                    n = alone + len(batch.cause) + STEP_ROOM  # what it adds to a batch of several
+                    if batches and size + n > room:
+                        break
+                    size += n
+                if batch is not None:
+                    batches.append(batch)
+                decided.append((cmd, decision, batch is not None))
+                outcomes.append(decision)
+                last = decision
             seq = None
-            if batch is not None:
+            if batches:
                 try:
-                    seq = await self.writer.append(batch)
+                    seq = await self.writer.append(join(batches))
                 except Conflict:
-                    log.warning("conflict on %s: catching up and deciding again", cmd.key)
-                    await self.writer.catch_up(cmd.key)
+                    log.warning("conflict on %s: catching up and deciding again", key)
+                    await self.writer.catch_up(key)
                     continue
-                self.snapshots.appended(p, len(batch.events))
-            self.ledger.commit(cmd, decision, seq)
-            self.timers.set(cmd.key, self.ledger.wake.get(cmd.key))
-            return decision
-        raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key!r}")
+                self.snapshots.appended(p, sum(len(b.events) for b in batches))
+            for cmd, decision, stored in decided:
+                self.ledger.commit(cmd, decision, seq if stored else None)
+            self.timers.set(key, self.ledger.wake.get(key))
+            return outcomes
+        raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {key!r}")
 
     async def _settle(self, key: str) -> None:
         """Our last append of `key` got no answer: settle it first, then tell what that batch assigned."""
@@ -475,6 +558,12 @@ class Controller:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+class _Queued(NamedTuple):
+    cmd: AnyCommand
+    done: asyncio.Future[Decision]
+    token: int  # admission's
 
 
 def _unstorable(cmd: AnyCommand, to: str, e: TooBig) -> Reply:
