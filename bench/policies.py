@@ -22,7 +22,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
@@ -90,15 +90,6 @@ def measure(name: str, seed: int, policy: str, datasets_dir: Path) -> str:
     )
 
 
-class Inline(Executor):
-    """Runs each task as it is submitted: one process, rows in order as they come."""
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        done: Future = Future()
-        done.set_result(fn(*args, **kwargs))
-        return done
-
-
 def summary(lines: Iterable[str]) -> list[str]:
     """Score per trace and policy beside the bound; `learned`'s margin over the best peer; per generated
     shape, the mean over its seeds."""
@@ -157,11 +148,15 @@ def main() -> int:
         "|" + "|".join("---" if c in ("trace", "policy") else "---:" for c in COLUMNS) + "|",
     ]
     print("\n".join(lines), flush=True)
-    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else Inline() as pool:
-        futures = [pool.submit(measure, name, seed, policy, args.datasets_dir) for name, seed, policy in tasks]
-        for future in futures:
+    with ProcessPoolExecutor(max(args.jobs, 1)) as pool:
+        if args.jobs > 1:
+            done = (pool.submit(measure, *task, args.datasets_dir) for task in tasks)
+            results = [future.result for future in list(done)]
+        else:  # in this process, each as its turn comes
+            results = [lambda task=task: measure(*task, args.datasets_dir) for task in tasks]
+        for result in results:
             try:
-                line = future.result()
+                line = result()
             except DatasetError as e:
                 print(f"bench: {e}", file=sys.stderr)
                 continue
