@@ -259,12 +259,24 @@ def test_offline_runs_the_five_hour_trace(tmp_path, capsys):
 
 def test_the_policy_bench_prints_a_row_per_policy_and_the_bound():
     bench = Path(__file__).resolve().parents[1] / "bench" / "policies.py"
-    args = ["--datasets-dir", str(SMOKE.parent), "--traces", SMOKE.name, "gen-oneoff"]
+    args = ["--datasets-dir", str(SMOKE.parent), "--traces", SMOKE.name, "gen-oneoff", "--seeds", "0", "1"]
     result = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    rows = [line.split(" | ") for line in result.stdout.splitlines()[2:]]
+    table, summary = result.stdout.split("\n\n")
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
     assert [(r[0].strip("| "), r[1]) for r in rows] == [
-        (trace, policy) for trace in (SMOKE.name, "gen-oneoff") for policy in (*POLICIES, "clairvoyant bound")
+        (trace, policy)
+        for trace in (SMOKE.name, "gen-oneoff/0", "gen-oneoff/1")
+        for policy in (*POLICIES, "clairvoyant bound")
     ]
     assert {r[2] for r in rows} == {"100.00"}  # success %
     assert rows[len(POLICIES)][-2] == "57.42"  # the bound of the smoke test
+    # The summary: a row per trace and one for the shape's mean over its seeds, the bound beside each.
+    lines = summary.splitlines()
+    assert [line.split(" | ")[0].strip("| ") for line in lines[2:]] == [
+        SMOKE.name,
+        "gen-oneoff/0",
+        "gen-oneoff/1",
+        "gen-oneoff mean of 2",
+    ]
+    assert lines[2].split(" | ")[len(POLICIES) + 1] == "57.42"

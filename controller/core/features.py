@@ -35,7 +35,7 @@ from proto.events import (
 if TYPE_CHECKING:
     from controller.core.state import FnState, Instance
 
-VERSION = 2
+VERSION = 3
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
@@ -45,6 +45,9 @@ IDLE_BINS = 240  # idle-time histogram: 1-minute bins over 4 hours ("Serverless 
 GAP_BINS = 48  # inter-arrival histogram: half-octave bins from 1 ms to 4.6 h
 GAP_HALF_LIFE_MS = 30 * 60_000  # its counts halve every 30 minutes, so rare long gaps are remembered
 UNKNOWN_START_MS = 1_000  # assumed CreateSlot + Init before the function's first instance is ready
+QUEUED_KEPT = 32  # recent requests' time queued for an instance
+ACTIVITY_BIN_MS = 10_000  # the bins of a function's activity: a call in a bin makes it active
+QUIET_KEPT = 32  # recent runs of quiet bins
 
 
 class FnStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +62,10 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     last_end_ms: int = 0  # when the function last had no request left in flight
     gaps: tuple[int, ...] = ()  # recent inter-arrival times, oldest first
     runs: tuple[int, ...] = ()  # recent execution times (assignment to release)
+    # Recent requests' time queued for an instance that existed when they came (0: served at once, or by an
+    # instance started for them), one per request served, oldest first.
+    queued: tuple[int, ...] = ()
+    quiet_bins: tuple[int, ...] = ()  # recent runs of ACTIVITY_BIN_MS bins without a call between two with calls
     start_ms: int = 0  # the last instance's start: SlotWanted to ready (CreateSlot + Init + our overhead)
     lulls: tuple[int, ...] = ()  # recent gaps longer than two starts (long enough to retire and start again)
     early_gaps: tuple[int, ...] = ()  # the function's first EARLY_GAPS gaps
@@ -91,7 +98,12 @@ def observe(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
             return replace(st, start_ms=t - before.instances[i].wanted_ms)
         case Assigned(request_id=r, instance_id=i, at_ms=t) if i in before.instances:
             waiting = before.pending(r)
-            return st if waiting is None else replace(st, wait_ms=st.wait_ms + t - waiting.since_ms)
+            if waiting is None:
+                return st
+            wait = t - waiting.since_ms
+            inst = before.instances[i]
+            queued = wait if inst.for_request != r and inst.wanted_ms <= waiting.since_ms else 0
+            return replace(st, wait_ms=st.wait_ms + wait, queued=_ring(st.queued, queued, QUEUED_KEPT))
         case Released(instance_id=i, at_ms=t, need_destroy=dies) if i in before.instances:
             return _release(st, t, before.instances[i], dies, after)
         case RequestFailed():
@@ -129,6 +141,7 @@ def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
         last_arrival_ms=t,
         gaps=gaps,
         lulls=_lulls(st, t),
+        quiet_bins=_quiet_bins(st, t),
         early_gaps=(*st.early_gaps, t - st.last_arrival_ms) if 0 < st.arrivals <= EARLY_GAPS else st.early_gaps,
         gap_hist=gap_hist,
         idle_hist=idle_hist,
@@ -143,6 +156,14 @@ def _lulls(st: FnStats, t: int) -> tuple[int, ...]:
     if not st.arrivals or gap <= 2 * (st.start_ms or UNKNOWN_START_MS):
         return st.lulls
     return _ring(st.lulls, gap, LULLS_KEPT)
+
+
+def _quiet_bins(st: FnStats, t: int) -> tuple[int, ...]:
+    """The recent runs of quiet bins, with the one that ends now when this call is the first of its bin."""
+    this, last = t // ACTIVITY_BIN_MS, st.last_arrival_ms // ACTIVITY_BIN_MS
+    if not st.arrivals or this <= last:
+        return st.quiet_bins
+    return _ring(st.quiet_bins, this - last - 1, QUIET_KEPT)
 
 
 def _gaps(st: FnStats, t: int) -> tuple[tuple[int, ...], tuple[float, ...]]:

@@ -122,3 +122,18 @@ def test_only_an_instance_started_for_a_predicted_arrival_is_held_for_it():
         assert (kept.why == "pre-warmed: held through the predicted arrival") is held, kept
         if held:
             assert kept.until_ms > period  # through the predicted arrival, not just to it
+
+
+def test_one_odd_gap_beside_a_timers_does_not_widen_where_its_next_tick_is_expected():
+    # A 30 s timer with one extra call in its history (30 s became 20.4 s + 9.6 s): that gap's neighbour
+    # of 20.4 s is near enough to count in the spread of the 30 s ones; its sd of logs made the next tick
+    # anywhere in 27-33 s and the pre-warm came after it (dataSet_1's nodes1: 34 ticks in a row cold).
+    from controller.core.policy.forecast import gap_points
+
+    gaps = (30_000,) * 10 + (29_996, 30_004) * 5 + (28_814, 20_444)
+    hist = [0.0] * GAP_BINS
+    for gap in gaps:
+        hist[gap_bin(gap)] += 1
+    points = gap_points(tuple(hist), gaps, 0.0)
+    near_30s = sum(w for x, w in points if 28_700 <= x <= 30_050)
+    assert near_30s >= 0.9 * sum(w for x, w in points if x >= 23_170)  # the 30 s bin's weight, where its gaps were

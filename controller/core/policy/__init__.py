@@ -4,14 +4,20 @@ from collections.abc import Callable
 
 from controller.core.policy.adaptive import PublicAdaptive
 from controller.core.policy.base import NO_PREWARM, FixedKeepAlive, KeepAlive, Policy, Prewarm, QueuePlan
+from controller.core.policy.cidre import Cidre
 from controller.core.policy.histogram import HybridHistogram
 from controller.core.policy.learned import Learned
+from controller.core.policy.rainbowcake import RainbowCake
+from controller.core.policy.spes import Spes
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "demo": lambda: FixedKeepAlive(5 * 60_000, "demo"),
     "fixed10": lambda: FixedKeepAlive(10 * 60_000, "fixed10"),
     "histogram": HybridHistogram,
     "public-adaptive": PublicAdaptive,
+    "spes": Spes,
+    "rainbowcake": RainbowCake,
+    "cidre": Cidre,
     "learned": Learned,
 }
 DEFAULT_POLICY = "learned"
