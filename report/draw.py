@@ -1,0 +1,310 @@
+"""Figures of timelines and one self-contained HTML page to hold them, drawn with Plotly.
+
+The page embeds plotly.js once, so it opens from disk with no network. Timelines are WebGL traces
+(`scattergl`), one per kind of segment with the segments separated by gaps, so a function with
+thousands of instances and requests still draws at once.
+"""
+
+import datetime
+import html
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+import plotly.io
+import plotly.offline
+from plotly.subplots import make_subplots
+
+from controller.core.features import GAP_BINS
+from report.timeline import Life, Timeline
+
+# What an instance is doing, and its colour on the time axis.
+CREATE = ("CreateSlot", "#9e9e9e")
+INIT = ("Init", "#ff9800")
+BUSY = ("busy", "#1f77b4")
+IDLE = ("idle", "#a5d6a7")
+RETIRING = ("retiring", "#e57373")
+COLD = "#d62728"
+PREWARM = "#9467bd"
+WARM_WAIT = "#17becf"
+
+
+def clock(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def span(ms: float) -> str:
+    """A duration the way a person reads it."""
+    s = ms / 1000
+    if s < 1:
+        return f"{ms:.0f} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 7200:
+        return f"{s / 60:.3g} min"
+    return f"{s / 3600:.3g} h"
+
+
+@dataclass
+class Segments:
+    """Horizontal segments of one kind, as one WebGL trace."""
+
+    name: str
+    color: str
+    x: list
+    y: list
+    text: list
+
+    @classmethod
+    def of(cls, kind: tuple[str, str]) -> "Segments":
+        return cls(kind[0], kind[1], [], [], [])
+
+    def add(self, start: int, end: int, row: int, text: str) -> None:
+        if end <= start:
+            return
+        self.x += [start, end, None]
+        self.y += [row, row, None]
+        self.text += [text, text, None]
+
+    def trace(self, width: float) -> go.Scattergl:
+        return go.Scattergl(
+            x=self.x,
+            y=self.y,
+            text=self.text,
+            mode="lines",
+            name=self.name,
+            line={"color": self.color, "width": width},
+            hoverinfo="text",
+            connectgaps=False,
+        )
+
+
+def _lives(t: Timeline, end_ms: int, segments: dict[str, Segments], row: int, life: Life) -> None:
+    """One instance's row: creating, Init, idle and busy spells, retiring."""
+    gone = life.gone_ms or end_ms
+    created = life.created_ms or life.ready_ms or gone
+    why = f"{life.id}: started {'for ' + life.for_request if life.for_request else 'ahead of demand'} ({life.reason})"
+    segments["create"].add(life.wanted_ms, created, row, f"{why}<br>CreateSlot {span(created - life.wanted_ms)}")
+    if life.ready_ms:
+        segments["init"].add(created, life.ready_ms, row, f"{life.id}: Init {span(life.ready_ms - created)}")
+    serving_until = life.retired_ms or gone
+    free_from = life.ready_ms
+    keeps = iter(k for k in t.keeps if k.instance_id == life.id)
+    for start, end, request in life.busy:
+        end = end or serving_until
+        if free_from and start > free_from:
+            segments["idle"].add(free_from, start, row, f"{life.id}: idle {span(start - free_from)}")
+        segments["busy"].add(start, end, row, f"{life.id}: {request} ran {span(end - start)}")
+        free_from = end
+    if free_from and serving_until > free_from:
+        keep = next((k for k in keeps if k.at_ms >= free_from - 1), None)
+        said = f"<br>keep-alive: {html.escape(keep.why)}" if keep else ""
+        segments["idle"].add(free_from, serving_until, row, f"{life.id}: idle {span(serving_until - free_from)}{said}")
+    if life.retired_ms:
+        said = f" ({html.escape(life.retire_reason)})" if life.retire_reason else ""
+        segments["retiring"].add(life.retired_ms, gone, row, f"{life.id}: retired{said}")
+
+
+def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 0) -> go.Figure:
+    """The function's instances on a time axis (one row each), and below, the requests that waited."""
+    lives = sorted(t.instances, key=lambda i: (i.wanted_ms, i.id))
+    segments = {
+        k: Segments.of(kind)
+        for k, kind in (("create", CREATE), ("init", INIT), ("idle", IDLE), ("busy", BUSY), ("retiring", RETIRING))
+    }
+    for row, life in enumerate(lives):
+        _lives(t, end_ms, segments, row, life)
+    rows = max(len(lives), 1)
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        row_heights=[0.68, 0.32],
+        vertical_spacing=0.06,
+        subplot_titles=(f"{len(lives)} instances", f"{len(t.waits)} requests waited"),
+    )
+    width = max(1.5, min(14.0, 260 / rows))
+    for seg in segments.values():
+        fig.add_trace(_shifted(seg.trace(width), origin_ms), row=1, col=1)
+    starts = [(row, life) for row, life in enumerate(lives)]
+    for cold, name, color, symbol in (
+        (True, "cold start", COLD, "triangle-right"),
+        (False, "pre-warm", PREWARM, "diamond"),
+    ):
+        picked = [(row, life) for row, life in starts if life.cold == cold]
+        fig.add_trace(
+            go.Scattergl(
+                x=[life.wanted_ms + origin_ms for _, life in picked],
+                y=[row for row, _ in picked],
+                text=[
+                    f"{life.id} {name} at {clock(life.wanted_ms + origin_ms)}<br>{html.escape(life.reason)}"
+                    for _, life in picked
+                ],
+                mode="markers",
+                name=f"{name} (reason on hover)",
+                hoverinfo="text",
+                marker={"color": color, "symbol": symbol, "size": 8},
+            ),
+            row=1,
+            col=1,
+        )
+    gone = [(row, life) for row, life in starts if life.gone_ms]
+    fig.add_trace(
+        go.Scattergl(
+            x=[life.gone_ms + origin_ms for _, life in gone],
+            y=[row for row, _ in gone],
+            text=[f"{life.id} destroyed at {clock(life.gone_ms + origin_ms)}" for _, life in gone],
+            mode="markers",
+            name="destroyed",
+            hoverinfo="text",
+            marker={"color": "black", "symbol": "x-thin-open", "size": 7, "line": {"width": 2}},
+        ),
+        row=1,
+        col=1,
+    )
+    for cold, name, color in ((True, "waited for a start", COLD), (False, "waited for a busy instance", WARM_WAIT)):
+        waits = [w for w in t.waits if w.cold == cold]
+        fig.add_trace(
+            go.Scattergl(
+                x=[w.arrived_ms + origin_ms for w in waits],
+                y=[(w.served_ms - w.arrived_ms) / 1000 for w in waits],
+                text=[f"{w.request_id} waited {span(w.served_ms - w.arrived_ms)} for {w.instance_id}" for w in waits],
+                mode="markers",
+                name=name,
+                hoverinfo="text",
+                marker={"color": color, "size": 5},
+            ),
+            row=2,
+            col=1,
+        )
+    fig.update_yaxes(title_text="instance", autorange="reversed", showticklabels=rows <= 40, row=1, col=1)
+    fig.update_yaxes(title_text="wait (s)", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(type="date", row=2, col=1)
+    fig.update_xaxes(type="date", row=1, col=1)
+    fig.update_layout(
+        title=title or t.key,
+        height=int(min(900, 320 + 12 * rows)),
+        margin={"l": 60, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "y": -0.08},
+        hovermode="closest",
+    )
+    return fig
+
+
+def _shifted(trace: go.Scattergl, origin_ms: int) -> go.Scattergl:
+    if origin_ms:
+        trace.x = [x + origin_ms if x is not None else None for x in trace.x]
+    return trace
+
+
+def bin_label(b: int) -> str:
+    """A gap bin (half-octaves from 1 ms, features.gap_bin) by its lower edge."""
+    return span(2 ** (b / 2))
+
+
+def gaps_figure(t: Timeline, title: str = "") -> go.Figure:
+    """The gaps between its requests against the keep-alives the policy chose, as shares per half-octave."""
+    labels = [bin_label(b) for b in range(GAP_BINS)]
+    series = (
+        ("gaps seen (whole run)", t.gaps_seen, "#7f7f7f"),
+        ("gaps the policy learned (decayed, at the end)", t.gaps_learned, "#1f77b4"),
+        ("keep-alives chosen", t.keep_alive_bins(), "#d62728"),
+    )
+    used = [b for b in range(GAP_BINS) if any(s and b < len(s) and s[b] for _, s, _ in series)]
+    lo, hi = (min(used), max(used) + 1) if used else (0, GAP_BINS)
+    fig = go.Figure()
+    for name, counts, color in series:
+        total = sum(counts)
+        if not total:
+            continue
+        fig.add_trace(
+            go.Bar(
+                x=labels[lo:hi],
+                y=[c / total for c in counts[lo:hi]],
+                name=f"{name}, n={total:,.0f}",
+                marker_color=color,
+                hovertemplate="%{x}: %{y:.1%}<extra>" + name + "</extra>",
+            )
+        )
+    fig.update_layout(
+        title=title or f"{t.key}: gaps against keep-alives",
+        barmode="group",
+        height=320,
+        yaxis={"tickformat": ".0%", "title": "share"},
+        xaxis={"title": "gap or keep-alive (half-octave bins)"},
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        legend={"orientation": "h", "y": 1.12},
+    )
+    return fig
+
+
+# --- the page ---------------------------------------------------------------------------------
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+.scores { display: flex; gap: 1.5em; flex-wrap: wrap; }
+.score { border: 1px solid #ddd; border-radius: 6px; padding: .6em 1em; min-width: 10em; }
+.score b { display: block; font-size: 1.6em; }
+.side { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
+table { border-collapse: collapse; font-size: .9em; } td, th { padding: .2em .6em; text-align: right; }
+td:first-child, th:first-child { text-align: left; } tr:nth-child(even) { background: #f6f6f6; }
+.note { color: #666; font-size: .9em; } pre { font-size: .8em; overflow-x: auto; max-height: 30em; }
+"""
+
+
+class Page:
+    """A self-contained HTML page: headings, text, tables and Plotly figures, plotly.js inlined once."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.parts: list[str] = []
+        self._figures = 0
+
+    def heading(self, text: str, level: int = 2) -> None:
+        self.parts.append(f"<h{level}>{html.escape(text)}</h{level}>")
+
+    def text(self, text: str, cls: str = "") -> None:
+        attr = f' class="{cls}"' if cls else ""
+        self.parts.append(f"<p{attr}>{html.escape(text)}</p>")
+
+    def scores(self, figures: Iterable[tuple[str, str]]) -> None:
+        cells = "".join(f'<div class="score">{html.escape(n)}<b>{html.escape(v)}</b></div>' for n, v in figures)
+        self.parts.append(f'<div class="scores">{cells}</div>')
+
+    def table(self, header: list[str], rows: Iterable[list]) -> None:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows)
+        self.parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+    def figure(self, fig: go.Figure) -> str:
+        self._figures += 1
+        div = f"fig{self._figures}"
+        return plotly.io.to_html(
+            fig, full_html=False, include_plotlyjs=False, div_id=div, config={"displaylogo": False}
+        )
+
+    def add(self, fig: go.Figure) -> None:
+        self.parts.append(self.figure(fig))
+
+    def side_by_side(self, left: str, right: str) -> None:
+        self.parts.append(f'<div class="side"><div>{left}</div><div>{right}</div></div>')
+
+    def lines(self, lines: Iterable[str]) -> None:
+        self.parts.append("<pre>" + html.escape("\n".join(lines)) + "</pre>")
+
+    def html(self) -> str:
+        return (
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(self.title)}</title><style>{STYLE}</style>"
+            f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>'
+            f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.parts)}</body></html>\n"
+        )
+
+
+def _cell(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4f}" if abs(v) < 1 else f"{v:,.2f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
