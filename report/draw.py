@@ -1,8 +1,8 @@
 """Figures of timelines and one self-contained HTML page to hold them, drawn with Plotly.
 
-The page embeds plotly.js once, so it opens from disk with no network. Timelines are WebGL traces
-(`scattergl`), one per kind of segment with the segments separated by gaps, so a function with
-thousands of instances and requests still draws at once.
+The page embeds plotly.js once, so it opens from disk with no network. Timelines are one trace per
+kind of segment, the segments separated by gaps, drawn with WebGL (`scattergl`) once they are
+many, so a function with thousands of instances and requests still draws at once.
 """
 
 import datetime
@@ -24,6 +24,7 @@ INIT = ("Init", "#ff9800")
 BUSY = ("busy", "#1f77b4")
 IDLE = ("idle", "#a5d6a7")
 RETIRING = ("retiring", "#e57373")
+WEBGL_FROM = 5_000  # points in a figure from which it is drawn with WebGL
 COLD = "#d62728"
 PREWARM = "#9467bd"
 WARM_WAIT = "#17becf"
@@ -66,8 +67,8 @@ class Segments:
         self.y += [row, row, None]
         self.text += [text, text, None]
 
-    def trace(self, width: float) -> go.Scattergl:
-        return go.Scattergl(
+    def trace(self, width: float, kind: type = go.Scatter) -> go.Scatter | go.Scattergl:
+        return kind(
             x=self.x,
             y=self.y,
             text=self.text,
@@ -124,8 +125,9 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
         subplot_titles=(f"{len(lives)} instances", f"{len(t.waits)} requests waited"),
     )
     width = max(1.5, min(14.0, 260 / rows))
+    kind = scatter(sum(len(seg.x) for seg in segments.values()))
     for seg in segments.values():
-        fig.add_trace(_shifted(seg.trace(width), origin_ms), row=1, col=1)
+        fig.add_trace(_shifted(seg.trace(width, kind), origin_ms), row=1, col=1)
     starts = [(row, life) for row, life in enumerate(lives)]
     for cold, name, color, symbol in (
         (True, "cold start", COLD, "triangle-right"),
@@ -133,7 +135,7 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
     ):
         picked = [(row, life) for row, life in starts if life.cold == cold]
         fig.add_trace(
-            go.Scattergl(
+            kind(
                 x=[life.wanted_ms + origin_ms for _, life in picked],
                 y=[row for row, _ in picked],
                 text=[
@@ -150,7 +152,7 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
         )
     gone = [(row, life) for row, life in starts if life.gone_ms]
     fig.add_trace(
-        go.Scattergl(
+        kind(
             x=[life.gone_ms + origin_ms for _, life in gone],
             y=[row for row, _ in gone],
             text=[f"{life.id} destroyed at {clock(life.gone_ms + origin_ms)}" for _, life in gone],
@@ -165,7 +167,7 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
     for cold, name, color in ((True, "waited for a start", COLD), (False, "waited for a busy instance", WARM_WAIT)):
         waits = [w for w in t.waits if w.cold == cold]
         fig.add_trace(
-            go.Scattergl(
+            scatter(len(t.waits))(
                 x=[w.arrived_ms + origin_ms for w in waits],
                 y=[(w.served_ms - w.arrived_ms) / 1000 for w in waits],
                 text=[f"{w.request_id} waited {span(w.served_ms - w.arrived_ms)} for {w.instance_id}" for w in waits],
@@ -189,6 +191,11 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
         hovermode="closest",
     )
     return fig
+
+
+def scatter(points: int) -> type:
+    """SVG for a few points (quick to draw, no WebGL context), WebGL for many (SVG would crawl)."""
+    return go.Scattergl if points > WEBGL_FROM else go.Scatter
 
 
 def _shifted(trace: go.Scattergl, origin_ms: int) -> go.Scattergl:
@@ -253,6 +260,10 @@ td:first-child, th:first-child { text-align: left; } tr:nth-child(even) { backgr
 """
 
 
+# When the page has loaded and drawn, in ms since navigation: what scripts/render_check.py reports.
+DRAWN = "addEventListener('load', () => { document.body.dataset.drawnMs = performance.now().toFixed(0); });"
+
+
 class Page:
     """A self-contained HTML page: headings, text, tables and Plotly figures, plotly.js inlined once."""
 
@@ -298,7 +309,7 @@ class Page:
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{html.escape(self.title)}</title><style>{STYLE}</style>"
             f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>'
-            f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.parts)}</body></html>\n"
+            f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.parts)}<script>{DRAWN}</script></body></html>\n"
         )
 
 

@@ -5,6 +5,8 @@ measure. Start the scaler first, at the same speed, pointed at this platform:
     scaler up --platform 127.0.0.1:50051 --speed N      then      scaler simulate DIR --speed N
 Offline (--offline): run the controller's pure core and a policy on a virtual clock, no NATS or
 gRPC; deterministic, seconds for hours of trace. Both end in the same scoring code.
+`--report PATH.html` draws the run as a page (simulator/report.py; docs/reports.md), `--save-run`
+keeps it for a later `--compare`.
 Exit status: 0 when the run completed (whatever the score), 1 when it could not be done, 2 for a
 command line argparse refuses, 130 after Ctrl-C and 143 after SIGTERM (`docker stop`).
 """

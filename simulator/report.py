@@ -16,7 +16,7 @@ from collections import Counter
 import msgspec
 import plotly.graph_objects as go
 
-from report.draw import Page, span, timeline_figure
+from report.draw import Page, scatter, span, timeline_figure
 from report.draw import gaps_figure as _gaps_figure
 from report.timeline import Timeline
 from simulator.score import SUCCESS_THRESHOLD, FunctionRow, Stats
@@ -92,7 +92,7 @@ def functions_figure(run: SavedRun, drawn: set[str]) -> go.Figure:
     for worst, color in ((False, "#7f7f7f"), (True, "#d62728")):
         rows = [f for f in run.functions if (f.key in drawn) == worst]
         fig.add_trace(
-            go.Scattergl(
+            scatter(len(run.functions))(
                 x=[max(f.slot_g_bs - f.execution_g_bs, 0.01) for f in rows],
                 y=[max(f.schedule_secs, 0.01) for f in rows],
                 text=[
@@ -115,11 +115,11 @@ def functions_figure(run: SavedRun, drawn: set[str]) -> go.Figure:
     return fig
 
 
-def _binned(intervals, end_ms: int, bin_ms: int) -> list[float]:
-    """Average count of intervals alive in each bin_ms, from (start, end) pairs."""
-    bins = [0.0] * (end_ms // bin_ms + 1)
+def _binned(intervals, start_ms: int, end_ms: int, bin_ms: int) -> list[float]:
+    """Average count of intervals alive in each bin_ms from start_ms, from (start, end) pairs."""
+    bins = [0.0] * ((end_ms - start_ms) // bin_ms + 1)
     for start, stop in intervals:
-        stop = min(stop, end_ms)
+        start, stop = max(start, start_ms) - start_ms, min(stop, end_ms) - start_ms
         while start < stop:
             b = start // bin_ms
             upto = min(stop, (b + 1) * bin_ms)
@@ -129,18 +129,20 @@ def _binned(intervals, end_ms: int, bin_ms: int) -> list[float]:
 
 
 def instances_figure(run: SavedRun) -> go.Figure:
-    """The run's instances over time, summed over every function: alive (paid for), and busy."""
+    """The run's instances over time, summed over its functions: alive (paid for), and busy."""
     end = run.end_ms
+    start = min((i.wanted_ms for t in run.timelines for i in t.instances), default=0)
     alive = ((i.wanted_ms, i.gone_ms or end) for t in run.timelines for i in t.instances)
     busy = ((s, e or end) for t in run.timelines for i in t.instances for s, e, _ in i.busy)
-    bin_ms = max(1000, end // POINTS)
-    x = [run.origin_ms + b * bin_ms for b in range(end // bin_ms + 1)]
+    bin_ms = max(1000, (end - start) // POINTS)
+    x = [run.origin_ms + start + b * bin_ms for b in range((end - start) // bin_ms + 1)]
     fig = go.Figure()
     for name, series, color in (("alive (slot paid)", alive, "#ff7f0e"), ("busy", busy, "#1f77b4")):
-        y = _binned(series, end, bin_ms)
-        fig.add_trace(go.Scattergl(x=x, y=y, name=name, mode="lines", line={"color": color}))
+        y = _binned(series, start, end, bin_ms)
+        fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines", line={"color": color}))
+    which = "all functions" if len(run.timelines) >= len(run.functions) else f"the {len(run.timelines)} drawn functions"
     fig.update_layout(
-        title=f"instances over time, all functions (averages over {span(bin_ms)})",
+        title=f"instances over time, {which} (averages over {span(bin_ms)})",
         height=320,
         xaxis={"type": "date"},
         yaxis={"title": "instances", "rangemode": "tozero"},
@@ -160,10 +162,11 @@ def page(run: SavedRun, other: SavedRun | None = None, drawn: int = DRAWN) -> st
     title = run.title if other is None else f"{run.title} vs {other.title}"
     p = Page(title)
     p.lines(run.heading)
-    p.scores(_score_figures(run.stats))
-    if other is not None:
-        p.text(f"compared with {other.title}:")
-        p.scores(_score_figures(other.stats))
+    if other is None:
+        p.scores(_score_figures(run.stats))
+    else:
+        rows = [(r.title, _score_figures(r.stats)) for r in (run, other)]
+        p.table(["run", *(name for name, _ in rows[0][1])], [[title, *(v for _, v in f)] for title, f in rows])
     p.add(score_figure([run] if other is None else [run, other]))
     if run.note:
         p.text(run.note, "note")
