@@ -7,8 +7,9 @@ many, so a function with thousands of instances and requests still draws at once
 
 import datetime
 import html
+import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 import plotly.io
@@ -24,7 +25,11 @@ INIT = ("Init", "#ff9800")
 BUSY = ("busy", "#1f77b4")
 IDLE = ("idle", "#a5d6a7")
 RETIRING = ("retiring", "#e57373")
+MAX_ROWS = 300  # instances drawn of one function; a bigger one is drawn where its starts were densest
+MIN_WINDOW_MS = 60_000  # ... over a minute at least
+MAX_SPELLS = 6_000  # ... and busy spells: a function busy with thousands of requests is cut shorter
 WEBGL_FROM = 5_000  # points in a figure from which it is drawn with WebGL
+KINDS = {"create": CREATE, "init": INIT, "idle": IDLE, "busy": BUSY, "retiring": RETIRING}
 COLD = "#d62728"
 PREWARM = "#9467bd"
 WARM_WAIT = "#17becf"
@@ -48,24 +53,23 @@ def span(ms: float) -> str:
 
 @dataclass
 class Segments:
-    """Horizontal segments of one kind, as one WebGL trace."""
+    """Horizontal segments of one kind, as one trace, clipped to the time window drawn."""
 
     name: str
     color: str
-    x: list
-    y: list
-    text: list
-
-    @classmethod
-    def of(cls, kind: tuple[str, str]) -> "Segments":
-        return cls(kind[0], kind[1], [], [], [])
+    lo: int
+    hi: int
+    x: list = field(default_factory=list)
+    y: list = field(default_factory=list)
+    text: list = field(default_factory=list)
 
     def add(self, start: int, end: int, row: int, text: str) -> None:
+        start, end = max(start, self.lo), min(end, self.hi)
         if end <= start:
             return
         self.x += [start, end, None]
         self.y += [row, row, None]
-        self.text += [text, text, None]
+        self.text += [text, "", None]  # said once, at its start: the page stays small
 
     def trace(self, width: float, kind: type = go.Scatter) -> go.Scatter | go.Scattergl:
         return kind(
@@ -80,7 +84,37 @@ class Segments:
         )
 
 
-def _lives(t: Timeline, end_ms: int, segments: dict[str, Segments], row: int, life: Life) -> None:
+@dataclass
+class Window:
+    """What of a function's timeline is drawn: every instance, or, for a big one, those alive around
+    where its starts were densest (a person reads a few hundred rows, not thousands)."""
+
+    lives: list[Life]
+    lo: int
+    hi: int
+    note: str = ""
+
+    @classmethod
+    def of(cls, t: Timeline, end_ms: int, rows: int = MAX_ROWS, spells: int = MAX_SPELLS) -> "Window":
+        lives = sorted(t.instances, key=lambda i: (i.wanted_ms, i.id))
+        lo, hi, note = min((i.wanted_ms for i in lives), default=t.first_ms), end_ms, ""
+        if len(lives) > rows:
+            cold = [0, *itertools.accumulate(life.cold for life in lives)]
+            first = max(range(len(lives) - rows + 1), key=lambda i: cold[i + rows] - cold[i])
+            lo = lives[first].wanted_ms
+            hi = max(lives[first + rows - 1].wanted_ms, lo + MIN_WINDOW_MS)
+            note = "where starts were densest"
+        busy = sorted(start for life in lives for start, _, _ in life.busy if lo <= start <= hi)
+        if len(busy) > spells:
+            hi = max(busy[spells], lo + 1000)
+            note = note or f"its first {spells:,} requests"
+        if not note:
+            return cls(lives, lo, hi)
+        shown = [life for life in lives if life.wanted_ms <= hi and (life.gone_ms or end_ms) >= lo][: 2 * rows]
+        return cls(shown, lo, hi, f"{len(shown):,} of {len(lives):,} instances, {note} ({span(hi - lo)})")
+
+
+def _lives(keeps: dict[tuple[str, int], str], end_ms: int, segments: dict[str, Segments], row: int, life: Life) -> None:
     """One instance's row: creating, Init, idle and busy spells, retiring."""
     gone = life.gone_ms or end_ms
     created = life.created_ms or life.ready_ms or gone
@@ -90,31 +124,34 @@ def _lives(t: Timeline, end_ms: int, segments: dict[str, Segments], row: int, li
         segments["init"].add(created, life.ready_ms, row, f"{life.id}: Init {span(life.ready_ms - created)}")
     serving_until = life.retired_ms or gone
     free_from = life.ready_ms
-    keeps = iter(k for k in t.keeps if k.instance_id == life.id)
     for start, end, request in life.busy:
         end = end or serving_until
         if free_from and start > free_from:
-            segments["idle"].add(free_from, start, row, f"{life.id}: idle {span(start - free_from)}")
+            segments["idle"].add(free_from, start, row, _idle(life, free_from, start, keeps))
         segments["busy"].add(start, end, row, f"{life.id}: {request} ran {span(end - start)}")
         free_from = end
     if free_from and serving_until > free_from:
-        keep = next((k for k in keeps if k.at_ms >= free_from - 1), None)
-        said = f"<br>keep-alive: {html.escape(keep.why)}" if keep else ""
-        segments["idle"].add(free_from, serving_until, row, f"{life.id}: idle {span(serving_until - free_from)}{said}")
+        segments["idle"].add(free_from, serving_until, row, _idle(life, free_from, serving_until, keeps))
     if life.retired_ms:
         said = f" ({html.escape(life.retire_reason)})" if life.retire_reason else ""
         segments["retiring"].add(life.retired_ms, gone, row, f"{life.id}: retired{said}")
 
 
+def _idle(life: Life, start: int, end: int, keeps: dict[tuple[str, int], str]) -> str:
+    why = keeps.get((life.id, start))
+    said = f"<br>keep-alive: {html.escape(why)}" if why else ""
+    return f"{life.id}: idle {span(end - start)}{said}"
+
+
 def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 0) -> go.Figure:
     """The function's instances on a time axis (one row each), and below, the requests that waited."""
-    lives = sorted(t.instances, key=lambda i: (i.wanted_ms, i.id))
-    segments = {
-        k: Segments.of(kind)
-        for k, kind in (("create", CREATE), ("init", INIT), ("idle", IDLE), ("busy", BUSY), ("retiring", RETIRING))
-    }
+    w = Window.of(t, end_ms)
+    lives = w.lives
+    keeps = {(k.instance_id, k.at_ms): k.why for k in t.keeps}
+    segments = {k: Segments(name, color, w.lo, w.hi) for k, (name, color) in KINDS.items()}
     for row, life in enumerate(lives):
-        _lives(t, end_ms, segments, row, life)
+        _lives(keeps, end_ms, segments, row, life)
+    waits = [x for x in t.waits if w.lo <= x.arrived_ms <= w.hi]
     rows = max(len(lives), 1)
     fig = make_subplots(
         rows=2,
@@ -122,13 +159,13 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
         shared_xaxes=True,
         row_heights=[0.68, 0.32],
         vertical_spacing=0.06,
-        subplot_titles=(f"{len(lives)} instances", f"{len(t.waits)} requests waited"),
+        subplot_titles=(w.note or f"{len(lives)} instances", f"{len(waits):,} requests waited"),
     )
     width = max(1.5, min(14.0, 260 / rows))
     kind = scatter(sum(len(seg.x) for seg in segments.values()))
     for seg in segments.values():
         fig.add_trace(_shifted(seg.trace(width, kind), origin_ms), row=1, col=1)
-    starts = [(row, life) for row, life in enumerate(lives)]
+    starts = [(row, life) for row, life in enumerate(lives) if w.lo <= life.wanted_ms <= w.hi]
     for cold, name, color, symbol in (
         (True, "cold start", COLD, "triangle-right"),
         (False, "pre-warm", PREWARM, "diamond"),
@@ -150,7 +187,7 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
             row=1,
             col=1,
         )
-    gone = [(row, life) for row, life in starts if life.gone_ms]
+    gone = [(row, life) for row, life in enumerate(lives) if life.gone_ms and w.lo <= life.gone_ms <= w.hi]
     fig.add_trace(
         kind(
             x=[life.gone_ms + origin_ms for _, life in gone],
@@ -165,12 +202,12 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
         col=1,
     )
     for cold, name, color in ((True, "waited for a start", COLD), (False, "waited for a busy instance", WARM_WAIT)):
-        waits = [w for w in t.waits if w.cold == cold]
+        picked = [x for x in waits if x.cold == cold]
         fig.add_trace(
-            scatter(len(t.waits))(
-                x=[w.arrived_ms + origin_ms for w in waits],
-                y=[(w.served_ms - w.arrived_ms) / 1000 for w in waits],
-                text=[f"{w.request_id} waited {span(w.served_ms - w.arrived_ms)} for {w.instance_id}" for w in waits],
+            scatter(len(waits))(
+                x=[x.arrived_ms + origin_ms for x in picked],
+                y=[(x.served_ms - x.arrived_ms) / 1000 for x in picked],
+                text=[f"{x.request_id} waited {span(x.served_ms - x.arrived_ms)} for {x.instance_id}" for x in picked],
                 mode="markers",
                 name=name,
                 hoverinfo="text",
@@ -260,8 +297,35 @@ td:first-child, th:first-child { text-align: left; } tr:nth-child(even) { backgr
 """
 
 
-# When the page has loaded and drawn, in ms since navigation: what scripts/render_check.py reports.
-DRAWN = "addEventListener('load', () => { document.body.dataset.drawnMs = performance.now().toFixed(0); });"
+# Figures are drawn as they come into view (a big run's page holds a dozen, each with thousands of
+# points: drawn at once they would keep the page blank for seconds); with `#all` in the address,
+# all at once. `data-drawn-ms` on <body> says when the first screen (or, with #all, every figure)
+# was drawn, in ms since navigation: what scripts/render_check.py reports.
+LOADER = """
+const plots = [...document.querySelectorAll('div.plot')];
+const draw = (div) => {
+  if (div.dataset.drawn) return Promise.resolve();
+  div.dataset.drawn = '1';
+  const fig = JSON.parse(document.getElementById(div.id + '-data').textContent);
+  return Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, responsive: true});
+};
+const drawn = (promises) => Promise.all(promises).then(() => {
+  document.body.dataset.drawnMs = performance.now().toFixed(0);
+});
+if (location.hash === '#all') {
+  drawn(plots.map(draw));
+} else {
+  let first = true;
+  const seen = new IntersectionObserver((entries) => {
+    const now = entries.filter((e) => e.isIntersecting).map((e) => {
+      seen.unobserve(e.target);
+      return draw(e.target);
+    });
+    if (first) { first = false; drawn(now); }
+  }, {rootMargin: '400px'});
+  plots.forEach((div) => seen.observe(div));
+}
+"""
 
 
 class Page:
@@ -289,10 +353,14 @@ class Page:
         self.parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
     def figure(self, fig: go.Figure) -> str:
+        """A place for the figure, its height kept, and its data; LOADER draws it when it comes into view."""
         self._figures += 1
         div = f"fig{self._figures}"
-        return plotly.io.to_html(
-            fig, full_html=False, include_plotlyjs=False, div_id=div, config={"displaylogo": False}
+        data = plotly.io.to_json(fig, validate=False).replace("</", "<\\/")
+        height = fig.layout.height or 450
+        return (
+            f'<div class="plot" id="{div}" style="height:{height}px"></div>'
+            f'<script type="application/json" id="{div}-data">{data}</script>'
         )
 
     def add(self, fig: go.Figure) -> None:
@@ -309,7 +377,7 @@ class Page:
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{html.escape(self.title)}</title><style>{STYLE}</style>"
             f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>'
-            f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.parts)}<script>{DRAWN}</script></body></html>\n"
+            f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.parts)}<script>{LOADER}</script></body></html>\n"
         )
 
 

@@ -11,6 +11,7 @@ A saved run (`SavedRun`, JSON) holds the statistics, every function's figures an
 function's timeline, so any function this run finds worst can be drawn from the other run too.
 """
 
+import re
 from collections import Counter
 
 import msgspec
@@ -217,10 +218,15 @@ def _drawn(p: Page, run: SavedRun, t: Timeline | None, key: str) -> str:
 
 
 def _reasons(t: Timeline) -> str:
-    """Why its instances were started and kept, counted: what the timeline's hover says one by one."""
-    started = Counter(life.reason or "(no reason given)" for life in t.instances)
-    kept = Counter(k.why or "(no reason given)" for k in t.keeps)
+    """Why its instances were started and kept, counted by kind (numbers left out): what the timeline's
+    hover says one by one."""
+    started = Counter(_kind(life.reason) for life in t.instances)
+    kept = Counter(_kind(k.why) for k in t.keeps)
     said = "; ".join(f"{why} x{n:,}" for why, n in started.most_common(4))
     if kept:
         said += " | kept alive: " + "; ".join(f"{why} x{n:,}" for why, n in kept.most_common(4))
     return f"started: {said}"
+
+
+def _kind(reason: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "#", reason) or "(no reason given)"

@@ -37,7 +37,7 @@ class Resources(HTMLParser):
         for name in ("src", "href", "data"):
             if a.get(name) and tag in ("script", "link", "img", "iframe", "object", "embed"):
                 self.fetched.append(a[name])
-        if tag == "div" and a.get("class") == "plotly-graph-div":
+        if tag == "div" and a.get("class") == "plot":
             self.plots.append(a["id"])
 
 
@@ -48,20 +48,16 @@ def parsed(page: str) -> Resources:
 
 
 def figures(page: str) -> list[dict]:
-    """The Plotly figures' data as the page holds them (each `Plotly.newPlot(id, data, layout, ...)`)."""
-    found = []
-    decoder = json.JSONDecoder()
-    for m in re.finditer(r'Plotly\.newPlot\(\s*"[^"]+",\s*', page):
-        data, _ = decoder.raw_decode(page, m.end())
-        found.append(data)
-    return found
+    """The Plotly figures' traces as the page holds them, for its loader to draw."""
+    found = re.findall(r'<script type="application/json" id="fig\d+-data">(.*?)</script>', page, re.S)
+    return [json.loads(f)["data"] for f in found]
 
 
 def assert_self_contained(page: str) -> Resources:
     r = parsed(page)
     assert r.fetched == [], f"the page fetches {r.fetched}"
     assert page.count(plotly.offline.get_plotlyjs()) == 1  # plotly.js inlined, once
-    assert r.plots, "no figure"
+    assert r.plots and len(figures(page)) == len(r.plots), "a figure without its data, or none"
     return r
 
 
