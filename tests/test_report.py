@@ -4,21 +4,26 @@ What a browser shows is checked by scripts/render_check.py (headless Chromium); 
 and the saved run hold.
 """
 
+import asyncio
 import io
 import json
 import re
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import plotly.offline
+import pytest
 
 from controller import replay
 from report.timeline import Timeline
 from runtime.bus import connected
 from simulator import report
+from tests.processes import free_port
 from tests.stack import Stack
 from tests.test_replay import scaler_replay, traffic
-from tests.test_simulate import SMOKE, simulate_cli
+from tests.test_simulate import SMOKE, gentle, simulate_cli
+from tests.test_up import start_up, stop
 
 
 class Resources(HTMLParser):
@@ -153,3 +158,32 @@ def test_a_saved_run_reads_back_as_written(tmp_path, capsys):
     run = report.load(saved.read_bytes())
     assert report.load(report.save(run)) == run
     assert Path(saved).stat().st_size < 2_000_000  # a small trace stays small
+
+
+@pytest.mark.live_trace
+async def test_a_live_report_reads_the_reasons_back_from_the_scalers_stream(tmp_path):
+    folder, page_path, saved = gentle(tmp_path / "g"), tmp_path / "live.html", tmp_path / "live.json"
+    platform = f"127.0.0.1:{free_port()}"
+    up = ("--platform", platform, "--speed", "100", "--policy", "demo", "--data-dir", str(tmp_path / "up"))
+    proc, gateway, lines = await start_up(*up)
+    nats = re.search(r" nats (nats://\S+)", lines[-1]).group(1)
+    try:
+        simulator = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "scaler.cli", "simulate", str(folder), "--gateway", gateway),
+            *("--platform-listen", platform, "--speed", "100", "--nats", nats),
+            *("--report", str(page_path), "--save-run", str(saved)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(60):
+            _, err = await simulator.communicate()
+    finally:
+        code, rest = await stop(proc)
+    assert simulator.returncode == 0 and code == 0, err.decode() + rest
+    run, page = report.load(saved.read_bytes()), page_path.read_text()
+    assert_self_contained(page)
+    assert {t.key for t in run.timelines} == {"a", "b"}  # both functions' events, read from the stream
+    assert sum(len(t.instances) for t in run.timelines) == run.stats.total_live_slot_count
+    assert all(life.reason == "cold start: no idle instance" for t in run.timelines for life in t.instances)
+    assert "cold start: no idle instance" in page and "fixed keep-alive 300s" in page
+    assert "times are the scaler&#x27;s clock" in page
