@@ -7,7 +7,6 @@ many, so a function with thousands of instances and requests still draws at once
 
 import datetime
 import html
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -99,8 +98,8 @@ class Window:
         lives = sorted(t.instances, key=lambda i: (i.wanted_ms, i.id))
         lo, hi, note = min((i.wanted_ms for i in lives), default=t.first_ms), end_ms, ""
         if len(lives) > rows:
-            cold = [0, *itertools.accumulate(life.cold for life in lives)]
-            first = max(range(len(lives) - rows + 1), key=lambda i: cold[i + rows] - cold[i])
+            at = [life.wanted_ms for life in lives]  # the `rows` starts closest together in time
+            first = min(range(len(lives) - rows + 1), key=lambda i: at[i + rows - 1] - at[i])
             lo = lives[first].wanted_ms
             hi = max(lives[first + rows - 1].wanted_ms, lo + MIN_WINDOW_MS)
             note = "where starts were densest"
@@ -110,7 +109,9 @@ class Window:
             note = note or f"its first {spells:,} requests"
         if not note:
             return cls(lives, lo, hi)
-        shown = [life for life in lives if life.wanted_ms <= hi and (life.gone_ms or end_ms) >= lo][: 2 * rows]
+        inside = [life for life in lives if lo <= life.wanted_ms <= hi]
+        before = [life for life in lives if life.wanted_ms < lo and (life.gone_ms or end_ms) >= lo]
+        shown = before[max(0, len(before) - (2 * rows - len(inside))) :] + inside  # the latest of those before
         return cls(shown, lo, hi, f"{len(shown):,} of {len(lives):,} instances, {note} ({span(hi - lo)})")
 
 

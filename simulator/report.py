@@ -13,6 +13,7 @@ function's timeline, so any function this run finds worst can be drawn from the 
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 
 import msgspec
 import plotly.graph_objects as go
@@ -82,7 +83,7 @@ def score_figure(runs: list[SavedRun]) -> go.Figure:
         xaxis={"range": [0, 100], "title": "score (of 100)"},
         margin={"l": 20, "r": 20, "t": 30, "b": 40},
         legend={"orientation": "h", "y": 1.25},
-        yaxis={"automargin": True},
+        yaxis={"automargin": True, "autorange": "reversed"},  # this run first, as in the table
     )
     return fig
 
@@ -218,15 +219,20 @@ def _drawn(p: Page, run: SavedRun, t: Timeline | None, key: str) -> str:
 
 
 def _reasons(t: Timeline) -> str:
-    """Why its instances were started and kept, counted by kind (numbers left out): what the timeline's
-    hover says one by one."""
-    started = Counter(_kind(life.reason) for life in t.instances)
-    kept = Counter(_kind(k.why) for k in t.keeps)
-    said = "; ".join(f"{why} x{n:,}" for why, n in started.most_common(4))
-    if kept:
-        said += " | kept alive: " + "; ".join(f"{why} x{n:,}" for why, n in kept.most_common(4))
+    """Why its instances were started and kept, counted by kind: what the timeline's hover says one by one."""
+    said = "; ".join(_counted(life.reason for life in t.instances))
+    if t.keeps:
+        said += " | kept alive: " + "; ".join(_counted(k.why for k in t.keeps))
     return f"started: {said}"
 
 
-def _kind(reason: str) -> str:
-    return re.sub(r"\d+(\.\d+)?", "#", reason) or "(no reason given)"
+def _counted(reasons: Iterable[str], top: int = 4) -> list[str]:
+    """The commonest kinds of reason, as `reason xN`; reasons differing only in numbers are one kind, said
+    with # for the numbers that vary."""
+    kinds: Counter[str] = Counter()
+    seen: dict[str, set[str]] = {}
+    for reason in reasons:
+        kind = re.sub(r"\d+(\.\d+)?", "#", reason or "(no reason given)")
+        kinds[kind] += 1
+        seen.setdefault(kind, set()).add(reason or "(no reason given)")
+    return [f"{next(iter(seen[k])) if len(seen[k]) == 1 else k} x{n:,}" for k, n in kinds.most_common(top)]

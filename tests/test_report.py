@@ -16,7 +16,8 @@ import plotly.offline
 import pytest
 
 from controller import replay
-from report.timeline import Timeline
+from report import draw
+from report.timeline import Life, Timeline
 from runtime.bus import connected
 from simulator import report
 from tests.processes import free_port
@@ -187,3 +188,19 @@ async def test_a_live_report_reads_the_reasons_back_from_the_scalers_stream(tmp_
     assert all(life.reason == "cold start: no idle instance" for t in run.timelines for life in t.instances)
     assert "cold start: no idle instance" in page and "fixed keep-alive 300s" in page
     assert "times are the scaler&#x27;s clock" in page
+
+
+def test_a_big_function_is_drawn_where_its_starts_were_densest():
+    sparse = [Life(id=f"s{n}", wanted_ms=n * 10_000, for_request=f"r{n}", gone_ms=n * 10_000 + 5) for n in range(900)]
+    burst_ms = 3_000_000
+    burst = [Life(id=f"b{n}", wanted_ms=burst_ms + n * 100, for_request=f"q{n}") for n in range(draw.MAX_ROWS)]
+    t = Timeline(key="big", instances=sparse + burst)
+    w = draw.Window.of(t, end_ms=9_000_000)
+    assert w.lo == burst_ms and w.hi == burst_ms + draw.MIN_WINDOW_MS  # the burst, over a minute at least
+    assert {life.id for life in burst} <= {life.id for life in w.lives} and len(w.lives) < draw.MAX_ROWS + 10
+    assert w.note.startswith(f"{len(w.lives):,} of 1,200 instances, where starts were densest")
+    alive = [Life(id=f"a{n}", wanted_ms=n * 4_000) for n in range(2 * draw.MAX_ROWS)]  # long-lived, started before
+    w = draw.Window.of(Timeline(key="big", instances=alive + burst), end_ms=9_000_000)
+    assert {life.id for life in burst} <= {life.id for life in w.lives} and len(w.lives) == 2 * draw.MAX_ROWS
+    small = Timeline(key="small", instances=sparse[:10])
+    assert draw.Window.of(small, end_ms=9_000_000).lives == sparse[:10]  # a small one whole
