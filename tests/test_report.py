@@ -198,7 +198,7 @@ def test_a_big_function_is_drawn_where_its_starts_were_densest():
     w = draw.Window.of(t, end_ms=9_000_000)
     assert w.lo == burst_ms and w.hi == burst_ms + draw.MIN_WINDOW_MS  # the burst, over a minute at least
     assert {life.id for life in burst} <= {life.id for life in w.lives} and len(w.lives) < draw.MAX_ROWS + 10
-    assert w.note.startswith(f"{len(w.lives):,} of 1,200 instances, where starts were densest")
+    assert w.note.startswith(f"{len(w.lives):,} of {900 + draw.MAX_ROWS:,} instances, where starts were densest")
     alive = [Life(id=f"a{n}", wanted_ms=n * 4_000) for n in range(2 * draw.MAX_ROWS)]  # long-lived, started before
     w = draw.Window.of(Timeline(key="big", instances=alive + burst), end_ms=9_000_000)
     assert {life.id for life in burst} <= {life.id for life in w.lives} and len(w.lives) == 2 * draw.MAX_ROWS
