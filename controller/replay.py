@@ -2,9 +2,10 @@
 
 Prints every function's state (instances, their phase, who holds them, keep-alive deadlines)
 as replayed up to the end, a stream sequence (`--until-seq`) or a time (`--until`). With
-`--key K`, also the timeline of that function's decisions. With `--verify`, compares the replay
-with the running controller's own state and exits 1 on any difference. Reads a live NATS
-(`--nats`), or the store a stopped `scaler up --data-dir DIR` left (`--data-dir`).
+`--key K`, also the timeline of that function's decisions (with `--html PATH`, drawn as a page:
+controller/replay_page.py). With `--verify`, compares the replay with the running controller's own
+state and exits 1 on any difference. Reads a live NATS (`--nats`), or the store a stopped
+`scaler up --data-dir DIR` left (`--data-dir`).
 
 While the stream holds everything from seq 1, a replay folds it all. Once retention has dropped
 its oldest batches, each partition starts from its snapshot, as the controller's start does
