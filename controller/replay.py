@@ -199,8 +199,11 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
 class Told:
     """A function's decisions as they are folded: in words, and as a timeline to draw."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, start: Origin) -> None:
         self.fold = Fold(key)
+        snap = start.snaps.get(partition(key))
+        if snap is not None and key in snap.states:  # the stream's events begin after this snapshot
+            self.fold.seed(snap.states[key], snap.at_ms)
 
     def __call__(self, seq: int, b: Batch) -> None:
         for e in b.events:
@@ -213,8 +216,9 @@ class Told:
 
 async def timeline(js, key: str, until_seq: int | None = None, until_ms: int | None = None) -> Timeline | None:
     """One function's timeline from the stream (None when it has no events)."""
-    told = Told(key)
-    replayed = await replay(js, key, until_seq, until_ms, seen=told)
+    start = await origin(js, key)
+    told = Told(key, start)
+    replayed = await replay(js, key, until_seq, until_ms, seen=told, start=start)
     return told.timeline(replayed.states[key]) if key in replayed.states else None
 
 
@@ -235,8 +239,9 @@ async def timelines(url: str, keys: list[str]) -> list[Timeline]:
 async def show(
     js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout, html: Path | None = None
 ) -> int:
-    told = Told(key) if key is not None else None
-    replayed = await replay(js, key, until_seq, until_ms, seen=told)
+    start = await origin(js, key)
+    told = Told(key, start) if key is not None else None
+    replayed = await replay(js, key, until_seq, until_ms, seen=told, start=start)
     since = _since(replayed.origin)
     if key is not None:
         if key not in replayed.states:

@@ -10,6 +10,7 @@ beside another run.
 import msgspec
 
 from controller.core.features import GAP_BINS, gap_bin
+from controller.core.state import FnState, Phase
 from proto.events import (
     Assigned,
     Event,
@@ -150,6 +151,24 @@ class Fold:
             case RequestFailed(request_id=r):
                 t.failed += 1
                 self._arrived.pop(r, None)
+
+    def seed(self, s: FnState, at_ms: int) -> None:
+        """Start from a state instead of the function's first event (a replay from a snapshot): its
+        instances are drawn from `at_ms` on, what they did before being gone with the stream's start."""
+        for i in s.instances.values():
+            known = max(i.wanted_ms, at_ms)
+            life = Life(id=i.id, wanted_ms=known, reason="alive at the snapshot", for_request=i.for_request)
+            if i.phase is not Phase.CREATING:
+                life.created_ms = life.ready_ms = known
+            if i.phase is Phase.BUSY:
+                life.busy.append((max(i.since_ms, known), 0, i.request_id))
+            if i.phase is Phase.RETIRING:
+                life.retired_ms = known
+            self._lives[i.id] = life
+            self.t.instances.append(life)
+        self._arrived.update((p.request_id, p.since_ms) for p in s.queue)
+        self.t.memory_mb = s.meta.memory_mb if s.meta else 0
+        self.t.first_ms = at_ms
 
     def step(self, at_ms: int, seq: int, text: str) -> None:
         self.t.steps.append(Step(at_ms, seq, text))

@@ -23,6 +23,7 @@ from simulator import report
 from tests.processes import free_port
 from tests.stack import Stack
 from tests.test_replay import scaler_replay, traffic
+from tests.test_retention import rounds, tiny_stack, truncated_stack
 from tests.test_simulate import SMOKE, gentle, simulate_cli
 from tests.test_up import start_up, stop
 
@@ -204,3 +205,16 @@ def test_a_big_function_is_drawn_where_its_starts_were_densest():
     assert {life.id for life in burst} <= {life.id for life in w.lives} and len(w.lives) == 2 * draw.MAX_ROWS
     small = Timeline(key="small", instances=sparse[:10])
     assert draw.Window.of(small, end_ms=9_000_000).lives == sparse[:10]  # a small one whole
+
+
+async def test_a_replay_from_a_snapshot_draws_the_instances_the_snapshot_held(nats_url):
+    async with tiny_stack(nats_url) as stack:
+        await truncated_stack(nats_url, stack)
+        await rounds(stack, 2, ["fn7"], tag="late")  # fn7's instance serves two more after the snapshot
+        await stack.settled()
+        async with connected(nats_url, "test") as nc:
+            t = await replay.timeline(nc.jetstream(), "fn7")
+        held = stack.controller.states["fn7"].instances
+    assert {i.id for i in t.instances} == set(held)  # the one it has had all along, from the snapshot
+    life = next(i for i in t.instances if i.reason == "alive at the snapshot")
+    assert [r for _, _, r in life.busy][-2:] == ["late0", "late1"] and all(end for _, end, _ in life.busy)
