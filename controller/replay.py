@@ -2,9 +2,10 @@
 
 Prints every function's state (instances, their phase, who holds them, keep-alive deadlines)
 as replayed up to the end, a stream sequence (`--until-seq`) or a time (`--until`). With
-`--key K`, also the timeline of that function's decisions. With `--verify`, compares the replay
-with the running controller's own state and exits 1 on any difference. Reads a live NATS
-(`--nats`), or the store a stopped `scaler up --data-dir DIR` left (`--data-dir`).
+`--key K`, also the timeline of that function's decisions (with `--html PATH`, drawn as a page:
+controller/replay_page.py). With `--verify`, compares the replay with the running controller's own
+state and exits 1 on any difference. Reads a live NATS (`--nats`), or the store a stopped
+`scaler up --data-dir DIR` left (`--data-dir`).
 
 While the stream holds everything from seq 1, a replay folds it all. Once retention has dropped
 its oldest batches, each partition starts from its snapshot, as the controller's start does
@@ -27,9 +28,11 @@ from nats.js.errors import NotFoundError
 from controller import explain, rebuild, state_service
 from controller.core.state import FnState
 from controller.ledger import Ledger
+from controller.replay_page import replay_page
 from controller.snapshots import Snapshot, SnapshotStore
 from proto.events import Batch
 from proto.subjects import PARTITIONS, function_events, partition
+from report.timeline import Fold, Timeline
 from runtime import running, stream
 from runtime.bus import servers
 from runtime.natsd import NatsServer, StoreBusy, claim
@@ -44,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     until = p.add_mutually_exclusive_group()
     until.add_argument("--until-seq", type=_sequence, metavar="N", help="replay batches up to stream sequence N")
     until.add_argument("--until", metavar="TIME", help="replay batches decided up to TIME (ISO 8601, or epoch ms)")
+    p.add_argument(
+        "--html",
+        metavar="PATH",
+        help="with --key: also write the function's timeline as a page (instances on a time axis, each decision"
+        " with its reason; see docs/reports.md)",
+    )
     p.add_argument(
         "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
     )
@@ -187,25 +196,81 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
     return 0
 
 
-async def show(js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout) -> int:
-    timeline: list[str] = []
-    seen = (lambda seq, b: timeline.extend(explain.batch(seq, d) for d in b.decisions())) if key is not None else None
-    replayed = await replay(js, key, until_seq, until_ms, seen=seen)
+class Told:
+    """A function's decisions as they are folded: in words, and as a timeline to draw."""
+
+    def __init__(self, key: str, start: Origin) -> None:
+        self.fold = Fold(key)
+        snap = start.snaps.get(partition(key))
+        if snap is not None and key in snap.states:  # the stream's events begin after this snapshot
+            self.fold.seed(snap.states[key], snap.at_ms)
+
+    def __call__(self, seq: int, b: Batch) -> None:
+        for d in b.decisions():  # a group commit stores several decisions of the function in one batch
+            for e in d.events:
+                self.fold.event(e)
+            self.fold.step(d.at_ms, seq, explain.batch(seq, d))
+
+    def timeline(self, state: FnState | None) -> Timeline:
+        return self.fold.done(state.stats.gap_hist if state is not None else ())
+
+
+async def timeline(js, key: str, until_seq: int | None = None, until_ms: int | None = None) -> Timeline | None:
+    """One function's timeline from the stream (None when it has no events)."""
+    start = await origin(js, key)
+    told = Told(key, start)
+    replayed = await replay(js, key, until_seq, until_ms, seen=told, start=start)
+    return told.timeline(replayed.states[key]) if key in replayed.states else None
+
+
+async def timelines(url: str, keys: list[str]) -> list[Timeline]:
+    """The timelines of `keys` from the stream of the NATS at `url` (those with no events are left out)."""
+    nc = await _connect(url)
+    try:
+        js = nc.jetstream()
+        try:
+            found = [await timeline(js, key) for key in keys]
+        except NotFoundError:
+            raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None
+    finally:
+        await nc.close()
+    return [t for t in found if t is not None]
+
+
+async def show(
+    js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout, html: Path | None = None
+) -> int:
+    start = await origin(js, key)
+    told = Told(key, start) if key is not None else None
+    replayed = await replay(js, key, until_seq, until_ms, seen=told, start=start)
     since = _since(replayed.origin)
     if key is not None:
         if key not in replayed.states:
             print(f"no events for function {key!r}", file=out)
             return 1
+        t = told.timeline(replayed.states[key])
         print(f"timeline of {key}{since}:", file=out)
-        for line in timeline:
-            print(f"  {line}", file=out)
+        for step in t.steps:
+            print(f"  {step.text}", file=out)
         print(file=out)
+        if html is not None:
+            upto = f" up to {explain.moment(until_ms)}" if until_ms is not None else ""
+            upto = f" up to seq {until_seq:,}" if until_seq is not None else upto
+            _write(html, replay_page(t, replayed.states[key], f"{key}: replayed{upto}", since))
+            print(f"wrote {html}", file=out)
     for k in sorted(replayed.states):
         for line in explain.state(replayed.states[k], replayed.ledger.last_seq[k]):
             print(line, file=out)
     states, batches = plural(len(replayed.states), "function"), plural(replayed.batches, "batch", "batches")
     print(f"\n{states} from {batches}, {plural(replayed.events, 'event')}{since}", file=out)
     return 0
+
+
+def _write(path: Path, page: str) -> None:
+    try:
+        path.write_text(page)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot write: {e.strerror}") from None
 
 
 def _only(snap: Snapshot | None, key: str) -> Snapshot | None:
@@ -254,6 +319,8 @@ async def _connect(url: str):
 
 
 async def _main(args: argparse.Namespace) -> int:
+    if args.html and (not args.key or args.verify):
+        raise ValueError("--html draws one function's timeline: give --key, and not --verify")
     until_ms = parse_time(args.until) if args.until else None
     server = held = None
     if args.data_dir:
@@ -277,7 +344,8 @@ async def _main(args: argparse.Namespace) -> int:
             try:
                 if args.verify:
                     return await verify(nc, js, args.key)
-                return await show(js, args.key, args.until_seq, until_ms)
+                html = Path(args.html) if args.html else None
+                return await show(js, args.key, args.until_seq, until_ms, html=html)
             except NotFoundError:
                 raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None
             except TimeoutError:

@@ -5,6 +5,8 @@ measure. Start the scaler first, at the same speed, pointed at this platform:
     scaler up --platform 127.0.0.1:50051 --speed N      then      scaler simulate DIR --speed N
 Offline (--offline): run the controller's pure core and a policy on a virtual clock, no NATS or
 gRPC; deterministic, seconds for hours of trace. Both end in the same scoring code.
+`--report PATH.html` draws the run as a page (simulator/report.py; docs/reports.md), `--save-run`
+keeps it for a later `--compare`.
 Exit status: 0 when the run completed (whatever the score), 1 when it could not be done, 2 for a
 command line argparse refuses, 130 after Ctrl-C and 143 after SIGTERM (`docker stop`).
 """
@@ -15,17 +17,21 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import msgspec
 
+from controller import replay
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from report.timeline import Folds, Timeline
 from runtime.ports import port
 from runtime.service import positive
+from simulator import report
 from simulator.dataset import Dataset, DatasetError, load_dataset
 from simulator.live import LiveError, run_live
-from simulator.offline import simulate
+from simulator.offline import Simulation
 from simulator.progress import EVERY_S, Progress
 from simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
 
@@ -34,6 +40,29 @@ DEFAULT_PLATFORM_LISTEN = "0.0.0.0:50051"
 CREATE_LATENCY_MS = 100  # the platform's CreateSlot latency, in both modes
 WORST = 10  # functions listed as the worst offenders
 T = TypeVar("T")
+
+
+@dataclass
+class Recorded:
+    """What a run's page is drawn from besides its statistics: the functions' timelines."""
+
+    title: str
+    timelines: list[Timeline]
+    origin_ms: int  # add to the timelines' times for epoch ms
+    end_ms: int  # the end of the run, in the timelines' times
+    note: str = ""
+
+    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> report.SavedRun:
+        return report.SavedRun(
+            title=self.title,
+            heading=heading,
+            stats=stats,
+            functions=functions,
+            timelines=self.timelines,
+            origin_ms=self.origin_ms,
+            end_ms=self.end_ms,
+            note=self.note,
+        )
 
 
 class Failure(Exception):
@@ -87,6 +116,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", metavar="PATH", help="also write the statistics as a JSON object to PATH")
     p.add_argument(
+        "--report",
+        metavar="PATH.html",
+        help="write the run as a page to look at: its score, and the functions that lost the most on a time axis"
+        " (one self-contained HTML file; see docs/reports.md)",
+    )
+    p.add_argument(
+        "--save-run",
+        metavar="PATH.json",
+        help="write the run (statistics, every function's figures and timeline) for a later --compare",
+    )
+    p.add_argument(
+        "--nats",
+        metavar="URL",
+        help="live, with --report or --save-run: the scaler's NATS, where its decisions and their reasons are read"
+        " (default: the running `scaler up`'s)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="OTHER.json",
+        help="with --report: put a run saved with --save-run beside this one, on this run's worst functions",
+    )
+    p.add_argument(
         "--stats-port",
         type=port,
         metavar="N",
@@ -111,12 +162,23 @@ def to_json(stats: Stats, functions: list[FunctionRow]) -> bytes:
 def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # offline; live mode's event loop has its own handler
     try:
+        if args.compare and not args.report:
+            raise Failure("--compare puts another run beside this one in the --report page: give --report too")
+        other = _load_run(Path(args.compare)) if args.compare else None
         dataset = load_dataset(args.dataset)
-        outcome, heading = _offline(dataset, args) if args.offline else _live(dataset, args)
+        drawing = bool(args.report or args.save_run)
+        outcome, heading, recorded = _offline(dataset, args, drawing) if args.offline else _live(dataset, args, drawing)
         stats = outcome.stats()
         functions = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, WORST)
         if args.json:
             _write(Path(args.json), to_json(stats, functions))
+        if drawing:
+            every = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, len(dataset.metas))
+            saved = recorded.saved(heading, stats, every)
+            if args.save_run:
+                _write(Path(args.save_run), report.save(saved))
+            if args.report:
+                _write(Path(args.report), report.page(saved, other).encode())
     except (DatasetError, LiveError, Failure) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
@@ -136,7 +198,16 @@ def _note(flags: list[str], why: str) -> None:
         print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
 
 
-def _offline(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
+def _load_run(path: Path) -> report.SavedRun:
+    try:
+        return report.load(path.read_bytes())
+    except OSError as e:
+        raise Failure(f"{path}: cannot read: {e.strerror}") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise Failure(f"{path}: not a run saved with --save-run: {e}") from None
+
+
+def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Run, list[str], Recorded | None]:
     name = args.policy or DEFAULT_POLICY
     given = [flag for flag, value in (("--speed", args.speed), ("--gateway", args.gateway)) if value is not None]
     given += ["--platform-listen"] if args.platform_listen is not None else []
@@ -144,16 +215,31 @@ def _offline(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]
     _note(given, "offline mode runs no scaler and no clock")
     started = time.perf_counter()
     progress = Progress(len(dataset.requests), dataset.span_ms, args.progress_every)
-    run = simulate(dataset, get_policy(name), CREATE_LATENCY_MS, progress=progress)
+    sim = Simulation(
+        dataset, get_policy(name), CREATE_LATENCY_MS, progress=progress, folds=Folds() if drawing else None
+    )
+    run = sim.run()
     took = time.perf_counter() - started
-    return run, [
-        f"{dataset.name}: offline, policy {name}, {len(dataset.requests)} requests, simulated in {took:.1f}s",
-        f"schedule time: CreateSlot ({CREATE_LATENCY_MS} ms) + Init waits in trace time; the scaler's own latency"
-        " counts as zero offline",
-    ]
+    recorded = None
+    if sim.folds is not None:
+        recorded = Recorded(
+            f"{dataset.name}: offline, policy {name}",
+            [fold.done(sim.ledger_of(key).state(key).stats.gap_hist) for key, fold in sim.folds.by_key.items()],
+            dataset.start_ms,
+            sim.end_ms,
+        )
+    return (
+        run,
+        [
+            f"{dataset.name}: offline, policy {name}, {len(dataset.requests)} requests, simulated in {took:.1f}s",
+            f"schedule time: CreateSlot ({CREATE_LATENCY_MS} ms) + Init waits in trace time; the scaler's own latency"
+            " counts as zero offline",
+        ],
+        recorded,
+    )
 
 
-def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
+def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Run, list[str], Recorded | None]:
     if args.policy is not None:
         name = args.policy
         _note(["--policy"], f"live mode measures the running scaler's policy; start it with `--policy {name}`")
@@ -190,7 +276,24 @@ def _live(dataset: Dataset, args: argparse.Namespace) -> tuple[Run, list[str]]:
         )
     for message, count in errors.most_common(3):
         heading.append(f"failed: {count} x {message}")
-    return run, heading
+    recorded = None
+    if drawing:
+        title = f"{dataset.name}: live{policy}, speed {speed:g}"
+        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), report.DRAWN)
+        recorded = asyncio.run(_from_stream(title, args.nats, [f.key for f in worst]))
+    return run, heading, recorded
+
+
+async def _from_stream(title: str, url: str | None, keys: list[str]) -> Recorded:
+    """The timelines of `keys` read back from the scaler's EVENTS stream: the reasons are only there."""
+    try:
+        timelines = await replay.timelines(url or replay.running_nats(), keys)
+    except (ValueError, replay.stream.UnreadableStream, replay.rebuild.Uncovered) as e:
+        note = f"no timelines: the scaler's events could not be read ({e}); pass --nats URL"
+        print(f"scaler simulate: {note}", file=sys.stderr)
+        return Recorded(title, [], 0, 0, note)
+    end = max((t.last_ms for t in timelines), default=0)
+    return Recorded(title, timelines, 0, end, "times are the scaler's clock (trace time under --speed)")
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -26,6 +26,7 @@ from controller.ledger import Ledger
 from proto import commands as c
 from proto import events as e
 from proto.subjects import partition
+from report.timeline import Folds
 from simulator.dataset import Dataset
 from simulator.holds import Holds
 from simulator.progress import Progress
@@ -64,6 +65,8 @@ class Simulation:
     invocations: dict[str, Invocation] = field(default_factory=dict)
     holds: Holds = field(default_factory=Holds)
     progress: Progress | None = None
+    folds: Folds | None = None  # the functions' timelines, folded from every decision's events (for a report)
+    end_ms: int = 0  # the end of the run, once run
     unanswered: int = 0  # requests with neither an Idle nor a failure yet
     _queue: list = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
@@ -109,7 +112,8 @@ class Simulation:
                 end = now + self.tail_ms
         if self.progress is not None:
             self.progress.show(len(self.dataset.requests) - self.unanswered, now, final=True)
-        return self.result(now if end is None else end)
+        self.end_ms = now if end is None else end
+        return self.result(self.end_ms)
 
     def share(self) -> None:
         """Each node hears the others' totals."""
@@ -135,6 +139,8 @@ class Simulation:
         ledger.commit(cmd, d, next(self._appended) if batch is not None else None)
         for event in d.events:
             self.effect(cmd.key, event, now)
+            if self.folds is not None:
+                self.folds.event(cmd.key, event)
         wake = ledger.wake.get(cmd.key)
         if wake is not None and wake != before:
             self.at(max(wake, now), TICK, (cmd.key, wake))

@@ -1,0 +1,220 @@
+"""The pages of `scaler simulate --report` and `scaler replay --html`: self-contained, and holding the run.
+
+What a browser shows is checked by scripts/render_check.py (headless Chromium); here, what the HTML
+and the saved run hold.
+"""
+
+import asyncio
+import io
+import json
+import re
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import plotly.offline
+import pytest
+
+from controller import replay
+from report import draw
+from report.timeline import Life, Timeline
+from runtime.bus import connected
+from simulator import report
+from tests.processes import free_port
+from tests.stack import Stack
+from tests.test_replay import scaler_replay, traffic
+from tests.test_retention import rounds, tiny_stack, truncated_stack
+from tests.test_simulate import SMOKE, gentle, simulate_cli
+from tests.test_up import start_up, stop
+
+
+class Resources(HTMLParser):
+    """What a page would fetch: script sources and linked resources."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetched: list[str] = []
+        self.scripts = 0
+        self.plots: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        if tag == "script":
+            self.scripts += 1
+        for name in ("src", "href", "data"):
+            if a.get(name) and tag in ("script", "link", "img", "iframe", "object", "embed"):
+                self.fetched.append(a[name])
+        if tag == "div" and a.get("class") == "plot":
+            self.plots.append(a["id"])
+
+
+def parsed(page: str) -> Resources:
+    r = Resources()
+    r.feed(page)
+    return r
+
+
+def figures(page: str) -> list[dict]:
+    """The Plotly figures' traces as the page holds them, for its loader to draw."""
+    found = re.findall(r'<script type="application/json" id="fig\d+-data">(.*?)</script>', page, re.S)
+    return [json.loads(f)["data"] for f in found]
+
+
+def assert_self_contained(page: str) -> Resources:
+    r = parsed(page)
+    assert r.fetched == [], f"the page fetches {r.fetched}"
+    assert page.count(plotly.offline.get_plotlyjs()) == 1  # plotly.js inlined, once
+    assert r.plots and len(figures(page)) == len(r.plots), "a figure without its data, or none"
+    return r
+
+
+def test_an_offline_report_is_self_contained_and_holds_the_run(tmp_path, capsys):
+    html, saved, stats = tmp_path / "run.html", tmp_path / "run.json", tmp_path / "stats.json"
+    code, _, err = simulate_cli(
+        capsys, SMOKE, "--offline", "--policy", "demo", "--report", html, "--save-run", saved, "--json", stats
+    )
+    assert code == 0, err
+    page, run, printed = html.read_text(), report.load(saved.read_bytes()), json.loads(stats.read_text())
+    r = assert_self_contained(page)
+    # The score and its two halves, as the statistics say them.
+    for name in ("score", "resourceUsageScore", "coldStartScore"):
+        assert f"{printed[name]:.2f}" in page
+    assert run.stats.score == printed["score"]
+    # The functions that lost the most, each with its timeline and gaps drawn.
+    worst = [f.key for f in run.functions[: report.DRAWN]]
+    assert worst == [f["key"] for f in printed["functions"][: report.DRAWN]]
+    for key in worst:
+        assert f"{key}: instances and waits" in page and f"{key}: gaps against keep-alives" in page
+    # Overview (2) + score + per function: timeline and gaps.
+    assert len(r.plots) == 3 + 2 * len(worst)
+    # What the timelines hold is what the run counted: one instance per slot, one busy spell per request.
+    lives = [i for t in run.timelines for i in t.instances]
+    assert len(lives) == run.stats.total_live_slot_count
+    assert sum(len(i.busy) for i in lives) == run.stats.total_requests_count
+    assert sum(w.cold for t in run.timelines for w in t.waits) == run.stats.cold_starts  # demo: one per miss
+    # The worst function's cold starts are drawn where they happened, with the policy's reason.
+    first = run.timeline(worst[0])
+    drawn = next(fig for fig in figures(page) if any(t.get("name") == "cold start (reason on hover)" for t in fig))
+    cold = next(t for t in drawn if t["name"] == "cold start (reason on hover)")
+    assert len(cold["x"]) == sum(i.cold for i in first.instances)
+    assert "fixed keep-alive 300s" in page and all(i.reason in page for i in first.instances)
+
+
+def test_a_report_compares_two_runs_on_the_same_functions(tmp_path, capsys):
+    demo, histogram = tmp_path / "demo.json", tmp_path / "histogram.html"
+    assert simulate_cli(capsys, SMOKE, "--offline", "--policy", "demo", "--save-run", demo)[0] == 0
+    code, _, err = simulate_cli(
+        capsys, SMOKE, "--offline", "--policy", "histogram", "--report", histogram, "--compare", demo
+    )
+    assert code == 0, err
+    page, other = histogram.read_text(), report.load(demo.read_bytes())
+    assert_self_contained(page)
+    assert "function_smoke_test: offline, policy histogram vs function_smoke_test: offline, policy demo" in page
+    assert f"{other.stats.score:.2f}" in page
+    # Each function drawn twice, side by side: this run's timeline and the other's.
+    assert page.count('<div class="side">') == 2 * report.DRAWN
+    assert page.count("function_smoke_test: offline, policy demo: gaps") == 0  # titled by run, not by function
+    assert "has no timeline of" not in page
+
+
+def test_compare_needs_a_report_and_a_saved_run(tmp_path, capsys):
+    code, _, err = simulate_cli(capsys, SMOKE, "--offline", "--compare", tmp_path / "x.json")
+    assert code == 1 and "--compare puts another run beside this one in the --report page" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"score": 1}')
+    code, _, err = simulate_cli(capsys, SMOKE, "--offline", "--report", tmp_path / "r.html", "--compare", bad)
+    assert code == 1 and f"{bad}: not a run saved with --save-run" in err
+    assert not (tmp_path / "r.html").exists()
+
+
+async def test_replay_draws_one_functions_timeline_with_each_decision(nats_url, tmp_path):
+    page_path = tmp_path / "fn.html"
+    async with Stack(nats_url) as stack:
+        await traffic(stack)
+        async with connected(nats_url, "test") as nc:
+            js = nc.jetstream()
+            code = await replay.show(js, "fn", None, None, out=io.StringIO(), html=page_path)
+            t: Timeline = await replay.timeline(js, "fn")
+            early = await replay.timeline(js, "fn", until_seq=1)
+    assert code == 0
+    page = page_path.read_text()
+    assert_self_contained(page)
+    # fn-1 served r1 then r2; fn-2 was cold-started for r3 and destroyed (need_destroy).
+    assert [i.id for i in t.instances] == ["fn-1", "fn-2"]
+    assert [r for _, _, r in t.instances[0].busy] == ["r1", "r2"] and t.instances[1].gone_ms
+    assert {w.request_id for w in t.waits if w.cold} == {"r1", "r3"}
+    assert all(step.text in page for step in t.steps)  # every decision in words
+    assert all(i.reason and i.reason in page for i in t.instances)  # each start with the policy's reason
+    assert "fn: replayed" in page
+    assert len(early.steps) == 1 and len(early.instances) == 1 and not early.instances[0].ready_ms
+
+
+async def test_replay_html_needs_one_function(tmp_path):
+    code, _, err = await scaler_replay("--nats", "nats://127.0.0.1:1", "--html", str(tmp_path / "x.html"))
+    assert code == 2 and "--html draws one function's timeline: give --key" in err
+
+
+def test_a_saved_run_reads_back_as_written(tmp_path, capsys):
+    saved = tmp_path / "run.json"
+    assert simulate_cli(capsys, SMOKE, "--offline", "--policy", "demo", "--save-run", saved)[0] == 0
+    run = report.load(saved.read_bytes())
+    assert report.load(report.save(run)) == run
+    assert Path(saved).stat().st_size < 2_000_000  # a small trace stays small
+
+
+@pytest.mark.live_trace
+async def test_a_live_report_reads_the_reasons_back_from_the_scalers_stream(tmp_path):
+    folder, page_path, saved = gentle(tmp_path / "g"), tmp_path / "live.html", tmp_path / "live.json"
+    platform = f"127.0.0.1:{free_port()}"
+    up = ("--platform", platform, "--speed", "100", "--policy", "demo", "--data-dir", str(tmp_path / "up"))
+    proc, gateway, lines = await start_up(*up)
+    nats = re.search(r" nats (nats://\S+)", lines[-1]).group(1)
+    try:
+        simulator = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "scaler.cli", "simulate", str(folder), "--gateway", gateway),
+            *("--platform-listen", platform, "--speed", "100", "--nats", nats),
+            *("--report", str(page_path), "--save-run", str(saved)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(60):
+            _, err = await simulator.communicate()
+    finally:
+        code, rest = await stop(proc)
+    assert simulator.returncode == 0 and code == 0, err.decode() + rest
+    run, page = report.load(saved.read_bytes()), page_path.read_text()
+    assert_self_contained(page)
+    assert {t.key for t in run.timelines} == {"a", "b"}  # both functions' events, read from the stream
+    assert sum(len(t.instances) for t in run.timelines) == run.stats.total_live_slot_count
+    assert all(life.reason == "cold start: no idle instance" for t in run.timelines for life in t.instances)
+    assert "cold start: no idle instance" in page and "fixed keep-alive 300s" in page
+    assert "times are the scaler&#x27;s clock" in page
+
+
+def test_a_big_function_is_drawn_where_its_starts_were_densest():
+    sparse = [Life(id=f"s{n}", wanted_ms=n * 10_000, for_request=f"r{n}", gone_ms=n * 10_000 + 5) for n in range(900)]
+    burst_ms = 3_000_000
+    burst = [Life(id=f"b{n}", wanted_ms=burst_ms + n * 100, for_request=f"q{n}") for n in range(draw.MAX_ROWS)]
+    t = Timeline(key="big", instances=sparse + burst)
+    w = draw.Window.of(t, end_ms=9_000_000)
+    assert w.lo == burst_ms and w.hi == burst_ms + draw.MIN_WINDOW_MS  # the burst, over a minute at least
+    assert {life.id for life in burst} <= {life.id for life in w.lives} and len(w.lives) < draw.MAX_ROWS + 10
+    assert w.note.startswith(f"{len(w.lives):,} of {900 + draw.MAX_ROWS:,} instances, where starts were densest")
+    alive = [Life(id=f"a{n}", wanted_ms=n * 4_000) for n in range(2 * draw.MAX_ROWS)]  # long-lived, started before
+    w = draw.Window.of(Timeline(key="big", instances=alive + burst), end_ms=9_000_000)
+    assert {life.id for life in burst} <= {life.id for life in w.lives} and len(w.lives) == 2 * draw.MAX_ROWS
+    small = Timeline(key="small", instances=sparse[:10])
+    assert draw.Window.of(small, end_ms=9_000_000).lives == sparse[:10]  # a small one whole
+
+
+async def test_a_replay_from_a_snapshot_draws_the_instances_the_snapshot_held(nats_url):
+    async with tiny_stack(nats_url) as stack:
+        await truncated_stack(nats_url, stack)
+        await rounds(stack, 2, ["fn7"], tag="late")  # fn7's instance serves two more after the snapshot
+        await stack.settled()
+        async with connected(nats_url, "test") as nc:
+            t = await replay.timeline(nc.jetstream(), "fn7")
+        held = stack.controller.states["fn7"].instances
+    assert {i.id for i in t.instances} == set(held)  # the one it has had all along, from the snapshot
+    life = next(i for i in t.instances if i.reason == "alive at the snapshot")
+    assert [r for _, _, r in life.busy][-2:] == ["late0", "late1"] and all(end for _, end, _ in life.busy)
