@@ -70,6 +70,7 @@ from runtime.bus import (
     retention_of,
     send,
     set_retention,
+    while_connected,
 )
 from runtime.clock import Clock
 from runtime.tasks import cancelled
@@ -223,6 +224,16 @@ class Controller:
     async def stop(self) -> None:
         self._stopping = True  # every partition given back is snapshotted, at the newest watermark
         await cancelled(self._guard)
+        await while_connected(self._nc, self._give_back(), "snapshots; its leases lapse")
+        await self.timers.stop()
+        await cancelled(self._lag_watch)
+        if self.forwarder is not None:
+            await self.forwarder.stop()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=10)
+        await close(self._nc)
+
+    async def _give_back(self) -> None:
         with contextlib.suppress(Exception):  # NATS away: the snapshots are as fresh as the last guard made them
             async with asyncio.timeout(1):
                 self._seen = max(self._seen, (await rebuild.kept(self._js)).last_seq)
@@ -232,13 +243,6 @@ class Controller:
             await self.shared.stop()
         if self._state_sub is not None:
             await self._state_sub.unsubscribe()
-        await self.timers.stop()
-        await cancelled(self._lag_watch)
-        if self.forwarder is not None:
-            await self.forwarder.stop()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=10)
-        await close(self._nc)
 
     # --- partitions -----------------------------------------------------------------------------
 
