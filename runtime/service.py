@@ -37,6 +37,13 @@ class Together:
             await part.stop()
 
 
+class Alongside(Together):
+    """Independent components run as one: started in order, stopped all at once (each may wait out a grace)."""
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(part.stop() for part in self.parts))
+
+
 def addresses_of(component: Component) -> list[str]:
     """host:port each listening part of a component serves on, once started, in the parts' order."""
     out = []

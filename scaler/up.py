@@ -31,6 +31,7 @@ from runtime.bus import close, connect
 from runtime.natsd import NatsServer, claim
 from runtime.ports import port
 from runtime.service import READY_FD, add_log_level, env, positive, setup_logging, stop_on_signals
+from workers import effects
 
 log = logging.getLogger("scaler.up")
 
@@ -258,15 +259,26 @@ class Supervisor:
         first = [c for c in self.children if c.name == "node"]
         rest = [c for c in self.children if c not in first and c not in nats]
         for group in (first, rest):
-            await asyncio.gather(*(self._terminate(c) for c in group))
+            await self._stop_group(group)
         self.children.clear()
         if self.nats is not None:
+            log.info("stopping nats-server")
             await self.nats.stop()
         running.forget(self.record)
         if self._claim is not None:
             self._claim.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+    async def _stop_group(self, group: list[Child]) -> None:
+        """Stop them together, saying what is waited for (the workers give work under way a grace)."""
+        alive = [c for c in group if c.proc is not None and c.proc.returncode is None]
+        if not alive:
+            return
+        workers = any(c.name == "workers" for c in alive)
+        grace = f" (work under way gets up to {effects.STOP_GRACE_S:g}s)" if workers else ""
+        log.info("stopping %s%s", ", ".join(c.name for c in alive), grace)
+        await asyncio.gather(*(self._terminate(c) for c in alive))
 
     @staticmethod
     async def _terminate(child: Child) -> None:

@@ -5,6 +5,8 @@ import asyncio
 from tests.processes import free_port
 from tests.stack import eventually
 from tests.test_up import alive, descendants, part_pid, reap, served, start_up, stop
+from workers import __main__ as workers_main
+from workers import effects
 
 
 async def test_a_killed_scaler_up_frees_its_ports_at_once_when_its_nats_went_with_it():
@@ -29,3 +31,19 @@ async def test_a_killed_scaler_up_frees_its_ports_at_once_when_its_nats_went_wit
         assert code == 0, rest
     finally:
         reap(parts)
+
+
+async def test_the_workers_stop_together_each_in_its_own_grace(nats_url, monkeypatch):
+    """After a live run the platform is gone and both workers still have work under way: each gets its
+    grace, at the same time, not one after the other."""
+    monkeypatch.setattr(effects, "STOP_GRACE_S", 3.0)
+    dead = f"127.0.0.1:{free_port()}"  # the simulator's platform, gone at the end of its run
+    both = workers_main.make(workers_main.build_parser().parse_args(["--nats", nats_url, "--platform", dead]))
+    await both.start()
+    for worker in both.parts:
+        worker.spawn(asyncio.sleep(3600))  # a platform call that will not come back in time
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await both.stop()
+    took = loop.time() - began
+    assert 3.0 <= took < 5.5, took  # one after the other: 6 s and more

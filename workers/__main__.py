@@ -47,7 +47,7 @@ def make(a: argparse.Namespace) -> service.Component:
         parts.append(PlatformWorker(a.nats, a.platform, a.concurrency, a.ack_wait))
     if "gc" in kinds:
         parts.append(GcWorker(a.nats, a.platform, Clock(a.speed), a.concurrency, ack_wait_s=a.ack_wait))
-    return parts[0] if len(parts) == 1 else service.Together(parts)
+    return parts[0] if len(parts) == 1 else service.Alongside(parts)  # each waits out its grace
 
 
 def main() -> None:

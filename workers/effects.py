@@ -175,6 +175,12 @@ class EffectWorker:
         if self._sub is not None:
             await self._sub.unsubscribe()
         if self._tasks:
+            log.info(
+                "%s: %d effects under way; they get %gs, then the next worker",
+                self.name,
+                len(self._tasks),
+                STOP_GRACE_S,
+            )
             _, late = await asyncio.wait(self._tasks, timeout=STOP_GRACE_S)
             for task in late:
                 task.cancel()
