@@ -28,7 +28,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--policy",
         default=service.env("POLICY", DEFAULT_POLICY),
         choices=sorted(POLICIES),
-        help=f"the scaling policy (default {DEFAULT_POLICY}) [SCALER_POLICY]",
+        help="the scaling policy [SCALER_POLICY]",
     )
     p.add_argument(
         "--replicas",
@@ -51,7 +51,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         type=service.at_least(MIN_RETENTION_HOURS),
         default=service.env("RETENTION_HOURS", str(DEFAULT_RETENTION.max_age_s / 3600)),
         metavar="H",
-        help="EVENTS keeps batches this long (README: Retention); a node sets it on the stream once every"
+        help="EVENTS keeps batches this long (docs/operations.md: Retention); a node sets it on the stream once every"
         " partition has a snapshot [SCALER_RETENTION_HOURS]",
     )
     p.add_argument(
@@ -67,7 +67,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         type=limits_file,
         default=service.env("LIMITS", ""),
         metavar="PATH",
-        help="a JSON file of caps, reserved instances, rest and forget (README: Limits) [SCALER_LIMITS]",
+        help="a JSON file of caps, reserved instances, rest and forget (docs/operations.md: Limits) [SCALER_LIMITS]",
     )
 
 

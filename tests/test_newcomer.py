@@ -1,10 +1,16 @@
 """What a new user meets around `scaler up`: a prompt stop however it ends, and one clear line for a bad start."""
 
 import asyncio
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
 
 from tests.processes import free_port
 from tests.stack import eventually
-from tests.test_up import alive, descendants, part_pid, reap, served, start_up, stop
+from tests.test_up import alive, descendants, part_pid, reap, run_cli, served, start_up, stop
 from workers import __main__ as workers_main
 from workers import effects
 
@@ -47,3 +53,41 @@ async def test_the_workers_stop_together_each_in_its_own_grace(nats_url, monkeyp
     await both.stop()
     took = loop.time() - began
     assert 3.0 <= took < 5.5, took  # one after the other: 6 s and more
+
+
+@pytest.mark.parametrize(
+    ("args", "why", "then"),
+    [
+        (["--metas", "/nope"], "argument --metas: /nope: cannot read: No such file or directory", ""),
+        (["--data-dir", "/etc/hostname/store"], "argument --data-dir: cannot use '/etc/hostname/store'", "Not a dir"),
+    ],
+)
+def test_a_bad_path_is_refused_before_anything_starts(args, why, then):
+    done = subprocess.run([sys.executable, "-m", "scaler.cli", "up", *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    said = done.stderr.splitlines()[-1]
+    assert said.startswith("scaler up: error: ") and why in said and then in said, done.stderr
+    assert "nats-server" not in done.stderr and "platform_stub" not in done.stderr and "Errno" not in done.stderr
+
+
+async def test_a_metrics_port_in_use_is_named_as_the_metrics_port():
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = await run_cli("up", "--port", "0", "--metrics-port", str(port), seconds=60)
+    assert code == 1, err
+    assert f"scaler up failed: node: cannot listen for metrics on 0.0.0.0:{port}: Address already in use" in err
+
+
+def test_up_help_shows_the_defaults():
+    done = subprocess.run([sys.executable, "-m", "scaler.cli", "up", "--help"], capture_output=True, text=True)
+    text = " ".join(done.stdout.split())  # as one line: argparse wraps at the terminal's width
+    for option, default in [
+        ("--port", "9001"),
+        ("--speed", "1.0"),
+        ("--retention-hours", "24.0"),
+        ("--policy", "learned"),
+    ]:
+        assert re.search(rf"{option} .*?\(default: {re.escape(default)}\)", text), (option, done.stdout)
+    assert text.count("(default: learned)") == 1 and "(default: None)" not in text
