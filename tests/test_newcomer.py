@@ -2,6 +2,7 @@
 
 import asyncio
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 
 from tests.processes import free_port
 from tests.stack import eventually
+from tests.test_simulate_live import finished, simulate_cli, steady
 from tests.test_up import alive, descendants, part_pid, reap, run_cli, served, start_up, stop
 from workers import __main__ as workers_main
 from workers import effects
@@ -91,3 +93,55 @@ def test_up_help_shows_the_defaults():
     ]:
         assert re.search(rf"{option} .*?\(default: {re.escape(default)}\)", text), (option, done.stdout)
     assert text.count("(default: learned)") == 1 and "(default: None)" not in text
+
+
+# --- a live run: its end said as such, and Ctrl-C keeps what was measured ---------------------------
+
+
+@pytest.mark.live_trace
+async def test_a_live_run_says_its_end_is_the_tail_after_the_last_idle(tmp_path):
+    platform = f"127.0.0.1:{free_port()}"
+    proc, gateway, _ = await start_up("--platform", platform, "--speed", "10", "--policy", "demo")
+    try:
+        simulator = await simulate_cli(
+            steady(tmp_path / "s", n=3), "--gateway", gateway, "--platform-listen", platform, "--speed", "10",
+            "--progress-every", "0.2",
+        )  # fmt: skip
+        code, err = await finished(simulator, 60)
+    finally:
+        await stop(proc)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("progress: ")]
+    tail = [line for line in lines if "the run's end, 20s after the last Idle:" in line]
+    assert tail and all("3/3 requests" in line for line in tail), err  # 2 s of run at speed 10
+    for line in lines:  # never trace time past the trace's end
+        shown, span = re.search(r"trace (\S+) of (\S+),", line).groups() if "trace " in line else ("", "")
+        assert shown <= span, line
+
+
+@pytest.mark.live_trace
+async def test_ctrl_c_on_a_live_run_prints_the_statistics_so_far_marked_partial(tmp_path):
+    platform = f"127.0.0.1:{free_port()}"
+    proc, gateway, _ = await start_up("--platform", platform, "--speed", "10", "--policy", "demo")
+    try:
+        simulator = await simulate_cli(
+            steady(tmp_path / "s"), "--gateway", gateway, "--platform-listen", platform, "--speed", "10",
+            "--progress-every", "0.2",
+        )  # fmt: skip
+        async with asyncio.timeout(60):
+            while True:  # until a few requests are done
+                line = (await simulator.stderr.readline()).decode()
+                assert line, "the run ended before it was interrupted"
+                if (m := re.search(r" (\d+)/40 requests", line)) and int(m.group(1)) >= 3:
+                    break
+        simulator.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(simulator.communicate(), 30)
+    finally:
+        await stop(proc)
+    out, err = out.decode(), err.decode()
+    assert simulator.returncode == 130, err
+    assert re.search(r"PARTIAL, interrupted after \d+ of 40 requests", out), out
+    done = int(re.search(r"interrupted after (\d+) of", out).group(1))
+    assert 3 <= done < 40
+    assert re.search(rf"totalRequestsCount\s+{done}\b", out), out
+    assert "scaler simulate: interrupted; the statistics above are partial" in err
