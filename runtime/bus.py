@@ -129,11 +129,28 @@ async def ensure_stream(
             await asyncio.sleep(0.2)
 
 
+INSUFFICIENT_STORAGE = 10047  # JetStream's error code: the server cannot reserve a stream's max_bytes
+
+
+class StoreTooSmall(RuntimeError):
+    """The event stream's size limit is more than the nats-server's JetStream store can reserve."""
+
+
 async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retention | None) -> None:
     try:
         info = await js.stream_info(EVENTS)
     except NotFoundError:
-        await js.add_stream(_config(replicas, retention or DEFAULT_RETENTION))
+        retention = retention or DEFAULT_RETENTION
+        try:
+            await js.add_stream(_config(replicas, retention))
+        except APIError as e:
+            if e.err_code != INSUFFICIENT_STORAGE:
+                raise
+            raise StoreTooSmall(
+                f"nats-server cannot reserve the {retention.max_bytes / 10**9:g} GB store limit of {EVENTS}"
+                f" ({e.description}): set one its JetStream store can hold with --store-limit-gb"
+                " (SCALER_STORE_LIMIT_GB), or give nats-server a larger store"
+            ) from None
         return
     wanted = _config(max(replicas, info.config.num_replicas or 1), retention_of(info.config))
     if _differs(info.config, wanted):

@@ -289,7 +289,7 @@ def check(args: argparse.Namespace) -> None:
         build_stand_ins(python_image, nats_image)
 
     # Host ports free here, unless the shell sets them (a shared machine may run a scaler on 9001).
-    env = {k: str(free_port()) for k in ("GATEWAY_PORTS", "NATS_PORT") if k not in os.environ}
+    env = {k: str(free_port()) for k in ("NODE_PORT", "NATS_PORT") if k not in os.environ}
     env |= {"DATASETS": "./tests/fixtures", "DATASET": DATASET} | ({"NATS_IMAGE": nats_image} if nats_image else {})
     compose = Compose(env)
     config = compose.config()

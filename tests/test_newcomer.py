@@ -1,6 +1,7 @@
 """What a new user meets around `scaler up`: a prompt stop however it ends, and one clear line for a bad start."""
 
 import asyncio
+import os
 import re
 import signal
 import socket
@@ -9,6 +10,8 @@ import sys
 
 import pytest
 
+from runtime.natsd import server_binary
+from tests import compose
 from tests.processes import free_port
 from tests.stack import eventually
 from tests.test_simulate_live import finished, simulate_cli, steady
@@ -145,3 +148,71 @@ async def test_ctrl_c_on_a_live_run_prints_the_statistics_so_far_marked_partial(
     assert 3 <= done < 40
     assert re.search(rf"totalRequestsCount\s+{done}\b", out), out
     assert "scaler simulate: interrupted; the statistics above are partial" in err
+
+
+# --- a store limit that fits the store (issue 22, item 10) ------------------------------------------
+
+
+@pytest.fixture
+async def small_nats(tmp_path):
+    """A nats-server whose JetStream store holds 1 GB (compose's sim profile: a tmpfs of half the host's memory)."""
+    port = free_port()
+    config = tmp_path / "small.conf"
+    config.write_text(f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {tmp_path / 'js'}, max_file_store: 1GB }}\n")
+    server = await asyncio.create_subprocess_exec(server_binary(), "-c", str(config), stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async with asyncio.timeout(15):
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        await server.wait()
+
+
+async def test_a_store_limit_the_nats_store_cannot_hold_is_one_line_naming_the_option(small_nats):
+    code, err = await run_cli("up", "--port", "0", "--nats", small_nats, seconds=60)
+    assert code == 1, err
+    said = [line for line in err.splitlines() if "ERROR" in line]
+    assert len(said) == 1, err
+    assert "scaler up failed: node: nats-server cannot reserve the 10 GB store limit of EVENTS" in said[0]
+    assert "--store-limit-gb (SCALER_STORE_LIMIT_GB)" in said[0]
+
+
+async def test_workers_first_on_a_small_store_create_the_stream_with_the_limit_they_are_given(small_nats):
+    command = [sys.executable, "-m", "workers", "--nats", small_nats, "--platform", f"127.0.0.1:{free_port()}"]
+    workers = await asyncio.create_subprocess_exec(
+        *command, env={**os.environ, "SCALER_STORE_LIMIT_GB": "0.5"}, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(30):
+            while "ready:" not in (line := (await workers.stderr.readline()).decode()):
+                assert line, "the workers exited before they were ready"
+    finally:
+        workers.terminate()
+        await workers.communicate()
+    proc, address, _ = await start_up("--nats", small_nats, "--store-limit-gb", "0.5")
+    try:
+        assert await served(address, "fits") == "fits-1"
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
+
+
+def test_under_sim_env_every_part_that_may_create_the_stream_asks_a_limit_its_tmpfs_holds():
+    """sim.env puts NATS's store on a tmpfs: half the host's memory, of which JetStream takes 75 %. A host of
+    8 GiB gives it 3 GiB; whichever part creates EVENTS first (a worker, in compose) must ask no more."""
+    sim = compose.load(compose.read_env_file(compose.SIM_ENV))
+    asked = {}
+    for name, service in sim["services"].items():
+        if compose.is_ours(service) and compose.is_part(service):
+            args = compose.parse(name, service).args
+            if hasattr(args, "store_limit_gb"):
+                asked[name] = args.store_limit_gb
+    assert set(asked) >= {"node", "platform-worker", "gc-worker"}, asked
+    assert all(gb <= 3 * 2**30 / 10**9 for gb in asked.values()), asked
