@@ -210,7 +210,7 @@ def test_under_sim_env_every_part_that_may_create_the_stream_asks_a_limit_its_tm
     sim = compose.load(compose.read_env_file(compose.SIM_ENV))
     asked = {}
     for name, service in sim["services"].items():
-        if compose.is_ours(service) and compose.is_part(service):
+        if compose.is_ours(service):
             args = compose.parse(name, service).args
             if hasattr(args, "store_limit_gb"):
                 asked[name] = args.store_limit_gb
