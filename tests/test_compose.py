@@ -99,7 +99,7 @@ def test_health_checks_probe_the_port_the_service_listens_on():
         assert test[:3] == ["CMD", "python", "-c"], f"{name}: {test}"
         host, port = test[-1].rsplit(":", 1)
         assert host in c.LOOPBACK and int(port) in c.listen_ports(name, service), f"{name} probes {test[-1]}"
-    # The gRPC services are checked (the workers and the controller have no port: see README).
+    # The gRPC services are checked (the workers and the controller have no port: see docs/containers.md).
     assert {n for n, s in ours(DEFAULT).items() if "healthcheck" in s} >= {"node", "platform-stub"}
 
     nats = services["nats"]
