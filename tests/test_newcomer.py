@@ -7,17 +7,21 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.natsd import server_binary
 from tests import compose
 from tests.processes import free_port
 from tests.stack import eventually
 from tests.test_simulate_live import finished, simulate_cli, steady
-from tests.test_up import alive, descendants, part_pid, reap, run_cli, served, start_up, stop
+from tests.test_up import alive, descendants, http_get, part_pid, reap, run_cli, served, start_up, stop
 from workers import __main__ as workers_main
 from workers import effects
+
+OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 
 
 async def test_a_killed_scaler_up_frees_its_ports_at_once_when_its_nats_went_with_it():
@@ -216,3 +220,29 @@ def test_under_sim_env_every_part_that_may_create_the_stream_asks_a_limit_its_tm
                 asked[name] = args.store_limit_gb
     assert set(asked) >= {"node", "platform-worker", "gc-worker"}, asked
     assert all(gb <= 3 * 2**30 / 10**9 for gb in asked.values()), asked
+
+
+# --- metrics: the ready line means the endpoint listens; docs/operations.md lists what it serves ------
+
+
+async def test_metrics_listen_at_the_ready_line_and_are_those_the_docs_list_snapshot_age_without_data_dir():
+    proc, address, lines = await start_up("--metrics-port", "0")  # no --data-dir: a temporary store
+    try:
+        url = re.search(r"metrics (http://\S+/metrics)", lines[-1]).group(1)
+        assert (await http_get(url))[0] == 200  # at once: the ready line comes once the endpoint listens
+        assert await served(address, "snap") == "snap-1"
+        families: set[str] = set()
+        async with asyncio.timeout(30):  # the node snapshots a partition with new events within seconds
+            while "scaler_snapshot_age_seconds" not in families:
+                text = (await http_get(url))[1]
+                families = {f.name for f in text_string_to_metric_families(text) if f.name.startswith("scaler_")}
+                families = {f for f in families if not f.endswith("_created")}  # the library's own timestamps
+                await asyncio.sleep(0.2)
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
+    page = OPERATIONS.read_text()
+    documented = {name.removesuffix("_total") for name in re.findall(r"^\| `(scaler_\w+)` \|", page, re.MULTILINE)}
+    assert families == documented
+    row = next(line for line in page.splitlines() if line.startswith("| `scaler_snapshot_age_seconds`"))
+    assert "without `--data-dir`" not in row.replace("with or without `--data-dir`", ""), row
