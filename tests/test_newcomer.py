@@ -246,3 +246,14 @@ async def test_metrics_listen_at_the_ready_line_and_are_those_the_docs_list_snap
     assert families == documented
     row = next(line for line in page.splitlines() if line.startswith("| `scaler_snapshot_age_seconds`"))
     assert "without `--data-dir`" not in row.replace("with or without `--data-dir`", ""), row
+
+
+def test_the_sim_profile_is_a_project_of_its_own_on_free_host_ports():
+    """A simulation beside a default stack that is up must not share its nats, node or volumes (the node
+    would keep its state against the emptied store), nor its host ports."""
+    env = compose.read_env_file(compose.SIM_ENV)
+    default, sim = compose.load(), compose.load(env)
+    assert env.get("COMPOSE_PROJECT_NAME", default["name"]) != default["name"]
+    for service in ("node", "nats"):
+        (published,) = sim["services"][service]["ports"]
+        assert published.split(":")[-2] == "0", published  # the engine picks a free one
