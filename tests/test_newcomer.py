@@ -1,6 +1,7 @@
 """What a new user meets around `scaler up`: a prompt stop however it ends, and one clear line for a bad start."""
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -105,18 +106,24 @@ def test_up_help_shows_the_defaults():
 # --- a live run: its end said as such, and Ctrl-C keeps what was measured ---------------------------
 
 
-@pytest.mark.live_trace
-async def test_a_live_run_says_its_end_is_the_tail_after_the_last_idle(tmp_path):
+@contextlib.asynccontextmanager
+async def simulating(folder: Path):
+    """`scaler simulate FOLDER` live against a `scaler up` of its own, both at speed 10, progress every 0.2 s."""
     platform = f"127.0.0.1:{free_port()}"
     proc, gateway, _ = await start_up("--platform", platform, "--speed", "10", "--policy", "demo")
     try:
-        simulator = await simulate_cli(
-            steady(tmp_path / "s", n=3), "--gateway", gateway, "--platform-listen", platform, "--speed", "10",
-            "--progress-every", "0.2",
-        )  # fmt: skip
-        code, err = await finished(simulator, 60)
+        yield await simulate_cli(
+            folder, "--gateway", gateway, "--platform-listen", platform, "--speed", "10", "--progress-every", "0.2"
+        )
     finally:
-        await stop(proc)
+        code, rest = await stop(proc)
+    assert code == 0, rest
+
+
+@pytest.mark.live_trace
+async def test_a_live_run_says_its_end_is_the_tail_after_the_last_idle(tmp_path):
+    async with simulating(steady(tmp_path / "s", n=3)) as simulator:
+        code, err = await finished(simulator, 60)
     assert code == 0, err
     lines = [line for line in err.splitlines() if line.startswith("progress: ")]
     tail = [line for line in lines if "the run's end, 20s after the last Idle:" in line]
@@ -128,13 +135,7 @@ async def test_a_live_run_says_its_end_is_the_tail_after_the_last_idle(tmp_path)
 
 @pytest.mark.live_trace
 async def test_ctrl_c_on_a_live_run_prints_the_statistics_so_far_marked_partial(tmp_path):
-    platform = f"127.0.0.1:{free_port()}"
-    proc, gateway, _ = await start_up("--platform", platform, "--speed", "10", "--policy", "demo")
-    try:
-        simulator = await simulate_cli(
-            steady(tmp_path / "s"), "--gateway", gateway, "--platform-listen", platform, "--speed", "10",
-            "--progress-every", "0.2",
-        )  # fmt: skip
+    async with simulating(steady(tmp_path / "s")) as simulator:
         async with asyncio.timeout(60):
             while True:  # until a few requests are done
                 line = (await simulator.stderr.readline()).decode()
@@ -143,8 +144,6 @@ async def test_ctrl_c_on_a_live_run_prints_the_statistics_so_far_marked_partial(
                     break
         simulator.send_signal(signal.SIGINT)
         out, err = await asyncio.wait_for(simulator.communicate(), 30)
-    finally:
-        await stop(proc)
     out, err = out.decode(), err.decode()
     assert simulator.returncode == 130, err
     assert re.search(r"PARTIAL, interrupted after \d+ of 40 requests", out), out
