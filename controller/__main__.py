@@ -13,14 +13,7 @@ from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from controller.shell import MAX_BEHIND_S, Controller
 from runtime import service
-from runtime.bus import DEFAULT_RETENTION, Retention
 from runtime.clock import Clock
-
-# The least retention a node accepts: the controller looks at the stream every second and snapshots a
-# partition once its snapshot falls into the older half of what is kept (or a quarter of the age), so
-# half the store must outlast a second of the busiest appends (about 1,000 batches/s of ~1.5 kB).
-MIN_RETENTION_HOURS = 1 / 60
-MIN_STORE_LIMIT_GB = 0.004
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -28,7 +21,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--policy",
         default=service.env("POLICY", DEFAULT_POLICY),
         choices=sorted(POLICIES),
-        help=f"the scaling policy (default {DEFAULT_POLICY}) [SCALER_POLICY]",
+        help="the scaling policy [SCALER_POLICY]",
     )
     p.add_argument(
         "--replicas",
@@ -60,28 +53,14 @@ def add_options(p: argparse.ArgumentParser) -> None:
         " with RESOURCE_EXHAUSTED [SCALER_MAX_BEHIND]",
     )
 
-    p.add_argument(
-        "--retention-hours",
-        type=service.at_least(MIN_RETENTION_HOURS),
-        default=service.env("RETENTION_HOURS", str(DEFAULT_RETENTION.max_age_s / 3600)),
-        metavar="H",
-        help="EVENTS keeps batches this long (README: Retention); a node sets it on the stream once every"
-        " partition has a snapshot [SCALER_RETENTION_HOURS]",
-    )
-    p.add_argument(
-        "--store-limit-gb",
-        type=service.at_least(MIN_STORE_LIMIT_GB),
-        default=service.env("STORE_LIMIT_GB", str(DEFAULT_RETENTION.max_bytes / 10**9)),
-        metavar="GB",
-        help="... and at most this much of them, the oldest going first [SCALER_STORE_LIMIT_GB]",
-    )
+    service.add_retention(p)  # whoever creates EVENTS sets them; a node brings the stream to its own
 
     p.add_argument(
         "--limits",
         type=limits_file,
         default=service.env("LIMITS", ""),
         metavar="PATH",
-        help="a JSON file of caps, reserved instances, rest and forget (README: Limits) [SCALER_LIMITS]",
+        help="a JSON file of caps, reserved instances, rest and forget (docs/operations.md: Limits) [SCALER_LIMITS]",
     )
     p.add_argument(
         "--session-idle",
@@ -106,10 +85,6 @@ def limits_file(path: str) -> str:
     """The path, once its content is known to be good: a mistake is said at the command line, with the file's name."""
     load_limits(path)
     return path
-
-
-def retention(a: argparse.Namespace) -> Retention:
-    return Retention(max_age_s=a.retention_hours * 3600, max_bytes=int(a.store_limit_gb * 10**9))
 
 
 def load_limits(path: str) -> Limits:
@@ -138,7 +113,7 @@ def make(a: argparse.Namespace) -> Controller:
         nats_unsynced=a.nats_unsynced,
         max_behind_s=a.max_behind,
         limits=limits,
-        retention=retention(a),
+        retention=service.retention(a),
     )
 
 

@@ -57,7 +57,7 @@ from proto.commands import (
 from proto.events import Batch, encode_batch, join
 from proto.subjects import PARTITIONS, partition
 from runtime import durability, stream
-from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send
+from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send, while_connected
 from runtime.clock import Clock
 from runtime.forward import Forwarder
 from runtime.tasks import cancelled
@@ -231,13 +231,8 @@ class Controller:
 
     async def stop(self) -> None:
         if self.snapshots is not None:
-            await self.snapshots.stop()
-        if self.partitions is not None:
-            await self.partitions.stop()  # gives every partition back, each snapshotted
-        if self.shared is not None:
-            await self.shared.stop()
-        if self._state_sub is not None:
-            await self._state_sub.unsubscribe()
+            await self.snapshots.stop()  # its last look at the stream waits 1 s at most
+        await while_connected(self._nc, self._give_back(), "snapshots; its leases lapse")
         await self.timers.stop()
         await cancelled(self._lag_watch)
         if self.forwarder is not None:
@@ -245,6 +240,14 @@ class Controller:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10)
         await close(self._nc)
+
+    async def _give_back(self) -> None:
+        if self.partitions is not None:
+            await self.partitions.stop()  # gives every partition back, each snapshotted
+        if self.shared is not None:
+            await self.shared.stop()
+        if self._state_sub is not None:
+            await self._state_sub.unsubscribe()
 
     # --- partitions served and released --------------------------------------------------------
 

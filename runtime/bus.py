@@ -129,11 +129,28 @@ async def ensure_stream(
             await asyncio.sleep(0.2)
 
 
+INSUFFICIENT_STORAGE = 10047  # JetStream's error code: the server cannot reserve a stream's max_bytes
+
+
+class StoreTooSmall(RuntimeError):
+    """The event stream's size limit is more than the nats-server's JetStream store can reserve."""
+
+
 async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retention | None) -> None:
     try:
         info = await js.stream_info(EVENTS)
     except NotFoundError:
-        await js.add_stream(_config(replicas, retention or DEFAULT_RETENTION))
+        retention = retention or DEFAULT_RETENTION
+        try:
+            await js.add_stream(_config(replicas, retention))
+        except APIError as e:
+            if e.err_code != INSUFFICIENT_STORAGE:
+                raise
+            raise StoreTooSmall(
+                f"nats-server cannot reserve the {retention.max_bytes / 10**9:g} GB store limit of {EVENTS}"
+                f" ({e.description}): set one its JetStream store can hold with --store-limit-gb"
+                " (SCALER_STORE_LIMIT_GB), or give nats-server a larger store"
+            ) from None
         return
     wanted = _config(max(replicas, info.config.num_replicas or 1), retention_of(info.config))
     if _differs(info.config, wanted):
@@ -198,7 +215,29 @@ async def close(nc: Client | None) -> None:
     try:
         await asyncio.wait_for(nc.drain(), 5)
     except Exception:
-        await nc.close()
+        with contextlib.suppress(Exception):  # NATS gone: its transport may be closed already
+            await nc.close()
+
+
+async def while_connected(nc: Client | None, work: Awaitable[None], what: str) -> bool:
+    """Do `work` while NATS is connected; give it up at once if the connection is or gets lost.
+
+    For the last words of a stop (snapshots, giving leases back): against a NATS that is gone (an
+    embedded one stopped with us) each request would wait out its timeout, keeping the process
+    and its ports for tens of seconds, for nothing. Whether `work` was done.
+    """
+    task = asyncio.ensure_future(work)
+    while nc is not None:
+        done, _ = await asyncio.wait([task], timeout=0.05)
+        if done:
+            break
+        if not nc.is_connected:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            log.warning("NATS is away; stopping without %s", what)
+            return False
+    await task
+    return True
 
 
 @contextlib.asynccontextmanager

@@ -8,6 +8,7 @@ steps of the service, never in the middle of one. One request per connection.
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 
 from runtime.ports import CannotListen
@@ -33,7 +34,8 @@ class HttpEndpoint:
         try:
             self._server = await asyncio.start_server(self._serve, host.strip("[]") or None, int(port))
         except OSError as e:
-            raise CannotListen(self.listen, e.strerror or str(e)) from None
+            why = os.strerror(e.errno) if e.errno else str(e)  # uvloop's own text repeats the address
+            raise CannotListen(self.listen, why, self.what) from None
         self.port = self._server.sockets[0].getsockname()[1]
         return f"{self.what} on {host or '0.0.0.0'}:{self.port}"
 

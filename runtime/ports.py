@@ -16,8 +16,8 @@ GRPC_OPTIONS = [("grpc.so_reuseport", 0)]
 class CannotListen(RuntimeError):
     """The address cannot be served (in use, not allowed, not an address of this machine)."""
 
-    def __init__(self, listen: str, why: str) -> None:
-        super().__init__(f"cannot listen on {listen}: {why}")
+    def __init__(self, listen: str, why: str, what: str = "") -> None:
+        super().__init__(f"cannot listen{f' for {what}' if what else ''} on {listen}: {why}")
         self.listen = listen
         self.why = why
 

@@ -19,15 +19,21 @@ SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-li
 }
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's help ends with its default, when it has one (a flag, or no value, has none to show)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        if not action.option_strings or action.default in (None, False, "", argparse.SUPPRESS) or "%(default)" in help:
+            return help
+        return f"{help} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scaler", description="An event-sourced autoscaler for serverless functions")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help) in SUBCOMMANDS.items():
-        module.add_arguments(
-            sub.add_parser(
-                name, help=help, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-            )
-        )
+        module.add_arguments(sub.add_parser(name, help=help, description=module.__doc__, formatter_class=HelpFormatter))
     return parser
 
 

@@ -31,6 +31,8 @@ from runtime.bus import close, connect
 from runtime.natsd import NatsServer, claim
 from runtime.ports import port
 from runtime.service import READY_FD, add_log_level, env, positive, setup_logging, stop_on_signals
+from simulator.dataset import metas_argument
+from workers import effects
 
 log = logging.getLogger("scaler.up")
 
@@ -53,10 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--data-dir",
+        type=data_dir,
         help="where the embedded NATS keeps its store (DIR/nats: the events, leases and snapshots); default: a"
         " temporary folder, removed at exit",
     )
-    p.add_argument("--metas", help="the stub's init times: a dataset folder or its metas file")
+    p.add_argument("--metas", type=metas_argument, help="the stub's init times: a dataset folder or its metas file")
     p.add_argument(
         "--metrics-port",
         type=port,
@@ -66,6 +69,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     controller_main.add_options(p)  # the node's: policy, replicas, limits, overload, retention
     p.add_argument("--speed", type=positive, default=1.0, help="run every clock N times faster (for simulations)")
     add_log_level(p, "INFO", "this command's log level; components log warnings")
+
+
+def data_dir(text: str) -> str:
+    """An argparse type: a folder for the store, made if missing; refused in one line if it cannot be."""
+    try:
+        Path(text).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot use {text!r} as the store's folder: {e.strerror}") from None
+    return text
 
 
 @dataclass
@@ -266,15 +278,26 @@ class Supervisor:
         first = [c for c in self.children if c.name == "node"]
         rest = [c for c in self.children if c not in first and c not in nats]
         for group in (first, rest):
-            await asyncio.gather(*(self._terminate(c) for c in group))
+            await self._stop_group(group)
         self.children.clear()
         if self.nats is not None:
+            log.info("stopping nats-server")
             await self.nats.stop()
         running.forget(self.record)
         if self._claim is not None:
             self._claim.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+    async def _stop_group(self, group: list[Child]) -> None:
+        """Stop them together, saying what is waited for (the workers give work under way a grace)."""
+        alive = [c for c in group if c.proc is not None and c.proc.returncode is None]
+        if not alive:
+            return
+        workers = any(c.name == "workers" for c in alive)
+        grace = f" (work under way gets up to {effects.STOP_GRACE_S:g}s)" if workers else ""
+        log.info("stopping %s%s", ", ".join(c.name for c in alive), grace)
+        await asyncio.gather(*(self._terminate(c) for c in alive))
 
     @staticmethod
     async def _terminate(child: Child) -> None:

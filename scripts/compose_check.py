@@ -4,7 +4,7 @@
     .venv/bin/python scripts/compose_check.py --stand-ins      # no registry: base images from Debian packages
     .venv/bin/python scripts/compose_check.py --python-image IMG --nats-image IMG
 
-Needs a Docker engine and Compose v2 (`docker compose`); README, "Containers", says how to get them.
+Needs a Docker engine and Compose v2 (`docker compose`); docs/containers.md says how to get them.
 Steps, each must pass: build our image (`docker compose build`, the Dockerfile's PYTHON from
 --python-image); `docker compose up` with every service running and healthy where it has a check;
 Assign and Idle from this host on the published gateway port; `scaler replay --verify` inside a
@@ -280,7 +280,8 @@ def check(args: argparse.Namespace) -> None:
         raise CheckFailed(f"no Docker engine answers: {engine.stderr.strip()}")
     version = sh("docker", "compose", "version", "--short", check=False).stdout.strip()
     if not version.lstrip("v").startswith("2."):
-        raise CheckFailed(f"needs Docker Compose v2 (`docker compose`), have {version or 'none'}: see README")
+        have = version or "none"
+        raise CheckFailed(f"needs Docker Compose v2 (`docker compose`), have {have}: see docs/containers.md")
     say(f"engine {engine.stdout.strip()}, compose {version}")
 
     python_image = args.python_image or (STAND_IN_PYTHON if args.stand_ins else None)
@@ -289,7 +290,7 @@ def check(args: argparse.Namespace) -> None:
         build_stand_ins(python_image, nats_image)
 
     # Host ports free here, unless the shell sets them (a shared machine may run a scaler on 9001).
-    env = {k: str(free_port()) for k in ("GATEWAY_PORTS", "NATS_PORT") if k not in os.environ}
+    env = {k: str(free_port()) for k in ("NODE_PORT", "NATS_PORT") if k not in os.environ}
     env |= {"DATASETS": "./tests/fixtures", "DATASET": DATASET} | ({"NATS_IMAGE": nats_image} if nats_image else {})
     compose = Compose(env)
     config = compose.config()

@@ -8,7 +8,8 @@ gRPC; deterministic, seconds for hours of trace. Both end in the same scoring co
 `--report PATH.html` draws the run as a page (simulator/report.py; docs/reports.md), `--save-run`
 keeps it for a later `--compare`.
 Exit status: 0 when the run completed (whatever the score), 1 when it could not be done, 2 for a
-command line argparse refuses, 130 after Ctrl-C and 143 after SIGTERM (`docker stop`).
+command line argparse refuses, 130 after Ctrl-C (a live run first prints its statistics so far, marked
+partial) and 143 after SIGTERM (`docker stop`).
 """
 
 import argparse
@@ -30,7 +31,7 @@ from runtime.ports import port
 from runtime.service import positive
 from simulator import report
 from simulator.dataset import Dataset, DatasetError, load_dataset
-from simulator.live import LiveError, run_live
+from simulator.live import LiveError, LiveRun, run_live
 from simulator.offline import Simulation
 from simulator.progress import EVERY_S, Progress
 from simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
@@ -72,6 +73,15 @@ class Failure(Exception):
 class Terminated(Exception):
     """SIGTERM (`docker stop`, compose stopping the stack). As PID 1 in a container a signal with no
     handler does nothing, so the simulator would run on until Docker kills it after the grace period."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a live run: the statistics of the requests done so far are still worth printing."""
+
+    def __init__(self, run: Run, heading: list[str]) -> None:
+        super().__init__("interrupted")
+        self.run = run
+        self.heading = heading
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -182,6 +192,12 @@ def run(args: argparse.Namespace) -> int:
     except (DatasetError, LiveError, Failure) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
+    except Interrupted as e:  # the statistics so far, said to be partial
+        stats = e.run.stats()
+        print("\n".join(e.heading))
+        print(render(stats, worst_functions(e.run.invocations, e.run.slot_gb_s_by_key, stats, WORST)))
+        print("scaler simulate: interrupted; the statistics above are partial", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("scaler simulate: interrupted", file=sys.stderr)
         return 130
@@ -247,20 +263,34 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     gateway = args.gateway or DEFAULT_GATEWAY
     started = time.perf_counter()
     stats = f"0.0.0.0:{args.stats_port}" if args.stats_port is not None else None
-    run, errors, says = asyncio.run(
-        _until_terminated(
-            run_live(
-                dataset,
-                gateway,
-                speed,
-                args.platform_listen or DEFAULT_PLATFORM_LISTEN,
-                CREATE_LATENCY_MS,
-                Progress(len(dataset.requests), dataset.span_ms, args.progress_every),
-                stats,
-                said=lambda line: print(line, file=sys.stderr, flush=True),
+    drivers: list[LiveRun] = []
+    try:
+        run, errors, says = asyncio.run(
+            _until_terminated(
+                run_live(
+                    dataset,
+                    gateway,
+                    speed,
+                    args.platform_listen or DEFAULT_PLATFORM_LISTEN,
+                    CREATE_LATENCY_MS,
+                    Progress(len(dataset.requests), dataset.span_ms, args.progress_every),
+                    stats,
+                    said=lambda line: print(line, file=sys.stderr, flush=True),
+                    began=drivers.append,
+                )
             )
         )
-    )
+    except KeyboardInterrupt:
+        if not drivers or not drivers[0].done:
+            raise
+        driver = drivers[0]
+        raise Interrupted(
+            driver.partial(),
+            [
+                f"{dataset.name}: PARTIAL, interrupted after {driver.done:,} of {len(dataset.requests):,} requests"
+                f" (live against {gateway} at speed {speed:g}); slots charged until the interruption"
+            ],
+        ) from None
     took = time.perf_counter() - started
     policy = f", policy {says['policy']}" if "policy" in says else ""
     heading = [

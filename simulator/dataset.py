@@ -4,6 +4,7 @@
 `requests` one request per line, sorted by start time.
 """
 
+import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,15 @@ def load_metas(path: str | Path) -> dict[str, FunctionMeta]:
             raise DatasetError(f"{path}:{n}: memoryInMb must be positive")
         metas[meta.key] = meta
     return metas
+
+
+def metas_argument(text: str) -> str:
+    """An argparse type: a dataset folder or its metas file, read and checked before anything starts."""
+    try:
+        load_metas(text)
+    except DatasetError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 class Request(msgspec.Struct, frozen=True, rename="camel"):

@@ -88,6 +88,7 @@ class LiveRun:
         self.progress = progress
         self.done = self.failed = self.in_flight = 0  # requests
         self.begin_ms = clock.now_ms()
+        self._tail_began: int | None = None  # when the last request was done: the run's end follows
         self._refused: asyncio.Future[str] | None = None  # why the run cannot go on, said at the first sign
         self._pending: set[asyncio.Task] = set()  # calls under way
         self._ours = False  # an instance the scaler handed out ran on this platform
@@ -135,6 +136,7 @@ class LiveRun:
             if pending:
                 await asyncio.wait(pending)
             if not crashed:
+                self._tail_began = self.clock.now_ms()
                 await self.clock.sleep_ms(self.tail_ms)
         finally:
             if ticker is not None:
@@ -151,8 +153,9 @@ class LiveRun:
 
     def _show(self, final: bool = False) -> None:
         if self.progress is not None:
-            trace_ms = self.clock.now_ms() - self.begin_ms
-            self.progress.show(self.done, trace_ms, self.failed, self.in_flight, final=final)
+            now = self.clock.now_ms()
+            tail = None if self._tail_began is None else (min(now - self._tail_began, self.tail_ms), self.tail_ms)
+            self.progress.show(self.done, now - self.begin_ms, self.failed, self.in_flight, final=final, tail=tail)
 
     def _refuse(self, why: str) -> None:
         if self._refused is not None and not self._refused.done():
@@ -244,6 +247,10 @@ class LiveRun:
             "traceSecs": (now - self.begin_ms) / 1000,
             "statistics": msgspec.to_builtins(stats) if stats is not None else None,
         }
+
+    def partial(self) -> Run:
+        """The run of the requests done so far, slots charged until now (a run cut short)."""
+        return self.result(self.clock.now_ms(), [c for c in self.calls if c.done])
 
     def stats_page(self) -> tuple[str, bytes]:
         return "application/json", msgspec.json.encode(self.so_far()) + b"\n"
@@ -357,12 +364,14 @@ async def run_live(
     progress: Progress | None = None,
     stats_listen: str | None = None,
     said: Callable[[str], None] = lambda line: None,
+    began: Callable[[LiveRun], None] = lambda driver: None,
 ) -> tuple[Run, Counter[str], dict]:
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
 
     The setup is checked before the first request: the scaler's speed (when it says it) and, at
     its first answer, that it uses this platform. With `stats_listen`, the statistics so far are
-    served there over HTTP (`/stats`, JSON) while the run goes on; `said` is told where.
+    served there over HTTP (`/stats`, JSON) while the run goes on; `said` is told where. `began` is given
+    the run once it begins, so that a caller can report the requests done so far if it is interrupted.
     Returns the run, how its failed calls failed (message -> count), and what the scaler said of itself.
     """
     clock = Clock(speed)
@@ -388,6 +397,7 @@ async def run_live(
                     " start both with the same --speed"
                 )
             driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress)
+            began(driver)  # the caller can tell how far it came, should the run be cut short
             if stats_listen is not None:
                 stats = HttpEndpoint(stats_listen, {"/stats": driver.stats_page}, "statistics")
                 try:

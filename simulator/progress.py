@@ -37,9 +37,19 @@ class Progress:
         return self.clock() >= self._next
 
     def show(
-        self, done: int, trace_ms: int, failed: int | None = None, in_flight: int | None = None, final: bool = False
+        self,
+        done: int,
+        trace_ms: int,
+        failed: int | None = None,
+        in_flight: int | None = None,
+        final: bool = False,
+        tail: tuple[float, float] | None = None,
     ) -> None:
-        """Say how far it is, if it is time to (or `final`: the bar's last state; no line in a log)."""
+        """Say how far it is, if it is time to (or `final`: the bar's last state; no line in a log).
+
+        `tail` (elapsed, length, ms of trace time): every request is done and the run goes on to its
+        end, slots still charged; said as such rather than as trace time past the trace's end.
+        """
         now = self.clock()
         if not final and now < self._next:
             return
@@ -47,7 +57,11 @@ class Progress:
         counts = f"{done:,}/{self.total:,} requests"
         counts += f", in flight {in_flight:,}" if in_flight is not None else ""
         counts += f", failed {failed:,}" if failed is not None else ""
-        trace = f"trace {_hms(trace_ms)} of {_hms(self.span_ms)}"
+        if tail is not None:
+            elapsed, length = tail
+            trace = f"the run's end, {length / 1000:g}s after the last Idle: {_hms(elapsed)} of {_hms(length)}"
+        else:
+            trace = f"trace {_hms(min(trace_ms, self.span_ms))} of {_hms(self.span_ms)}"
         if self.tty:
             filled = WIDTH * done // max(self.total, 1)
             bar = f"[{'#' * filled}{'.' * (WIDTH - filled)}]"

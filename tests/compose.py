@@ -114,8 +114,11 @@ class Parsed:
     reads: set[str]  # every SCALER_* variable the component's parser looks up
 
 
+IMAGE = "scaler:latest"  # the one image of our services, built from the Dockerfile
+
+
 def is_ours(service: dict) -> bool:
-    return "build" in service
+    return service.get("image") == IMAGE
 
 
 def is_part(service: dict) -> bool:

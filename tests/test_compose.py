@@ -99,7 +99,7 @@ def test_health_checks_probe_the_port_the_service_listens_on():
         assert test[:3] == ["CMD", "python", "-c"], f"{name}: {test}"
         host, port = test[-1].rsplit(":", 1)
         assert host in c.LOOPBACK and int(port) in c.listen_ports(name, service), f"{name} probes {test[-1]}"
-    # The gRPC services are checked (the workers and the controller have no port: see README).
+    # The gRPC services are checked (the workers and the controller have no port: see docs/containers.md).
     assert {n for n, s in ours(DEFAULT).items() if "healthcheck" in s} >= {"node", "platform-stub"}
 
     nats = services["nats"]
@@ -139,10 +139,14 @@ def test_nats_is_published_on_the_hosts_loopback_only():
     assert host == "127.0.0.1" and int(container) in c.listen_ports("nats", DEFAULT["services"]["nats"])
 
 
-def test_one_image_for_all_our_services_and_restart_policies():
-    images = {(s["image"], s["build"]) for s in ours(SIM).values()}
-    assert len(images) == 1, images
-    assert (c.ROOT / next(iter(images))[1] / "Dockerfile").exists()
+def test_one_image_built_once_for_all_our_services_and_restart_policies():
+    builders = {n: s["build"] for n, s in SIM["services"].items() if "build" in s}
+    assert len(builders) == 1, f"each service with a `build:` builds the image again: {sorted(builders)}"
+    ((builder, context),) = builders.items()
+    assert (c.ROOT / context / "Dockerfile").exists()
+    assert SIM["services"][builder]["image"] == c.IMAGE and len(ours(SIM)) >= 5
+    never_pulled = {n for n, s in ours(SIM).items() if s.get("pull_policy") == "never"}
+    assert never_pulled == set(ours(SIM)), "an image missing locally would be pulled from a registry"
     for name, service in SIM["services"].items():
         one_run = "sim" in service.get("profiles", [])
         assert service.get("restart") == ("no" if one_run else "unless-stopped"), name

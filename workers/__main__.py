@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=float(service.env("ACK_WAIT", str(ACK_WAIT_S))),
         help="seconds after which an event a dead worker was performing is redelivered [SCALER_ACK_WAIT]",
     )
+    service.add_retention(p)
     return p
 
 
@@ -47,7 +48,9 @@ def make(a: argparse.Namespace) -> service.Component:
         parts.append(PlatformWorker(a.nats, a.platform, a.concurrency, a.ack_wait))
     if "gc" in kinds:
         parts.append(GcWorker(a.nats, a.platform, Clock(a.speed), a.concurrency, ack_wait_s=a.ack_wait))
-    return parts[0] if len(parts) == 1 else service.Together(parts)
+    for part in parts:  # should a worker be the first to need EVENTS, it creates it with these limits
+        part.retention = service.retention(a)
+    return parts[0] if len(parts) == 1 else service.Alongside(parts)  # each waits out its grace
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import AnyCommand
 from proto.events import Event, decode_batch
 from proto.subjects import EVENTS, EVT, worker_subjects
-from runtime.bus import close, connect, ensure_stream, send
+from runtime.bus import Retention, close, connect, ensure_stream, send
 from runtime.faults import LastingFault
 
 log = logging.getLogger("scaler.effects")
@@ -121,6 +121,7 @@ class EffectWorker:
 
     def __init__(self, nats_url: str, platform: str, concurrency: int = 1024, ack_wait_s: float = ACK_WAIT_S) -> None:
         self.nats_url = nats_url
+        self.retention: Retention | None = None  # EVENTS's limits, should this worker be the one to create it
         self.platform_addr = platform
         self.ack_wait_s = ack_wait_s  # how soon an event a dead worker was performing comes back
         self.patience_s = PATIENCE_S  # how long a busy platform is retried
@@ -149,7 +150,7 @@ class EffectWorker:
         self.platform = pb_grpc.PlatformStub(self._channel)
         self._nc = await connect(self.nats_url, self.name)
         self._js = self._nc.jetstream()
-        await ensure_stream(self._js)
+        await ensure_stream(self._js, retention=self.retention)
         subjects = worker_subjects(self.effect)
         config = ConsumerConfig(
             ack_policy=AckPolicy.EXPLICIT,
@@ -187,6 +188,12 @@ class EffectWorker:
         if self._sub is not None:
             await self._sub.unsubscribe()
         if self._tasks:
+            log.info(
+                "%s: %d effects under way; they get %gs, then the next worker",
+                self.name,
+                len(self._tasks),
+                STOP_GRACE_S,
+            )
             _, late = await asyncio.wait(self._tasks, timeout=STOP_GRACE_S)
             for task in late:
                 task.cancel()

@@ -1,0 +1,258 @@
+"""What a new user meets around `scaler up`: a prompt stop however it ends, and one clear line for a bad start."""
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from runtime.natsd import server_binary
+from tests import compose
+from tests.processes import free_port
+from tests.stack import eventually
+from tests.test_simulate_live import finished, simulate_cli, steady
+from tests.test_up import alive, descendants, http_get, part_pid, reap, run_cli, served, start_up, stop
+from workers import __main__ as workers_main
+from workers import effects
+
+OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+
+
+async def test_a_killed_scaler_up_frees_its_ports_at_once_when_its_nats_went_with_it():
+    """kill -9 of `scaler up` takes its embedded NATS down too: the node has nowhere to save its snapshots
+    or give its leases back, so it must leave at once rather than wait out NATS's timeouts on its port."""
+    port = free_port()
+    proc, address, _ = await start_up("--port", str(port))
+    parts = descendants(proc.pid)
+    node, nats = part_pid(proc, "scaler node"), part_pid(proc, "bin/nats-server")
+    try:
+        assert await served(address, "held") == "held-1"  # a partition served: a snapshot to write at stop
+        proc.kill()
+        await eventually(lambda: not alive(nats), 30)
+        await eventually(lambda: not alive(node), 5)  # waiting on the gone NATS took 11 s and more
+        said = (await asyncio.wait_for(proc.stderr.read(), 30)).decode()
+        assert "could not write the snapshot" not in said and "Traceback" not in said, said
+        again, address, _ = await start_up("--port", str(port))  # its port is free for the next one
+        try:
+            assert await served(address, "next") == "next-1"
+        finally:
+            code, rest = await stop(again)
+        assert code == 0, rest
+    finally:
+        reap(parts)
+
+
+async def test_the_workers_stop_together_each_in_its_own_grace(nats_url, monkeypatch):
+    """After a live run the platform is gone and both workers still have work under way: each gets its
+    grace, at the same time, not one after the other."""
+    monkeypatch.setattr(effects, "STOP_GRACE_S", 3.0)
+    dead = f"127.0.0.1:{free_port()}"  # the simulator's platform, gone at the end of its run
+    both = workers_main.make(workers_main.build_parser().parse_args(["--nats", nats_url, "--platform", dead]))
+    await both.start()
+    for worker in both.parts:
+        worker.spawn(asyncio.sleep(3600))  # a platform call that will not come back in time
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await both.stop()
+    took = loop.time() - began
+    assert 3.0 <= took < 5.5, took  # one after the other: 6 s and more
+
+
+@pytest.mark.parametrize(
+    ("args", "why", "then"),
+    [
+        (["--metas", "/nope"], "argument --metas: /nope: cannot read: No such file or directory", ""),
+        (["--data-dir", "/etc/hostname/store"], "argument --data-dir: cannot use '/etc/hostname/store'", "Not a dir"),
+    ],
+)
+def test_a_bad_path_is_refused_before_anything_starts(args, why, then):
+    done = subprocess.run([sys.executable, "-m", "scaler.cli", "up", *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    said = done.stderr.splitlines()[-1]
+    assert said.startswith("scaler up: error: ") and why in said and then in said, done.stderr
+    assert "nats-server" not in done.stderr and "platform_stub" not in done.stderr and "Errno" not in done.stderr
+
+
+async def test_a_metrics_port_in_use_is_named_as_the_metrics_port():
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = await run_cli("up", "--port", "0", "--metrics-port", str(port), seconds=60)
+    assert code == 1, err
+    assert f"scaler up failed: node: cannot listen for metrics on 0.0.0.0:{port}: Address already in use" in err
+
+
+def test_up_help_shows_the_defaults():
+    done = subprocess.run([sys.executable, "-m", "scaler.cli", "up", "--help"], capture_output=True, text=True)
+    text = " ".join(done.stdout.split())  # as one line: argparse wraps at the terminal's width
+    for option, default in [
+        ("--port", "9001"),
+        ("--speed", "1.0"),
+        ("--retention-hours", "24.0"),
+        ("--policy", "learned"),
+    ]:
+        assert re.search(rf"{option} .*?\(default: {re.escape(default)}\)", text), (option, done.stdout)
+    assert text.count("(default: learned)") == 1 and "(default: None)" not in text
+
+
+# --- a live run: its end said as such, and Ctrl-C keeps what was measured ---------------------------
+
+
+@contextlib.asynccontextmanager
+async def simulating(folder: Path):
+    """`scaler simulate FOLDER` live against a `scaler up` of its own, both at speed 10, progress every 0.2 s."""
+    platform = f"127.0.0.1:{free_port()}"
+    proc, gateway, _ = await start_up("--platform", platform, "--speed", "10", "--policy", "demo")
+    try:
+        yield await simulate_cli(
+            folder, "--gateway", gateway, "--platform-listen", platform, "--speed", "10", "--progress-every", "0.2"
+        )
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
+
+
+@pytest.mark.live_trace
+async def test_a_live_run_says_its_end_is_the_tail_after_the_last_idle(tmp_path):
+    async with simulating(steady(tmp_path / "s", n=3)) as simulator:
+        code, err = await finished(simulator, 60)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("progress: ")]
+    tail = [line for line in lines if "the run's end, 20s after the last Idle:" in line]
+    assert tail and all("3/3 requests" in line for line in tail), err  # 2 s of run at speed 10
+    for line in lines:  # never trace time past the trace's end
+        shown, span = re.search(r"trace (\S+) of (\S+),", line).groups() if "trace " in line else ("", "")
+        assert shown <= span, line
+
+
+@pytest.mark.live_trace
+async def test_ctrl_c_on_a_live_run_prints_the_statistics_so_far_marked_partial(tmp_path):
+    async with simulating(steady(tmp_path / "s")) as simulator:
+        async with asyncio.timeout(60):
+            while True:  # until a few requests are done
+                line = (await simulator.stderr.readline()).decode()
+                assert line, "the run ended before it was interrupted"
+                if (m := re.search(r" (\d+)/40 requests", line)) and int(m.group(1)) >= 3:
+                    break
+        simulator.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(simulator.communicate(), 30)
+    out, err = out.decode(), err.decode()
+    assert simulator.returncode == 130, err
+    assert re.search(r"PARTIAL, interrupted after \d+ of 40 requests", out), out
+    done = int(re.search(r"interrupted after (\d+) of", out).group(1))
+    assert 3 <= done < 40
+    assert re.search(rf"totalRequestsCount\s+{done}\b", out), out
+    assert "scaler simulate: interrupted; the statistics above are partial" in err
+
+
+# --- a store limit that fits the store (issue 22, item 10) ------------------------------------------
+
+
+@pytest.fixture
+async def small_nats(tmp_path):
+    """A nats-server whose JetStream store holds 1 GB (compose's sim profile: a tmpfs of half the host's memory)."""
+    port = free_port()
+    config = tmp_path / "small.conf"
+    config.write_text(f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {tmp_path / 'js'}, max_file_store: 1GB }}\n")
+    server = await asyncio.create_subprocess_exec(server_binary(), "-c", str(config), stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async with asyncio.timeout(15):
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        await server.wait()
+
+
+async def test_a_store_limit_the_nats_store_cannot_hold_is_one_line_naming_the_option(small_nats):
+    code, err = await run_cli("up", "--port", "0", "--nats", small_nats, seconds=60)
+    assert code == 1, err
+    said = [line for line in err.splitlines() if "ERROR" in line]
+    assert len(said) == 1, err
+    assert "scaler up failed: node: nats-server cannot reserve the 10 GB store limit of EVENTS" in said[0]
+    assert "--store-limit-gb (SCALER_STORE_LIMIT_GB)" in said[0]
+
+
+async def test_workers_first_on_a_small_store_create_the_stream_with_the_limit_they_are_given(small_nats):
+    command = [sys.executable, "-m", "workers", "--nats", small_nats, "--platform", f"127.0.0.1:{free_port()}"]
+    workers = await asyncio.create_subprocess_exec(
+        *command, env={**os.environ, "SCALER_STORE_LIMIT_GB": "0.5"}, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(30):
+            while "ready:" not in (line := (await workers.stderr.readline()).decode()):
+                assert line, "the workers exited before they were ready"
+    finally:
+        workers.terminate()
+        await workers.communicate()
+    proc, address, _ = await start_up("--nats", small_nats, "--store-limit-gb", "0.5")
+    try:
+        assert await served(address, "fits") == "fits-1"
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
+
+
+def test_under_sim_env_every_part_that_may_create_the_stream_asks_a_limit_its_tmpfs_holds():
+    """sim.env puts NATS's store on a tmpfs: half the host's memory, of which JetStream takes 75 %. A host of
+    8 GiB gives it 3 GiB; whichever part creates EVENTS first (a worker, in compose) must ask no more."""
+    sim = compose.load(compose.read_env_file(compose.SIM_ENV))
+    asked = {}
+    for name, service in sim["services"].items():
+        if compose.is_ours(service):
+            args = compose.parse(name, service).args
+            if hasattr(args, "store_limit_gb"):
+                asked[name] = args.store_limit_gb
+    assert set(asked) >= {"node", "platform-worker", "gc-worker"}, asked
+    assert all(gb <= 3 * 2**30 / 10**9 for gb in asked.values()), asked
+
+
+# --- metrics: the ready line means the endpoint listens; docs/operations.md lists what it serves ------
+
+
+async def test_metrics_listen_at_the_ready_line_and_are_those_the_docs_list_snapshot_age_without_data_dir():
+    proc, address, lines = await start_up("--metrics-port", "0")  # no --data-dir: a temporary store
+    try:
+        url = re.search(r"metrics (http://\S+/metrics)", lines[-1]).group(1)
+        assert (await http_get(url))[0] == 200  # at once: the ready line comes once the endpoint listens
+        assert await served(address, "snap") == "snap-1"
+        families: set[str] = set()
+        async with asyncio.timeout(30):  # the node snapshots a partition with new events within seconds
+            while "scaler_snapshot_age_seconds" not in families:
+                text = (await http_get(url))[1]
+                families = {f.name for f in text_string_to_metric_families(text) if f.name.startswith("scaler_")}
+                families = {f for f in families if not f.endswith("_created")}  # the library's own timestamps
+                await asyncio.sleep(0.2)
+    finally:
+        code, rest = await stop(proc)
+    assert code == 0, rest
+    page = OPERATIONS.read_text()
+    documented = {name.removesuffix("_total") for name in re.findall(r"^\| `(scaler_\w+)` \|", page, re.MULTILINE)}
+    assert families == documented
+    row = next(line for line in page.splitlines() if line.startswith("| `scaler_snapshot_age_seconds`"))
+    assert "without `--data-dir`" not in row.replace("with or without `--data-dir`", ""), row
+
+
+def test_the_sim_profile_is_a_project_of_its_own_on_free_host_ports():
+    """A simulation beside a default stack that is up must not share its nats, node or volumes (the node
+    would keep its state against the emptied store), nor its host ports."""
+    env = compose.read_env_file(compose.SIM_ENV)
+    default, sim = compose.load(), compose.load(env)
+    assert env.get("COMPOSE_PROJECT_NAME", default["name"]) != default["name"]
+    for service in ("node", "nats"):
+        (published,) = sim["services"][service]["ports"]
+        assert published.split(":")[-2] == "0", published  # the engine picks a free one

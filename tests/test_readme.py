@@ -1,0 +1,92 @@
+"""The README's tour, run as written in a fresh directory: what a newcomer pastes must work.
+
+The code blocks come out of README.md through pytest-codeblocks' parser; they run one after the
+other in one bash (as pasted into one terminal), with `set -euo pipefail`, in a directory holding
+only the repository's tracked files and a `.venv` (the one these tests run in, standing for
+"Run it"'s install). The tour names the default ports; this machine may serve them already (other
+scalers, other tests), so its commands are given free ones instead, and nothing else changes.
+"""
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pytest_codeblocks import extract_from_file
+
+from tests.processes import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+TOUR = "## A five-minute tour"
+
+pytestmark = pytest.mark.live_trace  # it drives the smoke test through a running scaler
+
+
+def tour() -> list[str]:
+    """The shell blocks of the README's tour, in order."""
+    lines = README.read_text().splitlines()
+    start = lines.index(TOUR) + 1
+    end = next((n for n in range(start, len(lines)) if lines[n].startswith("## ")), len(lines))
+    blocks = [b.code for b in extract_from_file(README) if b.syntax == "sh" and start < b.lineno <= end]
+    assert blocks, f"no sh block under {TOUR!r}"
+    return blocks
+
+
+def on_free_ports(script: str) -> str:
+    """The same commands, on ports free here: the Scaler service's, the simulator's platform, metrics."""
+    grpc, platform, metrics = free_port(), free_port(), free_port()
+    script = script.replace("127.0.0.1:50051", f"127.0.0.1:{platform}").replace("9464", str(metrics))
+    script = script.replace("scaler up ", f"scaler up --port {grpc} ")
+    return re.sub(
+        r"^(scaler simulate (?!.*--offline).*)$",
+        rf"\1 --gateway 127.0.0.1:{grpc} --platform-listen 127.0.0.1:{platform}",
+        script,
+        flags=re.MULTILINE,
+    )
+
+
+def fresh_clone(where: Path) -> Path:
+    """The repository's tracked files (as a clone has them), and the venv of these tests as its `.venv`."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in files.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            (where / name).write_bytes((ROOT / name).read_bytes())
+    assert (Path(sys.prefix) / "bin" / "activate").exists(), "the tests run outside a venv"
+    (where / ".venv").symlink_to(sys.prefix)
+    return where
+
+
+def test_the_readme_tour_runs_as_written_in_a_fresh_clone(tmp_path):
+    clone = fresh_clone(tmp_path / "clone")
+    script = "set -euo pipefail\n" + on_free_ports("\n".join(tour()))
+    runtime = tmp_path / "run"  # where `scaler replay` finds the running `scaler up`: only the tour's
+    runtime.mkdir(mode=0o700)
+    shell = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=clone,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its background `scaler up` too: stopped below if the tour fails
+    )
+    try:
+        out, err = shell.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing of the tour left running, whatever happened
+            os.killpg(shell.pid, signal.SIGTERM)
+        if shell.poll() is None:
+            shell.communicate()
+    log = (clone / "scaler.log").read_text() if (clone / "scaler.log").exists() else ""
+    assert shell.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}\nscaler.log:\n{log}"
+    runs = re.findall(r"^  failedRequestsCount +(\d+)$", out, re.MULTILINE)
+    assert runs == ["0", "0"], out  # offline, then live: every request served
+    assert re.search(r"^function_smoke_test: live against .* at speed 1,", out, re.MULTILINE), out
+    assert re.search(r"^scaler_functions \d", out, re.MULTILINE), out
+    assert "scaler stopped" in log and "Traceback" not in log + err, log
