@@ -182,7 +182,7 @@ class Leases:
         partitions = [p for p in partitions if p in self.held]
         if not partitions:
             return
-        log.warning("%s no longer decides for partitions %s: %s", self.node, _ranges(sorted(partitions)), why)
+        log.warning("%s no longer decides for partitions %s: %s", self.node, ranges(sorted(partitions)), why)
         for p in partitions:
             del self.held[p]
             self.renewed.pop(p, None)
@@ -206,7 +206,7 @@ class Leases:
             except KeyWrongLastSequenceError:
                 continue  # someone holds it
         if taken:
-            log.info("%s leased partitions %s", self.node, _ranges(taken))
+            log.info("%s leased partitions %s", self.node, ranges(taken))
             await self.gained(taken)
 
     async def give_back(self, partitions: list[int]) -> None:
@@ -229,8 +229,8 @@ class Leases:
             if isinstance(r, Exception) and not isinstance(r, (KeyWrongLastSequenceError, KeyNotFoundError))
         ]
         if stuck:
-            log.warning("could not free the leases of partitions %s; they lapse within %gs", _ranges(stuck), self.ttl_s)
-        log.info("%s gave back partitions %s", self.node, _ranges(partitions))
+            log.warning("could not free the leases of partitions %s; they lapse within %gs", ranges(stuck), self.ttl_s)
+        log.info("%s gave back partitions %s", self.node, ranges(partitions))
 
 
 async def holders(js: JetStreamContext) -> dict[int, str]:
@@ -247,7 +247,7 @@ async def holders(js: JetStreamContext) -> dict[int, str]:
     return held
 
 
-def _ranges(partitions: list[int]) -> str:
+def ranges(partitions: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
     out, start = [], None
     for a, b in zip(partitions, [*partitions[1:], None], strict=True):

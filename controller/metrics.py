@@ -57,6 +57,11 @@ class ControllerCollector:
         yield GaugeMetricFamily(
             "scaler_stream_sequence", "Newest EVENTS stream sequence the controller folded or appended", c.ledger.seq
         )
+        yield CounterMetricFamily(
+            "scaler_events_lost",
+            "Times EVENTS was found to hold less than this node had folded, not by retention (its partitions reloaded)",
+            value=c.losses,
+        )
         saved = getattr(c, "snapshot_saved_s", None)
         if saved is not None:
             yield GaugeMetricFamily(

@@ -12,6 +12,7 @@ partitions it serves (controller/partitions.py), whether it takes one more Assig
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
@@ -21,21 +22,21 @@ import weakref
 from msgspec.structs import replace
 from nats.aio.msg import Msg
 
-from controller import state_service
+from controller import rebuild, state_service
 from controller.admission import MAX_BACKLOG, MAX_BEHIND_S, Admission
 from controller.core import reconcile
 from controller.core.decide import Decision
 from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import Policy
 from controller.core.state import FnState, Phase, Totals
-from controller.leases import EVERY_S, TTL_S
+from controller.leases import EVERY_S, TTL_S, ranges
 from controller.ledger import Ledger
 from controller.partitions import NotServing, Partitions
 from controller.shared import SharedTotals
 from controller.snapshots import Snapshot, SnapshotStore
 from controller.snapshotter import GUARD_EVERY_S, SNAPSHOT_EVERY, SNAPSHOT_INTERVAL_S, Snapshotter
 from controller.timers import Timers
-from controller.writer import Conflict, TooBig, Writer
+from controller.writer import Conflict, StoreLost, TooBig, Writer
 from proto.commands import (
     AnyCommand,
     Assign,
@@ -51,7 +52,7 @@ from proto.commands import (
     decode_reply,
     encode,
 )
-from proto.subjects import PARTITIONS, partition
+from proto.subjects import PARTITIONS, RECONCILE_ASK, partition
 from runtime import stream
 from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send
 from runtime.clock import Clock
@@ -112,6 +113,8 @@ class Controller:
         self._tokens = itertools.count()
         self._inbox = ""
         self._tasks: set[asyncio.Task] = set()
+        self.losses = 0  # times EVENTS was found to hold less than this node had folded (not by retention)
+        self._reloading = False
         self._lag_watch: asyncio.Task | None = None
         self._nc = None
         self._js = None
@@ -163,6 +166,7 @@ class Controller:
             self.serving,
             self.writer.floor,
             self._holds,
+            self._events_lost,
             stream_id,
             self.snapshot_every,
             self.snapshot_interval_s,
@@ -222,15 +226,58 @@ class Controller:
 
     # --- partitions served and released --------------------------------------------------------
 
+    async def _events_lost(self, why: str) -> None:
+        """EVENTS holds less than this node folded, and not by retention: an alarm (a log line, the losses
+        metric), then every partition served is reloaded from the stream (no snapshot of the suspect state)
+        and the platform is asked to reconcile it (the gc workers list its slots, where it can)."""
+        if self._reloading:
+            return
+        self._reloading = True
+        try:
+            self.losses += 1
+            partitions = sorted(self.serving | set(self.partitions.loading))
+            log.error("EVENTS lost batches: %s; reloading partitions %s from the stream and reconciling them",
+                      why, ranges(partitions))  # fmt: skip
+
+            async def start_over() -> None:
+                with contextlib.suppress(Exception):  # a stream gone is made again (empty)
+                    await ensure_stream(self._js, self.replicas, self.retention)
+                at = await rebuild.kept(self._js)
+                self.ledger.seq = 0
+                self.snapshots.restart(at.stream_id, at.last_seq)
+
+            await self.partitions.reload(partitions, start_over)
+        except Exception as e:  # NATS away meanwhile: the next look finds it again
+            log.warning("could not reload after the loss: %s", e)
+        finally:
+            self._reloading = False
+
     async def _holds(self, p: int) -> bool:
         """Whether partition `p`'s lease is still ours, confirmed now (a snapshot is written only then)."""
         return self.partitions is not None and await self.partitions.leases.confirm(p)
 
     async def _served(self, partitions: list[int]) -> None:
-        """Loaded and served: arm their timers, and tell their callers again what they were assigned."""
+        """Loaded and served: arm their timers, tell their callers again what they were assigned, and have the
+        platform reconciled (a take-over, or a reload after a loss, may hold instances the platform lost, or
+        miss slots it made)."""
         for key in self.partitions.keys(partitions):
             self.timers.set(key, self.ledger.wake.get(key))
         await self._answer_again(partitions)
+        self._spawn(self._ask_reconcile())
+
+    async def _ask_reconcile(self, patience_s: float = 30.0) -> None:
+        """Ask the gc workers to reconcile, until one answers (none may be connected just now)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience_s
+        while True:
+            try:
+                await self._nc.request(RECONCILE_ASK, b"", timeout=1)
+                return
+            except Exception as e:
+                if loop.time() > deadline:
+                    log.warning("no gc worker answered the ask to reconcile (%s)", type(e).__name__)
+                    return
+                await asyncio.sleep(0.5)
 
     async def _released(self, served: list[int], partitions: list[int]) -> None:
         """Given up, their commands done: snapshot those served (at the newest watermark when stopping), forget all."""
@@ -293,6 +340,9 @@ class Controller:
         try:
             async with self._locks.setdefault(cmd.key, asyncio.Lock()):
                 decision = await self._decide_and_append(cmd, p)
+        except StoreLost as e:
+            self._spawn(self._events_lost(str(e)))
+            raise
         finally:
             self.admission.decided(token)
             self.partitions.left(p)

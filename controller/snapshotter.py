@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from controller import rebuild
 from controller.ledger import Ledger
@@ -45,6 +46,7 @@ class Snapshotter:
         serving: set[int],
         floor: Callable[[int], int],
         fence: Callable[[int], Awaitable[bool]],
+        lost: Callable[[str], Awaitable[None]],
         stream_id: str,
         every: int = SNAPSHOT_EVERY,
         interval_s: float = SNAPSHOT_INTERVAL_S,
@@ -58,6 +60,7 @@ class Snapshotter:
         self.serving = serving  # the node's partitions (the set itself, kept up to date by the node)
         self.floor = floor  # the write path's floor: no watermark above an append under way
         self.fence = fence  # whether the partition's lease is still ours, renewed just now
+        self.lost = lost  # EVENTS lost batches this node holds: reload (and say why)
         self.stream_id = stream_id
         self.every = every
         self.interval_s = interval_s
@@ -110,6 +113,10 @@ class Snapshotter:
         """
         return self.floor(max(self.ledger.seq, self._seen))
 
+    def restart(self, stream_id: str, last_seq: int) -> None:
+        """The stream was found behind this node: what was seen of the old one no longer counts."""
+        self.stream_id, self._seen, self._first = stream_id, last_seq, 0
+
     def loaded(self, p: int, snap_seq: int, last_seq: int) -> None:
         """Partition `p` was rebuilt from its snapshot at `snap_seq` and the stream up to `last_seq`."""
         self._snap_seq[p] = snap_seq
@@ -156,7 +163,14 @@ class Snapshotter:
             await asyncio.sleep(self.guard_every_s)
             try:
                 at = await rebuild.kept(self.js)
+            except NotFoundError:  # the stream itself is gone (the store emptied under us)
+                await self.lost(f"the {EVENTS} stream is gone")
+                continue
             except Exception:  # NATS away: nothing is appended or dropped meanwhile either
+                continue
+            if at.stream_id != self.stream_id or at.last_seq < self.ledger.seq:
+                behind = "is another stream" if at.stream_id != self.stream_id else f"ends at seq {at.last_seq:,}"
+                await self.lost(f"{EVENTS} {behind}, but this node holds batches up to seq {self.ledger.seq:,}")
                 continue
             self._seen = max(self._seen, at.last_seq)
             if not self._retention_set:

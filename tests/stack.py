@@ -18,7 +18,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.bus import DEFAULT_RETENTION, Retention
 from runtime.clock import Clock
 from simulator.dataset import FunctionMeta
-from workers.gc import GcWorker
+from workers.gc import RECONCILE_GRACE_S, GcWorker
 from workers.platform import PlatformWorker
 
 
@@ -42,6 +42,7 @@ class Stack:
     limits: Limits = NO_LIMITS
     retention: Retention = DEFAULT_RETENTION
     guard_every_s: float = GUARD_EVERY_S
+    reconcile_grace_s: float = RECONCILE_GRACE_S
 
     async def __aenter__(self) -> "Stack":
         self.stub = PlatformStub("127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults)
@@ -57,7 +58,7 @@ class Stack:
         )
         self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)
-        self.gc_worker = GcWorker(self.nats_url, platform, self.clock)
+        self.gc_worker = GcWorker(self.nats_url, platform, self.clock, reconcile_grace_s=self.reconcile_grace_s)
         self.parts = [self.controller, self.gateway, self.platform_worker, self.gc_worker]
         for part in self.parts:
             await part.start()
