@@ -4,11 +4,15 @@
 
 Real processes on loopback, and the client in its own process, as a platform would be:
 - echo: a Scaler service that answers Assign and Idle at once (the floor of any Python scaler);
-- node: `scaler up` (embedded NATS, the platform stub, the workers, the node), demo policy;
-- front + node: the same, called through `python -m gateway` (a front gateway forwarding over NATS).
+- node: `scaler up` (embedded NATS, every write synced to disk, the platform stub, the workers, the
+  node), demo policy;
+- node, NATS not syncing: the same on a nats-server with JetStream's default (fsync every 2 minutes),
+  for the record of what syncing costs;
+- front + node: the node, called through `python -m gateway` (a front gateway forwarding over NATS).
 For each: warm Assign and Idle latency with one caller, back to back (after every function has its
-instance), then Assign + Idle pairs per second with 50 callers over 50 functions, and the Assign
-p99 under that load. `--json` writes the node's figures with the echo server's beside them.
+instance); then Assign + Idle pairs per second with 50 callers over 50 functions, and with 50 callers
+on one hot function; and the Assign p99 under those loads. Ratios are to the echo server of the same
+run. `--json` writes the node's figures with the echo server's and the unsynced node's beside them.
 """
 
 import argparse
@@ -18,6 +22,7 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from proto import serverless_sim_pb2 as pb  # noqa: E402
 from proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
+from runtime.natsd import NatsServer  # noqa: E402
 from runtime.service import run  # noqa: E402
 
 FUNCTIONS = 50
@@ -98,6 +104,22 @@ async def _measure(scalers: list[pb_grpc.ScalerStub], tag: str, pairs: int, seco
         a, i = await pair(scaler, f"{tag}-one-{n}", meta(n % FUNCTIONS))
         assigns.append(a)
         idles.append(i)
+    spread, spread_p99 = await load(scalers, f"{tag}-load", seconds, functions=FUNCTIONS)
+    hot, hot_p99 = await load(scalers, f"{tag}-hot", seconds, functions=1)
+    return {
+        "p50_ms": statistics.median(assigns),
+        "p99_ms": pct(assigns, 0.99),
+        "idle_p50_ms": statistics.median(idles),
+        "idle_p99_ms": pct(idles, 0.99),
+        "pairs_per_s": spread,
+        "p99_ms_at_load": spread_p99,
+        "hot_pairs_per_s": hot,
+        "hot_p99_ms_at_load": hot_p99,
+    }
+
+
+async def load(scalers: list[pb_grpc.ScalerStub], tag: str, seconds: float, functions: int) -> tuple[float, float]:
+    """CALLERS callers back to back over `functions` functions for `seconds`: pairs/s and the Assign p99."""
     done, loaded = 0, []
     stop = time.perf_counter() + seconds
 
@@ -105,22 +127,14 @@ async def _measure(scalers: list[pb_grpc.ScalerStub], tag: str, pairs: int, seco
         nonlocal done
         n = 0
         while time.perf_counter() < stop:
-            a, _ = await pair(scalers[c % len(scalers)], f"{tag}-load-{c}-{n}", meta(c % FUNCTIONS))
+            a, _ = await pair(scalers[c % len(scalers)], f"{tag}-{c}-{n}", meta(c % functions))
             loaded.append(a)
             done += 1
             n += 1
 
     began = time.perf_counter()
     await asyncio.gather(*(caller(c) for c in range(CALLERS)))
-    took = time.perf_counter() - began
-    return {
-        "p50_ms": statistics.median(assigns),
-        "p99_ms": pct(assigns, 0.99),
-        "idle_p50_ms": statistics.median(idles),
-        "idle_p99_ms": pct(idles, 0.99),
-        "pairs_per_s": done / took,
-        "p99_ms_at_load": pct(loaded, 0.99),
-    }
+    return done / (time.perf_counter() - began), pct(loaded, 0.99)
 
 
 # --- the runner ------------------------------------------------------------------------------------
@@ -165,49 +179,91 @@ async def client(address: str, pairs: int, seconds: float) -> dict:
     return json.loads(out)
 
 
+ECHO, NODE, UNSYNCED, FRONT = (
+    "bare grpc.aio echo server",
+    "node (gRPC + controller)",
+    "node, NATS not syncing",
+    "front gateway + node",
+)
+
+
 async def bench(pairs: int, seconds: float) -> dict[str, dict]:
     results: dict[str, dict] = {}
     echo, found = await spawn(sys.executable, __file__, "--serve-echo", ready=r"echo on (\S+)")
     try:
-        results["bare grpc.aio echo server"] = await client(found[1], pairs, seconds)
+        results[ECHO] = await client(found[1], pairs, seconds)
     finally:
         await stop(echo)
-    up, found = await spawn(
-        sys.executable, "-m", "scaler", "up", "--port", "0", "--policy", "demo",
-        ready=r"scaler ready: gRPC \S+:(\d+), .* nats (nats://\S+)",
-    )  # fmt: skip
+    up, found = await up_node()
     try:
         node = f"127.0.0.1:{found[1]}"
-        results["node (gRPC + controller)"] = await client(node, pairs, seconds)
+        results[NODE] = await client(node, pairs, seconds)
         front, at = await spawn(
             sys.executable, "-m", "gateway", "--nats", found[2], "--listen", "127.0.0.1:0", "--log-level", "INFO",
             ready=r"ready: .*gateway on (\S+)",
         )  # fmt: skip
         try:
-            results["front gateway + node"] = await client(at[1], pairs, seconds)
+            results[FRONT] = await client(at[1], pairs, seconds)
         finally:
             await stop(front)
     finally:
         await stop(up)
+    with tempfile.TemporaryDirectory(prefix="bench-unsynced-") as store:
+        async with NatsServer(Path(store) / "nats", sync_always=False) as nats:
+            up, found = await up_node("--nats", nats.url, "--nats-unsynced")
+            try:
+                results[UNSYNCED] = await client(f"127.0.0.1:{found[1]}", pairs, seconds)
+            finally:
+                await stop(up)
     return results
 
 
+async def up_node(*argv: str) -> tuple[asyncio.subprocess.Process, re.Match]:
+    return await spawn(
+        sys.executable, "-m", "scaler", "up", "--port", "0", "--policy", "demo", *argv,
+        ready=r"scaler ready: gRPC \S+:(\d+), .* nats (nats://\S+)",
+    )  # fmt: skip
+
+
 def table(results: dict[str, dict]) -> str:
+    echo = results[ECHO]
     lines = [
-        "| server | warm Assign p50 | p99 | Idle p50 | p99 | pairs/s, 50 callers | Assign p99 at that load |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| server | warm Assign p50 | p99 | Idle p50 | p99 | pairs/s, 50 callers on 50 functions | Assign p99"
+        " | pairs/s, 50 callers on 1 function | Assign p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['idle_p50_ms']:.2f} ms"
-            f" | {r['idle_p99_ms']:.2f} ms | {r['pairs_per_s']:,.0f} | {r['p99_ms_at_load']:.1f} ms |"
+            f"| {name} | {r['p50_ms']:.2f} ms ({r['p50_ms'] / echo['p50_ms']:.2f}x) | {r['p99_ms']:.2f} ms"
+            f" | {r['idle_p50_ms']:.2f} ms | {r['idle_p99_ms']:.2f} ms"
+            f" | {r['pairs_per_s']:,.0f} ({r['pairs_per_s'] / echo['pairs_per_s']:.0%}) | {r['p99_ms_at_load']:.1f} ms"
+            f" | {r['hot_pairs_per_s']:,.0f} ({r['hot_pairs_per_s'] / echo['hot_pairs_per_s']:.0%})"
+            f" | {r['hot_p99_ms_at_load']:.1f} ms |"
         )
-    echo, node = results["bare grpc.aio echo server"], results["node (gRPC + controller)"]
-    front = results["front gateway + node"]
     lines.append("")
-    lines.append(f"node / echo, warm Assign p50: {node['p50_ms'] / echo['p50_ms']:.2f}x")
-    lines.append(f"the front gateway adds {front['p50_ms'] - node['p50_ms']:.2f} ms to a warm Assign (p50)")
+    lines.append("(x and %: of the echo server's figure in the same run)")
+    lines.append(
+        f"the front gateway adds {results[FRONT]['p50_ms'] - results[NODE]['p50_ms']:.2f} ms to a warm Assign (p50)"
+    )
     return "\n".join(lines)
+
+
+def figures(results: dict[str, dict]) -> dict:
+    """The node's figures, the echo server's and the unsynced node's beside them, and the ratios to the echo."""
+    node, echo, unsynced, front = results[NODE], results[ECHO], results[UNSYNCED], results[FRONT]
+    keys = ("p50_ms", "p99_ms", "idle_p50_ms", "pairs_per_s", "p99_ms_at_load", "hot_pairs_per_s", "hot_p99_ms_at_load")
+    return {
+        **{k: node[k] for k in keys},
+        "echo_p50_ms": echo["p50_ms"],
+        "echo_pairs_per_s": echo["pairs_per_s"],
+        "echo_hot_pairs_per_s": echo["hot_pairs_per_s"],
+        "p50_over_echo": node["p50_ms"] / echo["p50_ms"],
+        "pairs_share_of_echo": node["pairs_per_s"] / echo["pairs_per_s"],
+        "hot_pairs_share_of_echo": node["hot_pairs_per_s"] / echo["hot_pairs_per_s"],
+        "front_p50_ms": front["p50_ms"],
+        "front_pairs_per_s": front["pairs_per_s"],
+        "unsynced": {k: unsynced[k] for k in keys},
+    }
 
 
 def main() -> None:
@@ -227,16 +283,7 @@ def main() -> None:
     results = run(bench(args.pairs, args.seconds))
     print(table(results))
     if args.json:
-        node, echo = results["node (gRPC + controller)"], results["bare grpc.aio echo server"]
-        front = results["front gateway + node"]
-        out = {
-            **{k: node[k] for k in ("p50_ms", "p99_ms", "idle_p50_ms", "pairs_per_s", "p99_ms_at_load")},
-            "echo_p50_ms": echo["p50_ms"],
-            "echo_pairs_per_s": echo["pairs_per_s"],
-            "front_p50_ms": front["p50_ms"],
-            "front_pairs_per_s": front["pairs_per_s"],
-        }
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(figures(results), indent=2) + "\n")
 
 
 if __name__ == "__main__":

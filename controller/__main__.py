@@ -33,9 +33,23 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replicas",
         type=replicas,
-        default=service.env("REPLICAS", "1"),  # a string: argparse checks it with `type` too
-        help="copies JetStream keeps of the stream, leases and snapshots it creates: 3 on a NATS cluster"
-        " (an existing stream's are never lowered) [SCALER_REPLICAS]",
+        default=service.env("REPLICAS", "auto"),  # a string: argparse checks it with `type` too
+        help="copies JetStream keeps of the stream, leases and snapshots it creates (an existing stream's are"
+        " never lowered); default auto: 3 on a NATS cluster, 1 on a lone server [SCALER_REPLICAS]",
+    )
+    p.add_argument(
+        "--nats-monitor",
+        default=service.env("NATS_MONITOR", ""),
+        metavar="URL",
+        help="NATS's monitoring endpoint(s), comma-separated, asked at start whether every write is synced"
+        " to disk; default: each NATS host on port 8222 [SCALER_NATS_MONITOR]",
+    )
+    p.add_argument(
+        "--nats-unsynced",
+        action="store_true",
+        default=service.env("NATS_UNSYNCED", "") not in ("", "0", "false"),
+        help="NATS is meant not to sync every write (an acknowledged decision may be lost in a power loss):"
+        " no warning about it [SCALER_NATS_UNSYNCED]",
     )
 
     p.add_argument(
@@ -72,9 +86,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def replicas(text: str) -> int:
-    """An argparse type: a JetStream replica count, 1 to 5."""
+    """An argparse type: a JetStream replica count, 1 to 5, or auto (0: 3 on a cluster, else 1)."""
+    if text == "auto":
+        return 0
     if text not in {"1", "2", "3", "4", "5"}:
-        raise argparse.ArgumentTypeError(f"JetStream keeps 1 to 5 copies, got {text}")
+        raise argparse.ArgumentTypeError(f"JetStream keeps 1 to 5 copies (or auto), got {text}")
     return int(text)
 
 
@@ -108,6 +124,8 @@ def make(a: argparse.Namespace) -> Controller:
         policy,
         Clock(a.speed),
         replicas=a.replicas,
+        nats_monitor=a.nats_monitor,
+        nats_unsynced=a.nats_unsynced,
         max_behind_s=a.max_behind,
         limits=limits,
         retention=retention(a),

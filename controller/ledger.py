@@ -41,13 +41,21 @@ class Ledger:
         self._put(batch.key, s, seq)
         self._wake(batch.key, batch.wake_ms)
 
-    def decide(self, cmd: AnyCommand, now: int, policy: Policy) -> Decision:
-        """The core's decision, with the whole run's totals (the policy's exchange rate is taken from them)."""
-        room = Room.of(self.limits, cmd.key, self.totals) if self.limits is not NO_LIMITS else NO_ROOM
-        return decide(self.state(cmd.key), cmd, now, policy, self.run_totals(), room)
+    def decide(self, cmd: AnyCommand, now: int, policy: Policy, after: Decision | None = None) -> Decision:
+        """The core's decision, with the whole run's totals (the policy's exchange rate is taken from them).
 
-    def run_totals(self) -> Totals:
-        return self.totals.plus(self.others) if self.others != NO_TOTALS else self.totals
+        `after`: a decision on the same function just taken and not yet committed (a group commit decides
+        each command on the state the one before it left, and with the totals that state makes).
+        """
+        s, totals = self.state(cmd.key), self.totals
+        if after is not None:
+            s, totals = after.state, totals.change(self.states.get(cmd.key), after.state)
+        room = Room.of(self.limits, cmd.key, totals) if self.limits is not NO_LIMITS else NO_ROOM
+        return decide(s, cmd, now, policy, self.run_totals(totals), room)
+
+    def run_totals(self, totals: Totals | None = None) -> Totals:
+        totals = self.totals if totals is None else totals
+        return totals.plus(self.others) if self.others != NO_TOTALS else totals
 
     @staticmethod
     def batch(cmd: AnyCommand, d: Decision, now: int) -> Batch | None:

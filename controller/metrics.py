@@ -62,6 +62,11 @@ class ControllerCollector:
             "Times EVENTS was found to hold less than this node had folded, not by retention (its partitions reloaded)",
             value=c.losses,
         )
+        yield GaugeMetricFamily(
+            "scaler_nats_sync_always",
+            "Whether NATS syncs every write to disk before acknowledging it: 1 yes, 0 no, -1 unknown",
+            c.sync.gauge,
+        )
         saved = getattr(c, "snapshot_saved_s", None)
         if saved is not None:
             yield GaugeMetricFamily(

@@ -189,7 +189,7 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
 
 async def show(js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout) -> int:
     timeline: list[str] = []
-    seen = (lambda seq, b: timeline.append(explain.batch(seq, b))) if key is not None else None
+    seen = (lambda seq, b: timeline.extend(explain.batch(seq, d) for d in b.decisions())) if key is not None else None
     replayed = await replay(js, key, until_seq, until_ms, seen=seen)
     since = _since(replayed.origin)
     if key is not None:

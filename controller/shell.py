@@ -17,7 +17,8 @@ import itertools
 import logging
 import secrets
 import socket
-import weakref
+from collections import deque
+from typing import NamedTuple
 
 from msgspec.structs import replace
 from nats.aio.msg import Msg
@@ -52,8 +53,9 @@ from proto.commands import (
     decode_reply,
     encode,
 )
+from proto.events import Batch, encode_batch, join
 from proto.subjects import PARTITIONS, RECONCILE_ASK, partition
-from runtime import stream
+from runtime import durability, stream
 from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send
 from runtime.clock import Clock
 from runtime.forward import Forwarder
@@ -65,6 +67,8 @@ __all__ = ["GUARD_EVERY_S", "MAX_BACKLOG", "MAX_BEHIND_S", "Controller", "NotSer
 log = logging.getLogger("scaler.controller")
 
 APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
+MAX_GROUP = 256  # commands of one function decided and appended together, at most
+STEP_ROOM = 32  # bytes a decision's step adds to a batch holding several, beside its cause
 CANCEL_PATIENCE_S = 120.0  # how long a Cancel is retried through an outage of the event store
 
 
@@ -74,7 +78,7 @@ class Controller:
         nats_url: str,
         policy: Policy,
         clock: Clock | None = None,
-        replicas: int = 1,
+        replicas: int = 0,
         node: str = "",
         lease_ttl_s: float = TTL_S,
         lease_every_s: float = EVERY_S,
@@ -85,11 +89,16 @@ class Controller:
         limits: Limits = NO_LIMITS,
         retention: Retention = DEFAULT_RETENTION,
         guard_every_s: float = GUARD_EVERY_S,
+        nats_monitor: str = "",
+        nats_unsynced: bool = False,
     ) -> None:
         self.nats_url = nats_url
         self.policy = policy
         self.clock = clock or Clock()
-        self.replicas = replicas
+        self.replicas = replicas  # 0: as durability.default_replicas says (3 on a cluster)
+        self.nats_monitor = nats_monitor  # where to ask whether NATS syncs every write
+        self.nats_unsynced = nats_unsynced  # ... and not syncing is intended: no warning
+        self.sync = durability.Sync.UNKNOWN
         self.node = node or f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.lease_ttl_s = lease_ttl_s
         self.lease_every_s = lease_every_s
@@ -107,8 +116,8 @@ class Controller:
         self.snapshots: Snapshotter | None = None
         self.partitions: Partitions | None = None
         self.shared: SharedTotals | None = None  # the run's totals across nodes
-        # One per function with commands under way; gone with the last of them, so an idle function costs none.
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # Per function with commands under way, in arrival order; gone with the last, so an idle function costs none.
+        self._lanes: dict[str, deque[_Queued]] = {}
         self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
         self._tokens = itertools.count()
         self._inbox = ""
@@ -150,6 +159,10 @@ class Controller:
     async def start(self) -> str:
         self._nc = await connect(self.nats_url, f"controller {self.node}")
         stream.check_server(self._nc)
+        self.replicas = self.replicas or durability.default_replicas(self._nc)
+        monitors = durability.monitor_urls(self.nats_url, self.nats_monitor)
+        self.sync = await durability.server_sync(monitors)
+        durability.warn(self.sync, monitors, self.nats_unsynced)
         self._js = self._nc.jetstream()
         await ensure_stream(self._js, self.replicas, self.retention)
         await stream.check_layout(self._js)
@@ -204,7 +217,7 @@ class Controller:
         functions, batches = plural(len(self.states), "function"), plural(self.loaded_batches, "batch", "batches")
         return (
             f"controller {self.node} ({self.policy.name} policy, {len(self.serving)} of {PARTITIONS} partitions,"
-            f" {functions}, {batches} read)"
+            f" {functions}, {batches} read; {durability.describe(self.sync, self.replicas)})"
         )
 
     async def stop(self) -> None:
@@ -285,7 +298,6 @@ class Controller:
         for key in self.partitions.keys(partitions):
             self.timers.set(key, None)
             self.ledger.forget(key)
-            self._locks.pop(key, None)
         gone = set(partitions)
         self.writer.forget(lambda key: partition(key) in gone)  # the next owner reads the stream: it knows
         self.snapshots.forget(partitions)
@@ -330,47 +342,126 @@ class Controller:
         return self.admission.refuse(cmd, self.node, self.writer.troubled())
 
     async def handle(self, cmd: AnyCommand) -> Decision:
-        """Decide one command of one function, append its batch, answer: in the function's arrival order."""
+        """Decide one command of one function, append its batch, answer: in the function's arrival order.
+
+        The command joins its function's queue. While an append of the function is in flight, the
+        commands arriving meanwhile wait; then they are decided in arrival order and appended together,
+        one message and one ack for all (group commit). Functions do not wait for each other.
+        """
         if isinstance(cmd, Reconcile) and cmd.partition >= 0:
             return await self._reconcile(cmd)
         p = partition(cmd.key)
         self.partitions.check(p)
         self.partitions.entered(p)
-        token = self.admission.arrived()
+        queued = _Queued(cmd, asyncio.get_running_loop().create_future(), self.admission.arrived())
+        lane = self._lanes.get(cmd.key)
+        if lane is not None:  # an append of the function is under way: wait for its queue to reach this one
+            lane.append(queued)
+            return await asyncio.shield(queued.done)  # a caller that stops waiting: decided all the same
+        lane = self._lanes[cmd.key] = deque([queued])  # none: decided at once, in the caller's own task
         try:
-            async with self._locks.setdefault(cmd.key, asyncio.Lock()):
-                decision = await self._decide_and_append(cmd, p)
-        except StoreLost as e:
-            self._spawn(self._events_lost(str(e)))
-            raise
+            await self._group(cmd.key, lane)
         finally:
-            self.admission.decided(token)
-            self.partitions.left(p)
-        await self._answer(decision.replies)
-        return decision
+            if lane:  # those that came meanwhile
+                self._spawn(self._run(cmd.key, lane))
+            else:
+                del self._lanes[cmd.key]
+            if queued.done.done() and not queued.done.cancelled():
+                queued.done.exception()  # seen, even by a caller cancelled meanwhile
+        return queued.done.result()
 
-    async def _decide_and_append(self, cmd: AnyCommand, p: int) -> Decision:
+    async def _run(self, key: str, lane: deque["_Queued"]) -> None:
+        """Decide and store the function's queued commands, a group at a time, until none is left."""
+        try:
+            while lane:
+                await self._group(key, lane)
+        finally:
+            del self._lanes[key]
+            for q in lane:  # cancelled while running: nothing is left waiting
+                self._done(q, NotServing(f"{key}: its queue stopped"))
+
+    async def _group(self, key: str, lane: deque["_Queued"]) -> None:
+        """Decide and store the commands at the head of the function's queue, together, and answer them."""
+        group = [lane.popleft() for _ in range(min(len(lane), MAX_GROUP))]
+        taken, outcomes = group, []
+        try:
+            outcomes = await self._decide_and_append(key, [q.cmd for q in group])
+            taken = group[: len(outcomes)]
+            lane.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
+            await self._answer([r for o in outcomes if isinstance(o, Decision) for r in o.replies])
+        except Exception as e:
+            if isinstance(e, StoreLost):  # the stream is behind this node: reload, and callers try again
+                self._spawn(self._events_lost(str(e)))
+            if outcomes:  # decided and stored, but an answer could not go out (NATS away): it is kept
+                log.warning("%s: could not answer: %s", key, e)
+            else:  # the partition went, or the store did: nothing of the group decided
+                outcomes = [e] * len(group)
+        finally:
+            for i, q in enumerate(taken):  # short of outcomes only when cancelled
+                self._done(q, outcomes[i] if i < len(outcomes) else NotServing(f"{key}: its queue stopped"))
+
+    def _done(self, q: "_Queued", outcome: Decision | BaseException) -> None:
+        self.admission.decided(q.token)
+        self.partitions.left(partition(q.cmd.key))
+        if not q.done.done():
+            if isinstance(outcome, BaseException):
+                q.done.set_exception(outcome)
+            else:
+                q.done.set_result(outcome)
+
+    async def _decide_and_append(self, key: str, cmds: list[AnyCommand]) -> list[Decision | Exception]:
+        """Decide the commands in order, each on the state the one before left, and append their batches as one.
+
+        One outcome per command taken, in order: its decision, stored; or TooBig when its decision alone is
+        more than a message holds (it is not stored; the next command is decided as if it never came). Those
+        whose batches would take the message past NATS's payload limit are not taken (left for the next
+        group). A conflict folds the other writer's batches and decides the group again.
+        """
+        p = partition(key)
+        room = self._nc.max_payload - stream.HEADERS_ROOM
         for _ in range(APPEND_ATTEMPTS):
             if p not in self.serving:
                 raise NotServing(f"partition {p} was given up")
-            await self._settle(cmd.key)
+            await self._settle(key)
             self.partitions.check(p)  # fenced: nothing decided or answered past the lease's renewal deadline
-            now = self.clock.now_ms()
-            decision = self.ledger.decide(cmd, now, self.policy)
-            batch = self.ledger.batch(cmd, decision, now)
+            outcomes: list[Decision | Exception] = []
+            decided: list[tuple[AnyCommand, Decision, bool]] = []
+            batches: list[Batch] = []
+            size, last = 0, None
+            for cmd in cmds:
+                now = self.clock.now_ms()
+                decision = self.ledger.decide(cmd, now, self.policy, last)
+                batch = self.ledger.batch(cmd, decision, now)
+                if batch is not None and len(cmds) > 1:  # alone, the append itself says when it is too big
+                    alone = len(encode_batch(batch))
+                    try:
+                        stream.fits(alone, self._nc.max_payload)
+                    except TooBig as e:  # refused on its own; the next command is decided as if it never came
+                        outcomes.append(e)
+                        continue
+                    n = alone + len(batch.cause) + STEP_ROOM  # what it adds to a batch of several
+                    if batches and size + n > room:
+                        break
+                    size += n
+                if batch is not None:
+                    batches.append(batch)
+                decided.append((cmd, decision, batch is not None))
+                outcomes.append(decision)
+                last = decision
             seq = None
-            if batch is not None:
+            if batches:
                 try:
-                    seq = await self.writer.append(batch)
+                    seq = await self.writer.append(join(batches))
                 except Conflict:
-                    log.warning("conflict on %s: catching up and deciding again", cmd.key)
-                    await self.writer.catch_up(cmd.key)
+                    log.warning("conflict on %s: catching up and deciding again", key)
+                    await self.writer.catch_up(key)
                     continue
-                self.snapshots.appended(p, len(batch.events))
-            self.ledger.commit(cmd, decision, seq)
-            self.timers.set(cmd.key, self.ledger.wake.get(cmd.key))
-            return decision
-        raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {cmd.key!r}")
+                self.snapshots.appended(p, sum(len(b.events) for b in batches))
+            for cmd, decision, stored in decided:
+                self.ledger.commit(cmd, decision, seq if stored else None)
+            self.timers.set(key, self.ledger.wake.get(key))
+            return outcomes
+        raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {key!r}")
 
     async def _settle(self, key: str) -> None:
         """Our last append of `key` got no answer: settle it first, then tell what that batch assigned."""
@@ -499,6 +590,12 @@ class Controller:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+class _Queued(NamedTuple):
+    cmd: AnyCommand
+    done: asyncio.Future[Decision]
+    token: int  # admission's
 
 
 def _unstorable(cmd: AnyCommand, to: str, e: TooBig) -> Reply:

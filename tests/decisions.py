@@ -53,14 +53,17 @@ class Decisions:
             await stream.read(nc.jetstream(), lambda seq, batch: batches.append((seq, batch)))
         assert batches, "nothing was decided"
         states: dict[str, FnState] = {}
-        for seq, batch in batches:
-            before = states.get(batch.key) or FnState(key=batch.key)
-            taken = [
-                t for t in self.taken[batch.key, batch.cause] if t.state == before and t.decision.events == batch.events
-            ]
-            assert taken, f"seq {seq} ({batch.cause}) is not the controller's decision on the state before it"
-            t = taken[-1]
-            again = decide(before, t.cmd, t.now, get_policy(policy), t.totals)
-            assert (again.events, again.wake_ms) == (batch.events, batch.wake_ms), f"seq {seq} ({batch.cause})"
-            states[batch.key] = replay(before, batch.events)
+        for seq, stored in batches:
+            for batch in stored.decisions():  # several when decided in a row and stored together
+                before = states.get(batch.key) or FnState(key=batch.key)
+                taken = [
+                    t
+                    for t in self.taken[batch.key, batch.cause]
+                    if t.state == before and t.decision.events == batch.events
+                ]
+                assert taken, f"seq {seq} ({batch.cause}) is not the controller's decision on the state before it"
+                t = taken[-1]
+                again = decide(before, t.cmd, t.now, get_policy(policy), t.totals)
+                assert (again.events, again.wake_ms) == (batch.events, batch.wake_ms), f"seq {seq} ({batch.cause})"
+                states[batch.key] = replay(before, batch.events)
         return states

@@ -272,3 +272,10 @@ async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(
         finally:
             await supervisor.stop()
     assert [(child.name, child.proc.returncode) for child in children] == [(ch.name, 0) for ch in children]
+
+
+def test_nats_syncs_every_write_before_it_acknowledges_it():
+    nats = DEFAULT["services"]["nats"]
+    target = c.option(nats["command"], "-c")
+    (config,) = [m for m in nats["configs"] if m["target"] == target]
+    assert "sync_interval: always" in DEFAULT["configs"][config["source"]]["content"]
