@@ -339,7 +339,10 @@ class Controller:
 
     def _overloaded(self, cmd: AnyCommand) -> Reply | None:
         """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds."""
-        return self.admission.refuse(cmd, self.node, self.writer.troubled())
+        if not isinstance(cmd, Assign):
+            return None
+        behind = max(self.admission.behind_s(), self.admission.lag_s)  # a backlog from the store's outage is its own
+        return self.admission.refuse(cmd, self.node, self.writer.troubled(behind))
 
     async def handle(self, cmd: AnyCommand) -> Decision:
         """Decide one command of one function, append its batch, answer: in the function's arrival order.

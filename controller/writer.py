@@ -148,9 +148,10 @@ class Writer:
         stored and not yet applied lies above it."""
         return min(self._appending, default=otherwise)
 
-    def troubled(self) -> bool:
-        """The event store is away or slow: lately an append failed, or one has been under way a second."""
+    def troubled(self, within_s: float = 0.0) -> bool:
+        """The event store is away or slow: an append or a read failed lately (or within the last `within_s`: a
+        backlog that old built up behind the store), or one has been under way a second."""
         now = time.monotonic()
-        if now - self._trouble_at < STORE_TROUBLE_S or not self.nc.is_connected:
+        if now - self._trouble_at < max(STORE_TROUBLE_S, within_s) or not self.nc.is_connected:
             return True
         return bool(self._since) and now - min(self._since.values()) > SLOW_APPEND_S

@@ -10,6 +10,7 @@ import grpc
 
 from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import get_policy
+from controller.leases import TTL_S
 from controller.shell import GUARD_EVERY_S, Controller
 from gateway.server import Gateway
 from platform_stub.server import Faults, PlatformStub
@@ -43,6 +44,7 @@ class Stack:
     retention: Retention = DEFAULT_RETENTION
     guard_every_s: float = GUARD_EVERY_S
     reconcile_grace_s: float = RECONCILE_GRACE_S
+    lease_ttl_s: float = TTL_S
 
     async def __aenter__(self) -> "Stack":
         self.stub = PlatformStub("127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults)
@@ -55,6 +57,7 @@ class Stack:
             limits=self.limits,
             retention=self.retention,
             guard_every_s=self.guard_every_s,
+            lease_ttl_s=self.lease_ttl_s,
         )
         self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)
