@@ -74,6 +74,7 @@ class Snapshotter:
         self._seen = 0  # the stream's last sequence when last looked at (see watermark)
         self._first = 0  # ... and its first
         self._retention_set = False  # the stream's limits are ours (see _apply_retention)
+        self._behind = 0  # looks in a row that found the stream behind this node
         self._guard: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -115,7 +116,7 @@ class Snapshotter:
 
     def restart(self, stream_id: str, last_seq: int) -> None:
         """The stream was found behind this node: what was seen of the old one no longer counts."""
-        self.stream_id, self._seen, self._first = stream_id, last_seq, 0
+        self.stream_id, self._seen, self._first, self._behind = stream_id, last_seq, 0, 0
 
     def loaded(self, p: int, snap_seq: int, last_seq: int) -> None:
         """Partition `p` was rebuilt from its snapshot at `snap_seq` and the stream up to `last_seq`."""
@@ -169,9 +170,13 @@ class Snapshotter:
             except Exception:  # NATS away: nothing is appended or dropped meanwhile either
                 continue
             if at.stream_id != self.stream_id or at.last_seq < self.ledger.seq:
-                behind = "is another stream" if at.stream_id != self.stream_id else f"ends at seq {at.last_seq:,}"
-                await self.lost(f"{EVENTS} {behind}, but this node holds batches up to seq {self.ledger.seq:,}")
+                # Seen on two looks in a row: a cluster's new stream leader may answer a moment before it applied all.
+                self._behind += 1
+                if self._behind >= 2:
+                    behind = "is another stream" if at.stream_id != self.stream_id else f"ends at seq {at.last_seq:,}"
+                    await self.lost(f"{EVENTS} {behind}, but this node holds batches up to seq {self.ledger.seq:,}")
                 continue
+            self._behind = 0
             self._seen = max(self._seen, at.last_seq)
             if not self._retention_set:
                 with contextlib.suppress(Exception):  # tried again at the next look
