@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from platform_stub.server import PlatformStub
 from runtime.bus import connected
 from runtime.natsd import NatsServer
 from tests.invariants import snapshots_hold_what_they_claim
@@ -20,11 +19,8 @@ FENCED = "no longer decides for partitions"
 
 
 @pytest.fixture
-async def stub():
-    platform = PlatformStub("127.0.0.1:0", create_latency_ms=20, like_challenge=True)
-    await platform.start()
-    yield platform
-    await platform.stop()
+def stub(challenge_stub):
+    return challenge_stub
 
 
 async def test_a_node_paused_past_its_lease_comes_back_fenced(tmp_path, stub, capfd):

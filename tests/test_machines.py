@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from platform_stub.server import PlatformStub
 from proto.subjects import EVENTS
 from runtime.bus import connected
 from runtime.natsd import NatsCluster
@@ -20,11 +19,8 @@ from workers.platform import PlatformWorker
 
 
 @pytest.fixture
-async def stub():
-    platform = PlatformStub("127.0.0.1:0", create_latency_ms=50, like_challenge=True)  # a new slot per CreateSlot
-    await platform.start()
-    yield platform
-    await platform.stop()
+def stub(challenge_stub):
+    return challenge_stub
 
 
 async def test_two_machines_share_the_work_and_one_survives_the_others_loss(tmp_path, stub):
