@@ -54,7 +54,7 @@ from proto.commands import (
     encode,
 )
 from proto.events import Batch, encode_batch, join
-from proto.subjects import PARTITIONS, RECONCILE_ASK, partition
+from proto.subjects import PARTITIONS, RECONCILE_ASK, UNLISTED, partition
 from runtime import durability, stream
 from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send
 from runtime.clock import Clock
@@ -66,6 +66,7 @@ __all__ = ["GUARD_EVERY_S", "MAX_BACKLOG", "MAX_BEHIND_S", "Controller", "NotSer
 
 log = logging.getLogger("scaler.controller")
 
+ASK_TIMEOUT_S = 6.0  # a gc worker answers an ask once it knows whether the platform lists its slots
 APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
 MAX_GROUP = 256  # commands of one function decided and appended together, at most
 STEP_ROOM = 32  # bytes a decision's step adds to a batch holding several, beside its cause
@@ -123,6 +124,7 @@ class Controller:
         self._inbox = ""
         self._tasks: set[asyncio.Task] = set()
         self.losses = 0  # times EVENTS was found to hold less than this node had folded (not by retention)
+        self.unreconciled = 0  # loads of partitions the platform could not be reconciled for (it cannot list slots)
         self._reloading = False
         self._lag_watch: asyncio.Task | None = None
         self._nc = None
@@ -284,7 +286,9 @@ class Controller:
         deadline = loop.time() + patience_s
         while True:
             try:
-                await self._nc.request(RECONCILE_ASK, b"", timeout=1)
+                answer = await self._nc.request(RECONCILE_ASK, b"", timeout=ASK_TIMEOUT_S)
+                if answer.data == UNLISTED:  # the platform cannot list its slots: what it holds stays unchecked
+                    self.unreconciled += 1
                 return
             except Exception as e:
                 if loop.time() > deadline:

@@ -45,9 +45,11 @@ class Stack:
     guard_every_s: float = GUARD_EVERY_S
     reconcile_grace_s: float = RECONCILE_GRACE_S
     lease_ttl_s: float = TTL_S
+    like_challenge: bool = False  # the stub as the challenge's platform: a new slot per CreateSlot, no list
 
     async def __aenter__(self) -> "Stack":
-        self.stub = PlatformStub("127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults)
+        latency, challenge = self.create_latency_ms, self.like_challenge
+        self.stub = PlatformStub("127.0.0.1:0", self.metas, latency, self.clock, self.faults, challenge)
         await self.stub.start()
         platform = f"127.0.0.1:{self.stub.port}"
         self.controller = Controller(

@@ -21,7 +21,7 @@ from proto import serverless_sim_pb2 as pb
 from proto.commands import AnyCommand, PlatformSlot, Reconcile, SlotDestroyed, owner
 from proto.events import Event, InstanceRetired, destroys
 from proto.platform_admin_pb2_grpc import PlatformAdminStub
-from proto.subjects import CMD, PARTITIONS, RECONCILE_ASK, SYSTEM_KEY, partition
+from proto.subjects import CMD, PARTITIONS, RECONCILE_ASK, SYSTEM_KEY, UNLISTED, partition
 from runtime.bus import send
 from runtime.clock import Clock
 from workers.effects import ACK_WAIT_S, Delivery, EffectWorker, PlatformError, call_platform
@@ -30,6 +30,7 @@ log = logging.getLogger("scaler.gc_worker")
 
 RECONCILE_GRACE_S = 30.0  # a slot younger than this may be one being created right now
 RECONCILE_EVERY_S = 60.0
+ASK_WAIT_S = 5.0  # how long an ask waits for the first reconcile to tell whether the platform lists its slots
 
 
 class GcWorker(EffectWorker):
@@ -82,8 +83,12 @@ class GcWorker(EffectWorker):
         await super().stop()
 
     async def _on_ask(self, msg) -> None:
+        """A node asks: reconcile soon; the answer says whether the platform can be reconciled at all."""
         self._asked.set()
-        await msg.respond(b"")
+        if self.reconciled is not None and not self.reconciled.done():  # not known yet: the first reconcile tells
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self.reconciled), ASK_WAIT_S)
+        await msg.respond(b"" if self.lists else UNLISTED)
 
     async def _reconcile_again(self) -> None:
         """After the first reconcile: every `reconcile_every_s`, and at once when a node asks."""
