@@ -125,6 +125,7 @@ class Controller:
         self._tasks: set[asyncio.Task] = set()
         self.losses = 0  # times EVENTS was found to hold less than this node had folded (not by retention)
         self.unreconciled = 0  # loads of partitions the platform could not be reconciled for (it cannot list slots)
+        self._asking: asyncio.Task | None = None  # the ask to reconcile under way
         self._reloading = False
         self._lag_watch: asyncio.Task | None = None
         self._nc = None
@@ -233,6 +234,7 @@ class Controller:
             await self._state_sub.unsubscribe()
         await self.timers.stop()
         await cancelled(self._lag_watch)
+        await cancelled(self._asking)  # no gc worker may be there to answer (a node alone)
         if self.forwarder is not None:
             await self.forwarder.stop()
         if self._tasks:
@@ -278,7 +280,8 @@ class Controller:
         for key in self.partitions.keys(partitions):
             self.timers.set(key, self.ledger.wake.get(key))
         await self._answer_again(partitions)
-        self._spawn(self._ask_reconcile())
+        if self._asking is None or self._asking.done():  # one ask at a time answers for every load before it
+            self._asking = asyncio.create_task(self._ask_reconcile())
 
     async def _ask_reconcile(self, patience_s: float = 30.0) -> None:
         """Ask the gc workers to reconcile, until one answers (none may be connected just now)."""
