@@ -1,6 +1,8 @@
 """The write path on a real nats-server, with batches made by hand: no decision, no policy, no node."""
 
 import asyncio
+import contextlib
+import functools
 
 import pytest
 
@@ -27,6 +29,21 @@ async def js(nats_url):
 
 def writer(nc, js, ledger: Ledger | None = None, owns=lambda key: True, **kw) -> Writer:
     return Writer(nc, js, ledger or Ledger(), owns, **kw)
+
+
+@contextlib.contextmanager
+def appending(how):
+    """stream.append replaced by `how` (given the real one) for the block."""
+    real = stream.append
+    stream.append = functools.partial(how, real)
+    try:
+        yield
+    finally:
+        stream.append = real
+
+
+async def no_answer(real, *args, **kw):
+    raise Unavailable("event store unavailable: TimeoutError")
 
 
 async def stored(js, key: str) -> list[str]:
@@ -72,35 +89,21 @@ async def test_an_unanswered_append_is_doubtful_and_settles_once_whether_it_was_
     nc, js = js
     w = writer(nc, js, patience_s=0.0)
     lost_ack = batch("fn", 1)
-    real = stream.append
 
-    async def ack_lost(*args, **kw):
+    async def ack_lost(real, *args, **kw):
         await real(*args, **kw)
         raise Unavailable("event store unavailable: TimeoutError")
 
-    stream.append = ack_lost
-    try:
-        with pytest.raises(Unavailable):
-            await w.append(lost_ack)
-    finally:
-        stream.append = real
+    with appending(ack_lost), pytest.raises(Unavailable):
+        await w.append(lost_ack)
     assert w.doubtful == {"fn": lost_ack} and "fn" not in w.ledger.last_seq
     assert await w.settle("fn") is True
     assert w.doubtful == {} and await w.settle("fn") is False
     assert await stored(js, "fn") == ["assign:fn:r1"]
     assert len(w.ledger.state("fn").queue) == 1
 
-    never_sent = batch("gn", 1)
-
-    async def no_answer(*args, **kw):
-        raise Unavailable("event store unavailable: TimeoutError")
-
-    stream.append = no_answer
-    try:
-        with pytest.raises(Unavailable):
-            await w.append(never_sent)
-    finally:
-        stream.append = real
+    with appending(no_answer), pytest.raises(Unavailable):
+        await w.append(batch("gn", 1))
     assert await w.settle("gn") is True
     assert await stored(js, "gn") == ["assign:gn:r1"]
     assert w.ledger.last_seq["gn"] == await stream.last_seq(js, function_events("gn"))
@@ -112,40 +115,32 @@ async def test_the_floor_holds_below_an_append_under_way(js):
     w = writer(nc, js)
     w.ledger.fold(await w.append(batch("a", 1)), batch("a", 1))
     gate = asyncio.Event()
-    real = stream.append
 
-    async def held(*args, **kw):
+    async def held(real, *args, **kw):
         seq = await real(*args, **kw)
         await gate.wait()
         return seq
 
-    stream.append = held
-    try:
+    with appending(held):
         under_way = asyncio.create_task(w.append(batch("b", 1)))
         await asyncio.sleep(0.2)
         assert w.floor(otherwise=10**9) == w.ledger.seq  # the sequence when that append began
-    finally:
-        stream.append = real
         gate.set()
-    await under_way
+        await under_way
     assert w.floor(otherwise=10**9) == 10**9
 
 
 async def test_a_function_no_longer_ours_is_not_retried_and_forgetting_drops_its_doubt(js):
     nc, js = js
     w = writer(nc, js, owns=lambda key: False)
-    real, attempts = stream.append, []
+    attempts = []
 
-    async def no_answer(*args, **kw):
+    async def counted(real, *args, **kw):
         attempts.append(1)
-        raise Unavailable("event store unavailable")
+        await no_answer(real)
 
-    stream.append = no_answer
-    try:
-        with pytest.raises(Unavailable):
-            await w.append(batch("fn", 1))
-    finally:
-        stream.append = real
+    with appending(counted), pytest.raises(Unavailable):
+        await w.append(batch("fn", 1))
     assert len(attempts) == 1 and "fn" in w.doubtful
     w.forget(lambda key: key == "fn")
     assert w.doubtful == {}
