@@ -11,11 +11,19 @@ import pytest
 from runtime.bus import connected
 from runtime.natsd import NatsServer
 from tests.invariants import snapshots_hold_what_they_claim
-from tests.processes import Driver, Parts
+from tests.processes import Driver, Parts, controller_state
 from tests.stack import eventually
 from tests.test_nodes import KEYS, check, shared_between
 
 FENCED = "no longer decides for partitions"
+
+
+async def all_served(nats_url: str, seconds: float = 30) -> None:
+    async with asyncio.timeout(seconds):
+        while True:
+            if set(KEYS) <= set((await controller_state(nats_url)).states):
+                return
+            await asyncio.sleep(0.2)
 
 
 @pytest.fixture
@@ -44,6 +52,7 @@ async def test_a_node_paused_past_its_lease_comes_back_fenced(tmp_path, stub, ca
         for d in callers:
             d.stop()
         await asyncio.gather(*loads)
+        await all_served(nats.url)  # the partitions the woken node was given back are loaded, not only leased
         calls = [c for d in callers for c in d.calls]
         assert [c.error for c in calls if c.error] == []
         assert all(d.overlaps() == [] for d in callers)
