@@ -27,8 +27,12 @@ async def test_two_machines_share_the_work_and_one_survives_the_others_loss(tmp_
     async with NatsCluster(tmp_path / "cluster") as cluster:
         machine = ("--nats", cluster.url, "--replicas", "3", "--platform", f"127.0.0.1:{stub.port}")
         a, a_address, _ = await start_up(*machine, "--host", "127.0.0.1")
-        b, b_address, _ = await start_up(*machine, "--host", "127.0.0.1")
         lost = [a.pid, *descendants(a.pid)]
+        try:
+            b, b_address, _ = await start_up(*machine, "--host", "127.0.0.1")
+        except BaseException:  # the second machine could not start: the first must not outlive the test
+            reap(lost)
+            raise
         try:
             await shared_between(cluster.url, 2)
             survivor = Driver(b_address, keys=KEYS, clients=6, tag="b", retry_assign=True)
