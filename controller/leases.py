@@ -157,14 +157,14 @@ class Leases:
                 held = await holders(self.js)
                 if all(held.get(p, self.node) != self.node for p in given):
                     takers = ", ".join(sorted({held[p] for p in given}))
-                    return f"{self.node} handed partitions {_ranges(given)} to {takers}"
+                    return f"{self.node} handed partitions {ranges(given)} to {takers}"
                 if not await self.others():
                     break
             except Exception as e:  # NATS away: the next owner finds the snapshots all the same
-                log.warning("could not see who took partitions %s: %s", _ranges(given), e)
+                log.warning("could not see who took partitions %s: %s", ranges(given), e)
                 break
             await asyncio.sleep(0.05)
-        return f"{self.node} gave back partitions {_ranges(given)}; no other node took them yet"
+        return f"{self.node} gave back partitions {ranges(given)}; no other node took them yet"
 
     async def others(self) -> list[str]:
         """The other live nodes, by their heartbeats."""
@@ -232,7 +232,7 @@ class Leases:
         partitions = [p for p in partitions if p in self.held]
         if not partitions:
             return
-        log.warning("%s no longer decides for partitions %s: %s", self.node, _ranges(sorted(partitions)), why)
+        log.warning("%s no longer decides for partitions %s: %s", self.node, ranges(sorted(partitions)), why)
         for p in partitions:
             del self.held[p]
             self.renewed.pop(p, None)
@@ -256,7 +256,7 @@ class Leases:
             except KeyWrongLastSequenceError:
                 continue  # someone holds it
         if taken:
-            log.info("%s leased partitions %s", self.node, _ranges(taken))
+            log.info("%s leased partitions %s", self.node, ranges(taken))
             await self.gained(taken)
 
     async def give_back(self, partitions: list[int]) -> None:
@@ -279,8 +279,8 @@ class Leases:
             if isinstance(r, Exception) and not isinstance(r, (KeyWrongLastSequenceError, KeyNotFoundError))
         ]
         if stuck:
-            log.warning("could not free the leases of partitions %s; they lapse within %gs", _ranges(stuck), self.ttl_s)
-        log.info("%s gave back partitions %s", self.node, _ranges(partitions))
+            log.warning("could not free the leases of partitions %s; they lapse within %gs", ranges(stuck), self.ttl_s)
+        log.info("%s gave back partitions %s", self.node, ranges(partitions))
 
 
 async def holders(js: JetStreamContext) -> dict[int, str]:
@@ -297,7 +297,7 @@ async def holders(js: JetStreamContext) -> dict[int, str]:
     return held
 
 
-def _ranges(partitions: list[int]) -> str:
+def ranges(partitions: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
     out, start = [], None
     for a, b in zip(partitions, [*partitions[1:], None], strict=True):

@@ -57,6 +57,16 @@ class ControllerCollector:
         yield GaugeMetricFamily(
             "scaler_stream_sequence", "Newest EVENTS stream sequence the controller folded or appended", c.ledger.seq
         )
+        yield CounterMetricFamily(
+            "scaler_events_lost",
+            "Times EVENTS was found to hold less than this node had folded, not by retention (its partitions reloaded)",
+            value=c.losses,
+        )
+        yield CounterMetricFamily(
+            "scaler_unreconciled_loads",
+            "Partition loads (start, take-over, reload) not reconciled with the platform: it lists no slots",
+            value=c.unreconciled,
+        )
         yield GaugeMetricFamily(
             "scaler_nats_sync_always",
             "Whether NATS syncs every write to disk before acknowledging it: 1 yes, 0 no, -1 unknown",

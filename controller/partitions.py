@@ -110,6 +110,13 @@ class Partitions:
         for p in partitions:
             self.loading[p] = task
 
+    async def reload(self, partitions: list[int], between: Callable[[], Awaitable[None]]) -> None:
+        """Drop what is held of them without a snapshot (it is not to be trusted), run `between`, load them again."""
+        await self.lost(partitions, keep=False)
+        await between()
+        await self.gained(partitions)
+        await asyncio.gather(*{self.loading[p] for p in partitions if p in self.loading}, return_exceptions=True)
+
     async def load(self, partitions: list[int]) -> None:
         """Each partition's snapshot, then its batches after it; then serve it."""
         try:
@@ -136,11 +143,11 @@ class Partitions:
             for p in partitions:
                 self.loading.pop(p, None)
 
-    async def lost(self, partitions: list[int]) -> None:
+    async def lost(self, partitions: list[int], keep: bool = True) -> None:
         """Stop serving them: no new command, the ones under way finish, then the node releases them.
 
-        Only a partition that was served is snapshotted: one still loading (or that failed to) holds
-        no state a snapshot could claim.
+        Only a partition that was served is snapshotted (and only with `keep`): one still loading (or
+        that failed to) holds no state a snapshot could claim.
         """
         served = [p for p in partitions if p in self.serving]
         for p in partitions:
@@ -157,7 +164,7 @@ class Partitions:
                     await self._drained.wait()
         except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
             log.warning("partitions %s given up with commands still under way", partitions)
-        await self.released(served, partitions)
+        await self.released(served if keep else [], partitions)
 
     async def stop(self) -> None:
         await self.leases.stop()  # gives every partition back, each released first

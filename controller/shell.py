@@ -12,6 +12,7 @@ partitions it serves (controller/partitions.py), whether it takes one more Assig
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
@@ -22,21 +23,21 @@ from typing import NamedTuple
 from msgspec.structs import replace
 from nats.aio.msg import Msg
 
-from controller import state_service
+from controller import rebuild, state_service
 from controller.admission import MAX_BACKLOG, MAX_BEHIND_S, Admission
 from controller.core import reconcile
 from controller.core.decide import Decision
 from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import Policy
 from controller.core.state import FnState, Phase, Totals
-from controller.leases import EVERY_S, TTL_S
+from controller.leases import EVERY_S, TTL_S, ranges
 from controller.ledger import Ledger
 from controller.partitions import NotServing, Partitions
 from controller.shared import SharedTotals
 from controller.snapshots import Snapshot, SnapshotStore
 from controller.snapshotter import GUARD_EVERY_S, SNAPSHOT_EVERY, SNAPSHOT_INTERVAL_S, Snapshotter
 from controller.timers import Timers
-from controller.writer import Conflict, TooBig, Writer
+from controller.writer import Conflict, StoreLost, TooBig, Writer
 from proto.commands import (
     AnyCommand,
     Assign,
@@ -55,7 +56,7 @@ from proto.commands import (
     encode,
 )
 from proto.events import Batch, encode_batch, join
-from proto.subjects import PARTITIONS, partition
+from proto.subjects import PARTITIONS, RECONCILE_ASK, UNLISTED, partition
 from runtime import durability, stream
 from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send, while_connected
 from runtime.clock import Clock
@@ -67,6 +68,7 @@ __all__ = ["GUARD_EVERY_S", "MAX_BACKLOG", "MAX_BEHIND_S", "Controller", "NotSer
 
 log = logging.getLogger("scaler.controller")
 
+ASK_TIMEOUT_S = 6.0  # a gc worker answers an ask once it knows whether the platform lists its slots
 APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
 MAX_GROUP = 256  # commands of one function decided and appended together, at most
 STEP_ROOM = 32  # bytes a decision's step adds to a batch holding several, beside its cause
@@ -123,6 +125,10 @@ class Controller:
         self._tokens = itertools.count()
         self._inbox = ""
         self._tasks: set[asyncio.Task] = set()
+        self.losses = 0  # times EVENTS was found to hold less than this node had folded (not by retention)
+        self.unreconciled = 0  # loads of partitions the platform could not be reconciled for (it cannot list slots)
+        self._asking: asyncio.Task | None = None  # the ask to reconcile under way
+        self._reloading = False
         self._lag_watch: asyncio.Task | None = None
         self._nc = None
         self._js = None
@@ -178,6 +184,7 @@ class Controller:
             self.serving,
             self.writer.floor,
             self._holds,
+            self._events_lost,
             stream_id,
             self.snapshot_every,
             self.snapshot_interval_s,
@@ -235,6 +242,7 @@ class Controller:
         await while_connected(self._nc, self._give_back(), "snapshots; its leases lapse")
         await self.timers.stop()
         await cancelled(self._lag_watch)
+        await cancelled(self._asking)  # no gc worker may be there to answer (a node alone)
         if self.forwarder is not None:
             await self.forwarder.stop()
         if self._tasks:
@@ -255,15 +263,61 @@ class Controller:
         """Every function the running controllers hold (scaler.Admin/List), asked of each over NATS."""
         return (await state_service.fetch(self._nc)).states
 
+    async def _events_lost(self, why: str) -> None:
+        """EVENTS holds less than this node folded, and not by retention: an alarm (a log line, the losses
+        metric), then every partition served is reloaded from the stream (no snapshot of the suspect state)
+        and the platform is asked to reconcile it (the gc workers list its slots, where it can)."""
+        if self._reloading:
+            return
+        self._reloading = True
+        try:
+            self.losses += 1
+            partitions = sorted(self.serving | set(self.partitions.loading))
+            log.error("EVENTS lost batches: %s; reloading partitions %s from the stream and reconciling them",
+                      why, ranges(partitions))  # fmt: skip
+
+            async def start_over() -> None:
+                with contextlib.suppress(Exception):  # a stream gone is made again (empty)
+                    await ensure_stream(self._js, self.replicas, self.retention)
+                at = await rebuild.kept(self._js)
+                self.ledger.seq = 0
+                self.snapshots.restart(at.stream_id, at.last_seq)
+
+            await self.partitions.reload(partitions, start_over)
+        except Exception as e:  # NATS away meanwhile: the next look finds it again
+            log.warning("could not reload after the loss: %s", e)
+        finally:
+            self._reloading = False
+
     async def _holds(self, p: int) -> bool:
         """Whether partition `p`'s lease is still ours, confirmed now (a snapshot is written only then)."""
         return self.partitions is not None and await self.partitions.leases.confirm(p)
 
     async def _served(self, partitions: list[int]) -> None:
-        """Loaded and served: arm their timers, and tell their callers again what they were assigned."""
+        """Loaded and served: arm their timers, tell their callers again what they were assigned, and have the
+        platform reconciled (a take-over, or a reload after a loss, may hold instances the platform lost, or
+        miss slots it made)."""
         for key in self.partitions.keys(partitions):
             self.timers.set(key, self.ledger.wake.get(key))
         await self._answer_again(partitions)
+        if self._asking is None or self._asking.done():  # one ask at a time answers for every load before it
+            self._asking = asyncio.create_task(self._ask_reconcile())
+
+    async def _ask_reconcile(self, patience_s: float = 30.0) -> None:
+        """Ask the gc workers to reconcile, until one answers (none may be connected just now)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience_s
+        while True:
+            try:
+                answer = await self._nc.request(RECONCILE_ASK, b"", timeout=ASK_TIMEOUT_S)
+                if answer.data == UNLISTED:  # the platform cannot list its slots: what it holds stays unchecked
+                    self.unreconciled += 1
+                return
+            except Exception as e:
+                if loop.time() > deadline:
+                    log.warning("no gc worker answered the ask to reconcile (%s)", type(e).__name__)
+                    return
+                await asyncio.sleep(0.5)
 
     async def _released(self, served: list[int], partitions: list[int]) -> None:
         """Given up, their commands done: snapshot those served (at the newest watermark when stopping), forget all."""
@@ -312,7 +366,10 @@ class Controller:
 
     def _overloaded(self, cmd: AnyCommand) -> Reply | None:
         """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds."""
-        return self.admission.refuse(cmd, self.node, self.writer.troubled())
+        if not isinstance(cmd, Assign):
+            return None
+        behind = max(self.admission.behind_s(), self.admission.lag_s)  # a backlog from the store's outage is its own
+        return self.admission.refuse(cmd, self.node, self.writer.troubled(behind))
 
     async def handle(self, cmd: AnyCommand) -> Decision:
         """Decide one command of one function, append its batch, answer: in the function's arrival order.
@@ -363,6 +420,8 @@ class Controller:
             lane.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
             await self._answer([r for o in outcomes if isinstance(o, Decision) for r in o.replies])
         except Exception as e:
+            if isinstance(e, StoreLost):  # the stream is behind this node: reload, and callers try again
+                self._spawn(self._events_lost(str(e)))
             if outcomes:  # decided and stored, but an answer could not go out (NATS away): it is kept
                 log.warning("%s: could not answer: %s", key, e)
             else:  # the partition went, or the store did: nothing of the group decided

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from controller import rebuild
 from controller.ledger import Ledger
@@ -45,6 +46,7 @@ class Snapshotter:
         serving: set[int],
         floor: Callable[[int], int],
         fence: Callable[[int], Awaitable[bool]],
+        lost: Callable[[str], Awaitable[None]],
         stream_id: str,
         every: int = SNAPSHOT_EVERY,
         interval_s: float = SNAPSHOT_INTERVAL_S,
@@ -58,6 +60,7 @@ class Snapshotter:
         self.serving = serving  # the node's partitions (the set itself, kept up to date by the node)
         self.floor = floor  # the write path's floor: no watermark above an append under way
         self.fence = fence  # whether the partition's lease is still ours, renewed just now
+        self.lost = lost  # EVENTS lost batches this node holds: reload (and say why)
         self.stream_id = stream_id
         self.every = every
         self.interval_s = interval_s
@@ -71,6 +74,7 @@ class Snapshotter:
         self._seen = 0  # the stream's last sequence when last looked at (see watermark)
         self._first = 0  # ... and its first
         self._retention_set = False  # the stream's limits are ours (see _apply_retention)
+        self._behind = 0  # looks in a row that found the stream behind this node
         self._guard: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -109,6 +113,10 @@ class Snapshotter:
         thus follows the stream that other nodes fill, and stays ahead of its retention.
         """
         return self.floor(max(self.ledger.seq, self._seen))
+
+    def restart(self, stream_id: str, last_seq: int) -> None:
+        """The stream was found behind this node: what was seen of the old one no longer counts."""
+        self.stream_id, self._seen, self._first, self._behind = stream_id, last_seq, 0, 0
 
     def loaded(self, p: int, snap_seq: int, last_seq: int) -> None:
         """Partition `p` was rebuilt from its snapshot at `snap_seq` and the stream up to `last_seq`."""
@@ -156,8 +164,19 @@ class Snapshotter:
             await asyncio.sleep(self.guard_every_s)
             try:
                 at = await rebuild.kept(self.js)
+            except NotFoundError:  # the stream itself is gone (the store emptied under us)
+                await self.lost(f"the {EVENTS} stream is gone")
+                continue
             except Exception:  # NATS away: nothing is appended or dropped meanwhile either
                 continue
+            if at.stream_id != self.stream_id or at.last_seq < self.ledger.seq:
+                # Seen on two looks in a row: a cluster's new stream leader may answer a moment before it applied all.
+                self._behind += 1
+                if self._behind >= 2:
+                    behind = "is another stream" if at.stream_id != self.stream_id else f"ends at seq {at.last_seq:,}"
+                    await self.lost(f"{EVENTS} {behind}, but this node holds batches up to seq {self.ledger.seq:,}")
+                continue
+            self._behind = 0
             self._seen = max(self._seen, at.last_seq)
             if not self._retention_set:
                 with contextlib.suppress(Exception):  # tried again at the next look

@@ -19,17 +19,22 @@ from nats.js import JetStreamContext
 
 from controller.ledger import Ledger
 from proto.events import Batch, encode_batch
-from proto.subjects import event_subject, function_events
+from proto.subjects import EVENTS, event_subject, function_events
 from runtime import stream
 from runtime.bus import Unavailable
 from runtime.stream import Conflict, TooBig
 
-__all__ = ["Conflict", "TooBig", "Writer"]
+__all__ = ["Conflict", "StoreLost", "TooBig", "Writer"]
 
 APPEND_TIMEOUT_S = 5.0
 APPEND_PATIENCE_S = 10.0  # how long an append is retried while JetStream does not answer (a cluster's failover)
 STORE_TROUBLE_S = 5.0  # an append failed to reach JetStream this recently: the store is in trouble
 SLOW_APPEND_S = 1.0  # an append under way this long: the store is slow
+
+
+class StoreLost(Unavailable):
+    """EVENTS holds less than this node folded, and not by retention: batches were lost (an older copy of the
+    store, a store emptied or replaced). The state is not to be trusted until reloaded from the stream."""
 
 
 class Writer:
@@ -112,14 +117,26 @@ class Writer:
         """Fold the function's batches after the last one the ledger holds: another writer's, or our own lost ack.
 
         Or retention dropped the function's last batch (it was idle a long time): its state holds
-        it, and the next append expects what the stream still has of the function (nothing).
+        it, and the next append expects what the stream still has of the function (nothing). Told
+        apart from a loss by the stream's first sequence: a batch we hold that the stream should
+        still keep, yet does not, is a loss (StoreLost), never absorbed.
         """
+        token = next(self._tokens)
+        self._since[token] = time.monotonic()  # a read stalled on the store is the store's trouble too
         try:
             await stream.read(self.js, self.ledger.fold, function_events(key), self.ledger.last_seq.get(key, 0))
             stored = await stream.last_seq(self.js, function_events(key))
-        except (NatsError, TimeoutError) as e:
+            held = self.ledger.last_seq.get(key, 0)
+            first = (await self.js.stream_info(EVENTS)).state.first_seq if stored < held else 0
+        except (NatsError, TimeoutError, Unavailable) as e:
+            self._trouble_at = time.monotonic()
             raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
-        if stored < self.ledger.last_seq.get(key, 0):
+        finally:
+            del self._since[token]
+        if stored < held:
+            if held >= first:
+                raise StoreLost(f"{key}'s last batch in EVENTS is seq {stored:,}, but this node holds seq {held:,}"
+                                f" and the stream keeps everything from seq {first:,}")  # fmt: skip
             self.ledger.expire(key, stored)
 
     def forget(self, keys: Callable[[str], bool]) -> None:
@@ -131,9 +148,10 @@ class Writer:
         stored and not yet applied lies above it."""
         return min(self._appending, default=otherwise)
 
-    def troubled(self) -> bool:
-        """The event store is away or slow: lately an append failed, or one has been under way a second."""
+    def troubled(self, within_s: float = 0.0) -> bool:
+        """The event store is away or slow: an append or a read failed lately (or within the last `within_s`: a
+        backlog that old built up behind the store), or one has been under way a second."""
         now = time.monotonic()
-        if now - self._trouble_at < STORE_TROUBLE_S or not self.nc.is_connected:
+        if now - self._trouble_at < max(STORE_TROUBLE_S, within_s) or not self.nc.is_connected:
             return True
         return bool(self._since) and now - min(self._since.values()) > SLOW_APPEND_S

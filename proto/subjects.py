@@ -17,6 +17,8 @@ import zlib
 EVENTS = "EVENTS"  # the log: everything that happened, the source of all state
 EVT = "evt"
 CMD = "cmd"
+RECONCILE_ASK = "reconcile.ask"  # a node that took partitions over, or found events lost, asks the gc workers
+UNLISTED = b"unlisted"  # a gc worker's answer to the ask when the platform cannot list its slots
 PARTITIONS = 32  # fixed for a stream's life: partition numbers are part of its subjects
 
 MAX_KEY_BYTES = 256

@@ -1,5 +1,6 @@
 import pytest
 
+from platform_stub.server import PlatformStub
 from runtime.natsd import NatsServer
 
 
@@ -8,3 +9,12 @@ async def nats_url(tmp_path):
     """A real nats-server with JetStream, fresh for each test, its store in the test's temp dir."""
     async with NatsServer(tmp_path / "nats") as server:
         yield server.url
+
+
+@pytest.fixture
+async def challenge_stub():
+    """The platform stub as the challenge's platform behaves: a new slot per CreateSlot, no list of its slots."""
+    platform = PlatformStub("127.0.0.1:0", create_latency_ms=20, like_challenge=True)
+    await platform.start()
+    yield platform
+    await platform.stop()

@@ -10,6 +10,7 @@ import grpc
 
 from controller.core.limits import NO_LIMITS, Limits
 from controller.core.policy import get_policy
+from controller.leases import TTL_S
 from controller.shell import GUARD_EVERY_S, Controller
 from gateway.server import Gateway
 from platform_stub.server import Faults, PlatformStub
@@ -18,7 +19,7 @@ from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.bus import DEFAULT_RETENTION, Retention
 from runtime.clock import Clock
 from simulator.dataset import FunctionMeta
-from workers.gc import GcWorker
+from workers.gc import RECONCILE_GRACE_S, GcWorker
 from workers.platform import PlatformWorker
 
 
@@ -42,12 +43,13 @@ class Stack:
     limits: Limits = NO_LIMITS
     retention: Retention = DEFAULT_RETENTION
     guard_every_s: float = GUARD_EVERY_S
-    like_challenge: bool = False  # the platform makes a new slot per CreateSlot and cannot list them
+    reconcile_grace_s: float = RECONCILE_GRACE_S
+    lease_ttl_s: float = TTL_S
+    like_challenge: bool = False  # the stub as the challenge's platform: a new slot per CreateSlot, no list
 
     async def __aenter__(self) -> "Stack":
-        self.stub = PlatformStub(
-            "127.0.0.1:0", self.metas, self.create_latency_ms, self.clock, self.faults, self.like_challenge
-        )
+        latency, challenge = self.create_latency_ms, self.like_challenge
+        self.stub = PlatformStub("127.0.0.1:0", self.metas, latency, self.clock, self.faults, challenge)
         await self.stub.start()
         platform = f"127.0.0.1:{self.stub.port}"
         self.controller = Controller(
@@ -57,10 +59,11 @@ class Stack:
             limits=self.limits,
             retention=self.retention,
             guard_every_s=self.guard_every_s,
+            lease_ttl_s=self.lease_ttl_s,
         )
         self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)
-        self.gc_worker = GcWorker(self.nats_url, platform, self.clock)
+        self.gc_worker = GcWorker(self.nats_url, platform, self.clock, reconcile_grace_s=self.reconcile_grace_s)
         self.parts = [self.controller, self.gateway, self.platform_worker, self.gc_worker]
         for part in self.parts:
             await part.start()

@@ -4,7 +4,6 @@ every busy instance has a lease, and a function's memory only grows its instance
 import grpc
 import pytest
 
-from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.clock import Clock
@@ -43,11 +42,8 @@ BOUNDED = {
 
 
 @pytest.fixture
-async def stub():
-    platform = PlatformStub("127.0.0.1:0", create_latency_ms=20, like_challenge=True)
-    await platform.start()
-    yield platform
-    await platform.stop()
+def stub(challenge_stub):
+    return challenge_stub
 
 
 async def test_every_field_is_bounded_with_invalid_argument_at_the_node_and_at_a_front_gateway(tmp_path, stub):

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from platform_stub.server import PlatformStub
 from proto.subjects import EVENTS
 from runtime.bus import connected
 from runtime.natsd import NatsCluster
@@ -20,19 +19,20 @@ from workers.platform import PlatformWorker
 
 
 @pytest.fixture
-async def stub():
-    platform = PlatformStub("127.0.0.1:0", create_latency_ms=50, like_challenge=True)  # a new slot per CreateSlot
-    await platform.start()
-    yield platform
-    await platform.stop()
+def stub(challenge_stub):
+    return challenge_stub
 
 
 async def test_two_machines_share_the_work_and_one_survives_the_others_loss(tmp_path, stub):
     async with NatsCluster(tmp_path / "cluster") as cluster:
         machine = ("--nats", cluster.url, "--replicas", "3", "--platform", f"127.0.0.1:{stub.port}")
         a, a_address, _ = await start_up(*machine, "--host", "127.0.0.1")
-        b, b_address, _ = await start_up(*machine, "--host", "127.0.0.1")
         lost = [a.pid, *descendants(a.pid)]
+        try:
+            b, b_address, _ = await start_up(*machine, "--host", "127.0.0.1")
+        except BaseException:  # the second machine could not start: the first must not outlive the test
+            reap(lost)
+            raise
         try:
             await shared_between(cluster.url, 2)
             survivor = Driver(b_address, keys=KEYS, clients=6, tag="b", retry_assign=True)

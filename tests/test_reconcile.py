@@ -113,3 +113,10 @@ async def test_a_platform_gone_away_is_one_line_in_the_log(nats_url, caplog):
         failure = next(r for r in caplog.records if "DestroySlot" in r.getMessage())
         assert failure.getMessage().startswith("gc worker: batch ")
         assert failure.exc_info is None  # an expected failure: no traceback
+
+
+async def test_loads_a_platform_cannot_be_reconciled_for_are_counted(nats_url):
+    """A node asks for a reconcile after each load of partitions; a platform that cannot list its slots is said in
+    the node's metric, so what it may hold unchecked is seen."""
+    async with Stack(nats_url, like_challenge=True) as stack:
+        await eventually(lambda: stack.controller.unreconciled >= 1, 15)

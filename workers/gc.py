@@ -1,14 +1,17 @@
-"""Destroys retired instances' slots, and reconciles the state with the platform's list on start.
+"""Destroys retired instances' slots, and reconciles the state with the platform's list while it runs.
 
 Reconcile: from its start it waits in the background for the platform (the documented order
 starts the scaler before the simulator that serves the platform), lists the platform's live slots
 (PlatformAdmin.ListSlots, which the challenge's platform lacks: then it says so once and skips)
 and sends each partition's owner the slots whose instances belong to its functions; each
-function's core drops instances whose slot is gone and retires slots it does not know. The
-reconcile is safe whenever it comes: what may be in flight when the list is taken is left alone.
+function's core drops instances whose slot is gone and retires slots it does not know. Then again
+every `reconcile_every_s`, and whenever a node asks (`reconcile.ask`: it took partitions over, or
+found events lost); one gc worker of the queue group answers each ask. The reconcile is safe
+whenever it comes: what may be in flight when the list is taken is left alone.
 """
 
 import asyncio
+import contextlib
 import logging
 
 import grpc
@@ -18,7 +21,7 @@ from proto import serverless_sim_pb2 as pb
 from proto.commands import AnyCommand, PlatformSlot, Reconcile, SlotDestroyed, owner
 from proto.events import Event, InstanceRetired, destroys
 from proto.platform_admin_pb2_grpc import PlatformAdminStub
-from proto.subjects import CMD, PARTITIONS, SYSTEM_KEY, partition
+from proto.subjects import CMD, PARTITIONS, RECONCILE_ASK, SYSTEM_KEY, UNLISTED, partition
 from runtime.bus import send
 from runtime.clock import Clock
 from workers.effects import ACK_WAIT_S, Delivery, EffectWorker, PlatformError, call_platform
@@ -26,6 +29,8 @@ from workers.effects import ACK_WAIT_S, Delivery, EffectWorker, PlatformError, c
 log = logging.getLogger("scaler.gc_worker")
 
 RECONCILE_GRACE_S = 30.0  # a slot younger than this may be one being created right now
+RECONCILE_EVERY_S = 60.0
+ASK_WAIT_S = 5.0  # how long an ask waits for the first reconcile to tell whether the platform lists its slots
 
 
 class GcWorker(EffectWorker):
@@ -41,11 +46,16 @@ class GcWorker(EffectWorker):
         concurrency: int = 1024,
         reconcile_grace_s: float = RECONCILE_GRACE_S,
         ack_wait_s: float = ACK_WAIT_S,
+        reconcile_every_s: float = RECONCILE_EVERY_S,
     ) -> None:
         super().__init__(nats_url, platform, concurrency, ack_wait_s)
         self.clock = clock or Clock()
         self.reconcile_grace_s = reconcile_grace_s
+        self.reconcile_every_s = reconcile_every_s
         self.reconciled: asyncio.Task[int | None] | None = None  # the platform's slot count, once reconciled
+        self.lists = True  # the platform lists its slots (until it says it cannot)
+        self._again: asyncio.Task | None = None  # the periodic reconcile, and the asked ones
+        self._asked = asyncio.Event()
 
     def wants(self, event: Event) -> bool:
         return destroys(event)
@@ -61,13 +71,36 @@ class GcWorker(EffectWorker):
     async def start(self) -> str:
         what = await super().start()
         self.reconciled = asyncio.create_task(self._reconcile_when_there())
+        await self._nc.subscribe(RECONCILE_ASK, queue=self.durable, cb=self._on_ask)
+        self._again = asyncio.create_task(self._reconcile_again())
         return f"{what}, reconciling once the platform answers"
 
     async def stop(self) -> None:
-        if self.reconciled is not None:
-            self.reconciled.cancel()
-            await asyncio.gather(self.reconciled, return_exceptions=True)
+        for task in (self.reconciled, self._again):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await super().stop()
+
+    async def _on_ask(self, msg) -> None:
+        """A node asks: reconcile soon; the answer says whether the platform can be reconciled at all."""
+        self._asked.set()
+        if self.reconciled is not None and not self.reconciled.done():  # not known yet: the first reconcile tells
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self.reconciled), ASK_WAIT_S)
+        await msg.respond(b"" if self.lists else UNLISTED)
+
+    async def _reconcile_again(self) -> None:
+        """After the first reconcile: every `reconcile_every_s`, and at once when a node asks."""
+        await asyncio.shield(self.reconciled)
+        while self.lists:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._asked.wait(), self.reconcile_every_s)
+            self._asked.clear()
+            try:
+                await self.reconcile()
+            except Exception as e:  # the platform or NATS away: the next round tries again
+                log.debug("reconcile failed: %s", e)
 
     async def _reconcile_when_there(self) -> int | None:
         """Reconcile as soon as the platform answers, however long that takes; a failure after it answered
@@ -102,7 +135,9 @@ class GcWorker(EffectWorker):
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            log.info("the platform cannot list its slots: no reconcile")
+            if self.lists:
+                log.info("the platform cannot list its slots: no reconcile")
+            self.lists = False
             return None
         slots = [
             PlatformSlot(id=s.id, instance_id=s.instance_id, memory_mb=s.memory_in_mb, created_ms=s.create_time)

@@ -83,8 +83,8 @@ class PlatformWorker(EffectWorker):
                 if isinstance(report, SlotReady):
                     return report
                 log.info("%s: Init on %s refused (%s); starting it on a new slot", i, recorded.id, report.reason)
-                return await self._create_and_init(key, event, f"{i}/replacement")
-        return await self._create_and_init(key, event, i)
+                return await self._create_and_init(key, event, f"{_call_id(event)}/replacement")
+        return await self._create_and_init(key, event, _call_id(event))
 
     async def _recorded(self, key: str, instance_id: str, seq: int) -> tuple[bool, SlotMade | None]:
         """What the function's events after the SlotWanted (at `seq`) say of the instance: whether its start
@@ -138,7 +138,8 @@ class PlatformWorker(EffectWorker):
             timeout_in_secs=event.meta.timeout_s,
             memory_in_mb=event.meta.memory_mb,
         )
-        request = pb.InitRequest(request_id=i, slot_id=slot.id, instance_id=i, meta_data=meta)
+        call = f"{_call_id(event)}/{slot.id}"
+        request = pb.InitRequest(request_id=call, slot_id=slot.id, instance_id=i, meta_data=meta)
         try:
             init = await call_platform(self.platform.Init, request, "Init", self.patience_s)
         except PlatformError as e:
@@ -153,3 +154,10 @@ class PlatformWorker(EffectWorker):
 def _status(reply) -> str:
     name = pb.Status.Name(reply.status)
     return f"{name}: {brief(reply.error_message)}" if reply.error_message else name
+
+
+def _call_id(event: SlotWanted) -> str:
+    """The request id of this start's platform calls: the same for the same event delivered again (a platform
+    that dedupes by it answers the first call's result), another for an instance id used again after events
+    were lost (the state that numbers instances was reloaded from a stream missing its tail)."""
+    return f"{event.instance_id}@{event.at_ms}"
