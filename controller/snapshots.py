@@ -8,9 +8,11 @@ when it is certainly right:
 - it is stamped with the version of the state it holds (`controller/core/state.VERSION`, which
   covers the schema and the lifecycle fold) and of the features fold (`features.VERSION`). An
   older state version is upcast (controller/upcasts.py), so an upgrade keeps every snapshot; a
-  newer one (a downgrade) is ignored, never misread. The features cannot be upcast (they are
-  folded from events): a snapshot of another features version is ignored (full replay), which is
-  why a test pins the features' results per version and a change there bumps it. Version 1 was
+  newer one (a downgrade) is ignored, never misread. The features are folded from events, so
+  they cannot be recomputed from a snapshot: a features version that only adds histories carries
+  on from the earlier one's (`upcasts.FEATURES_CONTINUED`, the new histories starting empty); a
+  snapshot of any other features version is ignored (full replay), which is why a test pins the
+  features' results per version and a change there bumps it. Version 1 was
   stamped by a hash of the schema and the fold's source (`V1_SHAPES`);
 - it is stamped with the EVENTS stream it was taken from (its creation time): a snapshot of
   another store is ignored;
@@ -31,7 +33,7 @@ from nats.js.errors import BucketNotFoundError, DigestMismatchError, NotFoundErr
 
 from controller.core import features, state
 from controller.core.state import FnState
-from controller.upcasts import upcast
+from controller.upcasts import FEATURES_CONTINUED, upcast
 
 log = logging.getLogger("scaler.controller.snapshots")
 
@@ -115,7 +117,7 @@ class SnapshotStore:
             features_version = V1_SHAPES.get(stored.shape, 0)
         if version > state.VERSION:
             log.info("snapshot of partition %d ignored: taken by a newer version (state v%d)", partition, version)
-        elif features_version != features.VERSION:
+        elif features_version != features.VERSION and features_version not in FEATURES_CONTINUED:
             log.info("snapshot of partition %d ignored: its features were folded by other rules", partition)
         elif stored.stream != stream:
             log.info("snapshot of partition %d ignored: taken from another EVENTS stream", partition)

@@ -32,7 +32,18 @@ def _v2(snapshot: Data) -> Data:
     return snapshot
 
 
-STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2}  # from version N to N+1
+def _v3(snapshot: Data) -> Data:
+    """Version 3's stats had no queueing times or quiet bins (what the cidre and spes policies learn from):
+    they start empty, as a new function's do."""
+    return snapshot
+
+
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3}  # from version N to N+1
+
+# Features versions whose stats today's features fold carries on from. A version that only adds histories
+# (3: `queued`, `quiet_bins`) leaves what the earlier one folded right, the new histories starting empty; one
+# that folds a stat differently is not listed, and its snapshots are ignored (the stream replayed in full).
+FEATURES_CONTINUED = frozenset({2})
 
 
 def upcast(body: bytes, version: int, into: type[T]) -> T:

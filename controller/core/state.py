@@ -88,7 +88,9 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
     used_ms: int
 
 
-VERSION = 3  # 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions
+# 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions;
+# 3: no queueing times or quiet bins in the stats
+VERSION = 4
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
