@@ -73,11 +73,18 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def replicas(text: str) -> int:
-    """An argparse type: a JetStream replica count, 1 to 5, or auto (0: 3 on a cluster, else 1)."""
+    """An argparse type: a JetStream replica count, 1, 3 or 5, or auto (0: 3 on a cluster, else 1).
+
+    An even count is refused: a write needs a quorum, so 2 copies stop every write when either server
+    does (4 when two do), surviving no more than the odd count below them while costing more."""
     if text == "auto":
         return 0
-    if text not in {"1", "2", "3", "4", "5"}:
-        raise argparse.ArgumentTypeError(f"JetStream keeps 1 to 5 copies (or auto), got {text}")
+    if text in {"2", "4"}:
+        raise argparse.ArgumentTypeError(
+            f"{text} copies survive no more server losses than {int(text) - 1} (a write needs a quorum): use 1, 3 or 5"
+        )
+    if text not in {"1", "3", "5"}:
+        raise argparse.ArgumentTypeError(f"JetStream keeps 1, 3 or 5 copies (or auto), got {text}")
     return int(text)
 
 

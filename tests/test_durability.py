@@ -1,8 +1,12 @@
 """An acknowledgement means on disk: every nats-server we start syncs every write, a node says what it runs
 under, and one that runs on a NATS that does not sync says so once (unless told it is intended)."""
 
+import argparse
 import logging
 
+import pytest
+
+from controller import __main__ as controller_main
 from controller.core.policy import get_policy
 from controller.metrics import ControllerCollector
 from controller.shell import Controller
@@ -69,3 +73,14 @@ async def test_on_a_cluster_streams_and_buckets_get_three_replicas_unless_told_o
             assert (await js.stream_info("EVENTS")).config.num_replicas == 3
             for store in ("KV_scaler_leases", "KV_scaler_nodes", "KV_scaler_totals", "OBJ_scaler_snapshots"):
                 assert (await js.stream_info(store)).config.num_replicas == 3, store
+
+
+@pytest.mark.parametrize("count", ["2", "4"])
+def test_an_even_replica_count_is_refused_at_the_command_line(count, capsys):
+    parser = argparse.ArgumentParser()
+    controller_main.add_options(parser)
+    with pytest.raises(SystemExit) as refused:
+        parser.parse_args(["--replicas", count])
+    assert refused.value.code == 2
+    assert "a write needs a quorum" in capsys.readouterr().err
+    assert parser.parse_args(["--replicas", "3"]).replicas == 3
