@@ -449,10 +449,14 @@ class Controller:
         """
         p = partition(key)
         room = self._nc.max_payload - stream.HEADERS_ROOM
+        looked = False
         for _ in range(APPEND_ATTEMPTS):
             if p not in self.serving:
                 raise NotServing(f"partition {p} was given up")
             await self._settle(key)
+            if not looked and self._unseen(key, cmds):
+                looked = True
+                await self.writer.catch_up(key)
             self.partitions.check(p)  # fenced: nothing decided or answered past the lease's renewal deadline
             outcomes: list[Decision | Exception] = []
             decided: list[tuple[AnyCommand, Decision, bool]] = []
@@ -492,6 +496,21 @@ class Controller:
             self.timers.set(key, self.ledger.wake.get(key))
             return outcomes
         raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {key!r}")
+
+    def _unseen(self, key: str, cmds: list[AnyCommand]) -> bool:
+        """Whether an Idle names an instance numbered past every one this node's state of the function started.
+
+        Its answer would be NOT_FOUND, decided without an append, so no order check would catch a state
+        behind the stream (a partition loaded from a server still applying what it had stored, another
+        writer's batch): the stream is read first. An id made up by the caller costs that read, then is
+        NOT_FOUND all the same."""
+        s = self.ledger.state(key)
+        for cmd in cmds:
+            if isinstance(cmd, Idle) and cmd.instance_id not in s.instances:
+                number = cmd.instance_id.removeprefix(f"{key}-")
+                if number.isdigit() and int(number) > s.started:
+                    return True
+        return False
 
     async def _settle(self, key: str) -> None:
         """Our last append of `key` got no answer: settle it first, then tell what that batch assigned."""

@@ -192,8 +192,10 @@ async def test_a_retried_assign_is_not_a_second_command(nats_url):
         assert stack.controller.states["fn"].stats.arrivals == 1
 
 
-async def test_a_writer_that_missed_appends_is_fenced_by_the_expected_sequence(nats_url):
-    """A second controller with a stale view cannot overwrite: its append conflicts, it catches up, decides again."""
+async def test_a_node_that_believes_it_serves_a_partition_it_holds_no_lease_for_decides_nothing(nats_url):
+    """Fenced: a node that takes a partition as one whose lease lapsed unnoticed would decides nothing for it (its
+    lease is not fresh); the call goes to the owner, on the state the stream holds. Beneath the fence, the order
+    check stops a stale writer's append all the same (tests/test_writer.py)."""
     async with Stack(nats_url) as stack:
         stale = Controller(nats_url, get_policy("demo"))
         await stale.start()  # every partition is leased to the stack's controller: it serves none
@@ -203,11 +205,12 @@ async def test_a_writer_that_missed_appends_is_fenced_by_the_expected_sequence(n
             await stack.idle(first)  # fn-1 idle, which the stale controller has not seen
             meta = Meta(memory_mb=256, runtime="python", timeout_s=60)
             reply = await stale.call(Assign(key="fn", request_id="r2", meta=meta), 30)
-            assert reply.instance_id == "fn-1", "after catching up it reuses the idle instance"
+            assert reply.instance_id == "fn-1", "the owner reuses the idle instance"
             assert stack.stub.accounting.created == 1, "no second slot from a decision on a stale state"
+            assert "fn" not in stale.states, "the stale node folded or decided something of fn"
             async with connected(nats_url, "test") as nc:
                 replayed = await replay.replay(nc.jetstream())
-            assert replayed.states["fn"] == stale.states["fn"]
+            assert replayed.states["fn"] == stack.controller.states["fn"]
             assert replayed.states["fn"].instances["fn-1"].request_id == "r2"
         finally:
             await stale.stop()
@@ -233,3 +236,17 @@ def test_a_limits_file_is_read_and_a_bad_one_refused_with_its_name(tmp_path):
     bad.write_text('{"default": {"max_instance": 5}}')
     with pytest.raises(argparse.ArgumentTypeError, match=r"bad\.json: .*max_instance"):
         load_limits(str(bad))
+
+
+async def test_an_idle_for_an_instance_the_state_has_not_seen_reads_the_stream_before_it_is_not_found(nats_url):
+    """A node whose state of a function is behind the stream (a load from a server still applying what it
+    stored) would answer an Idle NOT_FOUND without an append, where no order check stops it: it reads first."""
+    async with Stack(nats_url) as stack:
+        first = await stack.assign("r1")
+        assert first.assigment.instance_id == "fn-1"
+        stack.controller.ledger.forget("fn")  # its state of fn is behind the stream: it has not seen fn-1
+        assert (await stack.idle(first)).status == pb.Ok
+        assert stack.controller.states["fn"].instances["fn-1"].phase.value == "idle"
+        with pytest.raises(grpc.aio.AioRpcError) as e:  # an instance the stream has not seen either
+            await stack.idle(first, request_id="r9", instance_id="fn-7")
+        assert code_of(e) == grpc.StatusCode.NOT_FOUND

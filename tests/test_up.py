@@ -251,7 +251,7 @@ async def test_a_port_in_use_is_an_error_not_a_shared_port():
         (["simulate", "x", "--policy", "bogus"], "argument --policy: invalid choice: 'bogus'"),
         (["replay", "--until-seq", "-5"], "argument --until-seq: must be 0 or more, got -5"),
         (["node", "--listen", "0.0.0.0:99999"], "argument --listen: port 99999 is out of range (0-65535)"),
-        (["up", "--replicas", "0"], "argument --replicas: JetStream keeps 1 to 5 copies (or auto), got 0"),
+        (["up", "--replicas", "0"], "argument --replicas: JetStream keeps 1, 3 or 5 copies (or auto), got 0"),
         (["up", "--max-behind", "0"], "argument --max-behind: must be above 0, got 0"),
         (["up", "--limits", "/no/such/limits.json"], "argument --limits: /no/such/limits.json: No such file"),
         (["simulate", "x", "--stats-port", "-1"], "argument --stats-port: port -1 is out of range (0-65535)"),

@@ -96,7 +96,6 @@ class GcWorker(EffectWorker):
         while self.lists:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._asked.wait(), self.reconcile_every_s)
-            self._asked.clear()
             try:
                 await self.reconcile()
             except Exception as e:  # the platform or NATS away: the next round tries again
@@ -127,6 +126,7 @@ class GcWorker(EffectWorker):
 
         With `wait_for_ready`, a platform not connected yet is waited for (within the call's 30 s).
         """
+        self._asked.clear()  # an ask made before this list is answered by it; one made during it, by the next
         listed_ms = self.clock.now_ms()  # before the call: a slot created during it is younger than this
         try:
             reply = await PlatformAdminStub(self._channel).ListSlots(
