@@ -231,10 +231,17 @@ class Controller:
         still serves meanwhile, passing calls on to the new owners. Returns what became of them."""
         if self.partitions is None:
             return f"{self.node} is not running"
-        await self.snapshots.stop()
-        said = await self.partitions.leases.drain()
-        log.info("drained: %s", said)
-        return said
+        said: list[str] = []
+
+        async def hand_over() -> None:
+            await self.snapshots.stop()
+            said.append(await self.partitions.leases.drain())
+
+        # NATS gone (an embedded one stopped with us): nobody can take a partition over, nor see one freed
+        if not await while_connected(self._nc, hand_over(), "handing its partitions over; their leases lapse"):
+            return f"{self.node}: NATS is away, no hand-over; its leases lapse"
+        log.info("drained: %s", said[0])
+        return said[0]
 
     async def stop(self) -> None:
         if self.snapshots is not None:
