@@ -39,11 +39,10 @@ sys.path.insert(0, str(ROOT))
 from controller import replay  # noqa: E402
 from controller.leases import holders  # noqa: E402
 from platform_stub.server import PlatformStub  # noqa: E402
-from proto.events import Assigned  # noqa: E402
 from proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
 from runtime.bus import connected  # noqa: E402
 from runtime.natsd import NatsCluster, NatsServer  # noqa: E402
-from tests.invariants import snapshots_hold_what_they_claim  # noqa: E402
+from tests.invariants import Assignments, snapshots_hold_what_they_claim  # noqa: E402
 from tests.nemesis import tear_snapshot  # noqa: E402
 from tests.processes import Driver, Parts, settled  # noqa: E402
 
@@ -94,11 +93,9 @@ async def finish(
         row.notes.append(f"the platform's slots never matched the state within {settle_s:g} s")
     async with connected(nats_url, "faults") as nc:
         js = nc.jetstream()
-        assigned: Counter[str] = Counter()
-        await replay.replay(
-            js, seen=lambda seq, b: assigned.update(e.request_id for e in b.events if isinstance(e, Assigned))
-        )
-        row.twice = sum(1 for n in assigned.values() if n > 1)
+        assignments = Assignments()
+        await replay.replay(js, seen=assignments)
+        row.twice = len(set(assignments.twice))
         out = io.StringIO()
         row.replay_equal = await replay.verify(nc, js, None, out) == 0
         if not row.replay_equal:

@@ -1,13 +1,37 @@
 """What must hold after any fault, read from the store itself."""
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from controller import rebuild
 from controller.ledger import Ledger
 from controller.snapshots import SnapshotStore
-from proto.events import Batch
+from proto.events import Assigned, Batch, Released
 from proto.subjects import PARTITIONS, partition
 from runtime import stream
+
+
+class Assignments:
+    """Each request's assignments in the stored log, as a replay's `seen`: a request is assigned twice when it
+    is assigned while it still holds an instance. An assignment given back by a cancel (its caller gave up
+    before it heard the answer) was never served, and a retry of the request is served anew."""
+
+    def __init__(self) -> None:
+        self.held: Counter[str] = Counter()
+        self.twice: list[str] = []
+
+    def __call__(self, seq: int, batch: Batch) -> None:
+        for e in batch.events:
+            if isinstance(e, Assigned):
+                if self.held[e.request_id]:
+                    self.twice.append(e.request_id)
+                self.held[e.request_id] += 1
+            elif isinstance(e, Released) and e.cancelled:
+                self.held[e.request_id] -= 1
+
+    @property
+    def requests(self) -> set[str]:
+        """Every request ever assigned."""
+        return set(self.held)
 
 
 async def snapshots_hold_what_they_claim(js) -> list[str]:
