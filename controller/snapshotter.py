@@ -162,6 +162,7 @@ class Snapshotter:
         """Every second: snapshot the partitions whose snapshot retention is about to overtake (see _due)."""
         while True:
             await asyncio.sleep(self.guard_every_s)
+            held = self.ledger.seq  # before the look: an append acked while it is under way is not in its answer
             try:
                 at = await rebuild.kept(self.js)
             except NotFoundError:  # the stream itself is gone (the store emptied under us)
@@ -169,12 +170,12 @@ class Snapshotter:
                 continue
             except Exception:  # NATS away: nothing is appended or dropped meanwhile either
                 continue
-            if at.stream_id != self.stream_id or at.last_seq < self.ledger.seq:
+            if at.stream_id != self.stream_id or at.last_seq < held:
                 # Seen on two looks in a row: a cluster's new stream leader may answer a moment before it applied all.
                 self._behind += 1
                 if self._behind >= 2:
                     behind = "is another stream" if at.stream_id != self.stream_id else f"ends at seq {at.last_seq:,}"
-                    await self.lost(f"{EVENTS} {behind}, but this node holds batches up to seq {self.ledger.seq:,}")
+                    await self.lost(f"{EVENTS} {behind}, but this node holds batches up to seq {held:,}")
                 continue
             self._behind = 0
             self._seen = max(self._seen, at.last_seq)
