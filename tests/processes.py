@@ -268,8 +268,11 @@ def slots_of(states: dict[str, FnState]) -> set[str]:
     return {i.slot_id for s in states.values() for i in s.instances.values() if i.slot_id}
 
 
-async def settled(nats_url: str, stub: PlatformStub, seconds: float = 40) -> dict[str, FnState]:
-    """Wait until nothing is being created or destroyed and the platform's slots are the state's."""
+async def settled(nats_url: str, stub: PlatformStub, seconds: float = 90) -> dict[str, FnState]:
+    """Wait until nothing is being created or destroyed and the platform's slots are the state's.
+
+    Up to a periodic reconcile (every 60 s) and then some: a slot whose CreateSlot a killed worker left under
+    way is made after the take-over's reconcile listed the platform, and only the next one finds it."""
     async with asyncio.timeout(seconds):
         while True:
             states = (await controller_state(nats_url)).states
