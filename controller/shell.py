@@ -375,8 +375,9 @@ class Controller:
         """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds."""
         if not isinstance(cmd, Assign):
             return None
-        behind = max(self.admission.behind_s(), self.admission.lag_s)  # a backlog from the store's outage is its own
-        return self.admission.refuse(cmd, self.node, self.writer.troubled(behind))
+        lag = self.admission.lag_s
+        behind = max(self.admission.behind_s(), lag)  # a backlog from the store's outage is its own
+        return self.admission.refuse(cmd, self.node, self.writer.troubled(behind, own_lag_s=lag))
 
     async def handle(self, cmd: AnyCommand) -> Decision:
         """Decide one command of one function, append its batch, answer: in the function's arrival order.

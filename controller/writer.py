@@ -148,10 +148,11 @@ class Writer:
         stored and not yet applied lies above it."""
         return min(self._appending, default=otherwise)
 
-    def troubled(self, within_s: float = 0.0) -> bool:
+    def troubled(self, within_s: float = 0.0, own_lag_s: float = 0.0) -> bool:
         """The event store is away or slow: an append or a read failed lately (or within the last `within_s`: a
-        backlog that old built up behind the store), or one has been under way a second."""
+        backlog that old built up behind the store), or one has been under way a second beyond `own_lag_s`,
+        how late our own event loop runs (an ack we were too busy to read is our slowness, not the store's)."""
         now = time.monotonic()
         if now - self._trouble_at < max(STORE_TROUBLE_S, within_s) or not self.nc.is_connected:
             return True
-        return bool(self._since) and now - min(self._since.values()) > SLOW_APPEND_S
+        return bool(self._since) and now - min(self._since.values()) > SLOW_APPEND_S + own_lag_s

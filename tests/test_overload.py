@@ -2,6 +2,8 @@
 bounded, nothing leaks, and the node serves normally again once the burst is over. Real processes."""
 
 import asyncio
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from tests.processes import Parts, settled
 
 KEYS = tuple(f"hot{n}" for n in range(2))  # two hot functions: their queues grow fastest
 BURST = 5_000  # Assigns fired at once, far past what the node decides in the second it lets them wait
+STALL_S = 1.0  # the node stopped once mid-burst, as a busy machine can: calls pile up in front of it
 
 
 def rss_mb(pid: int) -> float:
@@ -24,13 +27,44 @@ def rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-async def pair(scaler: pb_grpc.ScalerStub, request_id: str, key: str) -> str:
+class Midway:
+    """Counts the burst's calls as they end; set once a tenth of them has."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+        self.reached = asyncio.Event()
+
+    def end(self) -> None:
+        self.ended += 1
+        if self.ended >= BURST // 10:
+            self.reached.set()
+
+
+async def pair(scaler: pb_grpc.ScalerStub, request_id: str, key: str, midway: Midway | None = None) -> str:
     """Assign, then Idle if served; returns how it ended: OK, or the status that refused it."""
+    outcome = await _pair(scaler, request_id, key)
+    if midway is not None:
+        midway.end()
+    return outcome
+
+
+async def stall_midway(pid: int, midway: Midway) -> None:
+    """Stop the node for STALL_S once a tenth of the burst has ended: how fast this machine runs the client
+    against the node no longer decides whether the node falls behind."""
+    await midway.reached.wait()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(STALL_S)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def _pair(scaler: pb_grpc.ScalerStub, request_id: str, key: str) -> str:
     meta = pb.Meta(key=key, runtime="python", timeout_in_secs=60, memory_in_mb=128)
     try:
         reply = await scaler.Assign(pb.AssignRequest(request_id=request_id, meta_data=meta), timeout=120)
     except grpc.aio.AioRpcError as e:
-        return e.code().name
+        return e.code().name if e.code() is grpc.StatusCode.RESOURCE_EXHAUSTED else f"{e.code().name}: {e.details()}"
     await scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=pb.Result(status_code=200)), timeout=120)
     return "OK"
 
@@ -49,9 +83,14 @@ async def test_a_burst_far_beyond_capacity_is_answered_refused_or_served_and_the
                     warm = await asyncio.gather(*(pair(scaler, f"warm-{k}", k) for k in KEYS))
                     assert set(warm) == {"OK"}
                     before_mb = rss_mb(node)
+                    midway = Midway()
+                    stall = asyncio.create_task(stall_midway(node, midway))
                     outcomes = Counter(
-                        await asyncio.gather(*(pair(scaler, f"b{n}", KEYS[n % len(KEYS)]) for n in range(BURST)))
+                        await asyncio.gather(
+                            *(pair(scaler, f"b{n}", KEYS[n % len(KEYS)], midway) for n in range(BURST))
+                        )
                     )
+                    await stall
                     during_mb = rss_mb(node)
                     print(f"\nburst of {BURST}: {dict(outcomes)}; node RSS {before_mb:.0f} -> {during_mb:.0f} MB")
                     # Every call answered: served, or refused at once as overloaded; none lost, none hung.
