@@ -65,10 +65,13 @@ class SlotRecord:
 
 @dataclass(frozen=True)
 class Refusal:
-    """An answer other than Ok, for a fault to give: the challenge's statuses (Throttle: try again later)."""
+    """An answer other than Ok, for a fault to give: the challenge's statuses (Throttle: try again later), or
+    with `dropped`, no answer at all: the call ends with that gRPC code, as a reset stream or a stopping
+    server ends it."""
 
     message: str
     status: int = pb.InternalError
+    dropped: grpc.StatusCode | None = None
 
 
 Fault = Callable[[Any], str | Refusal | None]  # a message (InternalError), a Refusal, or None to go ahead
@@ -156,6 +159,8 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         if known is not None and known.id in self.accounting.live:
             return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(known))
         if refused := _refusal(self.faults.create(request)):
+            if refused.dropped is not None:
+                await context.abort(refused.dropped, refused.message)
             return pb.CreateSlotReply(status=refused.status, error_message=refused.message)
         # The slot costs from the moment it is asked for: creation time is slot time too.
         record = SlotRecord(

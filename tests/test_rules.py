@@ -93,13 +93,22 @@ async def test_platform_failure_answers_promptly_and_leaks_nothing(nats_url, whe
         assert stack.stub.accounting.created == (0 if where == "create" else 1)
 
 
-async def test_a_platform_that_throttles_the_first_attempts_still_serves_every_request(nats_url):
-    """Throttle (and RESOURCE_EXHAUSTED, UNAVAILABLE) mean "not now": the start is tried again, the Assign waits."""
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        Refusal("too many slots being created", pb.Throttle),
+        Refusal("busy", dropped=grpc.StatusCode.UNAVAILABLE),
+        Refusal("stream reset", dropped=grpc.StatusCode.CANCELLED),
+    ],
+    ids=["throttle", "unavailable", "cancelled"],
+)
+async def test_a_platform_that_throttles_the_first_attempts_still_serves_every_request(nats_url, refusal):
+    """Throttle, and a call the platform dropped, mean "not now": the start is tried again, the Assign waits."""
     attempts: dict[str, int] = {}
 
     def throttle_three_times(request) -> Refusal | None:
         attempts[request.request_id] = attempts.get(request.request_id, 0) + 1
-        return Refusal("too many slots being created", pb.Throttle) if attempts[request.request_id] <= 3 else None
+        return refusal if attempts[request.request_id] <= 3 else None
 
     async with Stack(nats_url, faults=Faults(create=throttle_three_times)) as stack:
         replies = await asyncio.gather(*(stack.assign(f"r{n}", key=f"fn{n % 3}") for n in range(9)))

@@ -32,8 +32,18 @@ from runtime.faults import LastingFault
 
 log = logging.getLogger("scaler.effects")
 
-# Answers that mean "not now" rather than "no": the call is made again with backoff.
-BUSY = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
+# Answers that mean "not now" rather than "no": the call is made again with backoff. CANCELLED is a
+# call the platform's side dropped before it finished (its stream reset, its server stopping): it did
+# nothing there (a CreateSlot whose call goes away is torn down, see platform_stub) or, on a platform
+# idempotent per request id, the retry joins it.
+BUSY = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+    }
+)
 CALL_TIMEOUT_S = 120.0
 PATIENCE_S = 30.0  # how long a throttled or unreachable platform is retried (a caller's Assign waits 60 s)
 # An event a crashed worker was performing is redelivered after ACK_WAIT_S: kept short so a
