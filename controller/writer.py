@@ -29,7 +29,7 @@ __all__ = ["Conflict", "StoreLost", "TooBig", "Writer"]
 APPEND_TIMEOUT_S = 5.0
 APPEND_PATIENCE_S = 10.0  # how long an append is retried while JetStream does not answer (a cluster's failover)
 STORE_TROUBLE_S = 5.0  # an append failed to reach JetStream this recently: the store is in trouble
-SLOW_APPEND_S = 1.0  # an append under way this long: the store is slow
+SLOW_APPEND_S = 1.0  # an append under way this long: the store is slow, whatever waits behind it
 
 
 class StoreLost(Unavailable):
@@ -148,11 +148,13 @@ class Writer:
         stored and not yet applied lies above it."""
         return min(self._appending, default=otherwise)
 
-    def troubled(self, within_s: float = 0.0, own_lag_s: float = 0.0) -> bool:
-        """The event store is away or slow: an append or a read failed lately (or within the last `within_s`: a
-        backlog that old built up behind the store), or one has been under way a second beyond `own_lag_s`,
-        how late our own event loop runs (an ack we were too busy to read is our slowness, not the store's)."""
+    def troubled(self, backlog_s: float, own_lag_s: float = 0.0) -> bool:
+        """The event store is away or slow, so a backlog `backlog_s` old is the store's: an append or a read
+        failed lately (or within the backlog's age), or one has been under way for half that age (a second at
+        most). An append's time counts beyond `own_lag_s`, how late our own event loop runs: an ack we were too
+        busy to read is our slowness, not the store's."""
         now = time.monotonic()
-        if now - self._trouble_at < max(STORE_TROUBLE_S, within_s) or not self.nc.is_connected:
+        if now - self._trouble_at < max(STORE_TROUBLE_S, backlog_s) or not self.nc.is_connected:
             return True
-        return bool(self._since) and now - min(self._since.values()) > SLOW_APPEND_S + own_lag_s
+        stalled = now - min(self._since.values()) - own_lag_s if self._since else 0.0
+        return stalled > min(SLOW_APPEND_S, backlog_s / 2)

@@ -2,15 +2,22 @@
 behind the store is the store's, never overload (RESOURCE_EXHAUSTED is for a node that cannot keep up)."""
 
 import asyncio
+import io
 import os
 import signal
 from collections import Counter
 
 import grpc
 
+from controller import replay
+from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
+from proto.events import Assigned
+from runtime.bus import connected
 from runtime.natsd import NatsServer
+from tests.processes import Parts
 from tests.stack import Stack
+from tests.test_crash import assign, frozen
 
 
 async def test_calls_during_and_right_after_a_frozen_store_are_unavailable_never_overloaded(tmp_path):
@@ -48,3 +55,47 @@ async def test_calls_during_and_right_after_a_frozen_store_are_unavailable_never
         await load
         assert codes["OK"] > 0 and codes["RESOURCE_EXHAUSTED"] == 0, codes
         assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
+
+
+async def test_a_node_quick_to_refuse_as_overloaded_still_answers_a_frozen_store_unavailable(tmp_path):
+    """NATS frozen for 3 s while calls keep coming, on a node that refuses as overloaded once 0.2 s behind (well
+    before an append counts as slow by its own age): the backlog is still the store's, so no call is told
+    RESOURCE_EXHAUSTED; each is served after the thaw or told UNAVAILABLE, and none is assigned twice."""
+    stub = PlatformStub("127.0.0.1:0")
+    await stub.start()
+    args = ("--max-behind", "0.2")
+    try:
+        async with (
+            NatsServer(tmp_path / "nats") as nats,
+            Parts(nats.url, f"127.0.0.1:{stub.port}", node_args=args) as parts,
+        ):
+            await assign(parts.gateway, "warm-up")
+
+            async def call(n: int) -> str:
+                try:
+                    await assign(parts.gateway, f"r{n}", key=("fa", "fb", "fc")[n % 3])
+                except grpc.aio.AioRpcError as e:
+                    return f"{e.code().name}: {e.details()}"
+                return "OK"
+
+            calls = []
+            frozen(nats.proc.pid)
+            try:
+                for n in range(60):  # one every 50 ms through the freeze
+                    calls.append(asyncio.create_task(call(n)))
+                    await asyncio.sleep(0.05)
+            finally:
+                nats.proc.send_signal(signal.SIGCONT)
+            outcomes = Counter(o.split(":")[0] for o in await asyncio.gather(*calls))
+            assert set(outcomes) <= {"OK", "UNAVAILABLE"}, outcomes
+            async with connected(nats.url, "test") as nc:  # none released: each request assigned at most once
+                assigned: Counter[str] = Counter()
+                await replay.replay(
+                    nc.jetstream(),
+                    seen=lambda _, b: assigned.update(e.request_id for e in b.events if isinstance(e, Assigned)),
+                )
+                assert max(assigned.values()) == 1
+                out = io.StringIO()
+                assert await replay.verify(nc, nc.jetstream(), None, out) == 0, out.getvalue()
+    finally:
+        await stub.stop()
