@@ -204,19 +204,25 @@ class Leases:
             await self._take(share - len(self.held))
 
     async def _renew(self) -> None:
-        lapsed = []
-        for p in list(self.held):
-            async with self._lock(p):
-                if (revision := self.held.get(p)) is None:
-                    continue
-                sent = time.monotonic()
-                try:
-                    self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
-                    self.renewed[p] = sent
-                except KeyWrongLastSequenceError:  # it lapsed: another node may have written it meanwhile
-                    lapsed.append(p)
-        if lapsed:
+        """All at once: one after another, a round under load (each update synced to disk, behind a busy
+        connection) took longer than the renewal deadline."""
+        held = list(self.held)
+        kept = await asyncio.gather(*(self._renew_one(p) for p in held))
+        if lapsed := [p for p, ok in zip(held, kept, strict=True) if not ok]:
             await self._drop(lapsed, "their leases lapsed")
+
+    async def _renew_one(self, p: int) -> bool:
+        """Renew partition `p`'s lease if still held; False if it lapsed."""
+        async with self._lock(p):
+            if (revision := self.held.get(p)) is None:
+                return True
+            sent = time.monotonic()
+            try:
+                self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
+                self.renewed[p] = sent
+            except KeyWrongLastSequenceError:  # it lapsed: another node may have written it meanwhile
+                return False
+            return True
 
     async def _watch_deadlines(self) -> None:
         """Drop the partitions past their renewal deadline (NATS away, or this process was paused)."""
