@@ -4,6 +4,11 @@ One gained is loaded from its snapshot and the batches after it (controller/rebu
 commands are taken (`cmd.<partition>`, one node of the queue group answers each) and the node is
 told (`served`). One lost stops taking commands at once; the commands under way finish, the node
 is told (`released`: it snapshots and forgets), and the lease is given back.
+
+One that cannot be rebuilt exactly (retention cut the stream, and no snapshot covers the cut) is
+refused, said once: the node keeps its lease, so nobody loads it again every round, and answers
+each of its commands with why (calls FAILED_PRECONDITION; reports UNAVAILABLE, so workers keep
+them for when it can be loaded). The other partitions are served as usual.
 """
 
 import asyncio
@@ -18,10 +23,11 @@ from nats.js import JetStreamContext
 
 from controller import rebuild
 from controller.core.limits import NO_LIMITS, Limits
-from controller.leases import EVERY_S, TTL_S, Leases
+from controller.leases import EVERY_S, TTL_S, Leases, ranges
 from controller.ledger import Ledger
 from controller.snapshots import SnapshotStore
 from controller.snapshotter import Snapshotter
+from proto.commands import Assign, Code, Delete, Idle, Reply, Restart, decode_command, encode
 from proto.subjects import CMD, PARTITIONS, partition
 from runtime.bus import Unavailable
 
@@ -69,6 +75,7 @@ class Partitions:
         self.leases = Leases(js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas)
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.loading: dict[int, asyncio.Task] = {}
+        self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told
         self._load_error_at = -LOAD_ERROR_EVERY_S  # when a failed load was last logged
         self._subs: dict[int, object] = {}
         self._in_flight: Counter[int] = Counter()  # commands under way, by partition
@@ -121,7 +128,11 @@ class Partitions:
         """Each partition's snapshot, then its batches after it; then serve it."""
         try:
             at = await rebuild.kept(self.js)
-            snaps = await rebuild.snapshots(self.store, at, partitions)
+            snaps, uncovered = await rebuild.usable(self.store, at, partitions)
+            if uncovered is not None:
+                await self._refuse(uncovered)
+                if not (partitions := list(snaps)):
+                    return
             after = rebuild.restore(self.ledger, snaps)
             self.loaded_batches += await rebuild.fold_after(self.js, after, self.ledger.fold)
             for p in partitions:
@@ -143,6 +154,24 @@ class Partitions:
             for p in partitions:
                 self.loading.pop(p, None)
 
+    async def _refuse(self, uncovered: rebuild.Uncovered) -> None:
+        log.error("%s refuses partitions %s: %s", self.leases.node, ranges(uncovered.partitions), uncovered)
+        for p in uncovered.partitions:
+            self.refused[p] = f"{self.leases.node} refuses partition {p}: {uncovered}"
+            self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self._answer_refused)
+
+    async def _answer_refused(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            cmd = decode_command(msg.data)
+        except Exception:
+            return  # the node's own subscriptions say what is unreadable; this one only refuses
+        why = self.refused.get(partition(cmd.key), "partition refused")
+        code = Code.FAILED_PRECONDITION if isinstance(cmd, Assign | Idle | Restart | Delete) else Code.UNAVAILABLE
+        reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=code, message=why)
+        await self.nc.publish(msg.reply, encode(reply))
+
     async def lost(self, partitions: list[int], keep: bool = True) -> None:
         """Stop serving them: no new command, the ones under way finish, then the node releases them.
 
@@ -154,6 +183,7 @@ class Partitions:
             if (task := self.loading.pop(p, None)) is not None:
                 task.cancel()
             self.serving.discard(p)
+            self.refused.pop(p, None)
             if (sub := self._subs.pop(p, None)) is not None:
                 await sub.unsubscribe()
         self._share_the_caps()

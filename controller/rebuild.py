@@ -23,7 +23,11 @@ from runtime import stream
 
 
 class Uncovered(Exception):
-    """Retention dropped batches of a partition that no usable snapshot holds."""
+    """Retention dropped batches of partitions that no usable snapshot holds."""
+
+    def __init__(self, message: str, partitions: list[int]) -> None:
+        super().__init__(message)
+        self.partitions = partitions
 
 
 class Kept(NamedTuple):
@@ -51,20 +55,32 @@ def covers(snap: Snapshot | None, at: Kept) -> bool:
 
 async def snapshots(store: SnapshotStore, at: Kept, partitions: Iterable[int]) -> dict[int, Snapshot | None]:
     """Each partition's newest usable snapshot; Uncovered when one cannot be rebuilt exactly."""
+    snaps, uncovered = await usable(store, at, partitions)
+    if uncovered is not None:
+        raise uncovered
+    return snaps
+
+
+async def usable(
+    store: SnapshotStore, at: Kept, partitions: Iterable[int]
+) -> tuple[dict[int, Snapshot | None], Uncovered | None]:
+    """The newest usable snapshot of each partition that can be rebuilt exactly, and why the others cannot."""
     partitions = list(partitions)
     found = await asyncio.gather(*(store.load(p, at.stream_id, at.last_seq) for p in partitions))
     snaps = dict(zip(partitions, found, strict=True))
     uncovered = [p for p, snap in snaps.items() if not covers(snap, at)]
-    if uncovered:
-        p = uncovered[0]
-        snap = snaps[p]
-        holds = f"its snapshot holds only up to seq {snap.seq:,}" if snap else "it has no usable snapshot"
-        which = f"partitions {_list(uncovered)}" if len(uncovered) > 1 else f"partition {p}"
-        raise Uncovered(
-            f"{which} cannot be rebuilt exactly: retention dropped EVENTS before seq {at.first_seq:,} and"
-            f" {holds} (partition {p}); start the version that wrote the snapshots, or a fresh store"
-        )
-    return snaps
+    if not uncovered:
+        return snaps, None
+    p = uncovered[0]
+    snap = snaps[p]
+    holds = f"its snapshot holds only up to seq {snap.seq:,}" if snap else "it has no usable snapshot"
+    which = f"partitions {_list(uncovered)}" if len(uncovered) > 1 else f"partition {p}"
+    why = Uncovered(
+        f"{which} cannot be rebuilt exactly: retention dropped EVENTS before seq {at.first_seq:,} and"
+        f" {holds} (partition {p}); start the version that wrote the snapshots, or a fresh store",
+        uncovered,
+    )
+    return {p: snap for p, snap in snaps.items() if p not in uncovered}, why
 
 
 def restore(ledger: Ledger, snaps: dict[int, Snapshot | None]) -> dict[int, int]:

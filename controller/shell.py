@@ -220,9 +220,11 @@ class Controller:
         self.snapshots.start()
         await self.partitions.start()
         functions, batches = plural(len(self.states), "function"), plural(self.loaded_batches, "batch", "batches")
+        refused = self.partitions.refused
+        refusing = f", REFUSING partitions {ranges(sorted(refused))} (see the error above)" if refused else ""
         return (
-            f"controller {self.node} ({self.policy.name} policy, {len(self.serving)} of {PARTITIONS} partitions,"
-            f" {functions}, {batches} read; {durability.describe(self.sync, self.replicas)})"
+            f"controller {self.node} ({self.policy.name} policy, {len(self.serving)} of {PARTITIONS} partitions"
+            f"{refusing}, {functions}, {batches} read; {durability.describe(self.sync, self.replicas)})"
         )
 
     async def drain(self) -> str:
