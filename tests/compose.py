@@ -8,7 +8,6 @@ themselves (tests/test_compose.py) and by starting its services as local process
 import argparse
 import importlib
 import re
-import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import yaml
 
 from runtime import service as component_service
 from scaler import cli
+from tests.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"
@@ -194,12 +194,6 @@ def host_path(service: dict, path: str) -> Path | None:
         if source.startswith((".", "/")) and (p == PurePosixPath(mounted) or PurePosixPath(mounted) in p.parents):
             return (ROOT / source / p.relative_to(mounted)).resolve()
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Loopback:

@@ -7,12 +7,14 @@ and the test reads its exact accounting. A small driver plays clients that assig
 import argparse
 import asyncio
 import itertools
+import random
 import secrets
 import signal
 import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -116,9 +118,17 @@ ATTEMPTS = 20
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a process to bind later, from below the kernel's ephemeral range: one the kernel hands
+    out (bind to port 0, or any outgoing connection's local port) can be taken again before that bind."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(max(1024, low - 12_000), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 @dataclass
@@ -273,12 +283,28 @@ async def settled(nats_url: str, stub: PlatformStub, seconds: float = 90) -> dic
 
     Up to a periodic reconcile (every 60 s) and then some: a slot whose CreateSlot a killed worker left under
     way is made after the take-over's reconcile listed the platform, and only the next one finds it."""
-    async with asyncio.timeout(seconds):
-        while True:
-            states = (await controller_state(nats_url)).states
-            moving = any(
-                i.phase in (Phase.CREATING, Phase.RETIRING) for s in states.values() for i in s.instances.values()
-            )
-            if not moving and slots_of(states) == set(stub.accounting.live):
-                return states
-            await asyncio.sleep(0.1)
+    states: dict[str, FnState] = {}
+    try:
+        async with asyncio.timeout(seconds):
+            while True:
+                states = (await controller_state(nats_url)).states
+                if not _unsettled(states, stub):
+                    return states
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"not settled after {seconds:g}s: {_unsettled(states, stub)}") from None
+
+
+def _unsettled(states: dict[str, FnState], stub: PlatformStub) -> str:
+    """What keeps the state and the platform apart: instances still moving, slots only one of them has."""
+    moving = [
+        f"{i.id} {i.phase.value}" for s in states.values() for i in s.instances.values()
+        if i.phase in (Phase.CREATING, Phase.RETIRING)
+    ]  # fmt: skip
+    held, live = slots_of(states), set(stub.accounting.live)
+    only_state, only_platform = sorted(held - live), sorted(live - held)
+    said = [f"moving: {moving}"] if moving else []
+    said += [f"slots only the state has: {only_state}"] if only_state else []
+    made_for = {slot: stub.accounting.live[slot].request_id for slot in only_platform}  # CreateSlot's request id
+    said += [f"slots only the platform has (made for): {made_for}"] if only_platform else []
+    return "; ".join(said)
