@@ -304,7 +304,9 @@ async def holders(js: JetStreamContext) -> dict[int, str]:
 
 
 def ranges(partitions: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'; [] -> 'none'."""
+    if not partitions:
+        return "none"
     out, start = [], None
     for a, b in zip(partitions, [*partitions[1:], None], strict=True):
         start = a if start is None else start

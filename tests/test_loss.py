@@ -6,6 +6,7 @@ import asyncio
 import logging
 import shutil
 
+from controller.leases import ranges
 from proto.subjects import PARTITIONS
 from runtime.bus import connected
 from runtime.natsd import NatsServer
@@ -58,3 +59,10 @@ async def test_an_older_copy_of_the_store_under_a_running_node_is_an_alarm_and_a
             assert await snapshots_hold_what_they_claim(nc.jetstream()) == []
     finally:
         await nats.stop()
+
+
+def test_partition_ranges_read_as_written_and_none_for_no_partition():
+    """The loss alarm names the partitions it reloads: a node whose leases all lapsed with the store serves none
+    (the lost-tail fault), and the alarm failed on the empty list and was never said."""
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert ranges([]) == "none"
