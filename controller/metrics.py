@@ -68,6 +68,11 @@ class ControllerCollector:
             value=c.unreconciled,
         )
         yield GaugeMetricFamily(
+            "scaler_partitions_refused",
+            "Partitions this node holds but refuses: no snapshot covers what retention dropped (their calls fail)",
+            value=len(c.partitions.refused) if c.partitions is not None else 0,
+        )
+        yield GaugeMetricFamily(
             "scaler_nats_sync_always",
             "Whether NATS syncs every write to disk before acknowledging it: 1 yes, 0 no, -1 unknown",
             c.sync.gauge,

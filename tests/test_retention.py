@@ -7,6 +7,7 @@ import sys
 
 from controller import rebuild, replay, snapshots
 from controller.leases import EVERY_S
+from controller.metrics import ControllerCollector
 from controller.shell import Controller
 from controller.snapshots import SnapshotStore
 from proto.commands import Assign, Code
@@ -152,6 +153,8 @@ async def test_a_partition_no_snapshot_covers_is_refused_once_and_the_others_ser
             await asyncio.sleep(3 * EVERY_S)  # lease rounds: the refused partitions are not loaded again
             refused = {partition(k) for k in before} & {lost, torn}
             assert set(controller.partitions.refused) == {lost, torn} == refused
+            exported = {m.name: m.samples[0].value for m in ControllerCollector(controller).collect()}
+            assert exported["scaler_partitions_refused"] == 2
             assert controller.states == {k: s for k, s in before.items() if partition(k) not in refused}
             key = next(k for k in before if partition(k) == lost)
             reply = await controller.call(Assign(key=key, request_id="late", meta=Meta(memory_mb=128)), 10)
