@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 
 from proto.subjects import PARTITIONS
@@ -40,6 +40,8 @@ NODES = "scaler_nodes"  # <node> -> heartbeat
 TTL_S = 4.0
 EVERY_S = 1.0
 HAND_OVER_S = 10.0  # how long a draining node waits for the other nodes to take its partitions
+STOP_ROUND_S = 2.0  # how long a stopping node lets a lease round under way finish
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code: the subject's last sequence is not the one expected
 
 
 def renew_deadline(ttl_s: float) -> float:
@@ -83,6 +85,7 @@ class Leases:
         self._nodes: KeyValue | None = None
         self._task: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         self._leases = await bucket(self.js, LEASES, self.ttl_s, self.replicas)
@@ -116,8 +119,7 @@ class Leases:
 
     async def stop(self) -> None:
         """Give everything back at once, so the other nodes need not wait for the leases to expire."""
-        await cancelled(self._watch)
-        await cancelled(self._task)
+        await self._stop_rounds()
         if self._nodes is None:  # its start failed before it held anything
             return
         # Each on its own (NATS away: they lapse instead): a heartbeat left behind would make the next
@@ -143,8 +145,7 @@ class Leases:
             return f"{self.node}: no other node is up to take its partitions"
         # As at a stop: no round renews a lease while it is being freed (a renewal landing after the hand-over
         # began would keep it), and none takes one again. Each snapshot confirms its lease just before.
-        await cancelled(self._watch)
-        await cancelled(self._task)
+        await self._stop_rounds()
         with contextlib.suppress(Exception):  # NATS away: the heartbeat lapses within the TTL
             await self._nodes.delete(self.node)
         given = sorted(self.held)
@@ -166,6 +167,15 @@ class Leases:
             await asyncio.sleep(0.05)
         return f"{self.node} gave back partitions {ranges(given)}; no other node took them yet"
 
+    async def _stop_rounds(self) -> None:
+        """No more lease rounds. One under way is let finish (for a moment): cut short, its renewals may be
+        stored at revisions this node never learns, and freeing those leases would need another look."""
+        await cancelled(self._watch)
+        self._stopping.set()
+        if self._task is not None:
+            await asyncio.wait([self._task], timeout=STOP_ROUND_S)
+        await cancelled(self._task)
+
     async def others(self) -> list[str]:
         """The other live nodes, by their heartbeats."""
         try:
@@ -175,8 +185,11 @@ class Leases:
 
     async def _run(self) -> None:
         failing = 0
-        while True:
-            await asyncio.sleep(self.every_s)
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.every_s)
+            if self._stopping.is_set():
+                return
             try:
                 await self.round()
             except Exception as e:  # NATS away: the leases may lapse; the round after the outage sorts it out
@@ -276,17 +289,32 @@ class Leases:
             self.renewed.pop(p, None)
         # All at once and each on its own: one that times out (NATS slow or away) lapses after the TTL,
         # and does not keep the others held until then, nor the stop waiting a timeout per partition.
-        results = await asyncio.gather(
-            *(self._leases.delete(f"p{p}", last=revision) for p, revision in freed), return_exceptions=True
-        )
-        stuck = [
-            p
-            for (p, _), r in zip(freed, results, strict=True)
-            if isinstance(r, Exception) and not isinstance(r, (KeyWrongLastSequenceError, KeyNotFoundError))
-        ]
+        results = await asyncio.gather(*(self._free(p, revision) for p, revision in freed), return_exceptions=True)
+        stuck = {p: r for (p, _), r in zip(freed, results, strict=True) if isinstance(r, Exception)}
         if stuck:
-            log.warning("could not free the leases of partitions %s; they lapse within %gs", ranges(stuck), self.ttl_s)
+            why = next(iter(stuck.values()))
+            log.warning(
+                "could not free the leases of partitions %s (%s: %s); they lapse within %gs",
+                ranges(sorted(stuck)), type(why).__name__, why, self.ttl_s,
+            )  # fmt: skip
         log.info("%s gave back partitions %s", self.node, ranges(partitions))
+
+    async def _free(self, p: int, revision: int) -> None:
+        """Delete `p`'s lease if it is still ours: at the revision we know, or, when a renewal was stored
+        without our learning its revision, at the one it has while it still names this node."""
+        try:
+            await self._leases.delete(f"p{p}", last=revision)
+            return
+        except APIError as e:
+            if e.err_code != WRONG_LAST_SEQUENCE:
+                raise
+        try:
+            entry = await self._leases.get(f"p{p}")
+        except KeyNotFoundError:  # lapsed (or deleted) meanwhile: nothing to free
+            return
+        if entry.value == self.node.encode():
+            with contextlib.suppress(APIError):  # taken just now by another node: it is theirs
+                await self._leases.delete(f"p{p}", last=entry.revision)
 
 
 async def holders(js: JetStreamContext) -> dict[int, str]:
