@@ -137,3 +137,41 @@ def test_one_odd_gap_beside_a_timers_does_not_widen_where_its_next_tick_is_expec
     points = gap_points(tuple(hist), gaps, 0.0)
     near_30s = sum(w for x, w in points if 28_700 <= x <= 30_050)
     assert near_30s >= 0.9 * sum(w for x, w in points if x >= 23_170)  # the 30 s bin's weight, where its gaps were
+
+
+def sessions(period_ms: int, calls: int, lull_ms: int, lulls: int, start_ms: int) -> FnState:
+    """A function called in sessions (`calls` gaps of `period_ms`, runs as long) after `lulls` lulls of
+    `lull_ms`; its last call at t=0 and nothing live."""
+    gaps = (period_ms,) * calls + (lull_ms,) * lulls
+    hist = [0.0] * GAP_BINS
+    for gap in gaps:
+        hist[gap_bin(gap)] += 1
+    stats = replace(
+        FnState(key="fn").stats,
+        arrivals=len(gaps) + 1,
+        gaps=gaps,
+        lulls=(lull_ms,) * lulls,
+        gap_hist=tuple(hist),
+        runs=(period_ms,) * calls,
+        start_ms=start_ms,
+        last_arrival_ms=0,
+    )
+    return FnState(key="fn", meta=e.Meta(memory_mb=256), stats=stats, started=lulls + 1)
+
+
+def starts_on_arrival(s: FnState, now: int) -> list[e.SlotWanted]:
+    d = decide(s, c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=256)), now, LEARNED)
+    return [ev for ev in d.events if isinstance(ev, e.SlotWanted)]
+
+
+def test_a_session_that_finds_no_instance_starts_instances_for_the_calls_it_brings_within_a_start():
+    # Calls every 30 ms that run 30 ms, instances taking 156 ms: a session that begins with nothing live
+    # has five more calls before one instance is ready, and one instance drains them a run at a time
+    # (dataSet_1's roles1: a session's first calls waited 156, 152, 121, 74, 46 ms).
+    s = sessions(period_ms=30, calls=40, lull_ms=60_000, lulls=3, start_ms=156)
+    starts = starts_on_arrival(s, 60_000)
+    assert len(starts) > 1
+    assert [w.for_request for w in starts].count("r1") == 1  # one for the request, the rest ahead of its session
+    # A timer's next call is a period away: one start, for the request.
+    timer = sessions(period_ms=30_000, calls=40, lull_ms=60_000, lulls=3, start_ms=156)
+    assert [w.for_request for w in starts_on_arrival(timer, 60_000)] == ["r1"]

@@ -283,14 +283,20 @@ class Learned(Policy):
                 heapq.heappush(heap, at + busy)
             return total, first
 
+        # A burst that began with no instance ready or busy: its followers within a start find none
+        # either, so instances may be started for them now, not one as each arrives.
+        cold = not any(i.phase in (Phase.BUSY, Phase.IDLE) for i in s.instances.values())
+        coming = len(arrivals) - min(len(s.queue), QUEUE_SIMULATED) if cold else 0
         best_m, (wait, first) = 0, waits(0)
         best = self.wait_gb * wait
-        for m in range(1, min(uncovered, MAX_STARTS) + 1):
+        for m in range(1, min(uncovered + coming, MAX_STARTS) + 1):
             total, at = waits(m)
             cost = self.wait_gb * total + m * 2 * gb * start
             if cost >= best:
                 break
             best_m, best, first = m, cost, at
+        if best_m > uncovered:
+            return QueuePlan(starts=uncovered, ahead=best_m - uncovered)
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
         starts = min(max(best_m, self.pool_target(s, now) - live), uncovered)
         if starts == uncovered or first is None or first == math.inf:
