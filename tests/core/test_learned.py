@@ -175,3 +175,25 @@ def test_a_session_that_finds_no_instance_starts_instances_for_the_calls_it_brin
     # A timer's next call is a period away: one start, for the request.
     timer = sessions(period_ms=30_000, calls=40, lull_ms=60_000, lulls=3, start_ms=156)
     assert [w.for_request for w in starts_on_arrival(timer, 60_000)] == ["r1"]
+
+
+def test_a_timers_jitter_of_a_millisecond_still_spreads_where_its_next_tick_may_come():
+    # Ticks 30 s apart give or take a few ms (most within 1 ms): the next may come after the longest of
+    # the recent ones, and holding a pre-warmed instance a few ms more costs far less than that miss.
+    from controller.core.policy.forecast import gap_points
+
+    gaps = (30_000,) * 12 + (29_999, 30_001) * 8 + (29_997, 30_004)
+    hist = [0.0] * GAP_BINS
+    hist[gap_bin(30_000)] = len(gaps)
+    points = gap_points(tuple(hist), gaps, 0.0)
+    assert max(x for x, _ in points) > max(gaps)
+
+
+def test_a_return_plan_may_hold_through_the_longest_gap_seen():
+    # 34 gaps, looked at every other one: the longest must still be a place to hold until, when a miss
+    # costs far more than holding.
+    from controller.core.policy.forecast import restart_plan
+
+    points = [(10_000.0 + i, 1.0) for i in range(34)]
+    plan, _ = restart_plan(points, 0.0, start=100, lam=10.0, miss=1e6, rate=0.0, options=[(1, 0.5, 0.0)])
+    assert plan.until == 10_033
