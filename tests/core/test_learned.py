@@ -1,5 +1,7 @@
 """Our policy's behaviours that matter, pinned on the pure core."""
 
+import dataclasses
+
 import msgspec
 from msgspec.structs import replace
 
@@ -139,7 +141,7 @@ def test_one_odd_gap_beside_a_timers_does_not_widen_where_its_next_tick_is_expec
     assert near_30s >= 0.9 * sum(w for x, w in points if x >= 23_170)  # the 30 s bin's weight, where its gaps were
 
 
-def sessions(period_ms: int, calls: int, lull_ms: int, lulls: int, start_ms: int) -> FnState:
+def sessions(period_ms: int, calls: int, lull_ms: int, lulls: int, start_ms: int, memory_mb: int = 256) -> FnState:
     """A function called in sessions (`calls` gaps of `period_ms`, runs as long) after `lulls` lulls of
     `lull_ms`; its last call at t=0 and nothing live."""
     gaps = (period_ms,) * calls + (lull_ms,) * lulls
@@ -156,7 +158,7 @@ def sessions(period_ms: int, calls: int, lull_ms: int, lulls: int, start_ms: int
         start_ms=start_ms,
         last_arrival_ms=0,
     )
-    return FnState(key="fn", meta=e.Meta(memory_mb=256), stats=stats, started=lulls + 1)
+    return FnState(key="fn", meta=e.Meta(memory_mb=memory_mb), stats=stats, started=lulls + 1)
 
 
 def starts_on_arrival(s: FnState, now: int) -> list[e.SlotWanted]:
@@ -197,3 +199,14 @@ def test_a_return_plan_may_hold_through_the_longest_gap_seen():
     points = [(10_000.0 + i, 1.0) for i in range(34)]
     plan, _ = restart_plan(points, 0.0, start=100, lam=10.0, miss=1e6, rate=0.0, options=[(1, 0.5, 0.0)])
     assert plan.until == 10_033
+
+
+def test_a_pre_warm_allows_for_a_next_gap_shorter_than_any_seen_as_far_as_the_gaps_vary():
+    # Four gaps of 51-145 s (Poisson calls, a mean of 36 s, whose first gaps happened to be long): the next
+    # is the shortest yet one time in five, and it would miss a 3.7 s start; a clock's next is not earlier.
+    policy = dataclasses.replace(LEARNED, wait_gb=88.0)
+    varied = sessions(period_ms=51_000, calls=1, lull_ms=55_000, lulls=2, start_ms=3_742, memory_mb=2048)
+    varied = replace(varied, stats=replace(varied.stats, gaps=(51_000, 55_000, 56_000, 145_000)))
+    assert policy.prewarm(varied, 4_300).next_ms < 51_000 - 2 * 3_742 - 10_000
+    clock = sessions(period_ms=60_000, calls=4, lull_ms=60_000, lulls=0, start_ms=3_742, memory_mb=2048)
+    assert policy.prewarm(clock, 4_300).next_ms > 60_000 - 2 * 3_742

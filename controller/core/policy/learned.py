@@ -176,10 +176,14 @@ class Learned(Policy):
     def next_arrival(self, s: FnState, now: int) -> tuple[list[Point], bool]:
         """When the function's next call may come (ms after its last), given none came by `now`: its own
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
-        whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`)."""
+        whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
+        may be shorter than any seen, one time in n + 1: one gap's weight goes below the shortest, as far
+        as the recent gaps vary (`_shorter_than_seen`)."""
         elapsed = now - s.stats.last_arrival_ms
         own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
         timed = bool(own)
+        if own and (early := _shorter_than_seen(s.stats.gaps)) > elapsed:
+            own = sorted([*own, (early, EARLY_WEIGHT)])
         if sum(s.stats.gap_hist) >= self.min_samples:
             return own or beyond(max(elapsed, 1)), timed
         return blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed)), timed
@@ -358,6 +362,17 @@ def _burst(s: FnState, start: int) -> tuple[float, int]:
     return len(near) / max(sum(near), 1), math.ceil(len(near) / far) if far else len(gaps)
 
 
+def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
+    """Where a next gap shorter than every recent one would fall: below the shortest by as much as the
+    recent gaps vary (the sd of their logs, at the kernel's outermost point); a clock's at the shortest."""
+    if len(gaps) < 2:
+        return 0.0
+    logs = [math.log(max(g, 1)) for g in gaps]
+    mean = sum(logs) / len(logs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    return min(gaps) * math.exp(-1.465 * sd)
+
+
 def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
     """Less than any restart can cost: arrivals within a start from now wait for it (or miss)."""
     soon = elapsed + o.start
@@ -369,6 +384,7 @@ def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
     return floor
 
 
+EARLY_WEIGHT = 1.0  # the next gap may be shorter than any seen (1 in n + 1): one gap's weight, at half the shortest
 QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
 MAX_STARTS = 32  # instances started in one decision at most
 MIN_EXEC_MS = 1_000  # execution the run needs before its exchange rate is trusted
