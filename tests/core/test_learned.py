@@ -210,3 +210,12 @@ def test_a_pre_warm_allows_for_a_next_gap_shorter_than_any_seen_as_far_as_the_ga
     assert policy.prewarm(varied, 4_300).next_ms < 51_000 - 2 * 3_742 - 10_000
     clock = sessions(period_ms=60_000, calls=4, lull_ms=60_000, lulls=0, start_ms=3_742, memory_mb=2048)
     assert policy.prewarm(clock, 4_300).next_ms > 60_000 - 2 * 3_742
+
+
+def test_an_instance_retired_at_once_says_why():
+    # A 30 s timer with a 2 s start: after a tick its instance is retired, to start again before the next;
+    # the KeptAlive event says so (it said "no reason to keep it").
+    s = periodic(30_000, 2_000)
+    idle = replace(_instance("fn-20", Phase.IDLE, since=100), request_id="")
+    kept = LEARNED.keep_alive(s, idle, 100)
+    assert kept.until_ms == 100 and kept.why == "cheaper to start again just before the next arrival"

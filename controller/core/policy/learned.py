@@ -241,17 +241,21 @@ class Learned(Policy):
             until = s.stats.last_arrival_ms + int(back[0].until) + 1 if back is not None else 0
             if until > now:
                 return KeepAlive(until, "pre-warmed: held through the predicted arrival")
-        return self.expire(s, inst, now) or KeepAlive(now, "no reason to keep it")
+        return self._keep(s, now)
 
     def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
+        keep = self._keep(s, now)
+        return keep if keep.until_ms > now else None
+
+    def _keep(self, s: FnState, now: int) -> KeepAlive:
         """Keep the instance for the lull's plan, unless the function has more than that plan and the load need:
         clearly more, the load taken a standard error above its estimate, so that a pool does not shrink and
-        grow again with the noise of its rate."""
+        grow again with the noise of its rate. Until now (retire it) says why not."""
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
         until, count, why = self.lull(s, now)
         if live > count and live > self.pool_target(s, now, margin=0.5):
-            return None
-        return KeepAlive(until, why) if until > now else None
+            return KeepAlive(now, f"{live} live, more than the lull's {count} and the load's")
+        return KeepAlive(until, why) if until > now else KeepAlive(now, why)
 
     def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
         """Start the number of instances that minimises the queue's total wait x `wait_gb` plus their cost.
