@@ -219,3 +219,10 @@ def test_an_instance_retired_at_once_says_why():
     idle = replace(_instance("fn-20", Phase.IDLE, since=100), request_id="")
     kept = LEARNED.keep_alive(s, idle, 100)
     assert kept.until_ms == 100 and kept.why == "cheaper to start again just before the next arrival"
+
+
+def test_a_short_gap_by_chance_starts_nothing_ahead():
+    # Three short gaps among thirty (Poisson calls: some come close by chance): a call after a lull brings
+    # no follower on average, so only its own instance starts (gen-ramp/3 lost 0.9 to starts ahead).
+    s = sessions(period_ms=30, calls=3, lull_ms=60_000, lulls=30, start_ms=156)
+    assert [w.for_request for w in starts_on_arrival(s, 60_000)] == ["r1"]

@@ -277,7 +277,9 @@ class Learned(Policy):
         arrivals = [float(now)] * len(s.queue[:QUEUE_SIMULATED])
         rate, coming = _burst(s, start)
         if rate:
-            arrivals += [now + (j + 1) / rate for j in range(min(int(rate * 2 * start), coming, QUEUE_SIMULATED))]
+            arrivals += [
+                now + (j + 1) / rate for j in range(min(int(rate * 2 * start), math.ceil(coming), QUEUE_SIMULATED))
+            ]
 
         def waits(extra: int) -> tuple[float, float | None]:
             """Total expected wait of those requests, and when the first one waiting now is served."""
@@ -292,12 +294,14 @@ class Learned(Policy):
             return total, first
 
         # A burst that began with no instance ready or busy: its followers within a start find none
-        # either, so instances may be started for them now, not one as each arrives.
+        # either, so instances may be started for them now, not one as each arrives; for as many as
+        # a burst surely brings (the whole ones of its mean: a Poisson function's chance short gap
+        # brings none, where a session's start brings dozens).
         cold = not any(i.phase in (Phase.BUSY, Phase.IDLE) for i in s.instances.values())
-        coming = len(arrivals) - min(len(s.queue), QUEUE_SIMULATED) if cold else 0
+        ahead = min(len(arrivals) - min(len(s.queue), QUEUE_SIMULATED), int(coming)) if cold else 0
         best_m, (wait, first) = 0, waits(0)
         best = self.wait_gb * wait
-        for m in range(1, min(uncovered + coming, MAX_STARTS) + 1):
+        for m in range(1, min(uncovered + ahead, MAX_STARTS) + 1):
             total, at = waits(m)
             cost = self.wait_gb * total + m * 2 * gb * start
             if cost >= best:
@@ -355,15 +359,16 @@ def _rate(s: FnState, now: int | None = None) -> float:
     return len(gaps) / max(span, 1)
 
 
-def _burst(s: FnState, start: int) -> tuple[float, int]:
+def _burst(s: FnState, start: int) -> tuple[float, float]:
     """Arrivals per ms within a burst (gaps shorter than two starts), and how many more a burst brings once
-    it has begun: a gap is short with chance p, so p / (1 - p) (a busy function: all of its recent gaps)."""
+    it has begun, on average: a gap is short with chance p, so p / (1 - p) (a busy function: all of its
+    recent gaps)."""
     gaps = s.stats.gaps
     near = [g for g in gaps if g <= 2 * start]
     if not near:
         return _rate(s), len(gaps)
     far = len(gaps) - len(near)
-    return len(near) / max(sum(near), 1), math.ceil(len(near) / far) if far else len(gaps)
+    return len(near) / max(sum(near), 1), len(near) / far if far else len(gaps)
 
 
 def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
