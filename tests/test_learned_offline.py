@@ -64,17 +64,21 @@ def test_the_run_totals_equal_the_sum_of_the_functions_stats():
 
 
 class Recorded(Simulation):
-    """The simulation, keeping each pre-warm with the function as it was when the pre-warm was decided."""
+    """The simulation, keeping each pre-warm (a start for no request, none waiting) with the function as it was
+    when the pre-warm was decided; and the starts ahead of a burst's next calls (for no request, while some wait)."""
 
     def __init__(self, ds: Dataset, policy=LEARNED) -> None:
         super().__init__(ds, policy)
         self.prewarms: list[tuple[int, int, FnState]] = []  # (when, how many, the state before)
+        self.ahead: list[int] = []  # how many, each time
 
     def command(self, cmd, now):
         before = self.ledger.state(cmd.key)
         d = super().command(cmd, now)
         started = [ev for ev in d.events if isinstance(ev, e.SlotWanted) and not ev.for_request]
-        if started:
+        if started and d.state.queue:
+            self.ahead.append(len(started))
+        elif started:
             self.prewarms.append((now, len(started), before))
         return d
 
@@ -101,6 +105,7 @@ def test_a_burst_end_starts_no_pool_of_prewarms():
         assert not live and not before.queue, f"pre-warm at {now} while the function had instances"
         assert now - before.stats.last_arrival_ms > 2 * start, f"pre-warm at {now}, at a burst's end"
         assert count <= 2 * 60, f"{count} instances pre-warmed at {now} for a burst that keeps about 60 busy"
+    assert max(sim.ahead, default=0) <= 2 * 60, "starts ahead of a burst's calls: no more than it keeps busy"
 
 
 def test_a_jittered_timer_with_a_long_init_is_warm_at_each_tick():

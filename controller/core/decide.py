@@ -472,6 +472,9 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     starts = d.may_start(plan.starts)
     for waiting in uncovered[:starts]:
         d.start(for_request=waiting.request_id, why=plan.why)
+    if starts == plan.starts and plan.ahead:
+        for _ in range(d.may_start(plan.ahead)):
+            d.start(why="ahead of the burst: its next calls come before a start is ready")
     capped = f"at the cap ({_caps(d.s, d.room)}): waits for an instance to free up" if starts < plan.starts else ""
     for waiting in uncovered[starts:]:
         if waiting.since_ms == d.now:  # say so once, when it arrives

@@ -17,10 +17,12 @@ class QueuePlan:
     """For requests no idle instance or start covers: how many instances to start now.
 
     Those not started wait for an instance to free up; `recheck_ms` is when to reconsider if
-    they still wait (None: only when something else happens).
+    they still wait (None: only when something else happens). `ahead`: more instances to start now,
+    for arrivals expected before those starts are ready (a burst that began with none ready).
     """
 
     starts: int
+    ahead: int = 0
     why: str = "cold start: no idle instance"
     recheck_ms: int | None = None
     expected_ms: int = 0  # when a waiting request is expected to be served

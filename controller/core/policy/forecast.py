@@ -84,7 +84,7 @@ def _spread(ordered: list[int], lo: int, hi: int) -> list[float]:
     else:
         mean = sum(logs) / n
         sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1) * (1 + 1 / n))
-    if sd < 1e-4:
+    if sd == 0:  # a clock: every such gap alike
         return [1.0]
     t = next((q for dof, q in KERNEL_T.items() if dof >= n - 1), None)
     zs = KERNEL if t is None else (-t[2], -t[1], -t[0], 0.0, *t)
@@ -233,7 +233,8 @@ def restart_plan(
         wait = waiting * ready - (first[w1] - first[e1])
         wait2 = waiting * ready * ready - 2 * ready * (first[w1] - first[e1]) + (second[w1] - second[e1])
         base = early * miss + lam * (wait + rate * wait2 / 2)
-        for until in xs[w1::step]:
+        later = xs[w1:]
+        for until in [*later[:-1:step], *later[-1:]]:  # and the longest gap: holding through it may be cheapest
             s1 = bisect_right(xs, until)
             served, served_x = weight[s1] - weight[w1], first[s1] - first[w1]
             late = total - early - waiting - served

@@ -176,10 +176,14 @@ class Learned(Policy):
     def next_arrival(self, s: FnState, now: int) -> tuple[list[Point], bool]:
         """When the function's next call may come (ms after its last), given none came by `now`: its own
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
-        whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`)."""
+        whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
+        may be shorter than any seen, one time in n + 1: one gap's weight goes below the shortest, as far
+        as the recent gaps vary (`_shorter_than_seen`)."""
         elapsed = now - s.stats.last_arrival_ms
         own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
         timed = bool(own)
+        if own and (early := _shorter_than_seen(s.stats.gaps)) > elapsed:
+            own = sorted([*own, (early, EARLY_WEIGHT)])
         if sum(s.stats.gap_hist) >= self.min_samples:
             return own or beyond(max(elapsed, 1)), timed
         return blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed)), timed
@@ -237,17 +241,21 @@ class Learned(Policy):
             until = s.stats.last_arrival_ms + int(back[0].until) + 1 if back is not None else 0
             if until > now:
                 return KeepAlive(until, "pre-warmed: held through the predicted arrival")
-        return self.expire(s, inst, now) or KeepAlive(now, "no reason to keep it")
+        return self._keep(s, now)
 
     def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
+        keep = self._keep(s, now)
+        return keep if keep.until_ms > now else None
+
+    def _keep(self, s: FnState, now: int) -> KeepAlive:
         """Keep the instance for the lull's plan, unless the function has more than that plan and the load need:
         clearly more, the load taken a standard error above its estimate, so that a pool does not shrink and
-        grow again with the noise of its rate."""
+        grow again with the noise of its rate. Until now (retire it) says why not."""
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
         until, count, why = self.lull(s, now)
         if live > count and live > self.pool_target(s, now, margin=0.5):
-            return None
-        return KeepAlive(until, why) if until > now else None
+            return KeepAlive(now, f"{live} live, more than the lull's {count} and the load's")
+        return KeepAlive(until, why) if until > now else KeepAlive(now, why)
 
     def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
         """Start the number of instances that minimises the queue's total wait x `wait_gb` plus their cost.
@@ -269,7 +277,9 @@ class Learned(Policy):
         arrivals = [float(now)] * len(s.queue[:QUEUE_SIMULATED])
         rate, coming = _burst(s, start)
         if rate:
-            arrivals += [now + (j + 1) / rate for j in range(min(int(rate * 2 * start), coming, QUEUE_SIMULATED))]
+            arrivals += [
+                now + (j + 1) / rate for j in range(min(int(rate * 2 * start), math.ceil(coming), QUEUE_SIMULATED))
+            ]
 
         def waits(extra: int) -> tuple[float, float | None]:
             """Total expected wait of those requests, and when the first one waiting now is served."""
@@ -283,14 +293,22 @@ class Learned(Policy):
                 heapq.heappush(heap, at + busy)
             return total, first
 
+        # A burst that began with no instance ready or busy: its followers within a start find none
+        # either, so instances may be started for them now, not one as each arrives; for as many as
+        # a burst surely brings (the whole ones of its mean: a Poisson function's chance short gap
+        # brings none, where a session's start brings dozens).
+        cold = not any(i.phase in (Phase.BUSY, Phase.IDLE) for i in s.instances.values())
+        ahead = min(len(arrivals) - min(len(s.queue), QUEUE_SIMULATED), int(coming)) if cold else 0
         best_m, (wait, first) = 0, waits(0)
         best = self.wait_gb * wait
-        for m in range(1, min(uncovered, MAX_STARTS) + 1):
+        for m in range(1, min(uncovered + ahead, MAX_STARTS) + 1):
             total, at = waits(m)
             cost = self.wait_gb * total + m * 2 * gb * start
             if cost >= best:
                 break
             best_m, best, first = m, cost, at
+        if best_m > uncovered:
+            return QueuePlan(starts=uncovered, ahead=best_m - uncovered)
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
         starts = min(max(best_m, self.pool_target(s, now) - live), uncovered)
         if starts == uncovered or first is None or first == math.inf:
@@ -341,15 +359,27 @@ def _rate(s: FnState, now: int | None = None) -> float:
     return len(gaps) / max(span, 1)
 
 
-def _burst(s: FnState, start: int) -> tuple[float, int]:
+def _burst(s: FnState, start: int) -> tuple[float, float]:
     """Arrivals per ms within a burst (gaps shorter than two starts), and how many more a burst brings once
-    it has begun: a gap is short with chance p, so p / (1 - p) (a busy function: all of its recent gaps)."""
+    it has begun, on average: a gap is short with chance p, so p / (1 - p) (a busy function: all of its
+    recent gaps)."""
     gaps = s.stats.gaps
     near = [g for g in gaps if g <= 2 * start]
     if not near:
         return _rate(s), len(gaps)
     far = len(gaps) - len(near)
-    return len(near) / max(sum(near), 1), math.ceil(len(near) / far) if far else len(gaps)
+    return len(near) / max(sum(near), 1), len(near) / far if far else len(gaps)
+
+
+def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
+    """Where a next gap shorter than every recent one would fall: below the shortest by as much as the
+    recent gaps vary (the sd of their logs, at the kernel's outermost point); a clock's at the shortest."""
+    if len(gaps) < 2:
+        return 0.0
+    logs = [math.log(max(g, 1)) for g in gaps]
+    mean = sum(logs) / len(logs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    return min(gaps) * math.exp(-1.465 * sd)
 
 
 def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
@@ -363,6 +393,7 @@ def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
     return floor
 
 
+EARLY_WEIGHT = 1.0  # the next gap may be shorter than any seen (1 in n + 1): one gap's weight, at half the shortest
 QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
 MAX_STARTS = 32  # instances started in one decision at most
 MIN_EXEC_MS = 1_000  # execution the run needs before its exchange rate is trusted
