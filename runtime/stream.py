@@ -84,11 +84,17 @@ async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_
     finally:
         metrics.APPEND.observe(perf_counter() - began)
     ack = _ack.decode(msg.data)
-    if ack.error is not None:
-        if ack.error.err_code == WRONG_LAST_SEQUENCE:
-            raise Conflict(subject)
-        raise Unavailable(f"event store refused the batch: {ack.error.description}")
+    _refused(ack.error, subject)
     return ack.seq
+
+
+def _refused(error: _ApiError | None, what: str) -> None:
+    """Conflict for a failed order check, Unavailable for any other refusal; nothing when stored."""
+    if error is None:
+        return
+    if error.err_code == WRONG_LAST_SEQUENCE:
+        raise Conflict(what)
+    raise Unavailable(f"event store refused the batch: {error.description}")
 
 
 def fits(size: int, max_payload: int) -> None:
@@ -142,10 +148,7 @@ async def append_all(nc: Client, appends: list[Append], timeout_s: float) -> lis
     finally:
         metrics.APPEND.observe(perf_counter() - began)
     ack = _batch_ack.decode(msg.data)
-    if ack.error is not None:
-        if ack.error.err_code == WRONG_LAST_SEQUENCE:
-            raise Conflict(ack.error.description)
-        raise Unavailable(f"event store refused the batch: {ack.error.description}")
+    _refused(ack.error, ack.error.description if ack.error is not None else "")
     if ack.count != len(appends):
         raise Unavailable(f"event store stored {ack.count} of a batch of {len(appends)}")
     return list(range(ack.seq - ack.count + 1, ack.seq + 1))
