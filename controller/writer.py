@@ -68,7 +68,9 @@ class Writer:
         """Store `batch` after the function's last batch the ledger knows; its stream sequence.
 
         Conflict: another batch came first (fold it with `catch_up`). TooBig: no NATS message can
-        hold it. Unavailable: JetStream did not answer in time; the batch is then doubtful.
+        hold it. Unavailable: JetStream did not answer in time; the batch is then doubtful. So is
+        one whose caller stopped waiting: what was sent may be stored all the same, and a decision
+        taken without it (the Cancel of that caller's Assign) might append nothing to conflict with.
         """
         floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
         self._appending[floor] = self._appending.get(floor, 0) + 1
@@ -76,6 +78,9 @@ class Writer:
         self._since[token] = time.monotonic()
         try:
             return await self._publish(batch)
+        except asyncio.CancelledError:
+            self.doubtful[batch.key] = batch
+            raise
         finally:
             del self._since[token]
             self._appending[floor] -= 1

@@ -215,6 +215,8 @@ async def test_an_append_whose_caller_left_is_stored_and_the_functions_next_one_
         left = asyncio.create_task(w.append(batch("fn", 1)))
         await asyncio.sleep(0.05)
         left.cancel()  # its caller timed out: the append waits on all the same
+        await asyncio.sleep(0)
+        assert w.doubtful == {"fn": batch("fn", 1)}  # it may be stored: settled before the function's next group
         nxt = asyncio.create_task(w.append(batch("fn", 2)))  # e.g. the Cancel of that timed-out Assign
         await asyncio.sleep(0.05)
         gate.set()
@@ -222,3 +224,5 @@ async def test_an_append_whose_caller_left_is_stored_and_the_functions_next_one_
         with pytest.raises(Conflict):
             await nxt
     assert await stored(js, "fn") == ["assign:fn:r1"]
+    assert await w.settle("fn") is True and w.doubtful == {}  # it was stored: folded, not appended again
+    assert await stored(js, "fn") == ["assign:fn:r1"] and len(w.ledger.state("fn").queue) == 1
