@@ -6,6 +6,8 @@ so a second writer or a repeat of our own fails as a `Conflict` instead of corru
 `catch_up` folds what the stream holds of a function beyond the ledger (another writer's batches,
 or our own whose ack was lost); `settle` resolves a doubtful batch, one whose append got no answer
 and may be stored all the same. The writer decides nothing: it stores batches and folds stored ones.
+
+The appends of different functions that meet on their way share a commit (controller/commits.py).
 """
 
 import asyncio
@@ -17,6 +19,7 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
+from controller.commits import Commits
 from controller.ledger import Ledger
 from proto.events import Batch, encode_batch
 from proto.subjects import EVENTS, event_subject, function_events
@@ -46,6 +49,7 @@ class Writer:
         owns: Callable[[str], bool],
         patience_s: float = APPEND_PATIENCE_S,
         timeout_s: float = APPEND_TIMEOUT_S,
+        atomic: bool = False,
     ) -> None:
         self.nc = nc
         self.js = js
@@ -58,12 +62,15 @@ class Writer:
         self._since: dict[int, float] = {}  # appends under way: when each began (monotonic)
         self._tokens = itertools.count()
         self._trouble_at = -1e9  # when an append last failed to reach JetStream (monotonic)
+        self.commits = Commits(nc, timeout_s, atomic)  # atomic: the stream takes atomic batches
 
     async def append(self, batch: Batch) -> int:
         """Store `batch` after the function's last batch the ledger knows; its stream sequence.
 
         Conflict: another batch came first (fold it with `catch_up`). TooBig: no NATS message can
-        hold it. Unavailable: JetStream did not answer in time; the batch is then doubtful.
+        hold it. Unavailable: JetStream did not answer in time; the batch is then doubtful. So is
+        one whose caller stopped waiting: what was sent may be stored all the same, and a decision
+        taken without it (the Cancel of that caller's Assign) might append nothing to conflict with.
         """
         floor = self.ledger.seq  # a snapshot's watermark stays below this append until it is applied
         self._appending[floor] = self._appending.get(floor, 0) + 1
@@ -71,6 +78,9 @@ class Writer:
         self._since[token] = time.monotonic()
         try:
             return await self._publish(batch)
+        except asyncio.CancelledError:
+            self.doubtful[batch.key] = batch
+            raise
         finally:
             del self._since[token]
             self._appending[floor] -= 1
@@ -86,7 +96,7 @@ class Writer:
         deadline, delay = loop.time() + self.patience_s, 0.05
         while True:
             try:
-                return await stream.append(self.nc, subject, data, function_events(batch.key), last, self.timeout_s)
+                return await self.commits.store(stream.Append(subject, data, function_events(batch.key), last))
             except Unavailable:
                 self._trouble_at = time.monotonic()
                 if loop.time() + delay > deadline or not self.owns(batch.key):

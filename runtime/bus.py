@@ -106,7 +106,11 @@ async def connect(
 
 
 async def ensure_stream(
-    js: JetStreamContext, replicas: int = 1, retention: Retention | None = None, patience_s: float = 30.0
+    js: JetStreamContext,
+    replicas: int = 1,
+    retention: Retention | None = None,
+    patience_s: float = 30.0,
+    atomic: bool = False,
 ) -> None:
     """Create the stream, or bring an existing one to this configuration. Safe to run from every component.
 
@@ -115,12 +119,13 @@ async def ensure_stream(
     not put them back. A new stream gets `retention` (the default one from those not told it:
     workers); an existing one keeps its own here, and a node brings it to its own later
     (`set_retention`). A cluster's JetStream answers nothing until it has elected its leader: that
-    is waited for, up to `patience_s`.
+    is waited for, up to `patience_s`. `atomic` allows atomic batch publishes (nats-server 2.12+: a
+    node appends several functions' batches as one); once allowed, it stays.
     """
     async with asyncio.timeout(patience_s):
         while True:
             try:
-                return await _ensure_stream(js, replicas, retention)
+                return await _ensure_stream(js, replicas, retention, atomic)
             except TimeoutError:
                 log.info("JetStream does not answer yet; waiting")
             except APIError as e:
@@ -136,13 +141,13 @@ class StoreTooSmall(RuntimeError):
     """The event stream's size limit is more than the nats-server's JetStream store can reserve."""
 
 
-async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retention | None) -> None:
+async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retention | None, atomic: bool) -> None:
     try:
         info = await js.stream_info(EVENTS)
     except NotFoundError:
         retention = retention or DEFAULT_RETENTION
         try:
-            await js.add_stream(_config(replicas, retention))
+            await js.add_stream(_config(replicas, retention, atomic))
         except APIError as e:
             if e.err_code != INSUFFICIENT_STORAGE:
                 raise
@@ -152,8 +157,9 @@ async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retenti
                 " (SCALER_STORE_LIMIT_GB), or give nats-server a larger store"
             ) from None
         return
-    wanted = _config(max(replicas, info.config.num_replicas or 1), retention_of(info.config))
-    if _differs(info.config, wanted):
+    have = info.config
+    wanted = _config(max(replicas, have.num_replicas or 1), retention_of(have), atomic or bool(have.allow_atomic))
+    if _differs(have, wanted):
         await js.update_stream(wanted)
 
 
@@ -163,7 +169,8 @@ async def set_retention(js: JetStreamContext, retention: Retention) -> bool:
     have = (await js.stream_info(EVENTS)).config
     if retention_of(have) == retention:
         return False
-    await js.update_stream(replace(_config(have.num_replicas or 1, retention), subjects=have.subjects))
+    wanted = _config(have.num_replicas or 1, retention, bool(have.allow_atomic))
+    await js.update_stream(replace(wanted, subjects=have.subjects))
     return True
 
 
@@ -171,12 +178,14 @@ def retention_of(config: StreamConfig) -> Retention:
     return Retention(max_age_s=config.max_age or 0.0, max_bytes=config.max_bytes or -1)
 
 
-def _config(replicas: int, retention: Retention) -> StreamConfig:
-    return replace(STREAM, num_replicas=replicas, max_age=retention.max_age_s, max_bytes=retention.max_bytes)
+def _config(replicas: int, retention: Retention, atomic: bool = False) -> StreamConfig:
+    config = replace(STREAM, num_replicas=replicas, max_age=retention.max_age_s, max_bytes=retention.max_bytes)
+    return replace(config, allow_atomic=True) if atomic else config  # unset: a server before 2.12 refuses it
 
 
 def _differs(have: StreamConfig, want: StreamConfig) -> bool:
-    return any(getattr(have, f) != getattr(want, f) for f in ("subjects", "retention", "discard", "num_replicas"))
+    same = all(getattr(have, f) == getattr(want, f) for f in ("subjects", "retention", "discard", "num_replicas"))
+    return not same or bool(have.allow_atomic) != bool(want.allow_atomic)
 
 
 async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: str = "") -> Reply:

@@ -9,8 +9,10 @@ silently leaving it out of the state.
 """
 
 import asyncio
+import secrets
 from collections.abc import Callable
 from time import perf_counter
+from typing import NamedTuple
 
 import msgspec
 from nats.aio.client import Client
@@ -82,17 +84,74 @@ async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_
     finally:
         metrics.APPEND.observe(perf_counter() - began)
     ack = _ack.decode(msg.data)
-    if ack.error is not None:
-        if ack.error.err_code == WRONG_LAST_SEQUENCE:
-            raise Conflict(subject)
-        raise Unavailable(f"event store refused the batch: {ack.error.description}")
+    _refused(ack.error, subject)
     return ack.seq
+
+
+def _refused(error: _ApiError | None, what: str) -> None:
+    """Conflict for a failed order check, Unavailable for any other refusal; nothing when stored."""
+    if error is None:
+        return
+    if error.err_code == WRONG_LAST_SEQUENCE:
+        raise Conflict(what)
+    raise Unavailable(f"event store refused the batch: {error.description}")
 
 
 def fits(size: int, max_payload: int) -> None:
     """TooBig when a batch of `size` bytes is more than one NATS message holds (headers included)."""
     if size + HEADERS_ROOM > max_payload:
         raise TooBig(f"a batch of {size} bytes, over the event store's {max_payload}-byte message limit")
+
+
+class _BatchAck(msgspec.Struct):
+    seq: int = 0
+    count: int = 0
+    error: _ApiError | None = None
+
+
+_batch_ack = msgspec.json.Decoder(_BatchAck)
+OLDEST_ATOMIC = (2, 12)  # the first nats-server with atomic batch publish
+
+
+class Append(NamedTuple):
+    """One batch to append: its subject and bytes, and the order check over the function's subjects."""
+
+    subject: str
+    data: bytes
+    key_subjects: str
+    last_seq: int
+
+
+async def append_all(nc: Client, appends: list[Append], timeout_s: float) -> list[int]:
+    """Store several functions' batches as one atomic batch (one ack); their stream sequences, in order.
+
+    All are stored or none: Conflict when one function's order check fails (which one, JetStream does
+    not say), Unavailable when JetStream did not take them. Needs a stream with `allow_atomic` (2.12+).
+    """
+    batch_id = secrets.token_hex(8)
+    began = perf_counter()
+    try:
+        for n, a in enumerate(appends, 1):
+            headers = {
+                "Nats-Batch-Id": batch_id,
+                "Nats-Batch-Sequence": str(n),
+                "Nats-Expected-Last-Subject-Sequence": str(a.last_seq),
+                "Nats-Expected-Last-Subject-Sequence-Subject": a.key_subjects,
+            }
+            if n < len(appends):
+                await nc.publish(a.subject, a.data, headers=headers)
+            else:
+                headers["Nats-Batch-Commit"] = "1"
+                msg = await nc.request(a.subject, a.data, timeout=timeout_s, headers=headers)
+    except (NatsError, TimeoutError) as e:
+        raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
+    finally:
+        metrics.APPEND.observe(perf_counter() - began)
+    ack = _batch_ack.decode(msg.data)
+    _refused(ack.error, ack.error.description if ack.error is not None else "")
+    if ack.count != len(appends):
+        raise Unavailable(f"event store stored {ack.count} of a batch of {len(appends)}")
+    return list(range(ack.seq - ack.count + 1, ack.seq + 1))
 
 
 async def last_seq(js: JetStreamContext, subject: str = ALL) -> int:

@@ -12,7 +12,7 @@ from proto.subjects import function_events
 from runtime import stream
 from runtime.bus import connected
 from runtime.natsd import NatsServer
-from tests.stack import Stack
+from tests.stack import Stack, eventually
 from tests.test_replay import scaler_replay
 
 
@@ -44,6 +44,38 @@ async def test_a_stalled_nats_holds_every_reply_of_a_batch_until_it_is_stored(tm
         assert sorted(c for group in assigns for c in group) == [f"assign:r{n}" for n in range(8)], assigns
         # The first call's append was in flight when NATS stopped; the seven arriving meanwhile, stored as one.
         assert max(len(group) for group in assigns) == 7, f"not stored together: {assigns}"
+
+
+async def test_functions_stored_while_nats_stood_still_share_one_atomic_batch_and_none_is_answered_before(tmp_path):
+    """nats-server stopped (SIGSTOP) while one function's append is in flight: the calls of other functions arriving
+    meanwhile are not answered before NATS runs again, and then their batches are stored as one atomic batch
+    (one commit, one ack), each function's on its own subject with its own order check; replay equals the state."""
+    keys = [f"fn{n}" for n in range(6)]
+    async with NatsServer(tmp_path / "nats") as nats, Stack(nats.url) as stack:
+        for key in keys:  # each function exists and has an idle instance
+            await stack.idle(await stack.assign(f"warm-{key}", key))
+        os.kill(nats.proc.pid, signal.SIGSTOP)
+        try:
+            first = asyncio.create_task(stack.assign("r-fn0", "fn0"))  # its append is on its way
+            await asyncio.sleep(0.3)
+            calls = [asyncio.create_task(stack.assign(f"r-{key}", key)) for key in keys[1:]]
+            done, _ = await asyncio.wait([first, *calls], timeout=2.0)
+            assert not done, "a reply went out while NATS stood still: before its decision was stored"
+        finally:
+            os.kill(nats.proc.pid, signal.SIGCONT)
+        replies = await asyncio.gather(first, *calls)
+        assert [r.assigment.request_id for r in replies] == [f"r-{key}" for key in keys]
+        async with connected(nats.url, "test") as nc:
+            js = nc.jetstream()
+            batch_ids = set()
+            for key in keys[1:]:
+                seq, last = (await stored(nats.url, key))[-1]
+                assert last.cause == f"assign:r-{key}"
+                batch_ids.add(((await js.get_msg("EVENTS", seq)).headers or {}).get("Nats-Batch-Id"))
+            assert len(batch_ids) == 1 and None not in batch_ids, f"not one atomic batch: {batch_ids}"
+            replayed = await replay.replay(js)
+        await eventually(lambda: all(k in stack.controller.states for k in keys))  # its partitions back, if lost
+        assert {k: replayed.ledger.states[k] for k in keys} == {k: stack.controller.states[k] for k in keys}
 
 
 async def test_a_group_stays_under_the_payload_limit_and_replay_explains_each_decision(tmp_path):

@@ -144,3 +144,85 @@ async def test_a_function_no_longer_ours_is_not_retried_and_forgetting_drops_its
     assert len(attempts) == 1 and "fn" in w.doubtful
     w.forget(lambda key: key == "fn")
     assert w.doubtful == {}
+
+
+@pytest.fixture
+async def atomic_js(nats_url):
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        await ensure_stream(js, atomic=True)
+        yield nc, js
+
+
+async def test_appends_of_several_functions_arriving_together_are_one_atomic_batch(atomic_js):
+    nc, js = atomic_js
+    w = writer(nc, js, atomic=True)
+    keys = [f"fn{n}" for n in range(10)]
+    seqs = await asyncio.gather(*(w.append(batch(k, 1)) for k in keys))
+    assert sorted(seqs) == list(range(1, 11))
+    batch_ids = set()
+    for seq in seqs[1:]:  # the first went alone, at once; those arriving meanwhile together
+        msg = await js.get_msg("EVENTS", seq)
+        batch_ids.add((msg.headers or {}).get("Nats-Batch-Id"))
+    assert len(batch_ids) == 1 and None not in batch_ids, batch_ids
+
+
+async def test_one_stale_function_in_a_shared_commit_gets_the_conflict_and_the_others_are_stored(atomic_js):
+    """JetStream refuses the whole atomic batch without saying whose order check failed: each append is then sent
+    alone, so the other functions' decisions are stored and only the stale one hears Conflict."""
+    nc, js = atomic_js
+    w, stale = writer(nc, js, atomic=True), writer(nc, js, atomic=True)
+    await stale.append(batch("fn3", 0))  # fn3's last batch is one `w`'s ledger does not know
+    refused = []
+    real = stream.append_all
+
+    async def watched(*args, **kw):
+        try:
+            return await real(*args, **kw)
+        except Conflict:
+            refused.append(len(args[1]))
+            raise
+
+    stream.append_all = watched
+    try:
+        keys = [f"fn{n}" for n in range(6)]
+        outcomes = await asyncio.gather(*(w.append(batch(k, 1)) for k in keys), return_exceptions=True)
+    finally:
+        stream.append_all = real
+    assert refused == [5], refused  # the five arriving while fn0's append was on its way: one batch, refused
+    assert [type(o) for o in outcomes].count(Conflict) == 1 and isinstance(outcomes[3], Conflict)
+    for k in keys:
+        assert await stored(js, k) == (["assign:fn3:r0"] if k == "fn3" else [f"assign:{k}:r1"])
+
+
+async def test_an_append_whose_caller_left_is_stored_and_the_functions_next_one_conflicts(atomic_js):
+    """JetStream checks every message of an atomic batch against the stream before the batch, so two appends of
+    one function expecting the same last batch would both be stored. The append of a caller who stopped waiting
+    (a timeout) is stored all the same; the function's next append expects the same last batch and must conflict
+    (caught up, decided again), never be stored beside it."""
+    nc, js = atomic_js
+    w = writer(nc, js, atomic=True)
+    gate = asyncio.Event()
+
+    async def held(real, *args, **kw):  # the first append stays on its way until the gate opens
+        if args[3] == function_events("other"):
+            await gate.wait()
+        return await real(*args, **kw)
+
+    with appending(held):
+        on_its_way = asyncio.create_task(w.append(batch("other", 1)))
+        await asyncio.sleep(0.05)
+        left = asyncio.create_task(w.append(batch("fn", 1)))
+        await asyncio.sleep(0.05)
+        left.cancel()  # its caller timed out: the append waits on all the same
+        await asyncio.sleep(0)
+        assert w.doubtful == {"fn": batch("fn", 1)}  # it may be stored: settled before the function's next group
+        nxt = asyncio.create_task(w.append(batch("fn", 2)))  # e.g. the Cancel of that timed-out Assign
+        await asyncio.sleep(0.05)
+        gate.set()
+        await on_its_way
+        with pytest.raises(Conflict):
+            await nxt
+    assert await stored(js, "fn") == ["assign:fn:r1"]
+    assert await w.settle("fn") is True and w.doubtful == {}  # it was stored: folded, not appended again
+    assert await stored(js, "fn") == ["assign:fn:r1"] and len(w.ledger.state("fn").queue) == 1

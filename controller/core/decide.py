@@ -164,7 +164,9 @@ def decide(
 
 
 def _holder(s: FnState, request_id: str) -> Instance | None:
-    return next((i for i in s.instances.values() if i.request_id == request_id), None)
+    """The instance serving the request now. An idle one keeps the id of the last request it served: after a
+    cancelled assignment the retry is served anew, and the idle instance must not hide the busy one."""
+    return next((i for i in s.instances.values() if i.phase is Phase.BUSY and i.request_id == request_id), None)
 
 
 def _queue_request(d: _Draft, cmd: Assign) -> None:
@@ -177,7 +179,7 @@ def _queue_request(d: _Draft, cmd: Assign) -> None:
         if to and to not in waiting.waiters:
             d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
         return
-    if (held := _holder(d.s, r)) is not None and held.phase is Phase.BUSY:
+    if (held := _holder(d.s, r)) is not None:
         if to and to not in held.waiters:  # a new caller of the request: its Cancel must not free it alone
             d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
         d.reply(to, r, instance_id=held.id)
@@ -233,7 +235,7 @@ def _cancel(d: _Draft, cmd: Cancel) -> None:
             d.emit(RequestCancelled(at_ms=d.now, request_id=r, reason=why))
         elif len(others) < len(waiting.waiters):
             d.emit(WaiterLeft(at_ms=d.now, request_id=r, reply_to=cmd.reply_to))
-    elif (held := _holder(d.s, r)) is not None and held.phase is Phase.BUSY:
+    elif (held := _holder(d.s, r)) is not None:
         # Release only when no other caller of this request got the instance and still holds it.
         if not cmd.reply_to or held.waiters in ((), (cmd.reply_to,)):
             why = f"cancelled: {why}"

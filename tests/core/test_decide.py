@@ -389,6 +389,20 @@ def test_a_request_whose_assignment_was_cancelled_before_its_caller_got_it_is_se
     assert [r.code for r in done.replies] == [c.Code.FAILED_PRECONDITION], "one that was served is refused"
 
 
+def test_a_request_served_anew_after_a_cancel_is_found_on_its_new_instance_not_on_the_one_it_left():
+    """An idle instance keeps the id of the last request it served. r1 cancelled on fn-1, then served anew on fn-2:
+    a further caller of r1 is answered fn-2 (not given a third instance), and a Cancel frees fn-2."""
+    cmds = [assign("r1", to="inbox.1"), ready(), assign("r2"), ready("fn-2", "s2")]
+    cmds += [c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"), idle("r2", "fn-2"), assign("r1", to="inbox.2")]
+    s, (*_, served_anew) = run(*cmds)
+    assert served_anew.replies == [ok("inbox.2", "r1", "fn-2")] and s.instances["fn-1"].request_id == "r1"
+    d = decide(s, assign("r1", to="inbox.3"), 100, DEMO)
+    assert d.events == [e.RequestRetried(at_ms=100, request_id="r1", reply_to="inbox.3")]
+    assert d.replies == [c.Reply(to="inbox.3", request_id="r1", instance_id="fn-2")]
+    d = decide(s, c.Cancel(key=KEY, request_id="r1", reply_to="inbox.2"), 100, DEMO)
+    assert [(type(x), x.instance_id) for x in d.events if isinstance(x, e.Released)] == [(e.Released, "fn-2")]
+
+
 def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
     s, _ = run(
         assign("r1", to="inbox.1"), assign("r1", to="inbox.2"), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1")
