@@ -501,6 +501,10 @@ class Controller:
                 except Conflict:
                     log.warning("conflict on %s: catching up and deciding again", key)
                     await self.writer.catch_up(key)
+                    # What the folded batches assigned was never told: another writer's, or our own whose
+                    # answer was lost (stored while NATS stood still, then tried again), whose decision
+                    # taken again here is a no-op that answers nobody.
+                    await self._answer(self._assignments(key))
                     continue
                 self.snapshots.appended(p, sum(len(b.events) for b in batches))
             for cmd, decision, stored in decided:
