@@ -14,9 +14,9 @@ from controller.shell import Controller
 from platform_stub.server import Faults, Refusal
 from proto import serverless_sim_pb2 as pb
 from proto.commands import Assign
-from proto.events import Meta
+from proto.events import Assigned, Meta, decode_batch
 from proto.subjects import partition
-from runtime.bus import connected
+from runtime.bus import Unavailable, connected
 from runtime.clock import Clock
 from tests.stack import Stack, eventually
 
@@ -259,3 +259,26 @@ async def test_an_idle_for_an_instance_the_state_has_not_seen_reads_the_stream_b
         with pytest.raises(grpc.aio.AioRpcError) as e:  # an instance the stream has not seen either
             await stack.idle(first, request_id="r9", instance_id="fn-7")
         assert code_of(e) == grpc.StatusCode.NOT_FOUND
+
+
+async def test_an_assignment_stored_though_its_ack_was_lost_is_still_answered(nats_url):
+    """The batch that hands a waiting request its instance is stored, but its ack is lost (NATS stood still):
+    the append is tried again and conflicts with itself, the catch-up folds it, and deciding the report again
+    is a no-op. The waiting caller must still be told its instance, not left to time out."""
+    async with Stack(nats_url, create_latency_ms=200) as stack:
+        commits = stack.controller.writer.commits
+        store, lost = commits.store, []
+
+        async def ack_lost_once(a):
+            seq = await store(a)
+            if not lost and any(isinstance(e, Assigned) for e in decode_batch(a.data).events):
+                lost.append(seq)
+                raise Unavailable("the ack was lost")
+            return seq
+
+        commits.store = ack_lost_once
+        async with asyncio.timeout(20):
+            reply = await stack.assign("r1")  # waits for a cold start; its Assigned is the batch whose ack is lost
+        assert lost, "the fault was not met"
+        assert reply.status == pb.Ok and reply.assigment.instance_id == "fn-1"
+        await stack.idle(reply)
