@@ -31,6 +31,7 @@ from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, KeyW
 from nats.js.kv import KeyValue
 
 from proto.subjects import PARTITIONS
+from runtime.stream import WRONG_LAST_SEQUENCE
 from runtime.tasks import cancelled
 
 log = logging.getLogger("scaler.controller.leases")
@@ -41,7 +42,6 @@ TTL_S = 4.0
 EVERY_S = 1.0
 HAND_OVER_S = 10.0  # how long a draining node waits for the other nodes to take its partitions
 STOP_ROUND_S = 2.0  # how long a stopping node lets a lease round under way finish
-WRONG_LAST_SEQUENCE = 10071  # JetStream's error code: the subject's last sequence is not the one expected
 
 
 def renew_deadline(ttl_s: float) -> float:

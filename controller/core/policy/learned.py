@@ -55,6 +55,7 @@ from controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from controller.core.policy.estimate import start_ms
 from controller.core.policy.forecast import (
+    KERNEL,
     MIN_NEW_FUNCTIONS,
     Option,
     Plan,
@@ -379,7 +380,7 @@ def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
     logs = [math.log(max(g, 1)) for g in gaps]
     mean = sum(logs) / len(logs)
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-    return min(gaps) * math.exp(-1.465 * sd)
+    return min(gaps) * math.exp(-KERNEL[-1] * sd)
 
 
 def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
