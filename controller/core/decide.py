@@ -184,7 +184,7 @@ def _queue_request(d: _Draft, cmd: Assign) -> None:
             d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
         d.reply(to, r, instance_id=held.id)
         return
-    if (done := d.s.finished_on(r)) is not None:
+    if (done := d.s.finished_on(r, d.now)) is not None:
         d.reply(to, r, Code.FAILED_PRECONDITION, message=f"request {r} already finished on instance {done}")
         return
     if d.s.meta != cmd.meta:
@@ -195,7 +195,7 @@ def _queue_request(d: _Draft, cmd: Assign) -> None:
 def _release(d: _Draft, cmd: Idle) -> None:
     r, to = cmd.request_id, cmd.reply_to
     inst = d.s.instances.get(cmd.instance_id)
-    released = d.s.finished_on(r) == cmd.instance_id
+    released = d.s.finished_on(r, d.now) == cmd.instance_id
     if released and (inst is None or inst.request_id != r or inst.phase is not Phase.BUSY):
         d.reply(to, r, message=f"instance {cmd.instance_id} was already released by request {r}")  # a retried Idle
     elif inst is None:

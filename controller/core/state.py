@@ -94,6 +94,8 @@ VERSION = 4
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
+# Those past the window are dropped a quarter window at a time, not one per release: each drop rebuilds the
+# map (up to FINISHED_KEPT entries, ~0.1 ms), which a steady function would pay on every release.
 FINISHED_KEPT = 2048
 LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
 # The timeout of a function whose Assigns give none (timeout_in_secs 0), so that every busy instance
@@ -138,10 +140,10 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
         alive = sum(i.memory_mb / 1024 * (now - i.wanted_ms) for i in self.instances.values() if i.wanted_ms)
         return self.slot_gb_ms + alive
 
-    def finished_on(self, request_id: str) -> str | None:
-        """The instance a recently finished request was released from, if it is one."""
+    def finished_on(self, request_id: str, now: int) -> str | None:
+        """The instance a request was released from, if that was within its lease window before `now`."""
         done = self.finished.get(request_id)
-        return done.instance_id if done is not None else None
+        return done.instance_id if done is not None and done.at_ms >= now - self.lease_ms() else None
 
     def timeout_s(self) -> int:
         return self.meta.timeout_s if self.meta is not None and self.meta.timeout_s > 0 else DEFAULT_TIMEOUT_S
@@ -272,10 +274,12 @@ def _remember(s: FnState, request_id: str, done: Finished) -> dict[str, Finished
 
 
 def _recent(s: FnState, finished: dict[str, Finished], now: int) -> dict[str, Finished]:
-    """The releases a retry may still come for at `now` (the same dict when all may)."""
-    since = now - s.lease_ms()
+    """The releases a retry may still come for at `now`, and some up to a quarter window older (the same dict
+    until the oldest is past that)."""
+    window = s.lease_ms()
+    since = now - window
     oldest = next(iter(finished.values()), None)
-    if oldest is None or oldest.at_ms >= since:
+    if oldest is None or oldest.at_ms >= since - window // 4:
         return finished
     return {r: done for r, done in finished.items() if done.at_ms >= since}
 
