@@ -4,6 +4,12 @@
 
 Real processes on loopback, and the client in its own process, as a platform would be:
 - echo: a Scaler service that answers Assign and Idle at once (the floor of any Python scaler);
+- the node's gateway, answering at once: the node's own gRPC service (its checks, its metrics) over a
+  router that decides and stores nothing;
+- the node's gateway and write path, no decision: the same storing every call as the node does (a group
+  commit per function, shared commits across functions, every write synced) and answering once stored:
+  what the node's design costs before a single decision, so the rest of the node's figure is the
+  controller's own;
 - node: `scaler up` (embedded NATS, every write synced to disk, the platform stub, the workers, the
   node), demo policy;
 - node, NATS not syncing: the same on a nats-server with JetStream's default (fsync every 2 minutes),
@@ -31,10 +37,16 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from controller.commits import Commits  # noqa: E402
+from gateway.server import Gateway  # noqa: E402
 from proto import serverless_sim_pb2 as pb  # noqa: E402
 from proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
+from proto.commands import Reply  # noqa: E402
+from proto.subjects import event_subject, function_events  # noqa: E402
+from runtime.bus import connect, ensure_stream  # noqa: E402
 from runtime.natsd import NatsServer  # noqa: E402
 from runtime.service import run  # noqa: E402
+from runtime.stream import Append  # noqa: E402
 
 FUNCTIONS = 50
 CALLERS = 50
@@ -48,6 +60,64 @@ class Echo(pb_grpc.ScalerServicer):
 
     async def Idle(self, request, context):
         return pb.IdleReply(status=pb.Ok)
+
+
+class Answered:
+    """A router that answers every call at once: what the real gateway costs, deciding and storing nothing."""
+
+    async def call(self, cmd, timeout_s):
+        return Reply(to="", request_id=cmd.request_id, instance_id=f"{cmd.key}-1")
+
+
+class Stored:
+    """A router that stores every call and decides nothing: the node's write path without the controller.
+
+    Calls of one function arriving while its append is on its way go together in the next one (the node's
+    group commit), each append with its function's order check, through the node's shared commits (one
+    atomic batch for the functions that meet), on a stream that syncs every write; answered once stored."""
+
+    def __init__(self, commits: Commits) -> None:
+        self.commits = commits
+        self.lanes: dict[str, list[asyncio.Future]] = {}
+        self.last_seq: dict[str, int] = {}
+
+    async def call(self, cmd, timeout_s):
+        stored = asyncio.get_running_loop().create_future()
+        if (lane := self.lanes.get(cmd.key)) is not None:
+            lane.append(stored)
+        else:
+            self.lanes[cmd.key] = lane = [stored]
+            appending = asyncio.create_task(self._append(cmd.key, lane))
+            _DRAINS.add(appending)
+            appending.add_done_callback(_DRAINS.discard)
+        await stored
+        return Reply(to="", request_id=cmd.request_id, instance_id=f"{cmd.key}-1")
+
+    async def _append(self, key: str, lane: list[asyncio.Future]) -> None:
+        while lane:
+            group = lane[:]
+            lane.clear()
+            a = Append(event_subject(key), b"x" * (80 * len(group)), function_events(key), self.last_seq.get(key, 0))
+            self.last_seq[key] = await self.commits.store(a)
+            for stored in group:
+                stored.set_result(None)
+        del self.lanes[key]
+
+
+async def serve_floor(kind: str) -> None:
+    if kind == "answered":
+        gateway = Gateway(Answered(), listen="127.0.0.1:0")
+        await gateway.start()
+        print(f"floor on 127.0.0.1:{gateway.port}", flush=True)
+        await asyncio.Event().wait()
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as store:
+        async with NatsServer(Path(store) / "nats") as nats:
+            nc = await connect(nats.url, "bench-floor")
+            await ensure_stream(nc.jetstream(), atomic=True)
+            gateway = Gateway(Stored(Commits(nc, timeout_s=5.0, atomic=True)), listen="127.0.0.1:0")
+            await gateway.start()
+            print(f"floor on 127.0.0.1:{gateway.port}", flush=True)
+            await asyncio.Event().wait()
 
 
 async def serve_echo() -> None:
@@ -179,8 +249,10 @@ async def client(address: str, pairs: int, seconds: float) -> dict:
     return json.loads(out)
 
 
-ECHO, NODE, UNSYNCED, FRONT = (
+ECHO, ANSWERED, STORED, NODE, UNSYNCED, FRONT = (
     "bare grpc.aio echo server",
+    "the node's gateway, answering at once",
+    "the node's gateway and write path, no decision",
     "node (gRPC + controller)",
     "node, NATS not syncing",
     "front gateway + node",
@@ -194,6 +266,12 @@ async def bench(pairs: int, seconds: float) -> dict[str, dict]:
         results[ECHO] = await client(found[1], pairs, seconds)
     finally:
         await stop(echo)
+    for name, kind in ((ANSWERED, "answered"), (STORED, "stored")):
+        floor, found = await spawn(sys.executable, __file__, "--serve-floor", kind, ready=r"floor on (\S+)")
+        try:
+            results[name] = await client(found[1], pairs, seconds)
+        finally:
+            await stop(floor)
     up, found = await up_node()
     try:
         node = f"127.0.0.1:{found[1]}"
@@ -273,9 +351,13 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="how long 50 callers run")
     p.add_argument("--client", metavar="ADDRESS", help=argparse.SUPPRESS)
     p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--serve-floor", choices=["answered", "stored"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_echo:
         run(serve_echo())
+        return
+    if args.serve_floor:
+        run(serve_floor(args.serve_floor))
         return
     if args.client:
         print(json.dumps(run(measure(args.client, args.pairs, args.seconds))))
