@@ -38,7 +38,16 @@ def _v3(snapshot: Data) -> Data:
     return snapshot
 
 
-STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3}  # from version N to N+1
+def _v4(snapshot: Data) -> Data:
+    """Version 4 kept a function's releases in one map, oldest first: today's generations of them, in order."""
+    n = state.FINISHED_GENERATION
+    for fn in snapshot.get("states", {}).values():
+        releases = list(fn.get("finished", {}).items())
+        fn["finished"] = [dict(releases[i : i + n]) for i in range(0, len(releases), n)]
+    return snapshot
+
+
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}  # from version N to N+1
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
 # (3: `queued`, `quiet_bins`) leaves what the earlier one folded right, the new histories starting empty; one

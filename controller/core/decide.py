@@ -598,8 +598,8 @@ def _rest_or_forget(d: _Draft) -> int | None:
         return None
     idle_since = max(s.stats.last_arrival_ms, s.stats.last_end_ms)
     forget_at = idle_since + d.room.forget_after_ms
-    if s.finished:  # not before a retry of its last release can no longer come
-        forget_at = max(forget_at, next(reversed(s.finished.values())).at_ms + s.lease_ms())
+    if (last := s.last_release()) is not None:  # not before a retry of its last release can no longer come
+        forget_at = max(forget_at, last.at_ms + s.lease_ms())
     if d.now >= forget_at:
         d.emit(FunctionForgotten(at_ms=d.now))
         return None

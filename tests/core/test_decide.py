@@ -5,7 +5,7 @@ from typing import NamedTuple
 import pytest
 
 from controller.core.decide import decide
-from controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_KEPT, FnState, Phase
+from controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, FnState, Phase
 from proto import commands as c
 from proto import events as e
 from tests.core.factories import DEMO, KEY, META, POOLED, assign, idle, ready, run
@@ -246,8 +246,8 @@ def test_an_assign_repeated_after_its_request_finished_is_refused_even_once_the_
 
 def test_a_release_is_remembered_for_its_lease_window_past_many_others_and_then_forgotten():
     """A late retry is known as long as the platform may send it (the 60 s timeout + 30 s grace), however many
-    releases came since, up to FINISHED_KEPT; past the window a request of that id is a new one, and the
-    release is dropped at a release a quarter window later (not at every release: that rebuilt the map each time)."""
+    releases came since, up to FINISHED_KEPT; past the window a request of that id is a new one, and its
+    release goes with its generation once the newest release of that generation is past the window too."""
     s, _ = run(assign("r1"), ready(), idle("r1"))
     for n in range(300):  # more releases than the 256 once kept
         s, _ = run(assign(f"x{n}"), idle(f"x{n}"), s=s, at=1_000 + n * 100)
@@ -258,9 +258,26 @@ def test_a_release_is_remembered_for_its_lease_window_past_many_others_and_then_
     anew = decide(s, assign("r1", to="anew"), 91_000, DEMO)
     assert e.RequestArrived in [type(ev) for ev in anew.events]
     assert [r.code for r in anew.replies] == [c.Code.OK] and anew.replies[0].instance_id
-    kept = s.finished
-    s, _ = run(assign("z"), idle("z"), s=s, at=91_000 + 22_500)
-    assert "r1" in kept and "r1" not in s.finished and "x299" in s.finished and len(s.finished) <= FINISHED_KEPT
+    first = s.finished[0]
+    assert "r1" in first and len(first) == FINISHED_GENERATION  # kept with those released just after it
+    s, _ = run(assign("z"), idle("z"), s=s, at=max(d.at_ms for d in first.values()) + 90_001)
+    assert s.release_of("r1") is None and s.release_of("x299") is not None
+
+
+def test_a_release_copies_only_the_newest_generation_and_the_bound_drops_the_oldest_whole():
+    """A busy function releases all the time: each release must not copy every release kept (2,048 of them)."""
+    s, _ = run(assign("r0"), ready(), idle("r0"))
+    for n in range(1, FINISHED_KEPT + FINISHED_GENERATION // 2):
+        before = s
+        s, _ = run(assign(f"r{n}"), idle(f"r{n}"), s=s, at=1_000 + n * 20)
+        shared = {id(g) for g in before.finished}
+        assert all(id(g) in shared for g in s.finished[:-1])  # the older generations are not copied
+    kept = sum(len(g) for g in s.finished)
+    assert FINISHED_KEPT - FINISHED_GENERATION < kept <= FINISHED_KEPT
+    assert s.release_of("r0") is None and s.release_of(f"r{FINISHED_KEPT}") is not None
+    # A reused id, once its release is past the window (though its generation is not): the release moves.
+    s, _ = run(assign("r2000"), idle("r2000"), s=s, at=131_500)
+    assert s.last_release() == s.release_of("r2000") and sum("r2000" in g for g in s.finished) == 1
 
 
 def test_a_second_caller_of_a_served_request_holds_it_too_so_the_first_ones_cancel_does_not_free_it():

@@ -107,13 +107,13 @@ def test_an_idle_function_rests_then_is_forgotten_and_its_next_call_starts_afres
     r = Room(rest_after_ms=60_000, forget_after_ms=600_000)
     s, _ = run([assign("r1"), ready("fn-1", "s1"), idle("r1", need_destroy=True)], r)
     s, _ = run([c.SlotDestroyed(key=KEY, instance_id="fn-1", slot_id="s1")], r, s=s, at=100)
-    released = s.finished["r1"]
+    released = s.release_of("r1")
     assert not s.instances and released.instance_id == "fn-1"
     idle_since = s.stats.last_end_ms
     rest = decide(s, c.Tick(key=KEY, due_ms=idle_since + 60_000), idle_since + 60_000, DEMO, room=r)
     assert rest.events == [e.FunctionRested(at_ms=idle_since + 60_000)]
     # A retry of r1 may still come (its lease window: 60 s timeout + 30 s grace): a rest keeps it.
-    assert rest.state.finished == {"r1": released} and rest.state.rested and rest.wake_ms == idle_since + 600_000
+    assert rest.state.finished == ({"r1": released},) and rest.state.rested and rest.wake_ms == idle_since + 600_000
     gone = decide(rest.state, c.Tick(key=KEY, due_ms=rest.wake_ms), rest.wake_ms, DEMO, room=r)
     assert gone.events == [e.FunctionForgotten(at_ms=idle_since + 600_000)]
     assert gone.state == FnState(key=KEY) and gone.wake_ms is None
