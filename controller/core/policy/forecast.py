@@ -261,6 +261,19 @@ def scv(values: tuple[int, ...] | list[int]) -> float:
     return sum((v - mean) ** 2 for v in values) / len(values) / (mean * mean)
 
 
+def queue_wait(rate: float, run: float, k: int, variability: float) -> float:
+    """Expected ms an arrival waits for one of `k` instances, arrivals at `rate` per ms running `run` ms:
+    Erlang C (M/M/k) scaled by `variability` (Allen-Cunneen); without end when they cannot keep up."""
+    load = rate * run
+    if load >= k:
+        return math.inf
+    erlang_b = 1.0
+    for j in range(1, k + 1):
+        erlang_b = load * erlang_b / (j + load * erlang_b)
+    erlang_c = k * erlang_b / (k - load * (1 - erlang_b))
+    return variability * erlang_c * run / (k - load)
+
+
 def pool_size(rate: float, run: float, gb: float, lam: float, variability: float) -> int:
     """Instances that minimise memory x k + lam x expected waiting, arrivals at `rate` per ms running `run` ms.
 

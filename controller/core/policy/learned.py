@@ -37,6 +37,10 @@ What it decides:
   (without it: gen-timer 80.35, the 60 s timer with an 11 s init kept through each minute, 899
   GB·s, now 199; dataSet_1 48.07, now 52.35: its calls every 1.15 s come back warm). A keep that
   reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
+  Fewer instances kept than a burst needs cost what its followers then wait: they queue for the kept
+  ones a run at a time (Erlang C at the rate within bursts), not a start each (dataSet_1's sessions,
+  groups of calls 26-75 ms apart with runs of 30 ms, kept the two a group keeps busy through the
+  second between groups; one now: 53.10 -> 53.85).
 - Waiting (`plan_queue`): with no idle instance, start the number of instances that minimises the
   queue's expected total wait (the queue now and the arrivals to come, simulated against the busy
   instances' expected rests) x wait_gb plus their cost; the others wait for a busy one.
@@ -66,6 +70,7 @@ from controller.core.policy.forecast import (
     keep_plan,
     new_function_points,
     pool_size,
+    queue_wait,
     restart_plan,
     scv,
     share_by,
@@ -84,14 +89,30 @@ class Outlook:
     followers_wait: float  # ms a burst's followers wait in all when it finds no instance
     miss: float  # GB·ms a burst that finds no instance costs: its first request's wait and start, its followers'
     lam: float  # GB·ms one ms of waiting is worth
+    followers: float = 0.0  # arrivals a burst brings within a start of its first
+    run: float = 0.0  # ms a request keeps its instance, on average
+    variability: float = 1.0  # (ca^2 + cs^2) / 2 of the arrivals within bursts and of the runs
 
     def shortfall(self, count: int) -> float:
         """What an arrival served by `count` ready instances still costs: its followers that find none free."""
         return 0.0 if count >= self.need else self.lam * self.followers_wait * (1 - count / self.need)
 
-    def options(self) -> list[Option]:
-        """What to have ready for the next arrival: one instance, or as many as a burst needs."""
-        return [(k, self.gb * k, self.shortfall(k)) for k in sorted({1, self.need})]
+    def kept_shortfall(self, count: int) -> float:
+        """What an arrival served by `count` instances kept through a lull still costs: its followers queue
+        for them a run at a time (Erlang C at the rate within bursts), not a start, so it may cost far less
+        than `shortfall`, and never more. A return plan readies a burst's need as before: counted so there
+        too, one pre-warmed instance was held longer in its stead for a burst that did not come
+        (gen-burst/5 -0.47)."""
+        if count >= self.need:
+            return 0.0
+        queued = self.followers * queue_wait(self.burst_rate, self.run, count, self.variability)
+        return min(self.shortfall(count), self.lam * queued)
+
+    def options(self, kept: bool = False) -> list[Option]:
+        """What to have ready for the next arrival: one instance, or as many as a burst needs (`kept`: of
+        those live now)."""
+        cost = self.kept_shortfall if kept else self.shortfall
+        return [(k, self.gb * k, cost(k)) for k in sorted({1, self.need})]
 
 
 @dataclass(frozen=True)
@@ -122,13 +143,13 @@ class Learned(Policy):
         near = [g for g in gaps if g <= 2 * start]
         run = _busy(s) if runs else 0.0
         rate = len(near) / max(sum(near), 1) if near else 0.0
-        need = 1
+        need, variability = 1, (scv(near) + scv(runs)) / 2
         if runs and len(near) >= 2:
-            need = pool_size(rate, run, gb, self.wait_gb, (scv(near) + scv(runs)) / 2)
+            need = pool_size(rate, run, gb, self.wait_gb, variability)
         followers = min(rate * start, len(near) / max(len(gaps) - len(near), 1)) if near else 0.0
         waits = followers * start / 2 + followers * followers * run / (2 * need)
         miss = self.wait_gb * (start + waits) + gb * start
-        return Outlook(gb, start, rate, need, waits, miss, self.wait_gb)
+        return Outlook(gb, start, rate, need, waits, miss, self.wait_gb, followers, run, variability)
 
     def pool_target(self, s: FnState, now: int, margin: float = 0.0) -> int:
         """Instances worth keeping for the recent load (`forecast.pool_size`), plus spares for those that die.
@@ -210,7 +231,7 @@ class Learned(Policy):
         last = st.last_arrival_ms
         elapsed = now - last
         if self._little_history(s):
-            keep = (o.miss - o.shortfall(1)) / o.gb  # nothing to go by: ski rental, idle as long as a miss costs
+            keep = (o.miss - o.kept_shortfall(1)) / o.gb  # nothing to go by: ski rental, idle as long as a miss costs
             if elapsed >= keep:
                 return now, 0, "little history, and idle longer than a miss would cost"
             return (
@@ -219,7 +240,7 @@ class Learned(Policy):
                 f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
             )
         points, _ = self.next_arrival(s, now)
-        keep, count = keep_plan(points, elapsed, o.miss, o.options())
+        keep, count = keep_plan(points, elapsed, o.miss, o.options(kept=True))
         quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
         if quiet and _restart_floor(points, elapsed, o) < keep.cost:
             back = self.return_plan(s, now)
