@@ -327,7 +327,8 @@ def table(results: dict[str, dict]) -> str:
 
 
 def figures(results: dict[str, dict]) -> dict:
-    """The node's figures, the echo server's and the unsynced node's beside them, and the ratios to the echo."""
+    """The node's figures, the echo server's, the floors' and the unsynced node's beside them, and the ratios to
+    the echo."""
     node, echo, unsynced, front = results[NODE], results[ECHO], results[UNSYNCED], results[FRONT]
     keys = ("p50_ms", "p99_ms", "idle_p50_ms", "pairs_per_s", "p99_ms_at_load", "hot_pairs_per_s", "hot_p99_ms_at_load")
     return {
@@ -341,6 +342,8 @@ def figures(results: dict[str, dict]) -> dict:
         "front_p50_ms": front["p50_ms"],
         "front_pairs_per_s": front["pairs_per_s"],
         "unsynced": {k: unsynced[k] for k in keys},
+        "gateway_answering": {k: results[ANSWERED][k] for k in keys},
+        "gateway_and_write_path": {k: results[STORED][k] for k in keys},
     }
 
 
