@@ -39,8 +39,8 @@ def _v3(snapshot: Data) -> Data:
 
 
 def _v4(snapshot: Data) -> Data:
-    """Version 4 kept a function's releases in one map, oldest first: today's generations of them, in order."""
-    n = state.FINISHED_GENERATION
+    """Version 4 kept a function's releases in one map, oldest first: version 5's generations of them, in order."""
+    n = 128  # version 5's FINISHED_GENERATION
     for fn in snapshot.get("states", {}).values():
         releases = list(fn.get("finished", {}).items())
         fn["finished"] = [dict(releases[i : i + n]) for i in range(0, len(releases), n)]

@@ -39,8 +39,8 @@ What it decides:
   reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
   Fewer instances kept than a burst needs cost what its followers then wait: they queue for the kept
   ones a run at a time (Erlang C at the rate within bursts), not a start each (dataSet_1's sessions,
-  groups of calls 26-75 ms apart with runs of 30 ms, kept the two a group keeps busy through the
-  second between groups; one now: 53.10 -> 53.85).
+  groups of calls 26-75 ms apart with runs of 30 ms, need one instance kept through the second between
+  groups, not the two a group keeps busy).
 - Waiting (`plan_queue`): with no idle instance, start the number of instances that minimises the
   queue's expected total wait (the queue now and the arrivals to come, simulated against the busy
   instances' expected rests) x wait_gb plus their cost; the others wait for a busy one.
@@ -100,9 +100,9 @@ class Outlook:
     def kept_shortfall(self, count: int) -> float:
         """What an arrival served by `count` instances kept through a lull still costs: its followers queue
         for them a run at a time (Erlang C at the rate within bursts), not a start, so it may cost far less
-        than `shortfall`, and never more. A return plan readies a burst's need as before: counted so there
-        too, one pre-warmed instance was held longer in its stead for a burst that did not come
-        (gen-burst/5 -0.47)."""
+        than `shortfall`, and never more. A return plan still counts `shortfall`: counted so there, one
+        pre-warmed instance would be held in a burst's stead for bursts that may not come (gen-burst/5
+        loses 0.47 so)."""
         if count >= self.need:
             return 0.0
         queued = self.followers * queue_wait(self.burst_rate, self.run, count, self.variability)
