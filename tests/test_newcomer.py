@@ -133,7 +133,18 @@ async def test_a_live_run_says_its_end_is_the_tail_after_the_last_idle(tmp_path)
         assert shown <= span, line
 
 
+@pytest.fixture
+def ctrl_c_delivered():
+    """A child inherits an ignored SIGINT, as every command a shell without job control starts in the
+    background does (`nohup ... &`): Python then leaves Ctrl-C ignored. A terminal's Ctrl-C is what this
+    test plays, so its children start with SIGINT handled."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.live_trace
+@pytest.mark.usefixtures("ctrl_c_delivered")
 async def test_ctrl_c_on_a_live_run_prints_the_statistics_so_far_marked_partial(tmp_path):
     async with simulating(steady(tmp_path / "s")) as simulator:
         async with asyncio.timeout(60):
