@@ -236,8 +236,7 @@ def test_a_short_gap_by_chance_starts_nothing_ahead():
 def test_a_burst_served_by_one_ready_instance_queues_a_run_at_a_time_not_a_start():
     # Groups of five calls 26-75 ms apart, runs of 25-45 ms, groups 0.4-1 s apart (dataSet_1's roles1 in a
     # session); a start is 156 ms. Through the gap to the next group one instance is kept, not the two
-    # a group keeps busy: a group's followers that find it busy wait for its run, not for a start
-    # (dataSet_1 kept two through such gaps; keeping one: 53.10 -> 53.85).
+    # a group keeps busy: a group's followers that find it busy wait for its run, not for a start.
     gaps = (26, 75, 40, 60, 900, 26, 75, 40, 60, 950, 26, 75, 40, 60, 400, 26, 75, 40, 60, 620) * 3
     s = history(gaps, runs=(25, 30, 35, 45) * 8, start_ms=156, memory_mb=256)
     idle = {f"fn-{i}": replace(_instance(f"fn-{i}", Phase.IDLE, since=30), request_id="") for i in (1, 2)}
