@@ -45,7 +45,7 @@ from proto.commands import Reply  # noqa: E402
 from proto.subjects import event_subject, function_events  # noqa: E402
 from runtime.bus import connect, ensure_stream  # noqa: E402
 from runtime.natsd import NatsServer  # noqa: E402
-from runtime.service import run  # noqa: E402
+from runtime.service import run, stop_on_signals  # noqa: E402
 from runtime.stream import Append  # noqa: E402
 
 FUNCTIONS = 50
@@ -105,19 +105,28 @@ class Stored:
 
 
 async def serve_floor(kind: str) -> None:
+    """Serve one of the floors until SIGTERM, then stop what it started (its nats-server included)."""
+    stop = stop_on_signals()
     if kind == "answered":
-        gateway = Gateway(Answered(), listen="127.0.0.1:0")
-        await gateway.start()
-        print(f"floor on 127.0.0.1:{gateway.port}", flush=True)
-        await asyncio.Event().wait()
+        await _serve(Gateway(Answered(), listen="127.0.0.1:0"), stop)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as store:
         async with NatsServer(Path(store) / "nats") as nats:
             nc = await connect(nats.url, "bench-floor")
-            await ensure_stream(nc.jetstream(), atomic=True)
-            gateway = Gateway(Stored(Commits(nc, timeout_s=5.0, atomic=True)), listen="127.0.0.1:0")
-            await gateway.start()
-            print(f"floor on 127.0.0.1:{gateway.port}", flush=True)
-            await asyncio.Event().wait()
+            try:
+                await ensure_stream(nc.jetstream(), atomic=True)
+                await _serve(Gateway(Stored(Commits(nc, timeout_s=5.0, atomic=True)), listen="127.0.0.1:0"), stop)
+            finally:
+                await nc.close()
+
+
+async def _serve(gateway: Gateway, stop: asyncio.Event) -> None:
+    await gateway.start()
+    print(f"floor on 127.0.0.1:{gateway.port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await gateway.stop()
 
 
 async def serve_echo() -> None:
