@@ -56,7 +56,7 @@ from proto.commands import (
     encode,
 )
 from proto.events import Batch, encode_batch, join
-from proto.subjects import EVENTS, PARTITIONS, RECONCILE_ASK, UNLISTED, partition
+from proto.subjects import PARTITIONS, RECONCILE_ASK, UNLISTED, partition
 from runtime import durability, stream
 from runtime.bus import DEFAULT_RETENTION, Retention, Unavailable, close, connect, ensure_stream, send, while_connected
 from runtime.clock import Clock
@@ -170,13 +170,14 @@ class Controller:
         durability.warn(self.sync, monitors, self.nats_unsynced)
         self._js = self._nc.jetstream()
         v = self._nc.connected_server_version
-        await ensure_stream(self._js, self.replicas, self.retention, atomic=(v.major, v.minor) >= stream.OLDEST_ATOMIC)
+        config = await ensure_stream(
+            self._js, self.replicas, self.retention, atomic=(v.major, v.minor) >= stream.OLDEST_ATOMIC
+        )
         await stream.check_layout(self._js)
         stream_id = await stream.stream_id(self._js)
         store = SnapshotStore(self._js, self.replicas)
         await store.open()
-        atomic = bool((await self._js.stream_info(EVENTS)).config.allow_atomic)
-        self.writer = Writer(self._nc, self._js, self.ledger, self.serves, atomic=atomic)
+        self.writer = Writer(self._nc, self._js, self.ledger, self.serves, atomic=bool(config.allow_atomic))
         self.snapshots = Snapshotter(
             self._js,
             store,

@@ -111,8 +111,9 @@ async def ensure_stream(
     retention: Retention | None = None,
     patience_s: float = 30.0,
     atomic: bool = False,
-) -> None:
-    """Create the stream, or bring an existing one to this configuration. Safe to run from every component.
+) -> StreamConfig:
+    """Create the stream, or bring an existing one to this configuration; the configuration it has then.
+    Safe to run from every component.
 
     An existing stream keeps its replicas when they are more than asked for: an operator (or a
     node started with `--replicas 3`) raised them, and a component started without the flag must
@@ -141,13 +142,15 @@ class StoreTooSmall(RuntimeError):
     """The event stream's size limit is more than the nats-server's JetStream store can reserve."""
 
 
-async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retention | None, atomic: bool) -> None:
+async def _ensure_stream(
+    js: JetStreamContext, replicas: int, retention: Retention | None, atomic: bool
+) -> StreamConfig:
     try:
         info = await js.stream_info(EVENTS)
     except NotFoundError:
         retention = retention or DEFAULT_RETENTION
         try:
-            await js.add_stream(_config(replicas, retention, atomic))
+            return (await js.add_stream(_config(replicas, retention, atomic))).config
         except APIError as e:
             if e.err_code != INSUFFICIENT_STORAGE:
                 raise
@@ -156,11 +159,11 @@ async def _ensure_stream(js: JetStreamContext, replicas: int, retention: Retenti
                 f" ({e.description}): set one its JetStream store can hold with --store-limit-gb"
                 " (SCALER_STORE_LIMIT_GB), or give nats-server a larger store"
             ) from None
-        return
     have = info.config
     wanted = _config(max(replicas, have.num_replicas or 1), retention_of(have), atomic or bool(have.allow_atomic))
     if _differs(have, wanted):
-        await js.update_stream(wanted)
+        return (await js.update_stream(wanted)).config
+    return have
 
 
 async def set_retention(js: JetStreamContext, retention: Retention) -> bool:
