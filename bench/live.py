@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controller.core.policy import get_policy  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
 from simulator.dataset import Dataset, load_dataset  # noqa: E402
 from simulator.live import run_live  # noqa: E402
 from simulator.offline import simulate  # noqa: E402
@@ -59,12 +59,6 @@ def scenarios(datasets: Path, scratch: Path) -> dict[str, tuple[Path, str]]:
         "smoke-learned": (ROOT / "tests" / "fixtures" / "function_smoke_test", "learned"),
         "busiest-minute": (window(datasets / "dataSet_1", scratch / "peak", 18_600, 18_660), "learned"),
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def live(dataset: Dataset, policy: str) -> Run:

@@ -9,10 +9,11 @@ import fcntl
 import json
 import logging
 import shutil
-import socket
 import sysconfig
 import tempfile
 from pathlib import Path
+
+from runtime.ports import free_port
 
 log = logging.getLogger("scaler.natsd")
 
@@ -183,12 +184,6 @@ class NatsServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class NatsCluster:

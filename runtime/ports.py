@@ -6,7 +6,9 @@ an error, said in one line.
 """
 
 import argparse
+import random
 import socket
+from pathlib import Path
 
 import grpc
 
@@ -20,6 +22,25 @@ class CannotListen(RuntimeError):
         super().__init__(f"cannot listen{f' for {what}' if what else ''} on {listen}: {why}")
         self.listen = listen
         self.why = why
+
+
+def free_port() -> int:
+    """A port for a process to bind later, from below the kernel's ephemeral range: one the kernel hands
+    out (bind to port 0, or any outgoing connection's local port) can be taken again before that bind."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: whatever the kernel gives
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    for candidate in random.sample(range(max(1024, low - 12_000), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return candidate
+    raise CannotListen("127.0.0.1", "no free port below the ephemeral range")
 
 
 def port(text: str) -> int:

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import grpc
 
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
+from runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "scaler-check"
@@ -67,12 +67,6 @@ def sh(*command: str, env: dict[str, str] | None = None, check: bool = True, **k
     if check and done.returncode != 0:
         raise CheckFailed(f"`{' '.join(command)}` exited {done.returncode}:\n{done.stdout}{done.stderr}".rstrip())
     return done
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- stand-in base images ---------------------------------------------------------------------

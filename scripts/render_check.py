@@ -194,16 +194,10 @@ def scaler(*args: str, **kw) -> subprocess.CompletedProcess:
     return done
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def live(tmp: Path) -> tuple[Path, Path]:
     """A live run of the smoke trace against a `scaler up` started here, then the replay page of its worst function."""
+    from runtime.ports import free_port  # the project is on sys.path once main() ran
+
     platform = free_port()
     up = subprocess.Popen(
         [*SCALER, "up", "--port", "0", "--speed", "5", "--platform", f"127.0.0.1:{platform}", "--data-dir", tmp / "up"],

@@ -18,8 +18,8 @@ from unittest import mock
 import yaml
 
 from runtime import service as component_service
+from runtime.ports import free_port
 from scaler import cli
-from tests.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"

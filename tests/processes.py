@@ -7,14 +7,11 @@ and the test reads its exact accounting. A small driver plays clients that assig
 import argparse
 import asyncio
 import itertools
-import random
 import secrets
 import signal
-import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 
@@ -24,6 +21,7 @@ from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.bus import connected
+from runtime.ports import free_port
 from scaler.up import Child, Supervisor
 from simulator.dataset import Dataset, Request
 
@@ -115,20 +113,6 @@ class Call:
 # What a platform repeats, with the same request id: the scaler away, too slow, or overloaded for a moment.
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 ATTEMPTS = 20
-
-
-def free_port() -> int:
-    """A port for a process to bind later, from below the kernel's ephemeral range: one the kernel hands
-    out (bind to port 0, or any outgoing connection's local port) can be taken again before that bind."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(max(1024, low - 12_000), low), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port below the ephemeral range")
 
 
 @dataclass

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.natsd import server_binary
+from runtime.ports import free_port
 from tests import compose
-from tests.processes import free_port
 from tests.stack import eventually
 from tests.test_simulate_live import finished, simulate_cli, steady
 from tests.test_up import alive, descendants, http_get, part_pid, reap, run_cli, served, start_up, stop

@@ -14,8 +14,8 @@ from proto import platform_admin_pb2 as admin
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.faults import LastingFault
+from runtime.ports import free_port
 from simulator.dataset import FunctionMeta
-from tests.processes import free_port
 from tests.stack import eventually
 from tests.test_up import Log, start_up
 

@@ -19,8 +19,8 @@ from controller import replay
 from report import draw
 from report.timeline import Life, Timeline
 from runtime.bus import connected
+from runtime.ports import free_port
 from simulator import report
-from tests.processes import free_port
 from tests.stack import Stack
 from tests.test_replay import scaler_replay, traffic
 from tests.test_retention import rounds, tiny_stack, truncated_stack

@@ -18,7 +18,7 @@ from platform_stub.server import PlatformStub
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from runtime.natsd import NatsServer, StoreBusy, claim
-from tests.processes import free_port
+from runtime.ports import free_port
 from tests.stack import eventually
 
 READY = re.compile(r"scaler ready: gRPC [\d.]+:(\d+),")
