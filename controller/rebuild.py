@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from nats.js import JetStreamContext
 
+from controller.leases import ranges
 from controller.ledger import Ledger
 from controller.snapshots import Snapshot, SnapshotStore
 from proto.events import Batch
@@ -74,7 +75,7 @@ async def usable(
     p = uncovered[0]
     snap = snaps[p]
     holds = f"its snapshot holds only up to seq {snap.seq:,}" if snap else "it has no usable snapshot"
-    which = f"partitions {_list(uncovered)}" if len(uncovered) > 1 else f"partition {p}"
+    which = f"partitions {ranges(uncovered)}" if len(uncovered) > 1 else f"partition {p}"
     why = Uncovered(
         f"{which} cannot be rebuilt exactly: retention dropped EVENTS before seq {at.first_seq:,} and"
         f" {holds} (partition {p}); start the version that wrote the snapshots, or a fresh store",
@@ -122,7 +123,3 @@ async def fold_after(
         reads = (stream.read(js, pass_on, partition_events(p), seq, until_seq) for p, seq in after.items())
         await asyncio.gather(*reads)
     return passed
-
-
-def _list(partitions: list[int]) -> str:
-    return ", ".join(map(str, partitions))
