@@ -32,14 +32,14 @@ def writer(nc, js, ledger: Ledger | None = None, owns=lambda key: True, **kw) ->
 
 
 @contextlib.contextmanager
-def appending(how):
-    """stream.append replaced by `how` (given the real one) for the block."""
-    real = stream.append
-    stream.append = functools.partial(how, real)
+def appending(how, name: str = "append"):
+    """stream.append (or `name`, say append_all) replaced by `how` (given the real one) for the block."""
+    real = getattr(stream, name)
+    setattr(stream, name, functools.partial(how, real))
     try:
         yield
     finally:
-        stream.append = real
+        setattr(stream, name, real)
 
 
 async def no_answer(real, *args, **kw):
@@ -174,21 +174,17 @@ async def test_one_stale_function_in_a_shared_commit_gets_the_conflict_and_the_o
     w, stale = writer(nc, js, atomic=True), writer(nc, js, atomic=True)
     await stale.append(batch("fn3", 0))  # fn3's last batch is one `w`'s ledger does not know
     refused = []
-    real = stream.append_all
 
-    async def watched(*args, **kw):
+    async def watched(real, *args, **kw):
         try:
             return await real(*args, **kw)
         except Conflict:
             refused.append(len(args[1]))
             raise
 
-    stream.append_all = watched
-    try:
-        keys = [f"fn{n}" for n in range(6)]
+    keys = [f"fn{n}" for n in range(6)]
+    with appending(watched, "append_all"):
         outcomes = await asyncio.gather(*(w.append(batch(k, 1)) for k in keys), return_exceptions=True)
-    finally:
-        stream.append_all = real
     assert refused == [5], refused  # the five arriving while fn0's append was on its way: one batch, refused
     assert [type(o) for o in outcomes].count(Conflict) == 1 and isinstance(outcomes[3], Conflict)
     for k in keys:
