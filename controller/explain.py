@@ -10,7 +10,9 @@ from controller.core.state import FnState, Instance, Phase
 from proto.events import (
     Assigned,
     Batch,
+    Cued,
     Event,
+    Followed,
     FunctionDeleted,
     FunctionForgotten,
     FunctionRestarted,
@@ -93,6 +95,11 @@ def event(e: Event) -> str:
             return "function at rest: its record of recent releases dropped"
         case FunctionForgotten():
             return "function forgotten: idle too long; its next call starts afresh"
+        case Followed(leads=leads):
+            after = ", ".join(f"{lead.lag_ms} ms after {lead.key}" for lead in leads)
+            return f"came back {after}: it may follow {'it' if len(leads) == 1 else 'them'}"
+        case Cued(leader=leader):
+            return f"{leader} came back while this function has no instance: a trial of following it"
     fields = ", ".join(f"{k}={v!r}" for k, v in msgspec.structs.asdict(e).items() if k != "at_ms")
     return f"{type(e).__name__}({fields})"
 

@@ -1,4 +1,5 @@
-"""The folded stream: every function's state, where its last batch is, when it next wakes, and the run's totals.
+"""The folded stream: every function's state, where its last batch is, when it next wakes, the run's totals,
+and which functions follow which.
 
 Written once and used by everything that folds EVENTS or turns decisions into batches: the node,
 `scaler replay`, the offline simulator and the tests. So "offline equals live" and "replay equals
@@ -10,9 +11,9 @@ the latest immutable state of each function.
 from controller.core.decide import Decision, decide
 from controller.core.limits import NO_LIMITS, NO_ROOM, Room
 from controller.core.policy import Policy
-from controller.core.state import FnState, Totals, apply
-from proto.commands import AnyCommand, Tick, command_id
-from proto.events import Batch
+from controller.core.state import FnState, Phase, Totals, apply
+from proto.commands import AnyCommand, Cue, Tick, command_id
+from proto.events import Batch, RequestArrived
 
 NO_TOTALS = Totals()
 
@@ -26,6 +27,7 @@ class Ledger:
         self.others = Totals()  # ... and over the functions other nodes hold, as they last said
         self.limits = NO_LIMITS  # the operator's caps, those over all functions scaled to this ledger's share
         self.seq = 0  # the newest stream sequence folded or appended
+        self.followers: dict[str, set[str]] = {}  # a function -> those that follow it (FnStats.leaders)
 
     def state(self, key: str) -> FnState:
         return self.states.get(key) or FnState(key=key)
@@ -77,8 +79,23 @@ class Ledger:
         if seq is not None or isinstance(cmd, Tick):
             self._wake(cmd.key, d.wake_ms)
 
+    def cues(self, d: Decision) -> list[Cue]:
+        """When the decision brought its function back from a lull: a Cue for each function that follows it
+        and has no instance now (one with an instance needs no pre-warm)."""
+        key, back = d.state.key, d.state.stats.returned_ms
+        if key not in self.followers or not any(isinstance(e, RequestArrived) and e.at_ms == back for e in d.events):
+            return []
+        return [
+            Cue(key=f, leader=key, at_ms=back)
+            for f in sorted(self.followers[key])
+            if (s := self.states.get(f)) is not None
+            and not s.queue
+            and all(i.phase is Phase.RETIRING for i in s.instances.values())
+        ]
+
     def forget(self, key: str) -> None:
         """Drop one function, to fold it again from its own batches (after another writer's append)."""
+        self._follow(key, self.states.get(key), None)
         self.totals = self.totals.change(self.states.pop(key, None), None)
         self.last_seq.pop(key, None)
         self.wake.pop(key, None)
@@ -111,10 +128,25 @@ class Ledger:
         if seq:
             self.last_seq[key] = seq
         if s.meta is None and not s.instances and not s.queue:
+            self._follow(key, self.states.get(key), None)
             self.totals = self.totals.change(self.states.pop(key, None), None)
             return
+        self._follow(key, self.states.get(key), s)
         self.totals = self.totals.change(self.states.get(key), s)
         self.states[key] = s
+
+    def _follow(self, key: str, old: FnState | None, new: FnState | None) -> None:
+        """Keep `followers` as the functions' leaders say, once one function's state `old` becomes `new`."""
+        was = old.stats.leaders if old is not None else ()
+        now = new.stats.leaders if new is not None else ()
+        if was is now:
+            return
+        for leader in {x.key for x in was if not x.failed()} - {x.key for x in now if not x.failed()}:
+            self.followers[leader].discard(key)
+            if not self.followers[leader]:
+                del self.followers[leader]
+        for leader in {x.key for x in now if not x.failed()} - {x.key for x in was if not x.failed()}:
+            self.followers.setdefault(leader, set()).add(key)
 
     def _wake(self, key: str, wake_ms: int | None) -> None:
         if wake_ms is None:

@@ -6,7 +6,8 @@ one function are decided in arrival order under its lock; different functions pr
 concurrently. Commands come three ways: `call` from the gateway in the same process (the hot path:
 no NATS hop but the append; a call for a partition served elsewhere is forwarded), core NATS
 requests on `cmd.<partition>` (front gateways, other nodes and the workers' reports), and the
-controller's own timers (Tick, when a function's deadline is due). Around that loop: which
+controller's own timers (Tick, when a function's deadline is due) and cues (Cue, when a function that
+another one on this node follows came back). Around that loop: which
 partitions it serves (controller/partitions.py), whether it takes one more Assign
 (controller/admission.py), and the snapshots kept ahead of retention (controller/snapshotter.py).
 """
@@ -43,6 +44,7 @@ from proto.commands import (
     Assign,
     Cancel,
     Code,
+    Cue,
     Delete,
     Idle,
     Reconcile,
@@ -432,6 +434,7 @@ class Controller:
             taken = group[: len(outcomes)]
             lane.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
             await self._answer([r for o in outcomes if isinstance(o, Decision) for r in o.replies])
+            self._cue([c for o in outcomes if isinstance(o, Decision) for c in self.ledger.cues(o)])
         except Exception as e:
             if isinstance(e, StoreLost):  # the stream is behind this node: reload, and callers try again
                 self._spawn(self._events_lost(str(e)))
@@ -595,11 +598,26 @@ class Controller:
             self.admission.lagged(loop.time() - began - every_s)
 
     async def _tick(self, key: str, due_ms: int) -> None:
-        if self.serves(key):
+        await self._own(Tick(key=key, due_ms=due_ms), "the deadline's")
+
+    def _cue(self, cues: list[Cue]) -> None:
+        """A function came back: cue those that follow it on this node (one on another node is not cued)."""
+        for cue in cues:
+            self._spawn(self._cued(cue))
+
+    async def _cued(self, cue: Cue) -> None:
+        try:
+            await self._own(cue, "a cue's")
+        except Unavailable as e:  # a cue is worth something now or never: it is not sent again
+            log.info("%s: the cue of %s's return is dropped: %s", cue.key, cue.leader, e)
+
+    async def _own(self, cmd: Tick | Cue, what: str) -> None:
+        """A command of the node's own, decided like any when it still serves the function."""
+        if self.serves(cmd.key):
             try:
-                await self.handle(Tick(key=key, due_ms=due_ms))
+                await self.handle(cmd)
             except TooBig as e:  # deciding it again would only fail again: the next command tries
-                log.error("%s: the deadline's decision cannot be stored: %s", key, e)
+                log.error("%s: %s decision cannot be stored: %s", cmd.key, what, e)
 
     async def _on_request(self, msg: Msg) -> None:
         """A command from another process: a gateway's call, or a worker's report."""

@@ -47,12 +47,19 @@ def _v4(snapshot: Data) -> Data:
     return snapshot
 
 
-STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}  # from version N to N+1
+def _v5(snapshot: Data) -> Data:
+    """Version 5's stats had no leaders (the functions a function follows): they start empty, as a new
+    function's do."""
+    return snapshot
+
+
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}  # from version N to N+1
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
-# (3: `queued`, `quiet_bins`) leaves what the earlier one folded right, the new histories starting empty; one
-# that folds a stat differently is not listed, and its snapshots are ignored (the stream replayed in full).
-FEATURES_CONTINUED = frozenset({2})
+# (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the
+# new histories starting empty; one that folds a stat differently is not listed, and its snapshots are ignored
+# (the stream replayed in full).
+FEATURES_CONTINUED = frozenset({2, 3})
 
 
 def upcast(body: bytes, version: int, into: type[T]) -> T:

@@ -77,6 +77,13 @@ class Tick(Command, tag="tick"):
     due_ms: int
 
 
+class Cue(Command, tag="cue"):
+    """A function this one follows (`leader`) came back from a lull at `at_ms`: it may be called soon."""
+
+    leader: str
+    at_ms: int
+
+
 class Restart(Command, tag="restart"):
     """An operator's: retire the function's instances, idle ones now and busy ones when released."""
 
@@ -121,7 +128,18 @@ def owner(slot: PlatformSlot) -> str:
 
 
 AnyCommand = (
-    Assign | Idle | Cancel | SlotCreated | SlotReady | SlotFailed | SlotDestroyed | Tick | Reconcile | Restart | Delete
+    Assign
+    | Idle
+    | Cancel
+    | SlotCreated
+    | SlotReady
+    | SlotFailed
+    | SlotDestroyed
+    | Tick
+    | Cue
+    | Reconcile
+    | Restart
+    | Delete
 )
 Admin = Restart | Delete  # an operator's commands, answered once stored
 
@@ -145,6 +163,8 @@ def command_id(cmd: AnyCommand) -> str:
             return f"destroyed:{i}"
         case Tick(key=k, due_ms=t):
             return f"tick:{k}:{t}"
+        case Cue(key=k, leader=leader, at_ms=t):
+            return f"cue:{k}:{leader}:{t}"
         case Reconcile(listed_ms=t):
             return f"reconcile:{t}"
         case Restart(key=k, asked_ms=t):

@@ -173,6 +173,27 @@ class FunctionDeleted(Event, tag="function-deleted"):
     reason: str = ""
 
 
+class Lead(msgspec.Struct, frozen=True, array_like=True):
+    """Another function that came back from a lull shortly before this one did, and how long before."""
+
+    key: str
+    lag_ms: int
+
+
+class Followed(Event, tag="followed"):
+    """The function came back from a lull within a second of these functions' coming back: how a function
+    another one calls is learned (a later return of a leader pre-warms it)."""
+
+    leads: tuple[Lead, ...]
+
+
+class Cued(Event, tag="cued"):
+    """A function this one follows came back while this one had no instance: a trial of that lead, which
+    the function's next arrival, within a second or not, decides."""
+
+    leader: str
+
+
 class FunctionRested(Event, tag="function-rested"):
     """The function has had nothing in flight a while: what only a retry could still need is dropped."""
 
@@ -203,6 +224,8 @@ AnyEvent = (
     | SessionEnded
     | FunctionRestarted
     | FunctionDeleted
+    | Followed
+    | Cued
 )
 
 

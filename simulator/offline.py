@@ -144,6 +144,8 @@ class Simulation:
         wake = ledger.wake.get(cmd.key)
         if wake is not None and wake != before:
             self.at(max(wake, now), TICK, (cmd.key, wake))
+        for cue in ledger.cues(d):  # as the node does: its followers on the same node hear it came back
+            self.command(cue, now)
         return d
 
     def effect(self, key: str, event: e.Event, now: int) -> None:

@@ -71,6 +71,8 @@ EVENT_TAGS = {
     "SessionEnded": "session-ended",
     "FunctionRestarted": "function-restarted",
     "FunctionDeleted": "function-deleted",
+    "Followed": "followed",
+    "Cued": "cued",
 }
 
 
@@ -84,6 +86,7 @@ COMMAND_TAGS = {
     "SlotFailed": "slot-failed",
     "SlotDestroyed": "slot-destroyed",
     "Tick": "tick",
+    "Cue": "cue",
     "Reconcile": "reconcile",
     "Restart": "restart",
     "Delete": "delete",

@@ -119,3 +119,78 @@ def test_a_jittered_timer_with_a_long_init_is_warm_at_each_tick():
     assert sum(i.schedule_ms > 0 for i in late) <= len(late) // 5
     # ...and it is not kept through the minutes between: a third of that at most (a start is 11 s)
     assert run.slot_gb_s < len(arrivals) * 0.25 * period / 1000 / 3
+
+
+def chained(lag_ms: int, jitter_ms: int = 50, returns: int = 30, seed: int = 1, at_ms: int = 0) -> Dataset:
+    """`leader` comes back at irregular times (20 s to 2 minutes apart: its own history cannot say when), and
+    `follower` is called `lag_ms` after each return, give or take `jitter_ms`: a function another one calls."""
+    rng = random.Random(seed)
+    metas = {
+        "leader": FunctionMeta(key="leader", memory_in_mb=512, init_duration_in_ms=50),
+        "follower": FunctionMeta(key="follower", memory_in_mb=256, init_duration_in_ms=30),
+    }
+    requests, t = [], at_ms
+    for _ in range(returns):
+        t += rng.randint(20_000, 120_000)
+        requests += [Request(t, "leader", 40), Request(t + lag_ms + rng.randint(-jitter_ms, jitter_ms), "follower", 40)]
+    return Dataset("chained", metas, requests)
+
+
+def with_events(ds: Dataset) -> tuple[Simulation, list[e.Event]]:
+    """The simulation run, and every event it decided."""
+    sim, seen = Simulation(ds, LEARNED), []
+    effect = sim.effect
+
+    def recorded(key: str, event: e.Event, now: int) -> None:
+        seen.append(event)
+        effect(key, event, now)
+
+    sim.effect = recorded
+    sim.run()
+    return sim, seen
+
+
+def cued_prewarms(seen: list[e.Event]) -> list[e.SlotWanted]:
+    return [event for event in seen if isinstance(event, e.SlotWanted) and "follows" in event.reason]
+
+
+def follower_calls(sim: Simulation) -> list:
+    run = sim.result(sim.end_ms)
+    return [i for i, r in zip(run.invocations, sim.dataset.requests, strict=True) if r.meta_key == "follower"]
+
+
+def test_a_function_another_one_calls_is_prewarmed_when_that_one_comes_back(monkeypatch):
+    """Once its lead held (LEAD_SHARE: nine in ten returns, eight straight at first), the follower is started at
+    the leader's return and is ready for its call 400 ms later; before, and without the cue, each call waits."""
+    sim, seen = with_events(chained(400))
+    calls = follower_calls(sim)
+    assert sum(i.cold for i in calls[12:]) == 0, [i.cold for i in calls]
+    assert all(i.cold for i in calls[:9])  # the lead not learned yet
+    assert len(cued_prewarms(seen)) >= 18
+    lead = sim.ledger.states["follower"].stats.leaders
+    assert [(x.key, x.trials == x.hits) for x in lead] == [("leader", True)] and lead[0].trials >= 25
+    assert 350 <= min(lead[0].lags) and max(lead[0].lags) <= 450
+    monkeypatch.setattr(type(LEARNED), "follows_leaders", False)
+    blind = follower_calls(simulate(chained(400)))
+    assert sum(i.cold for i in blind[12:]) >= 15
+
+
+def test_a_follower_called_sooner_than_a_start_after_its_leader_is_not_prewarmed_for_it():
+    """Called 10 ms after the leader comes back: no instance started then is ready in time, so none is."""
+    sim, seen = with_events(chained(10, jitter_ms=5))
+    lead = sim.ledger.states["follower"].stats.leaders
+    assert lead and lead[0].hits >= 25  # the lead holds...
+    assert not cued_prewarms(seen)  # ...and is not acted on
+
+
+def test_functions_that_only_happen_to_come_back_together_do_not_follow_each_other():
+    """Two functions called independently, often within a second of each other: each may take the other for a
+    leader, but the trials fail and no pre-warm is made for them."""
+    rng = random.Random(7)
+    metas = {k: FunctionMeta(key=k, memory_in_mb=256, init_duration_in_ms=30) for k in ("a", "b")}
+    requests = [Request(rng.randrange(0, 1_800_000), k, 40) for k in ("a", "b") for _ in range(400)]
+    sim, seen = with_events(Dataset("apart", metas, sorted(requests, key=lambda r: r.start_time)))
+    leaders = [x for s in sim.ledger.states.values() for x in s.stats.leaders]
+    assert leaders and any(isinstance(event, e.Cued) for event in seen), "together often enough to be tried"
+    assert all(x.failed() for x in leaders if x.trials >= 10), leaders
+    assert not cued_prewarms(seen)

@@ -21,7 +21,13 @@ from tests.test_snapshots import DEMO
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upgrade"
 # What a snapshot stores, by state version: another shape needs another version (and its upcast).
-SCHEMAS = {2: "5d6b0173f6ee4414", 3: "fdf152dac07fcc8e", 4: "88d80e17d51405a5", 5: "a287220797df945c"}
+SCHEMAS = {
+    2: "5d6b0173f6ee4414",
+    3: "fdf152dac07fcc8e",
+    4: "88d80e17d51405a5",
+    5: "a287220797df945c",
+    6: "f6d04cc3fc9ef838",
+}
 RELEASES = sorted(p.name.removeprefix("store-").removesuffix(".tar.gz") for p in FIXTURES.glob("store-*.tar.gz"))
 
 

@@ -2,8 +2,8 @@
 
 A decision has two halves. First the command's own change, one handler per command:
 `_queue_request` (Assign), `_release` (Idle), `_cancel`, `_slot_created`, `_instance_ready` (SlotReady),
-`_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`, and an operator's `_restart` and `_delete`;
-a Tick changes nothing by itself.
+`_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`, an operator's `_operator` (Restart,
+Delete), and `_cued` (Cue: a function this one follows came back); a Tick changes nothing by itself.
 Then the phases that bring the function to rest (`_bring_to_rest`), in order: leases, matching
 (`_answer_waiting_requests`, where a queued Assign gets its instance and its answer), starts,
 keep/retire, sessions' ends, pre-warm, and the next wake.
@@ -13,14 +13,21 @@ one that served it last). When that one is busy the request waits for it, up to 
 before it takes another instance like any request and the session moves there (`SessionBound`). A
 binding ends with its instance or after the session's idle time (`SessionEnded`).
 
+Leaders: a function called by another comes back from its lulls shortly after that other one does. For a
+policy that follows leaders, an Assign that brings a function back records the functions that came back
+within FOLLOW_MS before it (`Followed`, from the run's totals); the ledger then sends it a Cue when one of
+them comes back while it has no instance (`Cued`, a trial the function's next call decides), and the
+policy may pre-warm it.
+
 `decide` applies each event as it emits it, so every later choice in the same decision sees
 the state that earlier ones produced, and `Decision.state` equals `replay(s, Decision.events)`.
 """
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from controller.core import reconcile
-from controller.core.features import UNKNOWN_START_MS
+from controller.core.features import FOLLOW_MS, UNKNOWN_START_MS, comes_back
 from controller.core.limits import NO_ROOM, Room
 from controller.core.policy import Policy
 from controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
@@ -29,6 +36,7 @@ from proto.commands import (
     Assign,
     Cancel,
     Code,
+    Cue,
     Delete,
     Idle,
     Reconcile,
@@ -42,7 +50,9 @@ from proto.commands import (
 )
 from proto.events import (
     Assigned,
+    Cued,
     Event,
+    Followed,
     FunctionDeleted,
     FunctionForgotten,
     FunctionRestarted,
@@ -135,27 +145,14 @@ def decide(
     d = _Draft(s, now, room)
     match cmd:
         case Assign():
-            _queue_request(d, cmd)
-        case Idle():
-            _release(d, cmd)
-        case Cancel():
-            _cancel(d, cmd)
-        case SlotCreated():
-            _slot_created(d, cmd)
+            _queue_request(d, cmd, totals, policy)
         case SlotReady():
             _instance_ready(d, cmd, policy)
-        case SlotFailed():
-            _creation_failed(d, cmd)
-        case SlotDestroyed():
-            _slot_destroyed(d, cmd)
-        case Reconcile():
-            _reconcile(d, cmd)
-        case Restart() | Delete():
-            _operator(d, cmd)
-        case Tick():
-            pass  # what is due happens at rest
         case _:
-            raise TypeError(f"not a command: {cmd!r}")
+            change = _CHANGES.get(type(cmd))
+            if change is None:
+                raise TypeError(f"not a command: {cmd!r}")
+            change(d, cmd)
     wake = _bring_to_rest(d, policy)
     return Decision(d.events, d.replies, d.s, wake)
 
@@ -169,8 +166,11 @@ def _holder(s: FnState, request_id: str) -> Instance | None:
     return next((i for i in s.instances.values() if i.phase is Phase.BUSY and i.request_id == request_id), None)
 
 
-def _queue_request(d: _Draft, cmd: Assign) -> None:
-    """Queue the request (matching answers it), or answer at once: bad input, or a request already served."""
+def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy) -> None:
+    """Queue the request (matching answers it), or answer at once: bad input, or a request already served.
+
+    For a policy that follows leaders: if this call brings the function back from a lull shortly after
+    other functions came back (the run's `totals` say which), it may be one they call (`Followed`)."""
     r, to = cmd.request_id, cmd.reply_to
     if cmd.meta.memory_mb <= 0:
         d.reply(to, r, Code.INVALID_ARGUMENT, message=f"memory_in_mb must be positive, got {cmd.meta.memory_mb}")
@@ -189,7 +189,19 @@ def _queue_request(d: _Draft, cmd: Assign) -> None:
         return
     if d.s.meta != cmd.meta:
         d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
+    if policy.follows_leaders and totals is not None and comes_back(d.s.stats, d.now):
+        if leads := totals.leads(d.s.key, d.now):
+            d.emit(Followed(at_ms=d.now, leads=leads))
     d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to, session=cmd.session))
+
+
+def _cued(d: _Draft, cmd: Cue) -> None:
+    """A function this one follows came back: a trial of that lead while this one has no instance (with one,
+    it needs no pre-warm), which the pre-warm at rest may act on. A cue older than FOLLOW_MS is stale."""
+    if d.s.queue or any(i.phase is not Phase.RETIRING for i in d.s.instances.values()):
+        return
+    if d.now - cmd.at_ms <= FOLLOW_MS and any(x.key == cmd.leader and not x.failed() for x in d.s.stats.leaders):
+        d.emit(Cued(at_ms=d.now, leader=cmd.leader))
 
 
 def _release(d: _Draft, cmd: Idle) -> None:
@@ -351,6 +363,25 @@ def _delete(d: _Draft, cmd: Delete) -> None:
 
 def _known(s: FnState) -> bool:
     return s.meta is not None or bool(s.queue) or any(i.phase is not Phase.RETIRING for i in s.instances.values())
+
+
+def _tick(d: _Draft, cmd: Tick) -> None:
+    pass  # what is due happens at rest
+
+
+# The commands whose own change needs neither the policy nor the run's totals.
+_CHANGES: dict[type, Callable[[_Draft, Any], None]] = {
+    Idle: _release,
+    Cancel: _cancel,
+    SlotCreated: _slot_created,
+    SlotFailed: _creation_failed,
+    SlotDestroyed: _slot_destroyed,
+    Reconcile: _reconcile,
+    Restart: _operator,
+    Delete: _operator,
+    Tick: _tick,
+    Cue: _cued,
+}
 
 
 # --- at rest: the phases every decision ends with, in this order ----------------------------

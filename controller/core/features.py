@@ -22,10 +22,13 @@ from msgspec.structs import replace
 
 from proto.events import (
     Assigned,
+    Cued,
     Event,
+    Followed,
     FunctionDeleted,
     FunctionForgotten,
     InstanceReady,
+    Lead,
     Released,
     RequestArrived,
     RequestFailed,
@@ -35,7 +38,7 @@ from proto.events import (
 if TYPE_CHECKING:
     from controller.core.state import FnState, Instance
 
-VERSION = 3
+VERSION = 4
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
@@ -48,6 +51,27 @@ UNKNOWN_START_MS = 1_000  # assumed CreateSlot + Init before the function's firs
 QUEUED_KEPT = 32  # recent requests' time queued for an instance
 ACTIVITY_BIN_MS = 10_000  # the bins of a function's activity: a call in a bin makes it active
 QUIET_KEPT = 32  # recent runs of quiet bins
+FOLLOW_MS = 1_000  # a function back within this of another's return may be one that other calls
+LEADERS_KEPT = 4  # the functions a function may follow
+LEAD_LAGS_KEPT = 8  # recent lags from a leader's return to the function's
+LEAD_TRIALS = 5  # a lead that failed most of this many trials is not followed
+
+
+class Leader(msgspec.Struct, frozen=True, kw_only=True):
+    """A function this one may follow (it calls this one, say): it came back from a lull shortly before."""
+
+    key: str
+    lags: tuple[int, ...] = ()  # in recent trials that hit, how long after its return this function's call came
+    trials: int = 0  # times it came back while this function had no instance, judged (by the next call, or cue)
+    hits: int = 0  # ... and this function was called within FOLLOW_MS
+
+    def failed(self) -> bool:
+        return self.trials >= LEAD_TRIALS and 2 * self.hits < self.trials
+
+    def share(self) -> float:
+        """How likely this function is called within FOLLOW_MS of the leader's return: its trials' hits,
+        with one hit and one miss assumed (Laplace), so that a lead tried twice is not taken as certain."""
+        return (self.hits + 1) / (self.trials + 2)
 
 
 class FnStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +96,10 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     gap_hist: tuple[float, ...] = ()  # inter-arrival times, decayed counts per half-octave (gap_bin)
     idle_hist: tuple[int, ...] = ()  # idle times (nothing in flight until the next arrival), by minute
     idle_oob: int = 0  # idle times beyond the histogram's 4 hours
+    returned_ms: int = 0  # when the function last came back from a lull (or first came)
+    leaders: tuple[Leader, ...] = ()  # functions it came back shortly after (Followed), and how reliably
+    # Leaders that came back while the function had no instance (Cued), and when, until its next call.
+    cues: tuple[tuple[str, int], ...] = ()
     # What the challenge's score is made of, summed over the function's life (see state.Totals).
     exec_ms: float = 0.0  # time instances were busy with requests
     exec_gb_ms: float = 0.0
@@ -108,9 +136,57 @@ def observe(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
             return _release(st, t, before.instances[i], dies, after)
         case RequestFailed():
             return replace(st, failures=st.failures + 1)
+        case Followed(leads=leads):
+            return replace(st, leaders=_followed(st.leaders, leads))
+        case Cued(leader=leader, at_ms=t):
+            missed = {leader: None} if any(c[0] == leader for c in st.cues) else {}  # cued again: the last one failed
+            leaders = _judged(st.leaders, missed)
+            return replace(st, leaders=leaders, cues=(*(c for c in st.cues if c[0] != leader), (leader, t)))
         case FunctionForgotten() | FunctionDeleted():
             return NO_STATS
     return st
+
+
+def comes_back(st: FnStats, t: int) -> bool:
+    """Whether an arrival at `t` ends a lull (a gap long enough to retire an instance and start one again),
+    or is the function's first."""
+    return not st.arrivals or t - st.last_arrival_ms > 2 * (st.start_ms or UNKNOWN_START_MS)
+
+
+def _followed(leaders: tuple[Leader, ...], leads: tuple[Lead, ...]) -> tuple[Leader, ...]:
+    """The leaders with these leads: a new one joins while fewer than LEADERS_KEPT are kept, or in a failed
+    one's place. (A lag seen here may be any return of the function, one in the middle of its calls too; a
+    trial's is the one a pre-warm is for: the first call after a return of the leader that found it with no
+    instance.)"""
+    out = list(leaders)
+    for lead in leads:
+        if any(x.key == lead.key for x in out):
+            continue
+        new = Leader(key=lead.key)
+        if len(out) < LEADERS_KEPT:
+            out.append(new)
+        elif (failed := next((n for n, x in enumerate(out) if x.failed()), None)) is not None:
+            out[failed] = new
+    return tuple(out)
+
+
+def _judged(leaders: tuple[Leader, ...], outcomes: dict[str, int | None]) -> tuple[Leader, ...]:
+    """The leaders, with the trials of `outcomes` judged: a leader's lag when the function came within FOLLOW_MS
+    of its return (a hit), None when not."""
+    if not outcomes:
+        return leaders
+    return tuple(x if x.key not in outcomes else _trial(x, outcomes[x.key]) for x in leaders)
+
+
+def _trial(x: Leader, lag: int | None) -> Leader:
+    if lag is None:
+        return replace(x, trials=x.trials + 1)
+    return replace(x, trials=x.trials + 1, hits=x.hits + 1, lags=_ring(x.lags, lag, LEAD_LAGS_KEPT))
+
+
+def _outcomes(st: FnStats, t: int) -> dict[str, int | None]:
+    """What an arrival at `t` says of the trials the function's cues began: a hit within FOLLOW_MS, else a miss."""
+    return {leader: (t - at if t - at <= FOLLOW_MS else None) for leader, at in st.cues}
 
 
 def _release(st: FnStats, t: int, inst: Instance, dies: bool, after: FnState) -> FnStats:
@@ -146,16 +222,18 @@ def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
         gap_hist=gap_hist,
         idle_hist=idle_hist,
         idle_oob=idle_oob,
+        returned_ms=t if comes_back(st, t) else st.returned_ms,
+        leaders=_judged(st.leaders, _outcomes(st, t)),
+        cues=(),
     )
 
 
 def _lulls(st: FnStats, t: int) -> tuple[int, ...]:
     """The recent lulls, with the gap that ends now if it was one: long enough to retire an instance and
     start one again. Kept apart from the gaps, whose ring a busy function fills with short ones in seconds."""
-    gap = t - st.last_arrival_ms
-    if not st.arrivals or gap <= 2 * (st.start_ms or UNKNOWN_START_MS):
+    if not st.arrivals or not comes_back(st, t):
         return st.lulls
-    return _ring(st.lulls, gap, LULLS_KEPT)
+    return _ring(st.lulls, t - st.last_arrival_ms, LULLS_KEPT)
 
 
 def _quiet_bins(st: FnStats, t: int) -> tuple[int, ...]:

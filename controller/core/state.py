@@ -17,11 +17,13 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
-from controller.core.features import EARLY_GAPS, GAP_BINS, NO_STATS, FnStats, gap_bin, observe
+from controller.core.features import EARLY_GAPS, FOLLOW_MS, GAP_BINS, NO_STATS, FnStats, gap_bin, observe
 from controller.core.open_gaps import ACTIVE_MS, NO_OPEN_GAPS, RESTED_MS, Opened, OpenGaps
 from proto.events import (
     Assigned,
+    Cued,
     Event,
+    Followed,
     FunctionDeleted,
     FunctionForgotten,
     FunctionRestarted,
@@ -32,6 +34,7 @@ from proto.events import (
     InstanceReady,
     InstanceRetired,
     KeptAlive,
+    Lead,
     Meta,
     Released,
     RequestArrived,
@@ -89,8 +92,9 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions;
-# 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them
-VERSION = 5
+# 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them; 5: no
+# leaders in the stats
+VERSION = 6
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
@@ -352,6 +356,10 @@ def _explains(s: FnState, e: RequestWaiting) -> FnState:
     return s  # explains a decision; changes nothing
 
 
+def _stats_only(s: FnState, e: Followed | Cued) -> FnState:
+    return s  # what the function follows: its stats learn it (features.observe), its instances are as they were
+
+
 _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     FunctionSeen: _function_seen,
     RequestArrived: _request_arrived,
@@ -374,6 +382,8 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     SessionEnded: _session_ended,
     FunctionRestarted: _function_restarted,
     FunctionDeleted: _function_deleted,
+    Followed: _stats_only,
+    Cued: _stats_only,
 }
 
 
@@ -406,6 +416,9 @@ def _waiters(s: FnState, request_id: str, change: Callable[[tuple[str, ...]], tu
     return replace(s, queue=queue, instances={**s.instances, **held} if held else s.instances)
 
 
+RETURNS_KEPT = 64  # the run's latest returns from a lull, at most (Totals.returns)
+
+
 class Totals(msgspec.Struct, frozen=True, kw_only=True):
     """The whole run so far, summed over functions: what the score is made of, and the instances held
     now (what caps over all functions count). A value: `change` makes a new one."""
@@ -421,6 +434,9 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     # its first EARLY_GAPS), by coarse start: those have lasted at least until now.
     early_gaps: tuple[int, ...] = (0,) * GAP_BINS
     early_open: OpenGaps = NO_OPEN_GAPS
+    # The functions that came back from a lull lately (FnStats.returned_ms, within FOLLOW_MS of the newest),
+    # oldest first: those a function coming back now came shortly after are the ones it may follow.
+    returns: tuple[tuple[str, int], ...] = ()
 
     def plus(self, other: "Totals") -> "Totals":
         """The run's totals from two sets of functions (another node's partitions, say)."""
@@ -433,6 +449,7 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             memory_mb=self.memory_mb + other.memory_mb,
             early_gaps=tuple(a + b for a, b in zip(self.early_gaps, other.early_gaps, strict=True)),
             early_open=self.early_open.plus(other.early_open),
+            returns=_newest([*self.returns, *other.returns]),
         )
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
@@ -458,7 +475,38 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             memory_mb=self.memory_mb - _memory(before) + _memory(after),
             early_gaps=early,
             early_open=_still_open(self.early_open, old, new),
+            returns=_returned(self.returns, old, new),
         )
+
+    def leads(self, key: str, now: int) -> tuple[Lead, ...]:
+        """The other functions that came back within FOLLOW_MS before `now`, each with how long before (its latest
+        return)."""
+        latest: dict[str, int] = {}
+        for other, at in self.returns:
+            if other != key and 0 <= now - at <= FOLLOW_MS:
+                latest[other] = at
+        return tuple(Lead(key=other, lag_ms=now - at) for other, at in latest.items())
+
+
+def _returned(returns: tuple[tuple[str, int], ...], old: FnState | None, new: FnState | None):
+    """The recent returns, once one function's state `old` becomes `new` (None: no state): each function's latest,
+    those within FOLLOW_MS of the newest, at most RETURNS_KEPT of them; the same whatever order the functions
+    change in, as the other totals are."""
+    was = old.stats.returned_ms if old is not None else 0
+    now = new.stats.returned_ms if new is not None else 0
+    if was == now:
+        return returns
+    key = new.key if new is not None else old.key
+    kept = [r for r in returns if r[0] != key]
+    return _newest([*kept, (key, now)] if now else kept)
+
+
+def _newest(returns: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    if not returns:
+        return ()
+    newest = max(at for _, at in returns)
+    within = sorted((r for r in returns if newest - r[1] <= FOLLOW_MS), key=lambda r: (r[1], r[0]))
+    return tuple(within[-RETURNS_KEPT:])
 
 
 def _memory(instances: dict[str, Instance]) -> int:

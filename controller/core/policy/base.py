@@ -55,6 +55,9 @@ class Policy:
     # freed meanwhile goes idle for the next arrival); else whoever waits longest takes whatever is
     # ready first.
     dedicated_starts: bool = False
+    # Whether it learns which functions a function follows (comes back shortly after) and is cued when they
+    # come back (controller/core/decide.py, "Leaders").
+    follows_leaders: bool = False
 
     def tuned_to(self, totals: Totals) -> Self:
         """This policy with its parameters set from the whole run so far: a new value (most ignore the run)."""

@@ -91,6 +91,15 @@ def _spread(ordered: list[int], lo: int, hi: int) -> list[float]:
     return [math.exp(z * sd) for z in zs]
 
 
+def lag_points(lags: tuple[int, ...], offset: float, elapsed: float, share: float) -> list[Point]:
+    """Where a call that comes `lags` after an event may come, the event `offset` ms after the last arrival: each
+    lag spread as a gap of its kind is (`_spread`), `share` in all; those still possible after `elapsed`."""
+    ordered = sorted(lags)
+    factors = _spread(ordered, 0, len(ordered))
+    weight = share / len(ordered) / len(factors)
+    return [(offset + lag * f, weight) for lag in ordered for f in factors if offset + lag * f > elapsed]
+
+
 SQRT2 = math.sqrt(2)
 ROBUST_FROM = 8  # gaps from which their spread is measured robustly
 MAD_TO_SD = 1.4826  # a normal's sd per median absolute deviation

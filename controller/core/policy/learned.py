@@ -55,6 +55,7 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 
+from controller.core.features import FOLLOW_MS
 from controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from controller.core.policy.estimate import start_ms
@@ -68,6 +69,7 @@ from controller.core.policy.forecast import (
     blend,
     gap_points,
     keep_plan,
+    lag_points,
     new_function_points,
     pool_size,
     queue_wait,
@@ -122,6 +124,7 @@ class Learned(Policy):
     min_samples: int = 3
     new_gaps: tuple[int, ...] = ()  # how soon the run's functions came back while new (Totals.early_gaps)
     new_open: OpenGaps = NO_OPEN_GAPS  # ... and since when those not back yet have been away (Totals.early_open)
+    follows_leaders = True  # a function another one calls is pre-warmed when that one comes back (`_cue`)
 
     def tuned_to(self, totals: Totals) -> "Learned":
         """Value waiting at the rate the score trades it for memory, given the run so far; and know how
@@ -200,7 +203,17 @@ class Learned(Policy):
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
         whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
         may be shorter than any seen, one time in n + 1: one gap's weight goes below the shortest, as far
-        as the recent gaps vary (`_shorter_than_seen`)."""
+        as the recent gaps vary (`_shorter_than_seen`). A leader that came back just now says when as well
+        (`_cue`), with the weight its lead has earned."""
+        points, timed = self._own_forecast(s, now)
+        cue, share, _ = self._cue(s, now)
+        if not cue:
+            return points, timed
+        total = sum(w for _, w in points)
+        own = [(x, w * (1 - share) / total) for x, w in points] if total else []
+        return sorted(own + cue), True
+
+    def _own_forecast(self, s: FnState, now: int) -> tuple[list[Point], bool]:
         elapsed = now - s.stats.last_arrival_ms
         own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
         timed = bool(own)
@@ -209,6 +222,30 @@ class Learned(Policy):
         if sum(s.stats.gap_hist) >= self.min_samples:
             return own or beyond(max(elapsed, 1)), timed
         return blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed)), timed
+
+    def _cue(self, s: FnState, now: int) -> tuple[list[Point], float, str]:
+        """Where a leader's return puts the function's next call (ms after its last), how likely it comes
+        then, and which leader says so: one it follows came back under FOLLOW_MS ago while it had no
+        instance (`Cued`), and the function came within FOLLOW_MS of nearly every such return before
+        (LEAD_SHARE), mostly a start or more after it (a call sooner than a start after the leader's cannot
+        be served warm: pre-warming for it would hold an instance for a few ms saved). Of several leaders,
+        the most reliable."""
+        st = s.stats
+        if not st.cues:
+            return [], 0.0, ""
+        start, leaders, best = start_ms(s), {x.key: x for x in st.leaders}, None
+        for key, at in st.cues:
+            lead = leaders.get(key)
+            if lead is None or not lead.lags or now - at > FOLLOW_MS or lead.share() < LEAD_SHARE:
+                continue
+            if sorted(lead.lags)[len(lead.lags) // 2] >= start and (best is None or lead.share() > best[0].share()):
+                best = (lead, at)
+        if best is None:
+            return [], 0.0, ""
+        lead, at = best
+        last = st.last_arrival_ms
+        points = lag_points(lead.lags, at - last, now - last, lead.share())
+        return (points, lead.share(), lead.key) if points else ([], 0.0, "")
 
     def return_plan(self, s: FnState, now: int) -> tuple[Plan, int] | None:
         """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
@@ -353,7 +390,10 @@ class Learned(Policy):
         if begin > now:
             return Prewarm(next_ms=begin)
         expected = (s.stats.last_arrival_ms + plan.ready - now) / 1000
-        return Prewarm(count, f"pre-warm: next arrival expected {expected:.3g}s from now")
+        why = f"pre-warm: next arrival expected {expected:.3g}s from now"
+        if leader := self._cue(s, now)[2]:
+            why += f" ({leader} came back, and this function follows it)"
+        return Prewarm(count, why)
 
 
 def _gb(s: FnState) -> float:
@@ -420,6 +460,7 @@ QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a 
 MAX_STARTS = 32  # instances started in one decision at most
 MIN_EXEC_MS = 1_000  # execution the run needs before its exchange rate is trusted
 MIN_WAIT_GB, MAX_WAIT_GB = 0.1, 1000.0
+LEAD_SHARE = 0.9  # how reliably a leader's return must have brought the function's call to pre-warm for it
 
 
 def exchange_rate(t: Totals) -> float | None:

@@ -1,0 +1,74 @@
+"""A function another one calls, on a node: the leader's return cues its follower, which is pre-warmed.
+
+The follower's history (a lead that held in every trial) comes from the offline simulator, stored as the node's
+own batches would be; then the leader is called through gRPC, and the node cues the follower on its own."""
+
+from dataclasses import dataclass
+
+from controller import explain
+from controller.core.policy import get_policy
+from proto.events import Cued, SlotWanted, encode_batch
+from proto.subjects import event_subject, function_events
+from runtime import stream
+from runtime.bus import connected, ensure_stream
+from runtime.clock import Clock
+from simulator.dataset import Dataset
+from simulator.offline import Simulation
+from tests.stack import Stack, eventually
+from tests.test_group_commit import stored
+from tests.test_learned_offline import chained
+
+LEAD_MS = 400
+
+
+@dataclass(frozen=True)
+class OnTheClock(Dataset):
+    """A trace the offline simulator runs at its own times, not from 0: the node's clock's, so the history it
+    writes is recent to the node (which forgets a function idle for a day)."""
+
+    @property
+    def start_ms(self) -> int:
+        return 0
+
+
+async def seeded(url: str) -> Simulation:
+    """The offline run of a leader and its follower, ending minutes ago, its batches appended to the stream in
+    the order decided."""
+    trace = chained(LEAD_MS)
+    at_ms = Clock().now_ms() - trace.span_ms - 10 * 60_000
+    trace = chained(LEAD_MS, at_ms=at_ms)
+    sim = Simulation(OnTheClock(trace.name, trace.metas, trace.requests), get_policy("learned"))
+    batches, command = [], sim.command
+
+    def recorded(cmd, now):
+        d = command(cmd, now)
+        if (batch := sim.ledger.batch(cmd, d, now)) is not None:
+            batches.append(batch)
+        return d
+
+    sim.command = recorded
+    sim.run()
+    async with connected(url, "test") as nc:
+        await ensure_stream(nc.jetstream())
+        last: dict[str, int] = {}
+        for b in batches:
+            data, subject = encode_batch(b), event_subject(b.key, b.effects)
+            last[b.key] = await stream.append(nc, subject, data, function_events(b.key), last.get(b.key, 0), 10)
+    return sim
+
+
+async def test_a_leaders_return_prewarms_its_follower_on_the_node(nats_url):
+    sim = await seeded(nats_url)
+    lead = sim.ledger.states["follower"].stats.leaders
+    assert [(x.key, x.hits == x.trials) for x in lead] == [("leader", True)]
+    async with Stack(nats_url, sim.dataset.metas, policy="learned") as stack:
+        follower = stack.controller.states["follower"]
+        assert follower.stats.leaders == lead and not follower.instances  # rebuilt from the stream, quiet
+        await stack.idle(await stack.assign("live-1", key="leader", memory_mb=512))
+        await eventually(lambda: stack.controller.states["follower"].instances)
+        events = [e for _, b in await stored(nats_url, "follower") for e in b.events]
+        cued = [e for e in events if isinstance(e, Cued)]
+        assert cued and cued[-1].leader == "leader"
+        assert explain.event(cued[-1]).startswith("leader came back while this function has no instance")
+        started = [e for e in events if isinstance(e, SlotWanted) and e.at_ms >= cued[-1].at_ms]
+        assert started and "leader came back" in started[0].reason, started
