@@ -11,7 +11,7 @@ the latest immutable state of each function.
 from controller.core.decide import Decision, decide
 from controller.core.limits import NO_LIMITS, NO_ROOM, Room
 from controller.core.policy import Policy
-from controller.core.state import FnState, Phase, Totals, apply
+from controller.core.state import FnState, Totals, apply
 from proto.commands import AnyCommand, Cue, Tick, command_id
 from proto.events import Batch, RequestArrived
 
@@ -85,13 +85,8 @@ class Ledger:
         key, back = d.state.key, d.state.stats.returned_ms
         if key not in self.followers or not any(isinstance(e, RequestArrived) and e.at_ms == back for e in d.events):
             return []
-        return [
-            Cue(key=f, leader=key, at_ms=back)
-            for f in sorted(self.followers[key])
-            if (s := self.states.get(f)) is not None
-            and not s.queue
-            and all(i.phase is Phase.RETIRING for i in s.instances.values())
-        ]
+        followers = sorted(self.followers[key])
+        return [Cue(key=f, leader=key, at_ms=back) for f in followers if (s := self.states.get(f)) and s.nothing_live()]
 
     def forget(self, key: str) -> None:
         """Drop one function, to fold it again from its own batches (after another writer's append)."""
@@ -141,11 +136,12 @@ class Ledger:
         now = new.stats.leaders if new is not None else ()
         if was is now:
             return
-        for leader in {x.key for x in was if not x.failed()} - {x.key for x in now if not x.failed()}:
+        followed, follows = {x.key for x in was if not x.failed()}, {x.key for x in now if not x.failed()}
+        for leader in followed - follows:
             self.followers[leader].discard(key)
             if not self.followers[leader]:
                 del self.followers[leader]
-        for leader in {x.key for x in now if not x.failed()} - {x.key for x in was if not x.failed()}:
+        for leader in follows - followed:
             self.followers.setdefault(leader, set()).add(key)
 
     def _wake(self, key: str, wake_ms: int | None) -> None:

@@ -198,7 +198,7 @@ def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy
 def _cued(d: _Draft, cmd: Cue) -> None:
     """A function this one follows came back: a trial of that lead while this one has no instance (with one,
     it needs no pre-warm), which the pre-warm at rest may act on. A cue older than FOLLOW_MS is stale."""
-    if d.s.queue or any(i.phase is not Phase.RETIRING for i in d.s.instances.values()):
+    if not d.s.nothing_live():
         return
     if d.now - cmd.at_ms <= FOLLOW_MS and any(x.key == cmd.leader and not x.failed() for x in d.s.stats.leaders):
         d.emit(Cued(at_ms=d.now, leader=cmd.leader))

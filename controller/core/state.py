@@ -131,6 +131,11 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
 
+    def nothing_live(self) -> bool:
+        """No request waiting and no instance but retiring ones: its next call would find nothing (what a
+        pre-warm, or a cue, is for)."""
+        return not self.queue and all(i.phase is Phase.RETIRING for i in self.instances.values())
+
     def in_flight(self) -> bool:
         """Whether any request is waiting or being served."""
         return bool(self.queue) or any(i.phase is Phase.BUSY for i in self.instances.values())

@@ -380,7 +380,7 @@ class Learned(Policy):
         )
 
     def prewarm(self, s: FnState, now: int) -> Prewarm:
-        if s.queue or any(i.phase is not Phase.RETIRING for i in s.instances.values()):
+        if not s.nothing_live():
             return NO_PREWARM  # a function with instances grows only for waiting requests (`plan_queue`)
         back = self.return_plan(s, now)
         if back is None:

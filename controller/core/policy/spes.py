@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from controller.core.features import ACTIVITY_BIN_MS
 from controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm
 from controller.core.policy.estimate import median
-from controller.core.state import FnState, Instance, Phase
+from controller.core.state import FnState, Instance
 
 BIN_MS = ACTIVITY_BIN_MS
 MIN_SAMPLES = 4  # quiet runs needed to classify a function
@@ -135,7 +135,7 @@ class Spes(Policy):
         return KeepAlive(until, f"SPES {kind}: {why}") if until > now else None
 
     def prewarm(self, s: FnState, now: int) -> Prewarm:
-        if s.queue or any(i.phase is not Phase.RETIRING for i in s.instances.values()) or not s.stats.arrivals:
+        if not s.nothing_live() or not s.stats.arrivals:
             return NO_PREWARM
         kind = classify(s.stats.quiet_bins)
         lead = PREWARM_LEAD_BINS * BIN_MS
