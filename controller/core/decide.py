@@ -362,7 +362,7 @@ def _delete(d: _Draft, cmd: Delete) -> None:
 
 
 def _known(s: FnState) -> bool:
-    return s.meta is not None or bool(s.queue) or any(i.phase is not Phase.RETIRING for i in s.instances.values())
+    return s.meta is not None or not s.nothing_live()
 
 
 def _tick(d: _Draft, cmd: Tick) -> None:
