@@ -31,6 +31,7 @@ from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, KeyW
 from nats.js.kv import KeyValue
 
 from proto.subjects import PARTITIONS
+from runtime.bus import answered
 from runtime.stream import WRONG_LAST_SEQUENCE
 from runtime.tasks import cancelled
 
@@ -51,12 +52,15 @@ def renew_deadline(ttl_s: float) -> float:
 
 
 async def bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int) -> KeyValue:
-    """The bucket, created if missing (an existing one keeps its replicas: an operator may have raised them)."""
+    """The bucket, created if missing (an existing one keeps its replicas: an operator may have raised them), once
+    it answers: on a cluster a bucket's first writes find no responder until its stream has elected a leader."""
     try:
-        return await js.key_value(name)
+        kv = await js.key_value(name)
     except BucketNotFoundError:
         config = KeyValueConfig(bucket=name, ttl=ttl_s, history=1, storage=StorageType.FILE, replicas=replicas)
-        return await js.create_key_value(config)
+        kv = await js.create_key_value(config)
+    await answered(kv.status)
+    return kv
 
 
 class Leases:

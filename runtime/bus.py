@@ -5,6 +5,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from nats.aio.client import Client
 from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionError
@@ -15,6 +16,8 @@ from nats.js.errors import APIError, NotFoundError
 
 from proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
 from proto.subjects import EVENTS, EVT, command_subject
+
+T = TypeVar("T")
 
 log = logging.getLogger("scaler.bus")
 
@@ -123,10 +126,17 @@ async def ensure_stream(
     is waited for, up to `patience_s`. `atomic` allows atomic batch publishes (nats-server 2.12+: a
     node appends several functions' batches as one); once allowed, it stays.
     """
+    return await answered(lambda: _ensure_stream(js, replicas, retention, atomic), patience_s)
+
+
+async def answered(ask: Callable[[], Awaitable[T]], patience_s: float = 30.0) -> T:
+    """`ask()`'s answer, asked again while JetStream does not answer or says it is electing a leader: a
+    cluster's JetStream, and a stream or bucket new on it, answers nothing until it has one (up to
+    `patience_s`)."""
     async with asyncio.timeout(patience_s):
         while True:
             try:
-                return await _ensure_stream(js, replicas, retention, atomic)
+                return await ask()
             except TimeoutError:
                 log.info("JetStream does not answer yet; waiting")
             except APIError as e:
