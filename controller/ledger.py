@@ -11,11 +11,17 @@ the latest immutable state of each function.
 from controller.core.decide import Decision, decide
 from controller.core.limits import NO_LIMITS, NO_ROOM, Room
 from controller.core.policy import Policy
-from controller.core.state import FnState, Totals, apply
+from controller.core.state import FnState, Totals, apply, newest_returns
 from proto.commands import AnyCommand, Cue, Tick, command_id
 from proto.events import Batch, RequestArrived
 
 NO_TOTALS = Totals()
+
+
+def came_back(d: Decision) -> int:
+    """When the decision's call brought its function back from a lull (FnStats.returned_ms); 0 when it did not."""
+    back = d.state.stats.returned_ms
+    return back if back and any(isinstance(e, RequestArrived) and e.at_ms == back for e in d.events) else 0
 
 
 class Ledger:
@@ -28,6 +34,7 @@ class Ledger:
         self.limits = NO_LIMITS  # the operator's caps, those over all functions scaled to this ledger's share
         self.seq = 0  # the newest stream sequence folded or appended
         self.followers: dict[str, set[str]] = {}  # a function -> those that follow it (FnStats.leaders)
+        self.heard: tuple[tuple[str, int], ...] = ()  # other nodes' functions that came back lately (`hear`)
 
     def state(self, key: str) -> FnState:
         return self.states.get(key) or FnState(key=key)
@@ -57,7 +64,8 @@ class Ledger:
 
     def run_totals(self, totals: Totals | None = None) -> Totals:
         totals = self.totals if totals is None else totals
-        return totals.plus(self.others) if self.others != NO_TOTALS else totals
+        totals = totals.plus(self.others) if self.others != NO_TOTALS else totals
+        return totals.with_returns(self.heard) if self.heard else totals
 
     @staticmethod
     def batch(cmd: AnyCommand, d: Decision, now: int) -> Batch | None:
@@ -80,13 +88,21 @@ class Ledger:
             self._wake(cmd.key, d.wake_ms)
 
     def cues(self, d: Decision) -> list[Cue]:
-        """When the decision brought its function back from a lull: a Cue for each function that follows it
-        and has no instance now (one with an instance needs no pre-warm)."""
-        key, back = d.state.key, d.state.stats.returned_ms
-        if key not in self.followers or not any(isinstance(e, RequestArrived) and e.at_ms == back for e in d.events):
-            return []
-        followers = sorted(self.followers[key])
-        return [Cue(key=f, leader=key, at_ms=back) for f in followers if (s := self.states.get(f)) and s.nothing_live()]
+        """When the decision brought its function back from a lull: a Cue for each function here that follows
+        it and has no instance now (one with an instance needs no pre-warm)."""
+        back = came_back(d)
+        return self._cues(d.state.key, back) if back else []
+
+    def hear(self, leader: str, at_ms: int) -> list[Cue]:
+        """Another node's function came back from a lull at `at_ms`: one of this node's coming back soon after
+        may follow it (the run's returns count it at once, not when that node next shares its totals), and
+        those that follow it already are cued."""
+        self.heard = newest_returns([*self.heard, (leader, at_ms)])
+        return self._cues(leader, at_ms)
+
+    def _cues(self, leader: str, at_ms: int) -> list[Cue]:
+        quiet = [f for f in sorted(self.followers.get(leader, ())) if (s := self.states.get(f)) and s.nothing_live()]
+        return [Cue(key=f, leader=leader, at_ms=at_ms) for f in quiet]
 
     def forget(self, key: str) -> None:
         """Drop one function, to fold it again from its own batches (after another writer's append)."""

@@ -34,6 +34,7 @@ from controller.core.state import FnState, Phase, Totals
 from controller.leases import EVERY_S, TTL_S, ranges
 from controller.ledger import Ledger
 from controller.partitions import NotServing, Partitions
+from controller.returns import Returns
 from controller.shared import SharedTotals
 from controller.snapshots import Snapshot, SnapshotStore
 from controller.snapshotter import GUARD_EVERY_S, SNAPSHOT_EVERY, SNAPSHOT_INTERVAL_S, Snapshotter
@@ -121,6 +122,7 @@ class Controller:
         self.snapshots: Snapshotter | None = None
         self.partitions: Partitions | None = None
         self.shared: SharedTotals | None = None  # the run's totals across nodes
+        self.returns: Returns | None = None  # returns from a lull, told across nodes (a policy that follows leaders)
         # Per function with commands under way, in arrival order; gone with the last, so an idle function costs none.
         self._lanes: dict[str, deque[_Queued]] = {}
         self._local: dict[str, asyncio.Future[Reply]] = {}  # callers in this process, by their reply_to
@@ -222,6 +224,9 @@ class Controller:
             self._js, self.node, self.ledger, self.lease_ttl_s, self.lease_every_s, self.replicas
         )
         await self.shared.start()
+        if self.policy.follows_leaders:
+            self.returns = Returns(self._nc, self.node, self.ledger, self.clock, self._cue)
+            await self.returns.start()
         self.snapshots.start()
         await self.partitions.start()
         functions, batches = plural(len(self.states), "function"), plural(self.loaded_batches, "batch", "batches")
@@ -268,6 +273,8 @@ class Controller:
             await self.partitions.stop()  # gives every partition back, each snapshotted
         if self.shared is not None:
             await self.shared.stop()
+        if self.returns is not None:
+            await self.returns.stop()
         if self._state_sub is not None:
             await self._state_sub.unsubscribe()
 
@@ -434,7 +441,10 @@ class Controller:
             taken = group[: len(outcomes)]
             lane.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
             await self._answer([r for o in outcomes if isinstance(o, Decision) for r in o.replies])
-            self._cue([c for o in outcomes if isinstance(o, Decision) for c in self.ledger.cues(o)])
+            decided = [o for o in outcomes if isinstance(o, Decision)]
+            self._cue([c for d in decided for c in self.ledger.cues(d)])
+            if self.returns is not None:
+                await self.returns.tell(decided)
         except Exception as e:
             if isinstance(e, StoreLost):  # the stream is behind this node: reload, and callers try again
                 self._spawn(self._events_lost(str(e)))
@@ -601,7 +611,7 @@ class Controller:
         await self._own(Tick(key=key, due_ms=due_ms), "the deadline's")
 
     def _cue(self, cues: list[Cue]) -> None:
-        """A function came back: cue those that follow it on this node (one on another node is not cued)."""
+        """A function came back, here or on another node (`Returns`): cue those that follow it on this node."""
         for cue in cues:
             self._spawn(self._cued(cue))
 

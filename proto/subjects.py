@@ -10,6 +10,8 @@ This is part of the contract between the components:
   per-function order check spans all four subjects (`function_events`).
 - Commands: core NATS requests on `cmd.<partition>`, answered by the partition's owner once the
   command's batch is stored (gateways forwarding calls, workers reporting what the platform did).
+- Returns: a node tells the others on `returned` when one of its functions comes back from a lull
+  (controller/returns.py): the functions that follow it may be on another node.
 """
 
 import zlib
@@ -17,6 +19,7 @@ import zlib
 EVENTS = "EVENTS"  # the log: everything that happened, the source of all state
 EVT = "evt"
 CMD = "cmd"
+RETURNED = "returned"  # a function came back from a lull (controller/returns.py)
 RECONCILE_ASK = "reconcile.ask"  # a node that took partitions over, or found events lost, asks the gc workers
 UNLISTED = b"unlisted"  # a gc worker's answer to the ask when the platform cannot list its slots
 PARTITIONS = 32  # fixed for a stream's life: partition numbers are part of its subjects

@@ -22,7 +22,7 @@ from msgspec.structs import replace
 from controller.core.decide import Decision
 from controller.core.policy import Policy
 from controller.core.state import Totals
-from controller.ledger import Ledger
+from controller.ledger import Ledger, came_back
 from proto import commands as c
 from proto import events as e
 from proto.subjects import partition
@@ -144,7 +144,10 @@ class Simulation:
         wake = ledger.wake.get(cmd.key)
         if wake is not None and wake != before:
             self.at(max(wake, now), TICK, (cmd.key, wake))
-        for cue in ledger.cues(d):  # as the node does: its followers on the same node hear it came back
+        cues = ledger.cues(d)  # as the node does: its followers on this node are cued, and the other nodes told
+        if len(self.ledgers) > 1 and (back := came_back(d)):
+            cues += [cue for other in self.ledgers if other is not ledger for cue in other.hear(cmd.key, back)]
+        for cue in cues:
             self.command(cue, now)
         return d
 

@@ -1,4 +1,5 @@
-"""A function another one calls, on a node: the leader's return cues its follower, which is pre-warmed.
+"""A function another one calls, on a node: the leader's return cues its follower, which is pre-warmed; and so
+when the two are on different nodes.
 
 The follower's history (a lead that held in every trial) comes from the offline simulator, stored as the node's
 own batches would be; then the leader is called through gRPC, and the node cues the follower on its own."""
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from controller import explain
 from controller.core.policy import get_policy
+from controller.shell import Controller
 from proto.events import Cued, SlotWanted, encode_batch
 from proto.subjects import NO_EFFECTS, event_subject, function_events
 from runtime import stream
@@ -17,6 +19,7 @@ from simulator.offline import Simulation
 from tests.stack import Stack, eventually
 from tests.test_group_commit import stored
 from tests.test_learned_offline import chained
+from tests.test_nodes import shared_between
 
 LEAD_MS = 400
 
@@ -66,10 +69,34 @@ async def test_a_leaders_return_prewarms_its_follower_on_the_node(nats_url):
         follower = stack.controller.states["follower"]
         assert follower.stats.leaders == lead and follower.nothing_live()  # rebuilt from the stream, quiet
         await stack.idle(await stack.assign("live-1", key="leader", memory_mb=512))
-        await eventually(lambda: not stack.controller.states["follower"].nothing_live())
-        events = [e for _, b in (await stored(nats_url, "follower"))[history:] for e in b.events]
-        cued = [e for e in events if isinstance(e, Cued)]
-        assert [e.leader for e in cued] == ["leader"], events
-        assert explain.event(cued[0]).startswith("leader came back while this function has no instance")
-        started = [e for e in events if isinstance(e, SlotWanted)]
-        assert started and "(leader came back, and this function follows it)" in started[0].reason, events
+        await prewarmed_for_the_leader(stack.controller, nats_url, history)
+
+
+async def test_a_leaders_return_on_another_node_prewarms_its_follower(nats_url):
+    """The first node holds partitions 0-15 once a second one shares them, the second 16-31: the follower's
+    (6) and the leader's (23). Without the returns told across nodes, the follower is never cued."""
+    sim = await seeded(nats_url)
+    history = len(await stored(nats_url, "follower"))
+    async with Stack(nats_url, sim.dataset.metas, policy="learned") as stack:
+        other = Controller(nats_url, get_policy("learned"))
+        await other.start()
+        try:
+            await shared_between(nats_url, 2)
+            await eventually(lambda: stack.controller.serves("follower") and other.serves("leader"))
+            assert stack.controller.states["follower"].nothing_live()
+            await stack.idle(await stack.assign("live-1", key="leader", memory_mb=512))  # forwarded to the other
+            assert other.states["leader"].stats.returned_ms, "the call brought the leader back on the other node"
+            await prewarmed_for_the_leader(stack.controller, nats_url, history)
+        finally:
+            await other.stop()
+
+
+async def prewarmed_for_the_leader(node: Controller, nats_url: str, history: int) -> None:
+    """The node cued the follower, which stored the trial and started an instance for the leader's return."""
+    await eventually(lambda: not node.states["follower"].nothing_live())
+    events = [e for _, b in (await stored(nats_url, "follower"))[history:] for e in b.events]
+    cued = [e for e in events if isinstance(e, Cued)]
+    assert [e.leader for e in cued] == ["leader"], events
+    assert explain.event(cued[0]).startswith("leader came back while this function has no instance")
+    started = [e for e in events if isinstance(e, SlotWanted)]
+    assert started and "(leader came back, and this function follows it)" in started[0].reason, events

@@ -175,6 +175,17 @@ def test_a_function_another_one_calls_is_prewarmed_when_that_one_comes_back(monk
     assert sum(i.cold for i in blind[12:]) >= 15
 
 
+def test_a_leader_on_another_node_cues_its_follower_as_on_one_node():
+    """Over two nodes the leader (partition 23) and the follower (6) are on different ones: told of the leader's
+    returns (Ledger.hear), the follower learns the lead and is pre-warmed as on one node (the totals shared every
+    second, as nodes do: their exchange rate is one node's)."""
+    one, two = Simulation(chained(400), LEARNED), Simulation(chained(400), LEARNED, nodes=2, share_every_ms=1000)
+    one.run(), two.run()
+    assert two.ledger_of("leader") is not two.ledger_of("follower")
+    assert [i.cold for i in follower_calls(two)] == [i.cold for i in follower_calls(one)]
+    assert sum(i.cold for i in follower_calls(two)[12:]) == 0
+
+
 def test_a_follower_called_sooner_than_a_start_after_its_leader_is_not_prewarmed_for_it():
     """Called 10 ms after the leader comes back: no instance started then is ready in time, so none is."""
     sim, seen = with_events(chained(10, jitter_ms=5))

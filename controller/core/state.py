@@ -454,7 +454,7 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             memory_mb=self.memory_mb + other.memory_mb,
             early_gaps=tuple(a + b for a, b in zip(self.early_gaps, other.early_gaps, strict=True)),
             early_open=self.early_open.plus(other.early_open),
-            returns=_newest([*self.returns, *other.returns]),
+            returns=newest_returns([*self.returns, *other.returns]),
         )
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
@@ -483,6 +483,10 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             returns=_returned(self.returns, old, new),
         )
 
+    def with_returns(self, returns: tuple[tuple[str, int], ...]) -> "Totals":
+        """These totals, with other functions' returns heard of besides (Ledger.hear)."""
+        return msgspec.structs.replace(self, returns=newest_returns([*self.returns, *returns]))
+
     def leads(self, key: str, now: int) -> tuple[Lead, ...]:
         """The other functions that came back within FOLLOW_MS before `now`, each with how long before (its latest
         return)."""
@@ -503,14 +507,18 @@ def _returned(returns: tuple[tuple[str, int], ...], old: FnState | None, new: Fn
         return returns
     key = new.key if new is not None else old.key
     kept = [r for r in returns if r[0] != key]
-    return _newest([*kept, (key, now)] if now else kept)
+    return newest_returns([*kept, (key, now)] if now else kept)
 
 
-def _newest(returns: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+def newest_returns(returns: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """Each function's latest return, those within FOLLOW_MS of the newest, at most RETURNS_KEPT, oldest first."""
     if not returns:
         return ()
-    newest = max(at for _, at in returns)
-    within = sorted((r for r in returns if newest - r[1] <= FOLLOW_MS), key=lambda r: (r[1], r[0]))
+    latest: dict[str, int] = {}
+    for key, at in returns:
+        latest[key] = max(at, latest.get(key, at))
+    newest = max(latest.values())
+    within = sorted(((k, at) for k, at in latest.items() if newest - at <= FOLLOW_MS), key=lambda r: (r[1], r[0]))
     return tuple(within[-RETURNS_KEPT:])
 
 
