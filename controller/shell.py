@@ -440,8 +440,8 @@ class Controller:
             outcomes = await self._decide_and_append(key, [q.cmd for q in group])
             taken = group[: len(outcomes)]
             lane.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
-            await self._answer([r for o in outcomes if isinstance(o, Decision) for r in o.replies])
             decided = [o for o in outcomes if isinstance(o, Decision)]
+            await self._answer([r for d in decided for r in d.replies])
             self._cue([c for d in decided for c in self.ledger.cues(d)])
             if self.returns is not None:
                 await self.returns.tell(decided)
