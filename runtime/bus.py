@@ -55,6 +55,7 @@ def servers(url: str) -> list[str]:
 
 
 CONNECT_PATIENCE_S = 10.0  # how long a start waits for NATS before it gives up
+DRAIN_S = 4  # how long closing waits for the subscriptions to drain (nats-py's drain_timeout)
 LOST = (OSError, TimeoutError, StaleConnectionError, ConnectionClosedError, NoServersError)  # errors of an outage
 
 
@@ -97,6 +98,7 @@ async def connect(
                 reconnect_time_wait=0.25,
                 error_cb=on_error,
                 connect_timeout=5,
+                drain_timeout=DRAIN_S,
                 reconnected_cb=on_reconnected,
             )
     except TimeoutError:
@@ -234,15 +236,17 @@ async def close(nc: Client | None) -> None:
     """Drain the connection (flushing what is pending) if NATS is there; just close it if not.
 
     Whether it is there is asked first (a flush, answered within a second): a drain begun against a NATS
-    that died a moment ago waits out its timeout, and cut short it leaves nats-py's gathered subscription
-    drains failed and unread (a traceback in the log of a process that stopped cleanly)."""
+    that died a moment ago waits out its timeout. NATS may still die during the drain: nats-py's own
+    drain timeout (DRAIN_S) then ends it, before ours does. Cut short from outside, a drain leaves
+    nats-py's gathered subscription drains failed and unread (a traceback in the log of a process that
+    stopped cleanly)."""
     if nc is None or nc.is_closed:
         return
     try:
         if not nc.is_connected:
             raise ConnectionError("NATS is away")
         await nc.flush(timeout=1)
-        await asyncio.wait_for(nc.drain(), 5)
+        await asyncio.wait_for(nc.drain(), DRAIN_S + 1)
     except Exception:
         with contextlib.suppress(Exception):  # NATS gone: its transport may be closed already
             await nc.close()
