@@ -244,3 +244,20 @@ def test_a_burst_served_by_one_ready_instance_queues_a_run_at_a_time_not_a_start
     assert LEARNED.outlook(s).need == 2
     until, count, _ = LEARNED.lull(s, 313)  # past two starts: the group is over
     assert until > 313 and count == 1
+
+
+def test_a_poisson_functions_next_call_may_come_sooner_than_the_shortest_recent_gap():
+    # Calls at random (gen-poisson/2's poisson-3: 2 GB, a 3.7 s start), ten recent gaps of 18-200 s. Taken
+    # as they are, no call comes within 18 s, and its instance was retired after each call to start again
+    # later. Gaps that vary as an exponential's say how many shorter ones to expect: e^(-18.5/55) of them
+    # are longer, so a quarter are shorter; the instance is kept.
+    policy = dataclasses.replace(LEARNED, wait_gb=88.0)
+    gaps = (55_153, 55_997, 200_073, 50_772, 21_782, 34_358, 18_499, 29_913, 66_807, 18_486)
+    s = history(gaps, runs=(50,) * 10, start_ms=3_742, memory_mb=2048)
+    s = replace(s, stats=replace(s.stats, lulls=gaps))
+    idle = replace(_instance("fn-1", Phase.IDLE, since=50), request_id="")
+    kept = policy.keep_alive(s, idle, 50)
+    assert kept.why == "keep through the burst, then look again"
+    assert policy.keep_alive(s, idle, kept.until_ms).until_ms > 18_000  # looked at again: still kept
+    # A clock's calls do not vary so: its instance is still retired between ticks.
+    assert policy.keep_alive(periodic(30_000, 2_000), idle, 50).until_ms == 50

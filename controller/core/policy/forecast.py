@@ -121,6 +121,15 @@ def _rest_of_bin(i: int, weight: float, elapsed: float) -> list[Point]:
     return [(UPPER[i], weight * left)]
 
 
+def memoryless_below(shortest: float, mean: float, weight: float, elapsed: float, n: int = 16) -> list[Point]:
+    """Where gaps shorter than `shortest` fall if they are an exponential's of this `mean`: its share of such
+    gaps (1 - e^(-shortest / mean)) of `weight`, at n equally likely places; those still possible after
+    `elapsed`."""
+    below = 1 - math.exp(-shortest / mean)
+    points = ((-mean * math.log(1 - (j + 0.5) / n * below), weight * below / n) for j in range(n))
+    return [(x, w) for x, w in points if x > elapsed]
+
+
 def beyond(elapsed: float, steps: int = 48) -> list[Point]:
     """After a gap longer than any seen: the longer it has lasted, the longer it may last. A Pareto tail
     (the chance to last past x is elapsed / x) in quarter-octave steps, the rest never."""

@@ -16,6 +16,9 @@ What a function's history says (`next_arrival`, `outlook`; the arithmetic is in 
   break-even time of a miss (gen-oneoff 49.85 -> 61.52; seed 2 46.08 -> 55.72); a gap still open
   counts as one that lasted at least its age (Kaplan-Meier; counted as "never", the functions with
   long periods, not back yet, made the 60 s timer's second call a miss: gen-timer seed 2 44.83 -> 47.01).
+  Gaps that vary as an exponential's (Poisson calls) say how many shorter than the shortest seen to
+  expect: a 2 GB function with a 3.7 s start whose ten gaps were 18-200 s had no chance of a call
+  within 18 s, and its instance was retired after each call to start again (gen-poisson/2 49.56 -> 49.67).
 - A burst (its gaps shorter than two starts): the rate within it, the instances it needs (the pool
   below, at that rate), and what missing it costs: its first request waits a start, its followers
   half a start each and then in the queue they made, which those instances drain a run at a time.
@@ -73,6 +76,7 @@ from controller.core.policy.forecast import (
     gap_points,
     keep_plan,
     lag_points,
+    memoryless_below,
     new_function_points,
     pool_size,
     queue_wait,
@@ -206,8 +210,9 @@ class Learned(Policy):
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
         whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
         may be shorter than any seen, one time in n + 1: one gap's weight goes below the shortest, as far
-        as the recent gaps vary (`_shorter_than_seen`). A leader that came back just now says when as well
-        (`_cue`), with the weight its lead has earned."""
+        as the recent gaps vary (`_shorter_than_seen`); for a Poisson function, as many as the exponential
+        its gaps fit puts there, where it puts them (`forecast.memoryless_below`). A leader that came back
+        just now says when as well (`_cue`), with the weight its lead has earned."""
         points, timed = self._own_forecast(s, now)
         cue, share, _ = self._cue(s, now)
         if not cue:
@@ -220,7 +225,11 @@ class Learned(Policy):
         elapsed = now - s.stats.last_arrival_ms
         own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
         timed = bool(own)
-        if own and (early := _shorter_than_seen(s.stats.gaps)) > elapsed:
+        gaps = s.stats.gaps
+        if own and _memoryless(gaps):
+            below = memoryless_below(min(gaps), sum(gaps) / len(gaps), sum(s.stats.gap_hist), elapsed)
+            own = sorted([*own, *below])
+        elif own and (early := _shorter_than_seen(gaps)) > elapsed:
             own = sorted([*own, (early, EARLY_WEIGHT)])
         if sum(s.stats.gap_hist) >= self.min_samples:
             return own or beyond(max(elapsed, 1)), timed
@@ -471,6 +480,11 @@ def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
     return min(gaps) * math.exp(-KERNEL[-1] * sd)
 
 
+def _memoryless(gaps: tuple[int, ...]) -> bool:
+    """Gaps that vary as an exponential's do (a squared coefficient of variation near its 1): Poisson calls."""
+    return len(gaps) >= MEMORYLESS_FROM and MEMORYLESS_SCV[0] <= scv(gaps) <= MEMORYLESS_SCV[1]
+
+
 def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
     """Less than any restart can cost: arrivals within a start from now wait for it (or miss)."""
     soon = elapsed + o.start
@@ -482,6 +496,8 @@ def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
     return floor
 
 
+MEMORYLESS_FROM = 5  # gaps a function needs before they are taken for an exponential's
+MEMORYLESS_SCV = (0.5, 2.0)  # the squared coefficients of variation taken for an exponential's
 EARLY_WEIGHT = 1.0  # the next gap may be shorter than any seen (1 in n + 1): one gap's weight, at half the shortest
 QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
 MAX_STARTS = 32  # instances started in one decision at most
