@@ -261,3 +261,10 @@ def test_a_poisson_functions_next_call_may_come_sooner_than_the_shortest_recent_
     assert policy.keep_alive(s, idle, kept.until_ms).until_ms > 18_000  # looked at again: still kept
     # A clock's calls do not vary so: its instance is still retired between ticks.
     assert policy.keep_alive(periodic(30_000, 2_000), idle, 50).until_ms == 50
+    # Calls that came at once (ten gaps of 0 ms) after lulls of a minute: no gap is shorter than theirs
+    # (taken for an exponential's of mean 0, they divided by it).
+    at_once = history((0,) * 10, runs=(50,) * 10, start_ms=150, memory_mb=256)
+    hist = list(at_once.stats.gap_hist)
+    hist[gap_bin(60_000)] += 3
+    at_once = replace(at_once, stats=replace(at_once.stats, gap_hist=tuple(hist)))
+    assert policy.keep_alive(at_once, idle, 50).why

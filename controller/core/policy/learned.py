@@ -481,8 +481,9 @@ def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
 
 
 def _memoryless(gaps: tuple[int, ...]) -> bool:
-    """Gaps that vary as an exponential's do (a squared coefficient of variation near its 1): Poisson calls."""
-    return len(gaps) >= MEMORYLESS_FROM and MEMORYLESS_SCV[0] <= scv(gaps) <= MEMORYLESS_SCV[1]
+    """Gaps that vary as an exponential's do (a squared coefficient of variation near its 1): Poisson calls.
+    Not calls that came at once (gaps of 0 ms): none can be shorter."""
+    return len(gaps) >= MEMORYLESS_FROM and min(gaps) > 0 and MEMORYLESS_SCV[0] <= scv(gaps) <= MEMORYLESS_SCV[1]
 
 
 def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
