@@ -250,7 +250,7 @@ def test_a_poisson_functions_next_call_may_come_sooner_than_the_shortest_recent_
     # Calls at random (gen-poisson/2's poisson-3: 2 GB, a 3.7 s start), ten recent gaps of 18-200 s. Taken
     # as they are, no call comes within 18 s, and its instance was retired after each call to start again
     # later. Gaps that vary as an exponential's say how many shorter ones to expect: e^(-18.5/55) of them
-    # are longer, so a quarter are shorter; the instance is kept.
+    # are longer, so 28 % are shorter; the instance is kept.
     policy = dataclasses.replace(LEARNED, wait_gb=88.0)
     gaps = (55_153, 55_997, 200_073, 50_772, 21_782, 34_358, 18_499, 29_913, 66_807, 18_486)
     s = history(gaps, runs=(50,) * 10, start_ms=3_742, memory_mb=2048)
