@@ -27,11 +27,12 @@ from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from proto.subjects import PARTITIONS
 from runtime.bus import answered
+from runtime.kv import list_keys
 from runtime.stream import WRONG_LAST_SEQUENCE
 from runtime.tasks import cancelled
 
@@ -182,10 +183,7 @@ class Leases:
 
     async def others(self) -> list[str]:
         """The other live nodes, by their heartbeats."""
-        try:
-            return [n for n in await self._nodes.keys() if n != self.node]
-        except NoKeysError:
-            return []
+        return [n for n in await list_keys(self._nodes) if n != self.node]
 
     async def _run(self) -> None:
         failing = 0
@@ -206,10 +204,7 @@ class Leases:
                 failing = 0
 
     async def live_nodes(self) -> int:
-        try:
-            return max(1, len(await self._nodes.keys()))
-        except NoKeysError:
-            return 1
+        return max(1, len(await list_keys(self._nodes)))
 
     async def round(self) -> None:
         await self._nodes.put(self.node, b"")
@@ -324,14 +319,13 @@ class Leases:
 async def holders(js: JetStreamContext) -> dict[int, str]:
     """Who holds each leased partition now (a lease given back meanwhile is left out)."""
     try:
-        kv = await js.key_value(LEASES)
-        keys = await kv.keys()
-    except (BucketNotFoundError, NoKeysError):
+        leases = await js.key_value(LEASES)
+    except BucketNotFoundError:
         return {}
     held = {}
-    for key in keys:
+    for key in await list_keys(leases):
         with contextlib.suppress(KeyNotFoundError):  # deleted since it was listed
-            held[int(key[1:])] = (await kv.get(key)).value.decode()
+            held[int(key[1:])] = (await leases.get(key)).value.decode()
     return held
 
 

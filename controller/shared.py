@@ -14,11 +14,12 @@ import logging
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 
 from controller.core.state import Totals
 from controller.leases import bucket
 from controller.ledger import Ledger
+from runtime.kv import list_keys
 from runtime.tasks import cancelled
 
 log = logging.getLogger("scaler.controller.shared")
@@ -57,11 +58,7 @@ class SharedTotals:
     async def exchange(self) -> None:
         await self._kv.put(self.node, _encoder.encode(self.ledger.totals))
         others = Totals()
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            keys = []
-        for key in keys:
+        for key in await list_keys(self._kv):
             if key == self.node:
                 continue
             with contextlib.suppress(KeyNotFoundError, msgspec.DecodeError):

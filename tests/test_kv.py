@@ -1,0 +1,28 @@
+"""Listing a KV bucket's keys against a real JetStream: nothing is left behind on the server."""
+
+import asyncio
+
+from nats.js.api import KeyValueConfig
+
+from runtime.bus import connected
+from runtime.kv import list_keys
+
+
+async def test_listing_a_buckets_keys_leaves_no_consumer_behind(nats_url):
+    """nats-py's KeyValue.keys() leaves its consumer on the server for 5 minutes. The leases' nodes and the
+    run's totals are listed every second, and nats-server 2.15 caps a stream at 1,000 consumers: four nodes
+    passed it and their listings failed. A listing's consumer goes once nothing reads it."""
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket="listed"))
+        assert await list_keys(kv) == []
+        for key in "abc":
+            await kv.put(key, b"1")
+        await kv.delete("c")
+        for _ in range(20):
+            assert sorted(await list_keys(kv)) == ["a", "b"]
+        async with asyncio.timeout(60):  # the server drops them within seconds; 60 s for a loaded machine
+            while True:
+                if not (await js.stream_info("KV_listed")).state.consumer_count:
+                    return
+                await asyncio.sleep(0.5)
