@@ -10,6 +10,7 @@ with "maximum consumers limit reached".
 from nats.js.kv import KeyValue
 
 LISTING_INACTIVE_S = 2.0  # how long the server keeps a listing's consumer once nothing reads it
+LISTING_WAIT_S = 5.0  # the longest a listing waits for the next key
 
 
 async def list_keys(kv: KeyValue) -> list[str]:
@@ -17,9 +18,9 @@ async def list_keys(kv: KeyValue) -> list[str]:
     watcher = await kv.watchall(ignore_deletes=True, meta_only=True, inactive_threshold=LISTING_INACTIVE_S)
     try:
         found = []
-        async for entry in watcher:
-            if not entry:  # the end of what the bucket held when the listing began
-                break
+        # None: the end of what the bucket held when the listing began. A listing that hears nothing for
+        # LISTING_WAIT_S fails as a request does (its consumer's server may have died: a failover).
+        while (entry := await watcher.updates(timeout=LISTING_WAIT_S)) is not None:
             found.append(entry.key)
         return found
     finally:
