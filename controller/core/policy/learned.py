@@ -222,16 +222,15 @@ class Learned(Policy):
         return sorted(own + cue), True
 
     def _own_forecast(self, s: FnState, now: int) -> tuple[list[Point], bool]:
-        elapsed = now - s.stats.last_arrival_ms
-        own = gap_points(s.stats.gap_hist, s.stats.gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
+        elapsed, gaps = now - s.stats.last_arrival_ms, s.stats.gaps
+        own = gap_points(s.stats.gap_hist, gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
         timed = bool(own)
-        gaps = s.stats.gaps
+        seen = sum(s.stats.gap_hist)
         if own and _memoryless(gaps):
-            below = memoryless_below(min(gaps), sum(gaps) / len(gaps), sum(s.stats.gap_hist), elapsed)
-            own = sorted([*own, *below])
+            own = sorted([*own, *memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)])
         elif own and (early := _shorter_than_seen(gaps)) > elapsed:
             own = sorted([*own, (early, EARLY_WEIGHT)])
-        if sum(s.stats.gap_hist) >= self.min_samples:
+        if seen >= self.min_samples:
             return own or beyond(max(elapsed, 1)), timed
         return blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed)), timed
 
