@@ -183,7 +183,7 @@ class Leases:
 
     async def others(self) -> list[str]:
         """The other live nodes, by their heartbeats."""
-        return [n for n in await list_keys(self._nodes) if n != self.node]
+        return [n for n in await list_keys(self.js, NODES) if n != self.node]
 
     async def _run(self) -> None:
         failing = 0
@@ -204,7 +204,7 @@ class Leases:
                 failing = 0
 
     async def live_nodes(self) -> int:
-        return max(1, len(await list_keys(self._nodes)))
+        return max(1, len(await list_keys(self.js, NODES)))
 
     async def round(self) -> None:
         await self._nodes.put(self.node, b"")
@@ -323,7 +323,7 @@ async def holders(js: JetStreamContext) -> dict[int, str]:
     except BucketNotFoundError:
         return {}
     held = {}
-    for key in await list_keys(leases):
+    for key in await list_keys(js, LEASES):
         with contextlib.suppress(KeyNotFoundError):  # deleted since it was listed
             held[int(key[1:])] = (await leases.get(key)).value.decode()
     return held

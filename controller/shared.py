@@ -58,7 +58,7 @@ class SharedTotals:
     async def exchange(self) -> None:
         await self._kv.put(self.node, _encoder.encode(self.ledger.totals))
         others = Totals()
-        for key in await list_keys(self._kv):
+        for key in await list_keys(self.js, BUCKET):
             if key == self.node:
                 continue
             with contextlib.suppress(KeyNotFoundError, msgspec.DecodeError):

@@ -1,27 +1,62 @@
-"""Listing a JetStream KV bucket's keys without leaving a consumer behind.
+"""Listing a JetStream KV bucket's keys: all of them, and without leaving a consumer behind.
 
-nats-py's `KeyValue.keys()` reads the keys through an ephemeral consumer that the server keeps for
-5 minutes after the listing ends. Listed every second (the leases' nodes, the run's totals), that is
-about 300 consumers per bucket for each node, and nats-server 2.15 caps a stream at 1,000 consumers
-unless the stream says otherwise: on four nodes the listings, and so the leases and the totals, fail
-with "maximum consumers limit reached".
+nats-py's `KeyValue.keys()` (and its `watchall()`, which it reads through) has two faults here:
+- It may end before the first key: the watcher says "nothing more" when the server's count of what
+  is left is 0 and its callback has handled nothing yet, but the server may have sent every entry
+  already, still queued in the client (nats-py issue 842, PR 995). A listing of a bucket of 32
+  leases came back empty that way, and the state service then waited for no node.
+- Its consumer stays on the server 5 minutes after the listing. Listed every second (the leases'
+  nodes, the run's totals), that is about 300 consumers per bucket for each node, and nats-server
+  2.15 caps a stream at 1,000 consumers unless the stream says otherwise.
+
+So a listing here pulls: the consumer is made first, and its creation says how many entries it
+starts with (the last of each key; a pull consumer has sent none yet), and the listing reads that
+many. An entry replaced meanwhile is read in its new version (the old one is gone: a bucket keeps
+one per key); one removed with nothing in its place (its TTL ran out) ends the listing early, when
+the server says nothing is left.
 """
 
-from nats.js.kv import KeyValue
+import nats.errors
+from nats.js import JetStreamContext, api
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
 LISTING_INACTIVE_S = 2.0  # how long the server keeps a listing's consumer once nothing reads it
-LISTING_WAIT_S = 5.0  # the longest a listing waits for the next key
+LISTING_WAIT_S = 5.0  # the longest a listing waits for the next keys
+_BATCH = 256
 
 
-async def list_keys(kv: KeyValue) -> list[str]:
-    """The bucket's keys, deleted ones left out; [] when it holds none."""
-    watcher = await kv.watchall(ignore_deletes=True, meta_only=True, inactive_threshold=LISTING_INACTIVE_S)
+async def list_keys(js: JetStreamContext, bucket: str) -> list[str]:
+    """The bucket's keys, deleted ones left out; [] when it holds none. Raises TimeoutError (a failover: its
+    consumer's server died) when the next keys do not come within LISTING_WAIT_S."""
+    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    config = api.ConsumerConfig(
+        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=api.AckPolicy.NONE,
+        headers_only=True,
+        mem_storage=True,
+        inactive_threshold=LISTING_INACTIVE_S,
+        filter_subject=f"{prefix}>",
+    )
+    made = await js.add_consumer(stream, config)
+    expected = made.num_pending  # a pull consumer sends nothing before it is asked
+    sub = await js.pull_subscribe_bind(consumer=made.name, stream=stream)
     try:
-        found = []
-        # None: the end of what the bucket held when the listing began. A listing that hears nothing for
-        # LISTING_WAIT_S fails as a request does (its consumer's server may have died: a failover).
-        while (entry := await watcher.updates(timeout=LISTING_WAIT_S)) is not None:
-            found.append(entry.key)
-        return found
+        keys: dict[str, bool] = {}
+        read = 0
+        while read < expected:
+            try:
+                msgs = await sub.fetch(min(expected - read, _BATCH), timeout=LISTING_WAIT_S)
+            except nats.errors.TimeoutError:
+                msgs = []
+            read += len(msgs)
+            for msg in msgs:
+                op = msg.headers.get(KV_OP) if msg.headers else None
+                keys[msg.subject.removeprefix(prefix)] = op not in (KV_DEL, KV_PURGE)
+            if not msgs or msgs[-1].metadata.num_pending == 0:
+                if (await sub.consumer_info()).num_pending == 0:  # some expired meanwhile: all there is was read
+                    break
+                if not msgs:
+                    raise TimeoutError(f"listing {bucket}: no key came in {LISTING_WAIT_S:g}s")
+        return [k for k, live in keys.items() if live]
     finally:
-        await watcher.stop()
+        await sub.unsubscribe()

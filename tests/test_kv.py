@@ -1,4 +1,4 @@
-"""Listing a KV bucket's keys against a real JetStream: nothing is left behind on the server."""
+"""Listing a KV bucket's keys against a real JetStream: every key, and nothing left behind on the server."""
 
 import asyncio
 
@@ -15,14 +15,39 @@ async def test_listing_a_buckets_keys_leaves_no_consumer_behind(nats_url):
     async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
         kv = await js.create_key_value(KeyValueConfig(bucket="listed"))
-        assert await list_keys(kv) == []
+        assert await list_keys(js, "listed") == []
         for key in "abc":
             await kv.put(key, b"1")
         await kv.delete("c")
         for _ in range(20):
-            assert sorted(await list_keys(kv)) == ["a", "b"]
+            assert sorted(await list_keys(js, "listed")) == ["a", "b"]
         async with asyncio.timeout(60):  # the server drops them within seconds; 60 s for a loaded machine
             while True:
                 if not (await js.stream_info("KV_listed")).state.consumer_count:
                     return
                 await asyncio.sleep(0.5)
+
+
+async def test_a_listing_has_every_key_even_when_the_server_sends_them_all_at_once(nats_url):
+    """nats-py's watcher, which its keys() reads, may say "no more" before handling the first entry when the
+    server has sent them all already: 32 leases listed as none, and the state service then waited for no
+    node. Every listing here must have every key, while a writer keeps replacing some of them."""
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket="leases", history=1))
+        keys = [f"p{n}" for n in range(32)]
+        for key in keys:
+            await kv.put(key, b"node")
+
+        async def renew() -> None:
+            while True:
+                for key in keys[::3]:
+                    await kv.put(key, b"node")
+                await asyncio.sleep(0)
+
+        renewing = asyncio.create_task(renew())
+        try:
+            for _ in range(100):
+                assert sorted(await list_keys(js, "leases")) == sorted(keys)
+        finally:
+            renewing.cancel()
