@@ -27,6 +27,7 @@ from nats.js.errors import NotFoundError
 
 from controller import explain, rebuild, state_service
 from controller.core.state import FnState
+from controller.leases import ranges
 from controller.ledger import Ledger
 from controller.replay_page import replay_page
 from controller.snapshots import Snapshot, SnapshotStore
@@ -37,6 +38,8 @@ from runtime import running, stream
 from runtime.bus import servers
 from runtime.natsd import NatsServer, StoreBusy, claim
 from runtime.text import plural
+
+SERVE_S = 30.0  # how long --verify waits for a node to load the partitions it holds (a take-over under way)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -173,7 +176,12 @@ async def replay(
 async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
     """Replay up to what the running controller has applied and compare, function by function."""
     start = await origin(js, key)  # before the running state: the snapshots are older than it, never newer
-    running = await state_service.fetch(nc)
+    running = await state_service.fetch(nc, serve_s=SERVE_S)
+    unserved = [p for p in running.unserved if key is None or p == partition(key)]
+    if unserved:
+        print(f"not compared: partitions {ranges(unserved)} are held by a node that does not serve them "
+              f"(loading after {SERVE_S:g} s, or refused: see its log)", file=out)  # fmt: skip
+        return 1
     # The controller holds every batch up to `seq`, and per function exactly up to its last_seq.
     end = max([running.seq, *running.last_seq.values()])
     replayed = await replay(

@@ -203,7 +203,7 @@ class Controller:
         await self.forwarder.start()
         self.timers.start()
         self._lag_watch = asyncio.create_task(self._watch_lag())
-        self._state_sub = await state_service.serve(self._nc, self.node, self.snapshot)
+        self._state_sub = await state_service.serve(self._nc, self.node, self.snapshot, self.serving)
         self.partitions = Partitions(
             self._nc,
             self._js,

@@ -37,15 +37,18 @@ class Assignments:
 async def snapshots_hold_what_they_claim(js) -> list[str]:
     """Each partition's snapshot holds exactly the stream's batches it claims: no batch at or below the watermark is
     left out, and (while the stream holds every batch from seq 1) every function's state is the fold of its
-    batches up to its `last_seq`. Returns the breaches."""
-    batches: dict[str, list[tuple[int, Batch]]] = defaultdict(list)
-    await stream.read(js, lambda seq, b: batches[b.key].append((seq, b)))
+    batches up to its `last_seq`. Returns the breaches.
+
+    The snapshots are read before the stream: a node still running may write one meanwhile, and a snapshot
+    read after the stream could claim batches the read did not reach."""
     at = await rebuild.kept(js)
     store = SnapshotStore(js)
     await store.open(create=False)
+    snaps = {p: await store.load(p, at.stream_id, at.last_seq) for p in range(PARTITIONS)}
+    batches: dict[str, list[tuple[int, Batch]]] = defaultdict(list)
+    await stream.read(js, lambda seq, b: batches[b.key].append((seq, b)))
     breaches = []
-    for p in range(PARTITIONS):
-        snap = await store.load(p, at.stream_id, at.last_seq)
+    for p, snap in snaps.items():
         if snap is None:
             continue
         for key in {k for k in batches if partition(k) == p} | set(snap.states):

@@ -253,7 +253,7 @@ class TraceCallers:
                 await asyncio.sleep(0.25)
 
 
-async def controller_state(nats_url: str) -> state_service.StateChunk:
+async def controller_state(nats_url: str) -> state_service.Running:
     async with connected(nats_url, "test") as nc:
         return await state_service.fetch(nc)
 
@@ -267,27 +267,30 @@ async def settled(nats_url: str, stub: PlatformStub, seconds: float = 90) -> dic
 
     Up to a periodic reconcile (every 60 s) and then some: a slot whose CreateSlot a killed worker left under
     way is made after the take-over's reconcile listed the platform, and only the next one finds it."""
-    states: dict[str, FnState] = {}
+    running = state_service.Running(seq=0, last_seq={}, states={})
     try:
         async with asyncio.timeout(seconds):
             while True:
-                states = (await controller_state(nats_url)).states
-                if not _unsettled(states, stub):
-                    return states
+                running = await controller_state(nats_url)
+                if not _unsettled(running, stub):
+                    return running.states
                 await asyncio.sleep(0.1)
     except TimeoutError:
-        raise AssertionError(f"not settled after {seconds:g}s: {_unsettled(states, stub)}") from None
+        raise AssertionError(f"not settled after {seconds:g}s: {_unsettled(running, stub)}") from None
 
 
-def _unsettled(states: dict[str, FnState], stub: PlatformStub) -> str:
-    """What keeps the state and the platform apart: instances still moving, slots only one of them has."""
+def _unsettled(running: state_service.Running, stub: PlatformStub) -> str:
+    """What keeps the state and the platform apart: partitions held and not loaded, instances still moving, slots
+    only one of them has."""
+    states = running.states
     moving = [
         f"{i.id} {i.phase.value}" for s in states.values() for i in s.instances.values()
         if i.phase in (Phase.CREATING, Phase.RETIRING)
     ]  # fmt: skip
     held, live = slots_of(states), set(stub.accounting.live)
     only_state, only_platform = sorted(held - live), sorted(live - held)
-    said = [f"moving: {moving}"] if moving else []
+    said = [f"partitions not served: {running.unserved}"] if running.unserved else []
+    said += [f"moving: {moving}"] if moving else []
     said += [f"slots only the state has: {only_state}"] if only_state else []
     made_for = {slot: stub.accounting.live[slot].request_id for slot in only_platform}  # CreateSlot's request id
     said += [f"slots only the platform has (made for): {made_for}"] if only_platform else []

@@ -11,10 +11,11 @@ import pytest
 from msgspec.structs import replace
 
 from controller import explain, replay, state_service
-from controller.core.state import Phase
+from controller.core.state import FnState, Phase
+from controller.leases import LEASES, bucket
 from controller.snapshots import Snapshot
 from proto.events import Batch, RequestWaiting, encode_batch
-from proto.subjects import event_subject
+from proto.subjects import event_subject, partition
 from runtime import stream
 from runtime.bus import Unavailable, connected, ensure_stream
 from runtime.natsd import NatsServer
@@ -106,6 +107,64 @@ async def test_verify_while_the_controller_keeps_appending(nats_url):
             for _ in range(5):
                 assert await replay.verify(nc, nc.jetstream(), None, io.StringIO()) == 0
         await load
+
+
+async def test_verify_waits_for_a_partition_held_and_not_yet_loaded_and_says_when_it_never_is(nats_url, monkeypatch):
+    async with Stack(nats_url) as stack:
+        await assign_and_idle_in(stack, "r1", "fn")
+        p = partition("fn")
+        async with connected(nats_url, "test") as nc:
+            # Its lease held, its functions not served: a node that took the partition over and is loading it.
+            stack.controller.serving.discard(p)
+            monkeypatch.setattr(replay, "SERVE_S", 1.0)
+            out = io.StringIO()
+            assert await replay.verify(nc, nc.jetstream(), None, out) == 1
+            said = out.getvalue()
+            assert f"not compared: partitions {p} are held by a node that does not serve them" in said, said
+            assert "MISMATCH" not in said, "a partition not loaded is not a state that differs"
+            # Loaded a moment after the verify began: it waits, then compares the partition's functions too.
+            monkeypatch.setattr(replay, "SERVE_S", 30.0)
+            asyncio.get_running_loop().call_later(1.0, stack.controller.serving.add, p)
+            out = io.StringIO()
+            assert await replay.verify(nc, nc.jetstream(), None, out) == 0, out.getvalue()
+            assert "verified: 1 function equal" in out.getvalue()
+
+
+async def assign_and_idle_in(stack: Stack, request_id: str, key: str) -> None:
+    reply = await stack.assign(request_id, key=key)
+    await stack.idle(reply)
+
+
+async def test_each_partitions_functions_come_from_its_holder_alone(nats_url):
+    """Mid-hand-over the node giving a partition up may still answer for it: its copy is not the holder's."""
+    first, second = "fn", next(f"fn{n}" for n in range(100) if partition(f"fn{n}") != partition("fn"))
+    p, q = partition(first), partition(second)
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        leases = await bucket(js, LEASES, ttl_s=60, replicas=1)
+        await leases.put(f"p{p}", b"a")
+        await leases.put(f"p{q}", b"b")
+        old, new = FnState(key=second, started=1), FnState(key=second, started=2)
+        held_by = {"a": {first: FnState(key=first), second: old}, "b": {second: new}}
+        serving = {"a": {p, q}, "b": set()}  # a still serves q, which b holds and loads
+
+        def take(node: str):
+            def snap(partitions: set[int]) -> Snapshot:
+                states = {k: v for k, v in held_by[node].items() if partition(k) in partitions}
+                return Snapshot(seq=5, stream="s", last_seq={}, states=states)
+
+            return snap
+
+        subs = [await state_service.serve(nc, n, take(n), serving[n]) for n in ("a", "b")]
+        try:
+            running = await state_service.fetch(nc)
+            assert running.unserved == [q] and set(running.states) == {first}, running
+            asyncio.get_running_loop().call_later(0.5, serving["b"].add, q)
+            running = await state_service.fetch(nc, serve_s=10)
+            assert running.unserved == [] and running.states == {first: FnState(key=first), second: new}
+        finally:
+            for sub in subs:
+                await sub.unsubscribe()
 
 
 def test_a_large_state_travels_in_several_messages():
