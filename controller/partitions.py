@@ -114,6 +114,7 @@ class Partitions:
     async def gained(self, partitions: list[int]) -> None:
         """Leased: load them in the background (the lease round must go on renewing meanwhile)."""
         task = asyncio.create_task(self.load(partitions))
+        task.add_done_callback(_seen)
         for p in partitions:
             self.loading[p] = task
 
@@ -214,3 +215,10 @@ class Partitions:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _seen(task: asyncio.Task) -> None:
+    """A failed load said why in its own log line; only a start awaits its task, so mark its exception seen (or
+    asyncio logs it again, with its traceback, as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
