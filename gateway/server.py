@@ -21,6 +21,7 @@ from typing import Protocol
 import grpc
 
 from gateway import admin, info
+from gateway.owed import Owed
 from proto import serverless_sim_pb2 as pb
 from proto import serverless_sim_pb2_grpc as pb_grpc
 from proto.commands import Assign, Code, Idle, Reply
@@ -49,6 +50,7 @@ MAX_TIMEOUT_S = 86_400  # a day; 0 is "none given" (the lease then uses the defa
 MAX_DURATION_MS = 86_400_000  # a day: no request holds an instance longer than its lease
 SESSION_KEY = "scaler-session"  # the gRPC metadata key of an Assign's session id
 MAX_SESSION_BYTES = 256
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # a call refused so may come again
 Call = Assign | Idle  # what the gateway passes on (named here: the servicer's methods shadow the commands)
 
 
@@ -159,6 +161,7 @@ class Gateway(pb_grpc.ScalerServicer):
         self.reply_timeout_s = reply_timeout_s
         self.max_calls = max_calls
         self.port = 0
+        self.owed = Owed()  # what a node leaving after a drain still answers (scaler/node.py)
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
@@ -188,6 +191,7 @@ class Gateway(pb_grpc.ScalerServicer):
             await context.abort(e.code, e.message)
         finally:
             metrics.ASSIGN.observe(perf_counter() - began)
+        self.owed.assigned(cmd.request_id)
         assignment = pb.Assignment(request_id=cmd.request_id, meta_key=cmd.key, instance_id=reply.instance_id)
         return pb.AssignReply(status=pb.Ok, assigment=assignment)
 
@@ -196,9 +200,12 @@ class Gateway(pb_grpc.ScalerServicer):
         try:
             await self._call(idle_command(request), context)
         except Refused as e:
+            if e.code not in RETRIED:  # a final answer: the caller will not send this Idle again
+                self.owed.returned(request.assigment.request_id)
             await context.abort(e.code, e.message)
         finally:
             metrics.IDLE.observe(perf_counter() - began)
+        self.owed.returned(request.assigment.request_id)
         return pb.IdleReply(status=pb.Ok)
 
     async def _call(self, cmd: Call, context: grpc.aio.ServicerContext) -> Reply:

@@ -16,8 +16,11 @@ one per key); one removed with nothing in its place (its TTL ran out) ends the l
 the server says nothing is left.
 """
 
+import asyncio
+
 import nats.errors
 from nats.js import JetStreamContext, api
+from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
 LISTING_INACTIVE_S = 2.0  # how long the server keeps a listing's consumer once nothing reads it
@@ -27,7 +30,7 @@ _BATCH = 256
 
 async def list_keys(js: JetStreamContext, bucket: str) -> list[str]:
     """The bucket's keys, deleted ones left out; [] when it holds none. Raises TimeoutError (a failover: its
-    consumer's server died) when the next keys do not come within LISTING_WAIT_S."""
+    consumer's server died) when the next keys do not come within LISTING_WAIT_S, refused pulls included."""
     stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
     config = api.ConsumerConfig(
         deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
@@ -42,20 +45,28 @@ async def list_keys(js: JetStreamContext, bucket: str) -> list[str]:
     sub = await js.pull_subscribe_bind(consumer=made.name, stream=stream)
     try:
         keys: dict[str, bool] = {}
-        read = 0
+        read, loop = 0, asyncio.get_running_loop()
+        until = loop.time() + LISTING_WAIT_S  # moved on by every key that comes
         while read < expected:
+            msgs = []
             try:
-                msgs = await sub.fetch(min(expected - read, _BATCH), timeout=LISTING_WAIT_S)
+                msgs = await sub.fetch(min(expected - read, _BATCH), timeout=max(until - loop.time(), 0.1))
             except nats.errors.TimeoutError:
-                msgs = []
+                pass
+            except ServiceUnavailableError:  # on a cluster a consumer just made may not take pulls yet
+                await asyncio.sleep(0.05)
+                if loop.time() < until:
+                    continue
             read += len(msgs)
             for msg in msgs:
                 op = msg.headers.get(KV_OP) if msg.headers else None
                 keys[msg.subject.removeprefix(prefix)] = op not in (KV_DEL, KV_PURGE)
+            if msgs:
+                until = loop.time() + LISTING_WAIT_S
             if not msgs or msgs[-1].metadata.num_pending == 0:
                 if (await sub.consumer_info()).num_pending == 0:  # some expired meanwhile: all there is was read
                     break
-                if not msgs:
+                if loop.time() >= until:
                     raise TimeoutError(f"listing {bucket}: no key came in {LISTING_WAIT_S:g}s")
         return [k for k, live in keys.items() if live]
     finally:

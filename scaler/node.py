@@ -5,7 +5,8 @@ and answered once stored: no other process on the way. The workers run apart (`p
 
 On SIGTERM (or `scaler drain`) the node drains before it stops: it hands its partitions to the
 other nodes, each snapshotted under its lease, while its gRPC port still serves (passing calls on
-to the new owners), and only then stops serving (docs/sessions-and-admin.md).
+to the new owners), then answers the Idle of each request it assigned that is still under way (for
+10 s at most), and only then stops serving (docs/sessions-and-admin.md).
 """
 
 import argparse
@@ -23,6 +24,8 @@ from runtime.ports import port
 
 log = logging.getLogger("scaler.node")
 
+OWED_S = 10.0  # how long a node that handed its partitions over still waits for the Idles of what it assigned
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     service.add_common(p)
@@ -39,17 +42,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class Node(service.Together):
-    """The controller, the gateway and metrics; a stop drains the controller first, the gateway still serving."""
+    """The controller, the gateway and metrics; a stop drains the controller first, the gateway still serving,
+    and, once another node decides for its partitions, still answers the Idle of each request it assigned."""
 
-    def __init__(self, controller: Controller, parts: list[service.Component]) -> None:
+    def __init__(self, controller: Controller, gateway: Gateway, parts: list[service.Component]) -> None:
         super().__init__(parts)
         self.controller = controller
+        self.gateway = gateway
 
     async def stop(self) -> None:
         try:
             await self.controller.drain()
         except Exception as e:  # the stop goes on: what was not handed over is given back or lapses
             log.warning("could not drain: %s", e)
+        if not self.controller.serving:  # handed over: an Idle that comes here is passed on to the new owner
+            if owed := await self.gateway.owed.settled(OWED_S):
+                log.warning("stopping with %d requests assigned here still out (after %g s)", owed, OWED_S)
         await super().stop()
 
     async def drain_and_stop(self) -> str:
@@ -66,7 +74,7 @@ def make(a: argparse.Namespace) -> service.Component:
     parts = [controller, gateway]
     if a.metrics_port is not None:
         parts.append(metrics.endpoint(f"0.0.0.0:{a.metrics_port}", [ControllerCollector(controller)]))
-    node = Node(controller, parts)
+    node = Node(controller, gateway, parts)
     gateway.drain = node.drain_and_stop
     return node
 

@@ -2,9 +2,11 @@
 
 import asyncio
 import re
+import time
 
 from controller.core.policy import get_policy
 from controller.shell import Controller
+from gateway.owed import Owed
 from gateway.server import Gateway
 from platform_stub.server import PlatformStub
 from proto.subjects import PARTITIONS
@@ -20,13 +22,22 @@ async def test_a_drained_node_hands_its_partitions_over_and_refuses_nothing(nats
         a = stack.controller
         b = Controller(nats_url, get_policy("demo"))
         gateway = Gateway(b, "127.0.0.1:0", reply_timeout_s=30)
-        leaving = Node(b, [b, gateway])
+        leaving = Node(b, gateway, [b, gateway])
         await leaving.start()
         await shared_between(nats_url, 2)
         staying_load = Driver(f"127.0.0.1:{stack.gateway.port}", keys=KEYS, clients=6, tag="s")
-        # The leaving node's callers hold each instance a while: at the stop some are mid-request, and
-        # their Idle goes to the leaving node during its drain.
-        leaving_load = Driver(f"127.0.0.1:{gateway.port}", keys=KEYS, clients=6, tag="l", hold_s=0.3)
+        # The leaving node's callers hold each instance a while: at the stop some are mid-request, and their
+        # Idle goes to the leaving node during its drain, or after it handed every partition over.
+        leaving_load = Driver(f"127.0.0.1:{gateway.port}", keys=KEYS, clients=6, tag="l", hold_s=1.5)
+        handed_at: list[float] = []
+        drain = b.drain
+
+        async def timed_drain() -> str:
+            said = await drain()
+            handed_at.append(time.monotonic())
+            return said
+
+        b.drain = timed_drain
         loads = [asyncio.create_task(d.run()) for d in (staying_load, leaving_load)]
         await eventually(
             lambda: all({c.key for c in d.calls if c.idle_at} == set(KEYS) for d in (staying_load, leaving_load)), 30
@@ -43,6 +54,8 @@ async def test_a_drained_node_hands_its_partitions_over_and_refuses_nothing(nats
         calls = staying_load.calls + leaving_load.calls
         assert [(c.request_id, c.error, c.retries) for c in calls if c.error or c.retries] == []
         assert sum(1 for c in leaving_load.calls if c.idle_at) > 0
+        late = [c for c in leaving_load.calls if c.idle_at > handed_at[0]]
+        assert late, "no Idle came to the leaving node after its hand-over: the test did not reach that case"
         # Node a took the partitions over from the snapshots node b wrote: no batch of them was read after.
         assert a.loaded_batches == loaded
         await stack.settled()
@@ -73,3 +86,21 @@ async def test_scaler_drain_hands_a_running_nodes_partitions_over_and_stops_it(n
             await check(nats_url, platform, load.calls)
     finally:
         await platform.stop()
+
+
+async def test_the_requests_a_gateway_waits_for_stay_few():
+    """An Idle may go to another node and never come back here: the oldest are forgotten past a count or an age."""
+    owed = Owed(forget_s=60, most=3)
+    for request in "abcd":
+        owed.assigned(request)
+    owed.returned("c")
+    assert len(owed) == 2, "a forgotten past the count, c returned"
+    waiting = asyncio.create_task(owed.settled(30))
+    asyncio.get_running_loop().call_later(0.2, owed.returned, "b")
+    asyncio.get_running_loop().call_later(0.4, owed.returned, "d")
+    assert await waiting == 0
+    aged = Owed(forget_s=0.05)
+    aged.assigned("old")
+    await asyncio.sleep(0.1)
+    aged.assigned("new")
+    assert len(aged) == 1 and await aged.settled(0.1) == 1, "old forgotten past its age; new never returned"
