@@ -8,6 +8,7 @@ never comes back here: the oldest are forgotten past an age or a count, so the s
 
 import asyncio
 import time
+from collections import OrderedDict
 
 FORGET_S = 600.0  # a request assigned this long ago is no longer waited for
 MAX_OWED = 100_000  # past this many, the oldest are forgotten first
@@ -17,7 +18,9 @@ class Owed:
     def __init__(self, forget_s: float = FORGET_S, most: int = MAX_OWED) -> None:
         self.forget_s = forget_s
         self.most = most
-        self._since: dict[str, float] = {}  # request id -> when it was assigned (monotonic), oldest first
+        # request id -> when it was assigned (monotonic), oldest first; ordered by a linked list, so that the
+        # oldest is found at once however many were removed (a dict's iteration steps over its removed entries)
+        self._since: OrderedDict[str, float] = OrderedDict()
         self._returned = asyncio.Event()
 
     def __len__(self) -> int:
@@ -28,7 +31,7 @@ class Owed:
         self._since.pop(request_id, None)  # assigned again (a repeat): its age starts over
         self._since[request_id] = now
         while len(self._since) > self.most or next(iter(self._since.values())) < now - self.forget_s:
-            del self._since[next(iter(self._since))]
+            self._since.popitem(last=False)
 
     def returned(self, request_id: str) -> None:
         if self._since.pop(request_id, None) is not None:
