@@ -24,6 +24,7 @@ used by `scaler replay` too, and a partition without one that reaches back to th
 batch is refused (controller/rebuild.py).
 """
 
+import asyncio
 import logging
 
 import msgspec
@@ -38,6 +39,8 @@ from controller.upcasts import FEATURES_CONTINUED, upcast
 log = logging.getLogger("scaler.controller.snapshots")
 
 BUCKET = "scaler_snapshots"
+READ_S = 10.0  # how long a snapshot's read may take, plus READ_BYTES_S for each byte of it
+READ_BYTES_S = 1 / 10e6  # (10 MB a second: a snapshot of 100,000 functions is tens of MB)
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,10 +150,15 @@ class SnapshotStore:
         chunks = f"$O.{BUCKET}.C.{info.nuid}"
         held = (await self.js.stream_info(f"OBJ_{BUCKET}", subjects_filter=chunks)).state.subjects or {}
         if held.get(chunks, 0) == info.chunks:
+            # A read whose consumer's server dies (a cluster's failover) is never delivered to again: bounded,
+            # it fails the load, which gives the partition back to be taken again, rather than hold it unloaded.
             try:
-                return (await self._store.get(name(partition))).data
+                async with asyncio.timeout(READ_S + info.size * READ_BYTES_S):
+                    return (await self._store.get(name(partition))).data
             except DigestMismatchError:
                 pass
+            except TimeoutError:
+                raise TimeoutError(f"reading partition {partition}'s snapshot ({info.size:,} bytes) stalled") from None
         if (partition, info.nuid) not in self._torn:
             self._torn.add((partition, info.nuid))
             log.warning(
