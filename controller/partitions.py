@@ -76,6 +76,7 @@ class Partitions:
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.loading: dict[int, asyncio.Task] = {}
         self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told
+        self._releasing: dict[int, set[asyncio.Event]] = {}  # partitions given up whose release is under way
         self._load_error_at = -LOAD_ERROR_EVERY_S  # when a failed load was last logged
         self._subs: dict[int, object] = {}
         self._in_flight: Counter[int] = Counter()  # commands under way, by partition
@@ -126,8 +127,14 @@ class Partitions:
         await asyncio.gather(*{self.loading[p] for p in partitions if p in self.loading}, return_exceptions=True)
 
     async def load(self, partitions: list[int]) -> None:
-        """Each partition's snapshot, then its batches after it; then serve it."""
+        """Each partition's snapshot, then its batches after it; then serve it.
+
+        Once what was held of them before is released: the lease round may take a partition again while the
+        drop of its lapsed lease still waits for commands under way, and the release then forgets its functions.
+        """
         try:
+            if releases := {e for p in partitions for e in self._releasing.get(p, ())}:
+                await asyncio.gather(*(e.wait() for e in releases))
             at = await rebuild.kept(self.js)
             snaps, uncovered = await rebuild.usable(self.store, at, partitions)
             if uncovered is not None:
@@ -180,6 +187,20 @@ class Partitions:
         that failed to) holds no state a snapshot could claim.
         """
         served = [p for p in partitions if p in self.serving]
+        released = asyncio.Event()
+        for p in partitions:
+            self._releasing.setdefault(p, set()).add(released)
+        try:
+            await self._release(partitions, served, keep)
+        finally:
+            for p in partitions:
+                if (waiting := self._releasing.get(p)) is not None:
+                    waiting.discard(released)
+                    if not waiting:
+                        del self._releasing[p]
+            released.set()
+
+    async def _release(self, partitions: list[int], served: list[int], keep: bool) -> None:
         for p in partitions:
             if (task := self.loading.pop(p, None)) is not None:
                 task.cancel()

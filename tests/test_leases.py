@@ -1,8 +1,11 @@
 """Leases against a real JetStream KV: what a stopping node frees, and what it cannot."""
 
+import asyncio
+
 from controller.leases import LEASES, Leases, holders
-from proto.subjects import PARTITIONS
+from proto.subjects import PARTITIONS, partition
 from runtime.bus import connected
+from tests.stack import Stack, eventually
 
 
 async def nothing(_: list[int]) -> None:
@@ -23,3 +26,23 @@ async def test_a_stopping_node_frees_a_lease_renewed_at_a_revision_it_never_lear
         await kv.put("p5", b"n2")  # ... and one that another node now holds (as after a lapse)
         await leases.stop()
         assert await holders(js) == {5: "n2"}
+
+
+async def test_a_partition_dropped_and_taken_again_is_loaded_only_once_its_release_is_done(nats_url):
+    """A lapsed lease is dropped (`lost`: its commands under way finish, then its functions are forgotten) while
+    the lease round goes on, and may take the partition again before the release is done. Loaded meanwhile, the
+    state was folded onto what was about to be forgotten, and then forgotten: the node served the partition
+    with nothing of its functions. The load waits for the release."""
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("r1", key="fn"))
+        c, p = stack.controller, partition("fn")
+        before = c.ledger.states["fn"]
+        c.partitions.entered(p)  # a command under way: the release waits for it
+        dropping = asyncio.create_task(c.partitions.lost([p]))
+        await eventually(lambda: p not in c.serving, 10)
+        await c.partitions.gained([p])  # the lease round took it again
+        await asyncio.sleep(0.5)  # time for a load that does not wait
+        c.partitions.left(p)
+        await dropping
+        await eventually(lambda: p in c.serving and not c.partitions.loading, 10)
+        assert c.ledger.states.get("fn") == before, "the partition is served with its function's state"
