@@ -30,7 +30,7 @@ class Owed:
         now = time.monotonic()
         self._since.pop(request_id, None)  # assigned again (a repeat): its age starts over
         self._since[request_id] = now
-        while len(self._since) > self.most or next(iter(self._since.values())) < now - self.forget_s:
+        while self._since and (len(self._since) > self.most or next(iter(self._since.values())) < now - self.forget_s):
             self._since.popitem(last=False)
 
     def returned(self, request_id: str) -> None:
