@@ -27,12 +27,18 @@ from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 
 from proto.subjects import PARTITIONS
 from runtime.bus import answered
-from runtime.kv import list_keys
+from runtime.kv import entries
 from runtime.stream import WRONG_LAST_SEQUENCE
 from runtime.tasks import cancelled
 
@@ -183,7 +189,7 @@ class Leases:
 
     async def others(self) -> list[str]:
         """The other live nodes, by their heartbeats."""
-        return [n for n in await list_keys(self.js, NODES) if n != self.node]
+        return [n for n in await entries(self.js, NODES) if n != self.node]
 
     async def _run(self) -> None:
         failing = 0
@@ -204,7 +210,7 @@ class Leases:
                 failing = 0
 
     async def live_nodes(self) -> int:
-        return max(1, len(await list_keys(self.js, NODES)))
+        return max(1, len(await entries(self.js, NODES)))
 
     async def round(self) -> None:
         await self._nodes.put(self.node, b"")
@@ -317,16 +323,12 @@ class Leases:
 
 
 async def holders(js: JetStreamContext) -> dict[int, str]:
-    """Who holds each leased partition now (a lease given back meanwhile is left out)."""
+    """Who holds each leased partition now."""
     try:
-        leases = await js.key_value(LEASES)
-    except BucketNotFoundError:
+        listed = await entries(js, LEASES)
+    except NotFoundError:  # no lease bucket: no node has started
         return {}
-    held = {}
-    for key in await list_keys(js, LEASES):
-        with contextlib.suppress(KeyNotFoundError):  # deleted since it was listed
-            held[int(key[1:])] = (await leases.get(key)).value.decode()
-    return held
+    return {int(key[1:]): node.decode() for key, node in listed.items()}
 
 
 def ranges(partitions: list[int]) -> str:

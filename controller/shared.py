@@ -14,12 +14,11 @@ import logging
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
 
 from controller.core.state import Totals
 from controller.leases import bucket
 from controller.ledger import Ledger
-from runtime.kv import list_keys
+from runtime.kv import entries
 from runtime.tasks import cancelled
 
 log = logging.getLogger("scaler.controller.shared")
@@ -58,9 +57,9 @@ class SharedTotals:
     async def exchange(self) -> None:
         await self._kv.put(self.node, _encoder.encode(self.ledger.totals))
         others = Totals()
-        for key in await list_keys(self.js, BUCKET):
+        for key, value in (await entries(self.js, BUCKET)).items():
             if key == self.node:
                 continue
-            with contextlib.suppress(KeyNotFoundError, msgspec.DecodeError):
-                others = others.plus(_decoder.decode((await self._kv.get(key)).value))
+            with contextlib.suppress(msgspec.DecodeError):
+                others = others.plus(_decoder.decode(value))
         self.ledger.others = others

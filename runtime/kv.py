@@ -1,4 +1,4 @@
-"""Listing a JetStream KV bucket's keys: all of them, and without leaving a consumer behind.
+"""Listing a JetStream KV bucket: every entry, and without leaving a consumer behind.
 
 nats-py's `KeyValue.keys()` (and its `watchall()`, which it reads through) has two faults here:
 - It may end before the first key: the watcher says "nothing more" when the server's count of what
@@ -13,7 +13,7 @@ So a listing here pulls: the consumer is made first, and its creation says how m
 starts with (the last of each key; a pull consumer has sent none yet), and the listing reads that
 many. An entry replaced meanwhile is read in its new version (the old one is gone: a bucket keeps
 one per key); one removed with nothing in its place (its TTL ran out) ends the listing early, when
-the server says nothing is left.
+the server says nothing is left. The values come with the keys, so no caller gets each key again.
 """
 
 import asyncio
@@ -28,14 +28,14 @@ LISTING_WAIT_S = 5.0  # the longest a listing waits for the next keys
 _BATCH = 256
 
 
-async def list_keys(js: JetStreamContext, bucket: str) -> list[str]:
-    """The bucket's keys, deleted ones left out; [] when it holds none. Raises TimeoutError (a failover: its
-    consumer's server died) when the next keys do not come within LISTING_WAIT_S, refused pulls included."""
+async def entries(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
+    """The bucket's keys and values, deleted ones left out; {} when it holds none. Raises NotFoundError when
+    there is no such bucket, and TimeoutError (a failover: its consumer's server died) when the next entries
+    do not come within LISTING_WAIT_S, refused pulls included."""
     stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
     config = api.ConsumerConfig(
         deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
         ack_policy=api.AckPolicy.NONE,
-        headers_only=True,
         mem_storage=True,
         inactive_threshold=LISTING_INACTIVE_S,
         filter_subject=f"{prefix}>",
@@ -44,7 +44,7 @@ async def list_keys(js: JetStreamContext, bucket: str) -> list[str]:
     expected = made.num_pending  # a pull consumer sends nothing before it is asked
     sub = await js.pull_subscribe_bind(consumer=made.name, stream=stream)
     try:
-        keys: dict[str, bool] = {}
+        found: dict[str, bytes | None] = {}  # None: deleted
         read, loop = 0, asyncio.get_running_loop()
         until = loop.time() + LISTING_WAIT_S  # moved on by every key that comes
         while read < expected:
@@ -60,7 +60,7 @@ async def list_keys(js: JetStreamContext, bucket: str) -> list[str]:
             read += len(msgs)
             for msg in msgs:
                 op = msg.headers.get(KV_OP) if msg.headers else None
-                keys[msg.subject.removeprefix(prefix)] = op not in (KV_DEL, KV_PURGE)
+                found[msg.subject.removeprefix(prefix)] = None if op in (KV_DEL, KV_PURGE) else msg.data
             if msgs:
                 until = loop.time() + LISTING_WAIT_S
             if not msgs or msgs[-1].metadata.num_pending == 0:
@@ -68,6 +68,6 @@ async def list_keys(js: JetStreamContext, bucket: str) -> list[str]:
                     break
                 if loop.time() >= until:
                     raise TimeoutError(f"listing {bucket}: no key came in {LISTING_WAIT_S:g}s")
-        return [k for k, live in keys.items() if live]
+        return {k: v for k, v in found.items() if v is not None}
     finally:
         await sub.unsubscribe()

@@ -5,7 +5,7 @@ import asyncio
 from nats.js.api import KeyValueConfig
 
 from runtime.bus import connected
-from runtime.kv import list_keys
+from runtime.kv import entries
 
 
 async def test_listing_a_buckets_keys_leaves_no_consumer_behind(nats_url):
@@ -15,12 +15,12 @@ async def test_listing_a_buckets_keys_leaves_no_consumer_behind(nats_url):
     async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
         kv = await js.create_key_value(KeyValueConfig(bucket="listed"))
-        assert await list_keys(js, "listed") == []
+        assert await entries(js, "listed") == {}
         for key in "abc":
-            await kv.put(key, b"1")
+            await kv.put(key, key.encode())
         await kv.delete("c")
         for _ in range(20):
-            assert sorted(await list_keys(js, "listed")) == ["a", "b"]
+            assert await entries(js, "listed") == {"a": b"a", "b": b"b"}
         async with asyncio.timeout(60):  # the server drops them within seconds; 60 s for a loaded machine
             while True:
                 if not (await js.stream_info("KV_listed")).state.consumer_count:
@@ -48,6 +48,6 @@ async def test_a_listing_has_every_key_even_when_the_server_sends_them_all_at_on
         renewing = asyncio.create_task(renew())
         try:
             for _ in range(100):
-                assert sorted(await list_keys(js, "leases")) == sorted(keys)
+                assert sorted(await entries(js, "leases")) == sorted(keys)
         finally:
             renewing.cancel()
