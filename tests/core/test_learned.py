@@ -268,3 +268,26 @@ def test_a_poisson_functions_next_call_may_come_sooner_than_the_shortest_recent_
     hist[gap_bin(60_000)] += 3
     at_once = replace(at_once, stats=replace(at_once.stats, gap_hist=tuple(hist)))
     assert policy.keep_alive(at_once, idle, 50).why
+
+
+def test_a_call_besides_a_timers_ticks_does_not_move_where_its_next_tick_is_expected():
+    # A 30 s timer called once by hand 3.9 s after a tick: its next tick comes 26.1 s after that call, and the
+    # pre-warm is for it (counted from the call, it came 3.9 s after the tick was due: dataSet_1's nodes1).
+    start = 150
+    ticks = (30_000, 29_998, 30_003, 29_999, 30_001) * 4
+    s = history((*ticks, 3_884), runs=(50,) * 21, start_ms=start, memory_mb=512)
+    plan = LEARNED.prewarm(s, 1_000)
+    assert plan.next_ms is not None and 26_116 - 2 * start < plan.next_ms <= 26_116 - start
+    # The tick after that call is back on the beat; so is a tick 10 ms late, no call besides the ticks.
+    for gaps in ((*ticks, 3_884, 26_116), (*ticks, 30_010)):
+        plan = LEARNED.prewarm(history(gaps, runs=(50,) * len(gaps), start_ms=start, memory_mb=512), 1_000)
+        assert plan.next_ms is not None and 30_000 - 2 * start < plan.next_ms <= 30_000 - start
+
+
+def test_gaps_that_are_no_clocks_have_no_beat():
+    from controller.core.policy.forecast import since_beat
+
+    assert since_beat((30_000,) * 20 + (3_884,)) == 3_884
+    assert since_beat((30_000,) * 20 + (3_884, 26_116)) == 0
+    assert since_beat((30_000, 12_000, 45_000, 7_000) * 5 + (3_884,)) == 0  # no period to keep
+    assert since_beat((30_000,) * 5 + (3_884,)) == 0  # too few gaps to tell

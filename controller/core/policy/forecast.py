@@ -103,6 +103,31 @@ def lag_points(lags: tuple[int, ...], offset: float, elapsed: float, share: floa
 SQRT2 = math.sqrt(2)
 ROBUST_FROM = 8  # gaps from which their spread is measured robustly
 MAD_TO_SD = 1.4826  # a normal's sd per median absolute deviation
+CLOCK_SHARE = 0.75  # the share of recent gaps on the beat that makes a function a clock's
+BEAT_SDS = 4.0  # how far from the period a gap is still on the beat: in sds of the gaps (robust)...
+BEAT_SHARE = 0.02  # ...or in shares of the period: a tick 10 ms late is no call besides the ticks
+
+
+def since_beat(gaps: tuple[int, ...]) -> int:
+    """How long before the last arrival a clock's last beat was, when the calls since were off it (0 when the
+    last call was on it, or the function is not a clock's).
+
+    A timer called besides its ticks (a cron job run by hand) keeps its beat: after a call 3.9 s past a 30 s
+    timer's tick, the next tick comes 26.1 s later, not 30 s (dataSet_1's nodes1 missed the tick after each
+    of its nine extra calls). A clock: most recent gaps near their median (a few robust sds, or 2 %).
+    """
+    if len(gaps) < ROBUST_FROM:
+        return 0
+    period = _median(list(gaps))
+    tolerance = max(BEAT_SDS * MAD_TO_SD * _median([abs(g - period) for g in gaps]), BEAT_SHARE * period)
+    if sum(1 for g in gaps if abs(g - period) <= tolerance) < CLOCK_SHARE * len(gaps):
+        return 0
+    off = 0
+    for gap in reversed(gaps):
+        if abs(gap - period) <= tolerance:
+            break
+        off += gap
+    return int(off) if off < period - tolerance else 0  # the calls since the beat add up to a period: back on it
 
 
 def _median(values: list[float]) -> float:
