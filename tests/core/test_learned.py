@@ -284,7 +284,7 @@ def test_a_call_besides_a_timers_ticks_does_not_move_where_its_next_tick_is_expe
         assert plan.next_ms is not None and 30_000 - 2 * start < plan.next_ms <= 30_000 - start
 
 
-def test_gaps_that_are_no_clocks_have_no_beat():
+def test_only_a_clock_called_off_its_beat_has_a_beat_to_count_from():
     from controller.core.policy.forecast import since_beat
 
     assert since_beat((30_000,) * 20 + (3_884,)) == 3_884
