@@ -291,3 +291,41 @@ def test_only_a_clock_called_off_its_beat_has_a_beat_to_count_from():
     assert since_beat((30_000,) * 20 + (3_884, 26_116)) == 0
     assert since_beat((30_000, 12_000, 45_000, 7_000) * 5 + (3_884,)) == 0  # no period to keep
     assert since_beat((30_000,) * 5 + (3_884,)) == 0  # too few gaps to tell
+
+
+def in_groups(trailing: tuple[int, ...]) -> FnState:
+    """Groups of five calls 25-70 ms apart, each followed by a pause of 930-990 ms (dataSet_1's roles1: a
+    client that makes five calls, then sleeps a second), runs of 30 ms, starts of 156 ms; the last call
+    after `trailing` gaps of the current group, at t=0, with one idle instance that served it."""
+    group, pauses = (50, 25, 50, 70), (950, 930, 990, 945, 960, 940, 975, 955, 935, 965, 950, 980)
+    gaps = (*(g for p in pauses for g in (*group, p)), *trailing)[-64:]
+    s = history(gaps, runs=(30,) * 32, start_ms=156, memory_mb=256)
+    idle = {"fn-1": replace(_instance("fn-1", Phase.IDLE, since=30), request_id="")}
+    return replace(s, instances=idle, started=1)
+
+
+def test_a_function_called_in_groups_is_retired_after_a_group_to_start_again_before_the_next():
+    # After a group's fifth call the next comes a pause later: the instance is retired, and one started to
+    # be ready before the pause's end. (Taken as a whole, the gaps said the next may come after any call, 30
+    # ms or a second later, and the instance was kept through every pause.)
+    after_group = in_groups(trailing=(50, 25, 50, 70))
+    kept = LEARNED.keep_alive(after_group, after_group.instances["fn-1"], 30)
+    assert kept.until_ms == 30 and kept.why == "cheaper to start again just before the next arrival"
+    plan = LEARNED.prewarm(replace(after_group, instances={}), 30)
+    assert plan.next_ms is not None and 930 - 2 * 156 < plan.next_ms <= 930 - 156
+    # After its third call the next comes in tens of ms: the instance is kept.
+    mid_group = in_groups(trailing=(50, 25))
+    assert LEARNED.keep_alive(mid_group, mid_group.instances["fn-1"], 30).until_ms > 30
+
+
+def test_only_a_group_whose_pauses_are_alike_has_a_pause_to_expect():
+    from controller.core.policy.forecast import group_pause
+
+    group = (50, 25, 50, 70)
+    alike = tuple(g for p in (950, 930, 990, 945, 960, 940, 975, 955, 935, 965) for g in (*group, p))
+    ended, pauses = group_pause((*alike, *group), burst=312)
+    assert ended == 1.0 and pauses == sorted((930, 990, 945, 960, 940, 975, 955, 935, 965))
+    assert group_pause((*alike, 50, 25), burst=312) is None  # no group of two calls seen
+    varied = tuple(g for p in (400, 930, 620, 1_900, 960, 450, 975, 700, 935, 1_500) for g in (*group, p))
+    assert group_pause((*varied, *group), burst=312) is None  # pauses of 0.4-1.9 s: no rhythm
+    assert group_pause((*alike[-25:], *group), burst=312) is None  # too few groups to tell

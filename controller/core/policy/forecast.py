@@ -130,6 +130,57 @@ def since_beat(gaps: tuple[int, ...]) -> int:
     return int(off) if off < period - tolerance else 0  # the calls since the beat add up to a period: back on it
 
 
+GROUPS_FROM = ROBUST_FROM  # groups of the current one's size (with the pauses after them) to read its rhythm from
+GROUP_PAUSES_ALIKE = 1.25  # ...and those pauses alike: the longest at most this x the shortest
+
+
+def group_pause(gaps: tuple[int, ...], burst: float) -> tuple[float, list[int]] | None:
+    """For a function called in groups (calls closer than `burst`, then a pause): how likely the current group
+    has ended, and the pauses that came after groups of its size, when enough came and they are alike.
+
+    A client that makes five calls, then sleeps a second, has a next gap of tens of ms after its first four
+    calls and of a second after its fifth; the function's gaps as a whole say a pause may come after any call
+    and last 0.3-2 s, so its instance was kept through each pause (dataSet_1's roles1 and rolebindings1).
+    None when groups of this size were too few, or their pauses vary (a session's calls with no such rhythm).
+    """
+    size = 0
+    for gap in reversed(gaps):
+        if gap > burst:
+            break
+        size += 1
+    run, ended = 0, []  # (short gaps in a group, the pause after it)
+    for gap in gaps:
+        if gap > burst:
+            ended.append((run, gap))
+            run = 0
+        else:
+            run += 1
+    ended = ended[1:]  # the first group's start came before the gaps kept
+    reached = sum(1 for n, _ in ended if n >= size)
+    pauses = sorted(gap for n, gap in ended if n == size)
+    if len(pauses) < GROUPS_FROM or reached < GROUPS_FROM or pauses[-1] > GROUP_PAUSES_ALIKE * pauses[0]:
+        return None
+    return len(pauses) / reached, pauses
+
+
+def in_group(points: list[Point], ended: float, pauses: list[int], elapsed: float, burst: float) -> list[Point]:
+    """`points` with the group's rhythm (`group_pause`): gaps within a group as they were, weighing 1 - `ended`;
+    the rest, `ended`, on the pauses after groups of this size, spread as such gaps vary. Once a pause has
+    begun (`elapsed` past `burst`) the group has ended. Unchanged when every such pause is over."""
+    total = sum(w for _, w in points)
+    factors = _spread(pauses, 0, len(pauses))
+    later = [p * f for p in pauses for f in factors if p * f > elapsed]
+    if not later or not total:
+        return points
+    within = [(x, w) for x, w in points if x <= burst]
+    share = sum(w for _, w in within)
+    if not share:
+        ended = 1.0
+    out = [(x, w * (1 - ended) * total / share) for x, w in within] if ended < 1 else []
+    out += [(x, ended * total / len(later)) for x in later]
+    return sorted(out)
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
