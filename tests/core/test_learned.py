@@ -306,8 +306,8 @@ def in_groups(trailing: tuple[int, ...]) -> FnState:
 
 def test_a_function_called_in_groups_is_retired_after_a_group_to_start_again_before_the_next():
     # After a group's fifth call the next comes a pause later: the instance is retired, and one started to
-    # be ready before the pause's end. (Taken as a whole, the gaps said the next may come after any call, 30
-    # ms or a second later, and the instance was kept through every pause.)
+    # be ready before the pause's end. (Taken as a whole, the gaps say the next may come after any call, 30
+    # ms or a second later, which keeps the instance through every pause.)
     after_group = in_groups(trailing=(50, 25, 50, 70))
     kept = LEARNED.keep_alive(after_group, after_group.instances["fn-1"], 30)
     assert kept.until_ms == 30 and kept.why == "cheaper to start again just before the next arrival"

@@ -139,9 +139,10 @@ def group_pause(gaps: tuple[int, ...], burst: float) -> tuple[float, list[int]] 
     has ended, and the pauses that came after groups of its size, when enough came and they are alike.
 
     A client that makes five calls, then sleeps a second, has a next gap of tens of ms after its first four
-    calls and of a second after its fifth; the function's gaps as a whole say a pause may come after any call
-    and last 0.3-2 s, so its instance was kept through each pause (dataSet_1's roles1 and rolebindings1).
-    None when groups of this size were too few, or their pauses vary (a session's calls with no such rhythm).
+    calls and of a second after its fifth; read as a whole, its gaps say a pause may come after any call and
+    last 0.3-2 s, which keeps its instance through every pause (dataSet_1's roles1 and rolebindings1). A
+    clock's calls are groups of one, read the same way. None when groups of this size were too few, or their
+    pauses vary (a session's calls with no such rhythm).
     """
     size = 0
     for gap in reversed(gaps):
