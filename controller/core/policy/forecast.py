@@ -144,18 +144,13 @@ def group_pause(gaps: tuple[int, ...], burst: float) -> tuple[float, list[int]] 
     clock's calls are groups of one, read the same way. None when groups of this size were too few, or their
     pauses vary (a session's calls with no such rhythm).
     """
-    size = 0
-    for gap in reversed(gaps):
-        if gap > burst:
-            break
-        size += 1
-    run, ended = 0, []  # (short gaps in a group, the pause after it)
+    size, ended = 0, []  # short gaps in the current group; (short gaps in a group, the pause after it)
     for gap in gaps:
         if gap > burst:
-            ended.append((run, gap))
-            run = 0
+            ended.append((size, gap))
+            size = 0
         else:
-            run += 1
+            size += 1
     ended = ended[1:]  # the first group's start came before the gaps kept
     reached = sum(1 for n, _ in ended if n >= size)
     pauses = sorted(gap for n, gap in ended if n == size)

@@ -237,7 +237,8 @@ class Learned(Policy):
         gaps = s.stats.gaps
         beat = since_beat(gaps)
         elapsed = now - s.stats.last_arrival_ms + beat
-        own = gap_points(s.stats.gap_hist, gaps + s.stats.lulls, elapsed, 2 * start_ms(s))
+        burst = 2 * start_ms(s)  # a longer gap is a lull (or a group's pause)
+        own = gap_points(s.stats.gap_hist, gaps + s.stats.lulls, elapsed, burst)
         timed = bool(own)
         seen = sum(s.stats.gap_hist)
         if own and _memoryless(gaps):
@@ -250,7 +251,6 @@ class Learned(Policy):
             points = blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed))
         if beat:
             return [(x - beat, w) for x, w in points], timed
-        burst = 2 * start_ms(s)
         group = group_pause(gaps, burst) if own else None
         return (in_group(points, *group, elapsed, burst) if group else points), timed
 
