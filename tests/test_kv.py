@@ -2,7 +2,9 @@
 
 import asyncio
 
+import pytest
 from nats.js.api import KeyValueConfig
+from nats.js.errors import NotFoundError
 
 from runtime.bus import connected
 from runtime.kv import entries
@@ -26,6 +28,13 @@ async def test_listing_a_buckets_keys_leaves_no_consumer_behind(nats_url):
                 if not (await js.stream_info("KV_listed")).state.consumer_count:
                     return
                 await asyncio.sleep(0.5)
+
+
+async def test_listing_a_bucket_that_does_not_exist_says_so(nats_url):
+    """`controller.leases.holders` takes NotFoundError for "no node has started yet" (no lease bucket)."""
+    async with connected(nats_url, "test") as nc:
+        with pytest.raises(NotFoundError):
+            await entries(nc.jetstream(), "never_made")
 
 
 async def test_a_listing_has_every_key_even_when_the_server_sends_them_all_at_once(nats_url):
