@@ -22,7 +22,8 @@ What a function's history says (`next_arrival`, `outlook`; the arithmetic is in 
   A function called in groups with alike pauses between them has its next gap read from its place in the
   current group (`forecast.group_pause`): after a group's last call, a pause comes, and its instance is
   retired to start again just before the pause ends (dataSet_1's roles1 and rolebindings1, five calls
-  and a second's pause, were kept through every pause: 1,154 GB·s -> 1,093, 54.43 -> 54.82).
+  and a second's pause: their gaps read as a whole keep the instance through every pause, 1,154 GB·s
+  against 1,093, 54.43 against 54.82).
   Gaps that vary as an exponential's (Poisson calls) say how many shorter than the shortest seen to
   expect: a 2 GB function with a 3.7 s start whose ten gaps were 18-200 s had no chance of a call
   within 18 s, and its instance was retired after each call to start again (gen-poisson/2 49.56 -> 49.67).
