@@ -3,17 +3,17 @@
 # scripts/compose_check.py --stand-ins builds one from Debian packages where no registry is reachable).
 ARG PYTHON=python:3.11-slim-bookworm
 
-# Build: generate the gRPC code from proto/*.proto (the checkout's generated files are not in the
+# Build: generate the gRPC code from scaler/proto/*.proto (the checkout's generated files are not in the
 # context, see .dockerignore), then build the wheel and install it with its dependencies in /venv.
 FROM ${PYTHON} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# grpcio-tools at the version the `dev` extra pins, so the code matches what `python -m proto --check` expects.
+# grpcio-tools at the version the `dev` extra pins, so the code matches what `python -m scaler.proto --check` expects.
 COPY pyproject.toml .
 RUN python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"], sep="\n")' > dev.txt \
  && python -m venv /tools && /tools/bin/pip install -r dev.txt
 COPY . .
-RUN /tools/bin/python -m proto \
+RUN /tools/bin/python -m scaler.proto \
  && /tools/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /venv && /venv/bin/pip install /wheels/*.whl
 

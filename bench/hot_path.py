@@ -14,7 +14,7 @@ Real processes on loopback, and the client in its own process, as a platform wou
   node), demo policy;
 - node, NATS not syncing: the same on a nats-server with JetStream's default (fsync every 2 minutes),
   for the record of what syncing costs;
-- front + node: the node, called through `python -m gateway` (a front gateway forwarding over NATS).
+- front + node: the node, called through `python -m scaler.gateway` (a front gateway forwarding over NATS).
 For each: warm Assign and Idle latency with one caller, back to back (after every function has its
 instance); then Assign + Idle pairs per second with 50 callers over 50 functions, and with 50 callers
 on one hot function; and the Assign p99 under those loads. Ratios are to the echo server of the same
@@ -37,16 +37,16 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller.commits import Commits  # noqa: E402
-from gateway.server import Gateway  # noqa: E402
-from proto import serverless_sim_pb2 as pb  # noqa: E402
-from proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
-from proto.commands import Reply  # noqa: E402
-from proto.subjects import event_subject, function_events  # noqa: E402
-from runtime.bus import connect, ensure_stream  # noqa: E402
-from runtime.natsd import NatsServer  # noqa: E402
-from runtime.service import run, stop_on_signals  # noqa: E402
-from runtime.stream import Append  # noqa: E402
+from scaler.controller.commits import Commits  # noqa: E402
+from scaler.gateway.server import Gateway  # noqa: E402
+from scaler.proto import serverless_sim_pb2 as pb  # noqa: E402
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
+from scaler.proto.commands import Reply  # noqa: E402
+from scaler.proto.subjects import event_subject, function_events  # noqa: E402
+from scaler.runtime.bus import connect, ensure_stream  # noqa: E402
+from scaler.runtime.natsd import NatsServer  # noqa: E402
+from scaler.runtime.service import run, stop_on_signals  # noqa: E402
+from scaler.runtime.stream import Append  # noqa: E402
 
 FUNCTIONS = 50
 CALLERS = 50
@@ -286,7 +286,8 @@ async def bench(pairs: int, seconds: float) -> dict[str, dict]:
         node = f"127.0.0.1:{found[1]}"
         results[NODE] = await client(node, pairs, seconds)
         front, at = await spawn(
-            sys.executable, "-m", "gateway", "--nats", found[2], "--listen", "127.0.0.1:0", "--log-level", "INFO",
+            sys.executable, "-m", "scaler.gateway", "--nats", found[2], "--listen", "127.0.0.1:0",
+            "--log-level", "INFO",
             ready=r"ready: .*gateway on (\S+)",
         )  # fmt: skip
         try:

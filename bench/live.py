@@ -32,12 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller.core.policy import get_policy  # noqa: E402
-from runtime.ports import free_port  # noqa: E402
-from simulator.dataset import Dataset, load_dataset  # noqa: E402
-from simulator.live import run_live  # noqa: E402
-from simulator.offline import simulate  # noqa: E402
-from simulator.score import Run  # noqa: E402
+from scaler.controller.core.policy import get_policy  # noqa: E402
+from scaler.runtime.ports import free_port  # noqa: E402
+from scaler.simulator.dataset import Dataset, load_dataset  # noqa: E402
+from scaler.simulator.live import run_live  # noqa: E402
+from scaler.simulator.offline import simulate  # noqa: E402
+from scaler.simulator.score import Run  # noqa: E402
 
 DATASETS_DIR = ROOT.parent / "shared" / "datasets"
 
@@ -64,7 +64,7 @@ def scenarios(datasets: Path, scratch: Path) -> dict[str, tuple[Path, str]]:
 async def live(dataset: Dataset, policy: str) -> Run:
     platform = f"127.0.0.1:{free_port()}"
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "scaler.cli", "up", "--port", "0", "--platform", platform, "--policy", policy),
+        *(sys.executable, "-m", "scaler", "up", "--port", "0", "--platform", platform, "--policy", policy),
         stderr=asyncio.subprocess.PIPE,
         cwd=ROOT,
     )

@@ -24,12 +24,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.hot_path import client, spawn, stop  # noqa: E402
 from bench.policies import load  # noqa: E402  (shared datasets and generated shapes, by name)
-from controller.core.policy import get_policy  # noqa: E402
-from controller.leases import holders  # noqa: E402
-from proto.subjects import PARTITIONS  # noqa: E402
-from runtime.bus import connected  # noqa: E402
-from runtime.service import run  # noqa: E402
-from simulator.offline import Simulation  # noqa: E402
+from scaler.controller.core.policy import get_policy  # noqa: E402
+from scaler.controller.leases import holders  # noqa: E402
+from scaler.proto.subjects import PARTITIONS  # noqa: E402
+from scaler.runtime.bus import connected  # noqa: E402
+from scaler.runtime.service import run  # noqa: E402
+from scaler.simulator.offline import Simulation  # noqa: E402
 
 DATASETS_DIR = ROOT.parent / "shared" / "datasets"
 

@@ -4,14 +4,14 @@
     .venv/bin/python bench/policies.py --summarize TABLE.md ...
 
 Traces: the shared datasets (folders in --datasets-dir) and the generated shapes (`gen-mixed`,
-`gen-timer`, ...: simulator/shapes.py), each for every seed of --seeds (0-5 by default), named
+`gen-timer`, ...: scaler/simulator/shapes.py), each for every seed of --seeds (0-5 by default), named
 `gen-burst/3` for seed 3. dataSet_3 takes one to three minutes per policy; `--traces gen-mixed
 gen-burst --policies learned cidre --seeds 0` runs only those. `--jobs N` simulates N at once, in
 processes (for an idle machine).
 
 Prints a Markdown table: trace x policy -> success rate, cold starts, schedule s, slot GB·s, the
 two sub-scores, the score (0 below 99.95 % success), and the wall time of the simulation. The
-bound row is what a scaler that knew the trace could reach (simulator/bound.py): no waiting,
+bound row is what a scaler that knew the trace could reach (scaler/simulator/bound.py): no waiting,
 minimal idle slot time. Then a summary: each trace's score per policy beside its bound, `learned`'s
 margin over the best peer, and each generated shape's mean over the seeds. `--summarize` prints that
 summary from tables printed before (several runs' rows, concatenated, make one).
@@ -25,11 +25,11 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
-from simulator import shapes
-from simulator.bound import clairvoyant_bound
-from simulator.dataset import Dataset, DatasetError, load_dataset
-from simulator.offline import simulate
+from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.simulator import shapes
+from scaler.simulator.bound import clairvoyant_bound
+from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
+from scaler.simulator.offline import simulate
 
 DATASETS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 DATASETS = ["function_smoke_test", "dataSet_1", "dataSet_3"]

@@ -14,13 +14,13 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
-from controller.core.policy import Policy, get_policy
-from controller.core.policy.learned import Learned
-from controller.core.state import Totals
-from controller.ledger import Ledger
-from proto.commands import AnyCommand
-from simulator import shapes
-from simulator.offline import Simulation
+from scaler.controller.core.policy import Policy, get_policy
+from scaler.controller.core.policy.learned import Learned
+from scaler.controller.core.state import Totals
+from scaler.controller.ledger import Ledger
+from scaler.proto.commands import AnyCommand
+from scaler.simulator import shapes
+from scaler.simulator.offline import Simulation
 
 HOLDING_GB = 1e6  # GB·s one second of waiting is worth while holding: every hold is worth its memory
 

@@ -15,18 +15,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from controller import replay
-from controller.core.policy import get_policy
-from controller.core.state import Phase
-from controller.ledger import Ledger
-from controller.shell import Controller
-from controller.snapshots import BUCKET
-from proto import commands as c
-from proto.events import Meta, encode_batch
-from proto.subjects import event_subject
-from runtime import stream
-from runtime.bus import connected, ensure_stream
-from runtime.natsd import NatsServer
+from scaler.controller import replay
+from scaler.controller.core.policy import get_policy
+from scaler.controller.core.state import Phase
+from scaler.controller.ledger import Ledger
+from scaler.controller.shell import Controller
+from scaler.controller.snapshots import BUCKET
+from scaler.proto import commands as c
+from scaler.proto.events import Meta, encode_batch
+from scaler.proto.subjects import event_subject
+from scaler.runtime import stream
+from scaler.runtime.bus import connected, ensure_stream
+from scaler.runtime.natsd import NatsServer
 
 POLICY = get_policy("demo")
 WINDOW = 2_000  # batches published before waiting for JetStream to have stored them

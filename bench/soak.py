@@ -34,13 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.hot_path import spawn, stop  # noqa: E402
-from controller import replay  # noqa: E402
-from controller.snapshots import BUCKET  # noqa: E402
-from proto import serverless_sim_pb2 as pb  # noqa: E402
-from proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
-from proto.subjects import EVENTS  # noqa: E402
-from runtime.bus import connected  # noqa: E402
-from runtime.service import run  # noqa: E402
+from scaler.controller import replay  # noqa: E402
+from scaler.controller.snapshots import BUCKET  # noqa: E402
+from scaler.proto import serverless_sim_pb2 as pb  # noqa: E402
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
+from scaler.proto.subjects import EVENTS  # noqa: E402
+from scaler.runtime.bus import connected  # noqa: E402
+from scaler.runtime.service import run  # noqa: E402
 
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
 LIMITS = {"rest_after_ms": 30_000, "forget_after_ms": 60_000}
@@ -116,7 +116,7 @@ class Client:
 
 
 def node_pid(up_pid: int) -> int:
-    """The `scaler node` among `scaler up`'s children (each part became its process: runtime/lifeline.py)."""
+    """The `scaler node` among `scaler up`'s children (each part became its process: scaler/runtime/lifeline.py)."""
     children = Path(f"/proc/{up_pid}/task/{up_pid}/children").read_text().split()
     for pid in children:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

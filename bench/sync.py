@@ -18,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runtime.bus import connected  # noqa: E402
-from runtime.natsd import NatsServer  # noqa: E402
-from runtime.service import run  # noqa: E402
+from scaler.runtime.bus import connected  # noqa: E402
+from scaler.runtime.natsd import NatsServer  # noqa: E402
+from scaler.runtime.service import run  # noqa: E402
 
 PAYLOAD = b"x" * 300
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import grpc
 
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.ports import free_port
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "scaler-check"
@@ -209,7 +209,7 @@ def replay_verify(compose: Compose, config: dict, nats_address: str) -> None:
     inside = nats_user(config)
     out = compose("exec", "-T", inside, "sh", "-c", 'exec scaler replay --verify --nats "$SCALER_NATS_URL"').stdout
     say(f"  inside {inside}: {out.strip().splitlines()[-1]}")
-    scaler = [sys.executable, "-m", "scaler.cli", "replay", "--verify", "--nats", f"nats://{nats_address}"]
+    scaler = [sys.executable, "-m", "scaler", "replay", "--verify", "--nats", f"nats://{nats_address}"]
     out = sh(*scaler).stdout
     say(f"  from the host (nats://{nats_address}): {out.strip().splitlines()[-1]}")
 

@@ -37,12 +37,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller import replay  # noqa: E402
-from controller.leases import holders  # noqa: E402
-from platform_stub.server import PlatformStub  # noqa: E402
-from proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
-from runtime.bus import connected  # noqa: E402
-from runtime.natsd import NatsCluster, NatsServer  # noqa: E402
+from scaler.controller import replay  # noqa: E402
+from scaler.controller.leases import holders  # noqa: E402
+from scaler.platform_stub.server import PlatformStub  # noqa: E402
+from scaler.proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
+from scaler.runtime.bus import connected  # noqa: E402
+from scaler.runtime.natsd import NatsCluster, NatsServer  # noqa: E402
 from tests.invariants import Assignments, snapshots_hold_what_they_claim  # noqa: E402
 from tests.nemesis import tear_snapshot  # noqa: E402
 from tests.processes import Call, Driver, Parts, settled  # noqa: E402

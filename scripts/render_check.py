@@ -1,7 +1,7 @@
 """Render every page the scaler draws in headless Chromium and check a person would see something.
 
 Not part of the test suite (a browser and a live run take a minute): run it by hand after
-changing report/, simulator/report.py or controller/replay_page.py.
+changing scaler/report/, scaler/simulator/report.py or scaler/controller/replay_page.py.
 
     apt-get install -y chromium            # Debian's; once
     .venv/bin/python scripts/render_check.py [--big ../shared/datasets/dataSet_3]
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "tests" / "fixtures" / "function_smoke_test"
 IMG = ROOT / "docs" / "img"
-SCALER = [sys.executable, "-m", "scaler.cli"]
+SCALER = [sys.executable, "-m", "scaler"]
 WIDTH, HEIGHT = 1400, 2000
 OPENS = 3  # the first screen's time is the median of this many opens (a loaded machine is noisy)
 
@@ -196,7 +196,7 @@ def scaler(*args: str, **kw) -> subprocess.CompletedProcess:
 
 def live(tmp: Path) -> tuple[Path, Path]:
     """A live run of the smoke trace against a `scaler up` started here, then the replay page of its worst function."""
-    from runtime.ports import free_port  # the project is on sys.path once main() ran
+    from scaler.runtime.ports import free_port  # the project is on sys.path once main() ran
 
     platform = free_port()
     up = subprocess.Popen(
@@ -217,7 +217,7 @@ def live(tmp: Path) -> tuple[Path, Path]:
             "simulate", SMOKE, "--speed", 5, "--gateway", gateway, "--platform-listen", f"127.0.0.1:{platform}",
             "--report", page, "--save-run", saved, "--nats", nats, timeout=600,
         )  # fmt: skip
-        from simulator.report import load
+        from scaler.simulator.report import load
 
         worst = load(saved.read_bytes()).functions[0].key
         replayed = tmp / "replay.html"

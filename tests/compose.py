@@ -17,9 +17,9 @@ from unittest import mock
 
 import yaml
 
-from runtime import service as component_service
-from runtime.ports import free_port
 from scaler import cli
+from scaler.runtime import service as component_service
+from scaler.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"

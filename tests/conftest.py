@@ -1,7 +1,7 @@
 import pytest
 
-from platform_stub.server import PlatformStub
-from runtime.natsd import NatsServer
+from scaler.platform_stub.server import PlatformStub
+from scaler.runtime.natsd import NatsServer
 
 
 @pytest.fixture

@@ -13,15 +13,15 @@ from typing import NamedTuple
 
 import pytest
 
-from controller import ledger
-from controller.core.decide import Decision, decide
-from controller.core.limits import NO_ROOM
-from controller.core.policy import get_policy
-from controller.core.state import FnState, Totals, replay
-from proto.commands import AnyCommand, command_id
-from proto.events import Batch
-from runtime import stream
-from runtime.bus import connected
+from scaler.controller import ledger
+from scaler.controller.core.decide import Decision, decide
+from scaler.controller.core.limits import NO_ROOM
+from scaler.controller.core.policy import get_policy
+from scaler.controller.core.state import FnState, Totals, replay
+from scaler.proto.commands import AnyCommand, command_id
+from scaler.proto.events import Batch
+from scaler.runtime import stream
+from scaler.runtime.bus import connected
 
 
 class Taken(NamedTuple):

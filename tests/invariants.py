@@ -2,12 +2,12 @@
 
 from collections import Counter, defaultdict
 
-from controller import rebuild
-from controller.ledger import Ledger
-from controller.snapshots import SnapshotStore
-from proto.events import Assigned, Batch, Released
-from proto.subjects import PARTITIONS, partition
-from runtime import stream
+from scaler.controller import rebuild
+from scaler.controller.ledger import Ledger
+from scaler.controller.snapshots import SnapshotStore
+from scaler.proto.events import Assigned, Batch, Released
+from scaler.proto.subjects import PARTITIONS, partition
+from scaler.runtime import stream
 
 
 class Assignments:

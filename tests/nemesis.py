@@ -2,7 +2,7 @@
 
 from nats.js import JetStreamContext
 
-from controller import snapshots
+from scaler.controller import snapshots
 
 
 async def tear_snapshot(js: JetStreamContext, partition: int, drop: bool = False) -> None:

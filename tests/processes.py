@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from controller import state_service
-from controller.core.state import FnState, Phase
-from platform_stub.server import PlatformStub
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.bus import connected
-from runtime.ports import free_port
-from scaler.up import Child, Supervisor
-from simulator.dataset import Dataset, Request
+from scaler.cli.up import Child, Supervisor
+from scaler.controller import state_service
+from scaler.controller.core.state import FnState, Phase
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.bus import connected
+from scaler.runtime.ports import free_port
+from scaler.simulator.dataset import Dataset, Request
 
 
 class Parts:
@@ -65,9 +65,9 @@ class Parts:
             listen = f"127.0.0.1:{self.ports[part]}"
             return ["scaler", "node", "--listen", listen, "--replicas", str(self.replicas), *timeout, *self.node_args]
         return {
-            "platform_worker": ["workers", "platform", *workers],
-            "gc_worker": ["workers", "gc", *workers],
-            "gateway": ["gateway", "--listen", f"127.0.0.1:{self.ports['gateway']}", *timeout],
+            "platform_worker": ["scaler.workers", "platform", *workers],
+            "gc_worker": ["scaler.workers", "gc", *workers],
+            "gateway": ["scaler.gateway", "--listen", f"127.0.0.1:{self.ports['gateway']}", *timeout],
         }[part]
 
     async def start(self, part: str) -> float:

@@ -8,19 +8,19 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from controller.core.limits import NO_LIMITS, Limits
-from controller.core.policy import get_policy
-from controller.leases import TTL_S
-from controller.shell import GUARD_EVERY_S, Controller
-from gateway.server import Gateway
-from platform_stub.server import Faults, PlatformStub
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.bus import DEFAULT_RETENTION, Retention
-from runtime.clock import Clock
-from simulator.dataset import FunctionMeta
-from workers.gc import RECONCILE_GRACE_S, GcWorker
-from workers.platform import PlatformWorker
+from scaler.controller.core.limits import NO_LIMITS, Limits
+from scaler.controller.core.policy import get_policy
+from scaler.controller.leases import TTL_S
+from scaler.controller.shell import GUARD_EVERY_S, Controller
+from scaler.gateway.server import Gateway
+from scaler.platform_stub.server import Faults, PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.bus import DEFAULT_RETENTION, Retention
+from scaler.runtime.clock import Clock
+from scaler.simulator.dataset import FunctionMeta
+from scaler.workers.gc import RECONCILE_GRACE_S, GcWorker
+from scaler.workers.platform import PlatformWorker
 
 
 async def eventually(condition, seconds: float = 10.0) -> None:

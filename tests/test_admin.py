@@ -8,11 +8,11 @@ import grpc
 import msgspec
 import pytest
 
-from controller.core.policy import get_policy
-from controller.shell import Controller
-from gateway.admin import SERVICE, Answer
-from gateway.server import Gateway
-from proto import events as e
+from scaler.controller.core.policy import get_policy
+from scaler.controller.shell import Controller
+from scaler.gateway.admin import SERVICE, Answer
+from scaler.gateway.server import Gateway
+from scaler.proto import events as e
 from tests.stack import Stack, eventually
 from tests.test_nodes import KEYS, shared_between
 from tests.test_sessions import stored_events
@@ -25,7 +25,7 @@ async def admin(stack: Stack, method: str, **body) -> Answer:
 
 async def scaler(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scaler.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        sys.executable, "-m", "scaler", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     async with asyncio.timeout(60):
         out, err = await proc.communicate()

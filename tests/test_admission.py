@@ -1,8 +1,8 @@
 """Admission without a node: a clock that only moves when told, and commands that never leave."""
 
-from controller.admission import Admission
-from proto.commands import Assign, Code, Idle
-from proto.events import Meta
+from scaler.controller.admission import Admission
+from scaler.proto.commands import Assign, Code, Idle
+from scaler.proto.events import Meta
 
 
 class Clock:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from simulator.bound import clairvoyant_bound
-from simulator.dataset import Dataset, FunctionMeta, Request
+from scaler.simulator.bound import clairvoyant_bound
+from scaler.simulator.dataset import Dataset, FunctionMeta, Request
 
 
 def test_bound_on_a_hand_made_trace():

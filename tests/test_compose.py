@@ -16,15 +16,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from platform_stub.server import PlatformStub
-from proto import platform_admin_pb2 as admin
-from proto import platform_admin_pb2_grpc as admin_grpc
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.clock import Clock
-from runtime.natsd import NatsServer
-from scaler.up import Supervisor
-from simulator.dataset import load_dataset
-from simulator.live import LiveRun
+from scaler.cli.up import Supervisor
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import platform_admin_pb2 as admin
+from scaler.proto import platform_admin_pb2_grpc as admin_grpc
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.clock import Clock
+from scaler.runtime.natsd import NatsServer
+from scaler.simulator.dataset import load_dataset
+from scaler.simulator.live import LiveRun
 from tests import compose as c
 from tests.stack import eventually
 
@@ -49,7 +49,8 @@ def parts(compose: dict) -> dict[str, dict]:
 def test_each_part_is_one_of_our_components_in_the_image(name):
     service = DEFAULT["services"][name]
     module = service["command"][2]
-    assert (c.ROOT / module / "__main__.py").exists(), f"{name}: no {module}/__main__.py"
+    path = c.ROOT.joinpath(*module.split("."), "__main__.py")
+    assert path.exists(), f"{name}: no {path.relative_to(c.ROOT)}"
     assert any(fnmatch(module, pattern) for pattern in c.wheel_packages()), f"{module} is not in the wheel"
     c.parse(name, service)  # its own parser accepts the command and the environment's values
 
@@ -196,12 +197,12 @@ def test_dockerfile_builds_in_stages_generates_the_proto_code_and_runs_unprivile
     dockerfile = (c.ROOT / "Dockerfile").read_text()
     stages = re.split(r"^FROM ", dockerfile, flags=re.M)[1:]
     assert len(stages) >= 2, "multi-stage"
-    assert "python -m proto" in stages[0] and "python -m proto" not in stages[-1]
+    assert "python -m scaler.proto" in stages[0] and "python -m scaler.proto" not in stages[-1]
     users = re.findall(r"^USER (\S+)", stages[-1], flags=re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0"), "the final stage runs as a non-root user"
     # The checkout's generated code stays out of the build context, so the image really generates it.
     ignored = [line for line in (c.ROOT / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
-    generated = [p.relative_to(c.ROOT).as_posix() for p in (c.ROOT / "proto").glob("*_pb2*.py*")]
+    generated = [p.relative_to(c.ROOT).as_posix() for p in (c.ROOT / "scaler" / "proto").glob("*_pb2*.py*")]
     assert generated and all(any(fnmatch(g, pattern) for pattern in ignored) for g in generated)
 
 

@@ -7,17 +7,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proto import commands, events
-from proto.__main__ import stale
-from proto.subjects import key_from_token, key_problem, key_token
+from scaler.proto import commands, events
+from scaler.proto.__main__ import stale
+from scaler.proto.subjects import key_from_token, key_problem, key_token
 
 
 def test_generated_code_matches_the_proto_files():
-    assert stale() == [], "run `python -m proto` and commit the result"
+    assert stale() == [], "run `python -m scaler.proto` and commit the result"
 
 
 def test_wire_names_of_the_challenge_are_kept():
-    from proto import serverless_sim_pb2 as pb
+    from scaler.proto import serverless_sim_pb2 as pb
 
     assert pb.DESCRIPTOR.package == "serverless.simulator"
     assert [m.name for m in pb.DESCRIPTOR.services_by_name["Scaler"].methods] == ["Assign", "Idle"]

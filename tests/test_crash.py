@@ -18,15 +18,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller import replay
-from controller.core.state import Phase
-from platform_stub.server import PlatformStub
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from proto.events import Assigned, Released
-from runtime.bus import connected
-from runtime.natsd import NatsServer
-from simulator.dataset import FunctionMeta, load_dataset
+from scaler.controller import replay
+from scaler.controller.core.state import Phase
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.proto.events import Assigned, Released
+from scaler.runtime.bus import connected
+from scaler.runtime.natsd import NatsServer
+from scaler.simulator.dataset import FunctionMeta, load_dataset
 from tests.processes import Call, Driver, Parts, TraceCallers, overlaps, settled
 from tests.stack import eventually
 

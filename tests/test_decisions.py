@@ -2,8 +2,8 @@
 
 import pytest
 
-from proto.events import Batch, KeptAlive, encode_batch
-from runtime.bus import connected
+from scaler.proto.events import Batch, KeptAlive, encode_batch
+from scaler.runtime.bus import connected
 from tests.decisions import Decisions
 from tests.stack import Stack
 

@@ -4,13 +4,13 @@ import asyncio
 import re
 import time
 
-from controller.core.policy import get_policy
-from controller.shell import Controller
-from gateway.owed import Owed
-from gateway.server import Gateway
-from platform_stub.server import PlatformStub
-from proto.subjects import PARTITIONS
-from scaler.node import Node
+from scaler.cli.node import Node
+from scaler.controller.core.policy import get_policy
+from scaler.controller.shell import Controller
+from scaler.gateway.owed import Owed
+from scaler.gateway.server import Gateway
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto.subjects import PARTITIONS
 from tests.processes import Driver, Parts
 from tests.stack import Stack, eventually
 from tests.test_admin import scaler

@@ -6,14 +6,14 @@ import logging
 
 import pytest
 
-from controller import __main__ as controller_main
-from controller.core.policy import get_policy
-from controller.metrics import ControllerCollector
-from controller.shell import Controller
-from runtime import durability
-from runtime.bus import connected
-from runtime.durability import Sync
-from runtime.natsd import NatsCluster, NatsServer
+from scaler.controller import __main__ as controller_main
+from scaler.controller.core.policy import get_policy
+from scaler.controller.metrics import ControllerCollector
+from scaler.controller.shell import Controller
+from scaler.runtime import durability
+from scaler.runtime.bus import connected
+from scaler.runtime.durability import Sync
+from scaler.runtime.natsd import NatsCluster, NatsServer
 
 DEMO = get_policy("demo")
 

@@ -4,10 +4,10 @@ every busy instance has a lease, and a function's memory only grows its instance
 import grpc
 import pytest
 
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.clock import Clock
-from runtime.natsd import NatsServer
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.clock import Clock
+from scaler.runtime.natsd import NatsServer
 from tests.processes import Parts
 from tests.stack import Stack, eventually
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from runtime.bus import connected
-from runtime.natsd import NatsServer
+from scaler.runtime.bus import connected
+from scaler.runtime.natsd import NatsServer
 from tests.invariants import snapshots_hold_what_they_claim
 from tests.processes import Driver, Parts, controller_state
 from tests.stack import eventually

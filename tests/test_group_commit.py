@@ -6,12 +6,12 @@ import asyncio
 import os
 import signal
 
-from controller import replay
-from proto.events import Batch, RequestArrived, decode_batch, encode_batch, join
-from proto.subjects import function_events
-from runtime import stream
-from runtime.bus import connected
-from runtime.natsd import NatsServer
+from scaler.controller import replay
+from scaler.proto.events import Batch, RequestArrived, decode_batch, encode_batch, join
+from scaler.proto.subjects import function_events
+from scaler.runtime import stream
+from scaler.runtime.bus import connected
+from scaler.runtime.natsd import NatsServer
 from tests.stack import Stack, eventually
 from tests.test_replay import scaler_replay
 

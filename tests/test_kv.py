@@ -6,8 +6,8 @@ import pytest
 from nats.js.api import KeyValueConfig
 from nats.js.errors import NotFoundError
 
-from runtime.bus import connected
-from runtime.kv import entries
+from scaler.runtime.bus import connected
+from scaler.runtime.kv import entries
 
 
 async def test_listing_a_buckets_keys_leaves_no_consumer_behind(nats_url):
@@ -31,7 +31,7 @@ async def test_listing_a_buckets_keys_leaves_no_consumer_behind(nats_url):
 
 
 async def test_listing_a_bucket_that_does_not_exist_says_so(nats_url):
-    """`controller.leases.holders` takes NotFoundError for "no node has started yet" (no lease bucket)."""
+    """`scaler.controller.leases.holders` takes NotFoundError for "no node has started yet" (no lease bucket)."""
     async with connected(nats_url, "test") as nc:
         with pytest.raises(NotFoundError):
             await entries(nc.jetstream(), "never_made")

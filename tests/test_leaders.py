@@ -6,16 +6,16 @@ own batches would be; then the leader is called through gRPC, and the node cues 
 
 from dataclasses import dataclass
 
-from controller import explain
-from controller.core.policy import get_policy
-from controller.shell import Controller
-from proto.events import Cued, SlotWanted, encode_batch
-from proto.subjects import NO_EFFECTS, event_subject, function_events
-from runtime import stream
-from runtime.bus import connected, ensure_stream
-from runtime.clock import Clock
-from simulator.dataset import Dataset
-from simulator.offline import Simulation
+from scaler.controller import explain
+from scaler.controller.core.policy import get_policy
+from scaler.controller.shell import Controller
+from scaler.proto.events import Cued, SlotWanted, encode_batch
+from scaler.proto.subjects import NO_EFFECTS, event_subject, function_events
+from scaler.runtime import stream
+from scaler.runtime.bus import connected, ensure_stream
+from scaler.runtime.clock import Clock
+from scaler.simulator.dataset import Dataset
+from scaler.simulator.offline import Simulation
 from tests.stack import Stack, eventually
 from tests.test_group_commit import stored
 from tests.test_learned_offline import chained

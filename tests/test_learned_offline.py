@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from controller.core.policy import get_policy
-from controller.core.state import FnState, Phase, Totals
-from proto import events as e
-from simulator.dataset import Dataset, FunctionMeta, Request
-from simulator.offline import Simulation
+from scaler.controller.core.policy import get_policy
+from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.proto import events as e
+from scaler.simulator.dataset import Dataset, FunctionMeta, Request
+from scaler.simulator.offline import Simulation
 
 LEARNED = get_policy("learned")
 

@@ -2,9 +2,9 @@
 
 import asyncio
 
-from controller.leases import LEASES, Leases, holders
-from proto.subjects import PARTITIONS, partition
-from runtime.bus import connected
+from scaler.controller.leases import LEASES, Leases, holders
+from scaler.proto.subjects import PARTITIONS, partition
+from scaler.runtime.bus import connected
 from tests.stack import Stack, eventually
 
 

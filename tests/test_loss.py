@@ -6,10 +6,10 @@ import asyncio
 import logging
 import shutil
 
-from controller.leases import ranges
-from proto.subjects import PARTITIONS
-from runtime.bus import connected
-from runtime.natsd import NatsServer
+from scaler.controller.leases import ranges
+from scaler.proto.subjects import PARTITIONS
+from scaler.runtime.bus import connected
+from scaler.runtime.natsd import NatsServer
 from tests.invariants import snapshots_hold_what_they_claim
 from tests.stack import Stack, eventually
 from tests.test_snapshots import full_replay, some_traffic

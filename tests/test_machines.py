@@ -8,14 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from proto.subjects import EVENTS
-from runtime.bus import connected
-from runtime.natsd import NatsCluster
+from scaler.proto.subjects import EVENTS
+from scaler.runtime.bus import connected
+from scaler.runtime.natsd import NatsCluster
+from scaler.workers.platform import PlatformWorker
 from tests.processes import Driver
 from tests.stack import Stack, eventually
 from tests.test_nodes import KEYS, check, shared_between
 from tests.test_up import descendants, reap, start_up, stop
-from workers.platform import PlatformWorker
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
 """The node's metrics are read from the controller's state when scraped (the scrape itself: tests/test_up.py)."""
 
-from controller.core.policy import get_policy
-from controller.metrics import ControllerCollector
-from controller.shell import Controller
-from proto.commands import Assign
-from proto.events import Meta
+from scaler.controller.core.policy import get_policy
+from scaler.controller.metrics import ControllerCollector
+from scaler.controller.shell import Controller
+from scaler.proto.commands import Assign
+from scaler.proto.events import Meta
 from tests.stack import eventually
 
 

@@ -15,15 +15,15 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.bus import DRAIN_S, close, connect
-from runtime.natsd import NatsServer, server_binary
-from runtime.ports import free_port
+from scaler.runtime.bus import DRAIN_S, close, connect
+from scaler.runtime.natsd import NatsServer, server_binary
+from scaler.runtime.ports import free_port
+from scaler.workers import __main__ as workers_main
+from scaler.workers import effects
 from tests import compose
 from tests.stack import eventually
 from tests.test_simulate_live import finished, simulate_cli, steady
 from tests.test_up import alive, descendants, http_get, part_pid, reap, run_cli, served, start_up, stop
-from workers import __main__ as workers_main
-from workers import effects
 
 OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 
@@ -107,7 +107,7 @@ async def test_the_workers_stop_together_each_in_its_own_grace(nats_url, monkeyp
     ],
 )
 def test_a_bad_path_is_refused_before_anything_starts(args, why, then):
-    done = subprocess.run([sys.executable, "-m", "scaler.cli", "up", *args], capture_output=True, text=True, timeout=30)
+    done = subprocess.run([sys.executable, "-m", "scaler", "up", *args], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done.stderr
     said = done.stderr.splitlines()[-1]
     assert said.startswith("scaler up: error: ") and why in said and then in said, done.stderr
@@ -125,7 +125,7 @@ async def test_a_metrics_port_in_use_is_named_as_the_metrics_port():
 
 
 def test_up_help_shows_the_defaults():
-    done = subprocess.run([sys.executable, "-m", "scaler.cli", "up", "--help"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "scaler", "up", "--help"], capture_output=True, text=True)
     text = " ".join(done.stdout.split())  # as one line: argparse wraps at the terminal's width
     for option, default in [
         ("--port", "9001"),
@@ -233,7 +233,7 @@ async def test_a_store_limit_the_nats_store_cannot_hold_is_one_line_naming_the_o
 
 
 async def test_workers_first_on_a_small_store_create_the_stream_with_the_limit_they_are_given(small_nats):
-    command = [sys.executable, "-m", "workers", "--nats", small_nats, "--platform", f"127.0.0.1:{free_port()}"]
+    command = [sys.executable, "-m", "scaler.workers", "--nats", small_nats, "--platform", f"127.0.0.1:{free_port()}"]
     workers = await asyncio.create_subprocess_exec(
         *command, env={**os.environ, "SCALER_STORE_LIMIT_GB": "0.5"}, stderr=asyncio.subprocess.PIPE
     )

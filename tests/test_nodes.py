@@ -8,18 +8,18 @@ from collections import Counter
 
 import pytest
 
-from controller import replay
-from controller.core.policy import get_policy
-from controller.leases import LEASES, holders
-from controller.shell import Controller
-from platform_stub.server import PlatformStub
-from proto.commands import Assign, Idle
-from proto.events import Meta
-from proto.subjects import PARTITIONS
-from runtime.bus import connected, ensure_stream
-from runtime.natsd import NatsCluster, NatsServer
-from simulator.offline import Simulation
-from simulator.shapes import generate
+from scaler.controller import replay
+from scaler.controller.core.policy import get_policy
+from scaler.controller.leases import LEASES, holders
+from scaler.controller.shell import Controller
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto.commands import Assign, Idle
+from scaler.proto.events import Meta
+from scaler.proto.subjects import PARTITIONS
+from scaler.runtime.bus import connected, ensure_stream
+from scaler.runtime.natsd import NatsCluster, NatsServer
+from scaler.simulator.offline import Simulation
+from scaler.simulator.shapes import generate
 from tests.invariants import Assignments
 from tests.processes import Driver, Parts, settled
 from tests.stack import Stack, eventually

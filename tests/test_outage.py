@@ -9,12 +9,12 @@ from collections import Counter
 
 import grpc
 
-from controller import replay
-from platform_stub.server import PlatformStub
-from proto import serverless_sim_pb2 as pb
-from proto.events import Assigned
-from runtime.bus import connected
-from runtime.natsd import NatsServer
+from scaler.controller import replay
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto.events import Assigned
+from scaler.runtime.bus import connected
+from scaler.runtime.natsd import NatsServer
 from tests.processes import Parts
 from tests.stack import Stack
 from tests.test_crash import assign, frozen

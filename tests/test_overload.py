@@ -9,10 +9,10 @@ from pathlib import Path
 
 import grpc
 
-from platform_stub.server import PlatformStub
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.natsd import NatsServer
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.natsd import NatsServer
 from tests.processes import Parts, settled
 
 KEYS = tuple(f"hot{n}" for n in range(2))  # two hot functions: their queues grow fastest

@@ -9,13 +9,13 @@ import time
 
 import grpc
 
-from platform_stub.server import PlatformStub
-from proto import platform_admin_pb2 as admin
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.faults import LastingFault
-from runtime.ports import free_port
-from simulator.dataset import FunctionMeta
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import platform_admin_pb2 as admin
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.faults import LastingFault
+from scaler.runtime.ports import free_port
+from scaler.simulator.dataset import FunctionMeta
 from tests.stack import eventually
 from tests.test_up import Log, start_up
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pytest_codeblocks import extract_from_file
 
-from runtime.ports import free_port
+from scaler.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

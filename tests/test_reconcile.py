@@ -7,14 +7,14 @@ import logging
 import grpc
 import pytest
 
-from controller import replay
-from platform_stub.server import PlatformStub
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from proto.events import InstanceDestroyed, InstanceRetired
-from runtime.bus import connected
+from scaler.controller import replay
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.proto.events import InstanceDestroyed, InstanceRetired
+from scaler.runtime.bus import connected
+from scaler.workers.gc import GcWorker
 from tests.stack import Stack, eventually
-from workers.gc import GcWorker
 
 
 async def stray_slot(stub: PlatformStub, request_id: str, instance_id: str = "", key: str = "fn") -> str:

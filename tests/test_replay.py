@@ -10,15 +10,15 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from controller import explain, replay, state_service
-from controller.core.state import FnState, Phase
-from controller.leases import LEASES, bucket
-from controller.snapshots import Snapshot
-from proto.events import Batch, RequestWaiting, encode_batch
-from proto.subjects import event_subject, partition
-from runtime import stream
-from runtime.bus import Unavailable, connected, ensure_stream
-from runtime.natsd import NatsServer
+from scaler.controller import explain, replay, state_service
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.leases import LEASES, bucket
+from scaler.controller.snapshots import Snapshot
+from scaler.proto.events import Batch, RequestWaiting, encode_batch
+from scaler.proto.subjects import event_subject, partition
+from scaler.runtime import stream
+from scaler.runtime.bus import Unavailable, connected, ensure_stream
+from scaler.runtime.natsd import NatsServer
 from tests.stack import Stack
 from tests.test_up import assign_and_idle, start_up, stop
 
@@ -27,7 +27,7 @@ async def scaler_replay(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "scaler.cli",
+        "scaler",
         "replay",
         *args,
         stdout=asyncio.subprocess.PIPE,

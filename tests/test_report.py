@@ -15,12 +15,12 @@ from pathlib import Path
 import plotly.offline
 import pytest
 
-from controller import replay
-from report import draw
-from report.timeline import Life, Timeline
-from runtime.bus import connected
-from runtime.ports import free_port
-from simulator import report
+from scaler.controller import replay
+from scaler.report import draw
+from scaler.report.timeline import Life, Timeline
+from scaler.runtime.bus import connected
+from scaler.runtime.ports import free_port
+from scaler.simulator import report
 from tests.stack import Stack
 from tests.test_replay import scaler_replay, traffic
 from tests.test_retention import rounds, tiny_stack, truncated_stack
@@ -171,7 +171,7 @@ async def test_a_live_report_reads_the_reasons_back_from_the_scalers_stream(tmp_
     nats = re.search(r" nats (nats://\S+)", lines[-1]).group(1)
     try:
         simulator = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "scaler.cli", "simulate", str(folder), "--gateway", gateway),
+            *(sys.executable, "-m", "scaler", "simulate", str(folder), "--gateway", gateway),
             *("--platform-listen", platform, "--speed", "100", "--nats", nats),
             *("--report", str(page_path), "--save-run", str(saved)),
             stdout=asyncio.subprocess.PIPE,

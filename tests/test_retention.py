@@ -5,16 +5,16 @@ import asyncio
 import logging
 import sys
 
-from controller import rebuild, replay, snapshots
-from controller.leases import EVERY_S
-from controller.metrics import ControllerCollector
-from controller.shell import Controller
-from controller.snapshots import SnapshotStore
-from proto.commands import Assign, Code
-from proto.events import Meta
-from proto.subjects import EVENTS, PARTITIONS, function_events, partition
-from runtime import stream
-from runtime.bus import DEFAULT_RETENTION, Retention, connected, ensure_stream, set_retention
+from scaler.controller import rebuild, replay, snapshots
+from scaler.controller.leases import EVERY_S
+from scaler.controller.metrics import ControllerCollector
+from scaler.controller.shell import Controller
+from scaler.controller.snapshots import SnapshotStore
+from scaler.proto.commands import Assign, Code
+from scaler.proto.events import Meta
+from scaler.proto.subjects import EVENTS, PARTITIONS, function_events, partition
+from scaler.runtime import stream
+from scaler.runtime.bus import DEFAULT_RETENTION, Retention, connected, ensure_stream, set_retention
 from tests.nemesis import tear_snapshot
 from tests.stack import Stack
 from tests.test_replay import scaler_replay
@@ -73,7 +73,7 @@ async def test_bad_retention_flags_are_refused_before_anything_starts():
         ("--retention-hours", "soon", "not a number"),
     ]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "scaler.cli", "node", flag, value, stderr=asyncio.subprocess.PIPE
+            sys.executable, "-m", "scaler", "node", flag, value, stderr=asyncio.subprocess.PIPE
         )
         _, err = await proc.communicate()
         assert proc.returncode == 2 and message in err.decode(), err.decode()

@@ -4,7 +4,7 @@ restarts, the same request id never gets a second instance."""
 import grpc
 import pytest
 
-from controller.core.limits import Limits
+from scaler.controller.core.limits import Limits
 from tests.stack import Stack, eventually
 
 

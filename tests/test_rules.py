@@ -6,18 +6,18 @@ import asyncio
 import grpc
 import pytest
 
-from controller import replay
-from controller.__main__ import load_limits
-from controller.core.limits import FunctionLimits, Limits
-from controller.core.policy import get_policy
-from controller.shell import Controller
-from platform_stub.server import Faults, Refusal
-from proto import serverless_sim_pb2 as pb
-from proto.commands import Assign
-from proto.events import Assigned, Meta, decode_batch
-from proto.subjects import partition
-from runtime.bus import Unavailable, connected
-from runtime.clock import Clock
+from scaler.controller import replay
+from scaler.controller.__main__ import load_limits
+from scaler.controller.core.limits import FunctionLimits, Limits
+from scaler.controller.core.policy import get_policy
+from scaler.controller.shell import Controller
+from scaler.platform_stub.server import Faults, Refusal
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto.commands import Assign
+from scaler.proto.events import Assigned, Meta, decode_batch
+from scaler.proto.subjects import partition
+from scaler.runtime.bus import Unavailable, connected
+from scaler.runtime.clock import Clock
 from tests.stack import Stack, eventually
 
 

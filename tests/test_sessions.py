@@ -5,10 +5,10 @@ import asyncio
 import grpc
 import pytest
 
-from proto import events as e
-from proto.subjects import function_events
-from runtime import stream
-from runtime.bus import connected
+from scaler.proto import events as e
+from scaler.proto.subjects import function_events
+from scaler.runtime import stream
+from scaler.runtime.bus import connected
 from tests.stack import Stack
 from tests.test_replay import scaler_replay
 

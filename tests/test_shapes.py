@@ -4,10 +4,10 @@ from collections import defaultdict
 
 import pytest
 
-from controller.core.policy import POLICIES, get_policy
-from simulator import shapes
-from simulator.dataset import load_dataset
-from simulator.offline import simulate
+from scaler.controller.core.policy import POLICIES, get_policy
+from scaler.simulator import shapes
+from scaler.simulator.dataset import load_dataset
+from scaler.simulator.offline import simulate
 
 
 def starts_by_key(trace: str, seed: int = 0) -> dict[str, list[int]]:

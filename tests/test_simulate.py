@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from controller.core.policy import POLICIES, get_policy
-from platform_stub.server import PlatformStub, SlotRecord
-from proto import serverless_sim_pb2 as pb
-from runtime.clock import Clock
 from scaler.cli import main
-from simulator import live
-from simulator.dataset import load_dataset
-from simulator.offline import simulate
-from simulator.score import Failure
+from scaler.controller.core.policy import POLICIES, get_policy
+from scaler.platform_stub.server import PlatformStub, SlotRecord
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.runtime.clock import Clock
+from scaler.simulator import live
+from scaler.simulator.dataset import load_dataset
+from scaler.simulator.offline import simulate
+from scaler.simulator.score import Failure
 
 SMOKE = Path(__file__).parent / "fixtures" / "function_smoke_test"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"

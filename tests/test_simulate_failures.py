@@ -9,15 +9,15 @@ import asyncio
 import grpc
 import pytest
 
-from controller.core.policy import POLICIES, get_policy
-from platform_stub.server import PlatformStub
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.clock import Clock
-from simulator.dataset import load_dataset
-from simulator.live import LiveRun
-from simulator.offline import simulate
-from simulator.score import Failure, Invocation, summarize
+from scaler.controller.core.policy import POLICIES, get_policy
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.clock import Clock
+from scaler.simulator.dataset import load_dataset
+from scaler.simulator.live import LiveRun
+from scaler.simulator.offline import simulate
+from scaler.simulator.score import Failure, Invocation, summarize
 from tests.test_simulate import meta, request, write_dataset
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.core.policy import get_policy
-from runtime.clock import Clock
-from simulator import shapes
-from simulator.dataset import load_dataset
-from simulator.live import LiveError, LiveRun, run_live
-from simulator.offline import simulate
-from simulator.score import RUN_TAIL_MS
+from scaler.controller.core.policy import get_policy
+from scaler.runtime.clock import Clock
+from scaler.simulator import shapes
+from scaler.simulator.dataset import load_dataset
+from scaler.simulator.live import LiveError, LiveRun, run_live
+from scaler.simulator.offline import simulate
+from scaler.simulator.score import RUN_TAIL_MS
 from tests.decisions import Decisions
 from tests.stack import Stack
 from tests.test_simulate import SHARED, STATS_FIELDS, gentle, meta, request, write_dataset
@@ -114,7 +114,7 @@ async def test_simulate_drives_scaler_up_end_to_end(tmp_path):
         simulator = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "scaler.cli",
+            "scaler",
             "simulate",
             str(folder),
             "--gateway",
@@ -150,7 +150,7 @@ async def test_sigterm_stops_a_live_run_cleanly(tmp_path):
     accepted = asyncio.Event()
     server = await asyncio.start_server(lambda r, w: accepted.set(), "127.0.0.1", 0)
     gateway = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    command = [sys.executable, "-m", "scaler.cli", "simulate", str(gentle(tmp_path / "g")), "--gateway", gateway]
+    command = [sys.executable, "-m", "scaler", "simulate", str(gentle(tmp_path / "g")), "--gateway", gateway]
     command += ["--platform-listen", "127.0.0.1:0"]
     simulator = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
     try:
@@ -171,7 +171,7 @@ async def test_sigterm_stops_a_live_run_cleanly(tmp_path):
 
 async def simulate_cli(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scaler.cli", "simulate", *map(str, args),
+        sys.executable, "-m", "scaler", "simulate", *map(str, args),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
 
@@ -262,7 +262,7 @@ async def test_a_live_run_shows_progress_and_serves_its_statistics_so_far(tmp_pa
 
 def test_an_offline_run_shows_progress_as_lines_in_a_log_and_as_a_bar_on_a_terminal(tmp_path):
     folder = shapes.write(shapes.generate("mixed", 0), tmp_path / "mixed")
-    command = [sys.executable, "-m", "scaler.cli", "simulate", str(folder), "--offline", "--progress-every", "0.2"]
+    command = [sys.executable, "-m", "scaler", "simulate", str(folder), "--offline", "--progress-every", "0.2"]
     logged = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert logged.returncode == 0, logged.stderr
     lines = logged.stderr.splitlines()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.dataset import load_dataset
-from simulator.live import LiveRun
+from scaler.simulator.dataset import load_dataset
+from scaler.simulator.live import LiveRun
 from tests.decisions import Decisions
 from tests.stack import Stack
 

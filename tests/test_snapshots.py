@@ -5,18 +5,18 @@ import re
 
 import pytest
 
-from controller import snapshots
-from controller.core import features, state
-from controller.core.policy import get_policy
-from controller.core.state import FnState
-from controller.ledger import Ledger
-from controller.shell import Controller
-from controller.snapshots import Snapshot, SnapshotStore
-from proto.commands import Assign
-from proto.events import Meta
-from proto.subjects import event_subject, function_events, partition, partition_events
-from runtime import stream
-from runtime.bus import connected, ensure_stream
+from scaler.controller import snapshots
+from scaler.controller.core import features, state
+from scaler.controller.core.policy import get_policy
+from scaler.controller.core.state import FnState
+from scaler.controller.ledger import Ledger
+from scaler.controller.shell import Controller
+from scaler.controller.snapshots import Snapshot, SnapshotStore
+from scaler.proto.commands import Assign
+from scaler.proto.events import Meta
+from scaler.proto.subjects import event_subject, function_events, partition, partition_events
+from scaler.runtime import stream
+from scaler.runtime.bus import connected, ensure_stream
 from tests.stack import Stack
 
 DEMO = get_policy("demo")

@@ -3,7 +3,7 @@ wait_for does that when its future completes as the cancel lands)."""
 
 import asyncio
 
-from runtime.tasks import cancelled
+from scaler.runtime.tasks import cancelled
 
 
 async def test_a_swallowed_cancellation_is_repeated_until_the_task_ends():

@@ -3,9 +3,9 @@ still begins at its first batch, and refused with one clear line once retention 
 
 import asyncio
 
-from controller.shell import Controller
-from proto.subjects import PARTITIONS, partition
-from runtime.bus import connected
+from scaler.controller.shell import Controller
+from scaler.proto.subjects import PARTITIONS, partition
+from scaler.runtime.bus import connected
 from tests.nemesis import tear_snapshot
 from tests.stack import Stack
 from tests.test_snapshots import DEMO, full_replay, some_traffic

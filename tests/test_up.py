@@ -14,11 +14,11 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from platform_stub.server import PlatformStub
-from proto import serverless_sim_pb2 as pb
-from proto import serverless_sim_pb2_grpc as pb_grpc
-from runtime.natsd import NatsServer, StoreBusy, claim
-from runtime.ports import free_port
+from scaler.platform_stub.server import PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime.natsd import NatsServer, StoreBusy, claim
+from scaler.runtime.ports import free_port
 from tests.stack import eventually
 
 READY = re.compile(r"scaler ready: gRPC [\d.]+:(\d+),")
@@ -30,7 +30,7 @@ async def start_up(*args: str) -> tuple[asyncio.subprocess.Process, str, list[st
     before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "scaler.cli", "up", "--port", "0", *args, stderr=asyncio.subprocess.PIPE
+            sys.executable, "-m", "scaler", "up", "--port", "0", *args, stderr=asyncio.subprocess.PIPE
         )
     finally:
         signal.signal(signal.SIGHUP, before)
@@ -186,7 +186,7 @@ def reap(pids) -> None:
 
 def part_pid(up: asyncio.subprocess.Process, marker: str) -> int:
     """The pid of the part of `scaler up` whose command line has `marker` (not the lifeline wrapping it)."""
-    found = [pid for pid, cmd in descendants(up.pid).items() if marker in cmd and "runtime.lifeline" not in cmd]
+    found = [pid for pid, cmd in descendants(up.pid).items() if marker in cmd and "scaler.runtime.lifeline" not in cmd]
     assert len(found) == 1, (marker, descendants(up.pid))
     return found[0]
 
@@ -213,7 +213,7 @@ async def served(address: str, key: str, seconds: float = 30) -> str:
 async def run_cli(*args: str, seconds: float = 60) -> tuple[int | None, str]:
     """`scaler ARGS` to its end (or killed after `seconds`: None); its exit status and stderr."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scaler.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        sys.executable, "-m", "scaler", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     try:
         async with asyncio.timeout(seconds):
@@ -258,14 +258,14 @@ async def test_a_port_in_use_is_an_error_not_a_shared_port():
     ],
 )
 def test_a_bad_command_line_is_exit_2_with_one_line(args, why):
-    done = subprocess.run([sys.executable, "-m", "scaler.cli", *args], capture_output=True, text=True, timeout=30)
+    done = subprocess.run([sys.executable, "-m", "scaler", *args], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done.stderr
     assert why in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_every_option_of_up_says_what_it_does():
-    done = subprocess.run([sys.executable, "-m", "scaler.cli", "up", "--help"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "scaler", "up", "--help"], capture_output=True, text=True)
     options = re.findall(r"^  (--[a-z-]+)( [A-Z_{][^ ]*)?\s*(.*)$", done.stdout, re.MULTILINE)
     assert {o for o, _, _ in options} >= {"--policy", "--port", "--metrics-port", "--speed"}
     undocumented = [o for o, _, text in options if not text]
@@ -355,9 +355,9 @@ async def test_a_nats_server_too_old_for_the_order_check_is_refused(tmp_path, ol
 @pytest.mark.parametrize(
     ("command", "how"),
     [
-        (["-m", "scaler.cli", "up", "--port", "0"], "SIGINT"),
-        (["-m", "scaler.cli", "up", "--port", "0"], "SIGTERM"),
-        (["-m", "workers"], "SIGTERM"),
+        (["-m", "scaler", "up", "--port", "0"], "SIGINT"),
+        (["-m", "scaler", "up", "--port", "0"], "SIGTERM"),
+        (["-m", "scaler.workers"], "SIGTERM"),
     ],
 )
 async def test_a_signal_stops_a_start_that_waits_for_nats(command, how):
@@ -382,8 +382,8 @@ async def test_a_part_that_dies_is_started_again_and_serving_resumes(tmp_path):
         assert await served(address, "before") == "before-1"
         markers = {
             "node": "scaler node",
-            "workers": "-m workers",
-            "platform stub": "-m platform_stub",
+            "workers": "-m scaler.workers",
+            "platform stub": "-m scaler.platform_stub",
             "nats-server": "bin/nats-server",
         }
         for n, (name, marker) in enumerate(markers.items()):

@@ -8,14 +8,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from controller import rebuild
-from controller.core import state
-from controller.ledger import Ledger
-from controller.shell import Controller
-from controller.snapshots import Snapshot, SnapshotStore
-from proto.subjects import PARTITIONS
-from runtime.bus import connected
-from runtime.natsd import NatsServer
+from scaler.controller import rebuild
+from scaler.controller.core import state
+from scaler.controller.ledger import Ledger
+from scaler.controller.shell import Controller
+from scaler.controller.snapshots import Snapshot, SnapshotStore
+from scaler.proto.subjects import PARTITIONS
+from scaler.runtime.bus import connected
+from scaler.runtime.natsd import NatsServer
 from tests.fixtures.upgrade.make import summary
 from tests.test_snapshots import DEMO
 
@@ -57,6 +57,7 @@ async def test_a_store_written_by_an_earlier_version_loads_from_its_snapshots(re
 def test_what_a_snapshot_stores_is_pinned_to_the_state_version():
     schema = hashlib.sha256(msgspec.json.encode(msgspec.json.schema(Snapshot))).hexdigest()[:16]
     assert SCHEMAS.get(state.VERSION) == schema, (
-        "what a snapshot stores changed: bump controller.core.state.VERSION, add its step to controller/upcasts.py,"
+        "what a snapshot stores changed: bump scaler.controller.core.state.VERSION,"
+        " add its step to scaler/controller/upcasts.py,"
         f" pin {schema} here, and write that version's store (python -m tests.fixtures.upgrade.make v{state.VERSION})"
     )

@@ -6,12 +6,12 @@ import functools
 
 import pytest
 
-from controller.ledger import Ledger
-from controller.writer import Conflict, TooBig, Writer
-from proto.events import Batch, RequestArrived
-from proto.subjects import function_events
-from runtime import stream
-from runtime.bus import Unavailable, connected, ensure_stream
+from scaler.controller.ledger import Ledger
+from scaler.controller.writer import Conflict, TooBig, Writer
+from scaler.proto.events import Batch, RequestArrived
+from scaler.proto.subjects import function_events
+from scaler.runtime import stream
+from scaler.runtime.bus import Unavailable, connected, ensure_stream
 
 
 def batch(key: str, n: int, size: int = 0) -> Batch:

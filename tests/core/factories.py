@@ -1,11 +1,11 @@
 """Small builders for core tests: commands and events with sensible defaults."""
 
-from controller.core.decide import decide
-from controller.core.policy import get_policy
-from controller.core.policy.base import FixedKeepAlive
-from controller.core.state import FnState, replay
-from proto import commands as c
-from proto import events as e
+from scaler.controller.core.decide import decide
+from scaler.controller.core.policy import get_policy
+from scaler.controller.core.policy.base import FixedKeepAlive
+from scaler.controller.core.state import FnState, replay
+from scaler.proto import commands as c
+from scaler.proto import events as e
 
 KEY = "fn"
 META = e.Meta(memory_mb=512, runtime="python", timeout_s=60)

@@ -4,10 +4,10 @@ from typing import NamedTuple
 
 import pytest
 
-from controller.core.decide import decide
-from controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, FnState, Phase
-from proto import commands as c
-from proto import events as e
+from scaler.controller.core.decide import decide
+from scaler.controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, FnState, Phase
+from scaler.proto import commands as c
+from scaler.proto import events as e
 from tests.core.factories import DEMO, KEY, META, POOLED, assign, idle, ready, run
 
 T = 1_000  # when the command of a table row is decided; its given commands came at 0, 10, 20, ...

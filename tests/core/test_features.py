@@ -1,6 +1,6 @@
 """The features fold, pinned per version: what lets a snapshot keep its features across a tidy-up.
 
-A snapshot is stamped with `features.VERSION` rather than the fold's source (controller/snapshots.py),
+A snapshot is stamped with `features.VERSION` rather than the fold's source (scaler/controller/snapshots.py),
 so a change to what the fold computes must come with a new version. These tests fold a reference
 event log (tests/fixtures/features, written by its make.py) and compare with the features recorded
 for the current version.
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import msgspec
 
-from controller.core import features, state
-from controller.core.state import FnState, replay
-from proto.events import Batch
+from scaler.controller.core import features, state
+from scaler.controller.core.state import FnState, replay
+from scaler.proto.events import Batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "features"
 

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.core.decide import decide
-from controller.core.policy import POLICIES, get_policy
-from controller.core.state import FnState, Phase, replay
-from proto import commands as c
+from scaler.controller.core.decide import decide
+from scaler.controller.core.policy import POLICIES, get_policy
+from scaler.controller.core.state import FnState, Phase, replay
+from scaler.proto import commands as c
 from tests.core.factories import KEY, META
 
 requests = st.sampled_from([f"r{n}" for n in range(6)])

@@ -5,13 +5,13 @@ import dataclasses
 import msgspec
 from msgspec.structs import replace
 
-from controller.core.decide import decide
-from controller.core.features import GAP_BINS, gap_bin
-from controller.core.policy import get_policy
-from controller.core.policy.learned import Learned, exchange_rate
-from controller.core.state import FnState, Phase, Totals
-from proto import commands as c
-from proto import events as e
+from scaler.controller.core.decide import decide
+from scaler.controller.core.features import GAP_BINS, gap_bin
+from scaler.controller.core.policy import get_policy
+from scaler.controller.core.policy.learned import Learned, exchange_rate
+from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.proto import commands as c
+from scaler.proto import events as e
 
 LEARNED = get_policy("learned")
 
@@ -49,7 +49,7 @@ def busy_function(run_ms: int, start_ms: int) -> FnState:
 
 
 def _instance(id: str, phase: Phase, since: int):
-    from controller.core.state import Instance
+    from scaler.controller.core.state import Instance
 
     return Instance(id=id, phase=phase, since_ms=since, memory_mb=1024, slot_id="s", request_id="r0")
 
@@ -102,7 +102,7 @@ def periodic(period_ms: int, start_ms: int, calls: int = 20) -> FnState:
 
 
 def creating(id: str, wanted_ms: int, for_request: str = ""):
-    from controller.core.state import Instance
+    from scaler.controller.core.state import Instance
 
     return Instance(
         id=id, phase=Phase.CREATING, since_ms=wanted_ms, memory_mb=1024, wanted_ms=wanted_ms, for_request=for_request
@@ -130,7 +130,7 @@ def test_one_odd_gap_beside_a_timers_does_not_widen_where_its_next_tick_is_expec
     # A 30 s timer with one extra call in its history (30 s became 20.4 s + 9.6 s): that gap's neighbour
     # of 20.4 s is near enough to count in the spread of the 30 s ones; its sd of logs made the next tick
     # anywhere in 27-33 s and the pre-warm came after it (dataSet_1's nodes1: 34 ticks in a row cold).
-    from controller.core.policy.forecast import gap_points
+    from scaler.controller.core.policy.forecast import gap_points
 
     gaps = (30_000,) * 10 + (29_996, 30_004) * 5 + (28_814, 20_444)
     hist = [0.0] * GAP_BINS
@@ -187,7 +187,7 @@ def test_a_session_that_finds_no_instance_starts_instances_for_the_calls_it_brin
 def test_a_timers_jitter_of_a_millisecond_still_spreads_where_its_next_tick_may_come():
     # Ticks 30 s apart give or take a few ms (most within 1 ms): the next may come after the longest of
     # the recent ones, and holding a pre-warmed instance a few ms more costs far less than that miss.
-    from controller.core.policy.forecast import gap_points
+    from scaler.controller.core.policy.forecast import gap_points
 
     gaps = (30_000,) * 12 + (29_999, 30_001) * 8 + (29_997, 30_004)
     hist = [0.0] * GAP_BINS
@@ -199,7 +199,7 @@ def test_a_timers_jitter_of_a_millisecond_still_spreads_where_its_next_tick_may_
 def test_a_return_plan_may_hold_through_the_longest_gap_seen():
     # 34 gaps, looked at every other one: the longest must still be a place to hold until, when a miss
     # costs far more than holding.
-    from controller.core.policy.forecast import restart_plan
+    from scaler.controller.core.policy.forecast import restart_plan
 
     points = [(10_000.0 + i, 1.0) for i in range(34)]
     plan, _ = restart_plan(points, 0.0, start=100, lam=10.0, miss=1e6, rate=0.0, options=[(1, 0.5, 0.0)])
@@ -285,7 +285,7 @@ def test_a_call_besides_a_timers_ticks_does_not_move_where_its_next_tick_is_expe
 
 
 def test_only_a_clock_called_off_its_beat_has_a_beat_to_count_from():
-    from controller.core.policy.forecast import since_beat
+    from scaler.controller.core.policy.forecast import since_beat
 
     assert since_beat((30_000,) * 20 + (3_884,)) == 3_884
     assert since_beat((30_000,) * 20 + (3_884, 26_116)) == 0
@@ -319,7 +319,7 @@ def test_a_function_called_in_groups_is_retired_after_a_group_to_start_again_bef
 
 
 def test_only_a_group_whose_pauses_are_alike_has_a_pause_to_expect():
-    from controller.core.policy.forecast import group_pause
+    from scaler.controller.core.policy.forecast import group_pause
 
     group = (50, 25, 50, 70)
     alike = tuple(g for p in (950, 930, 990, 945, 960, 940, 975, 955, 935, 965) for g in (*group, p))

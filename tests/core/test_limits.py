@@ -4,11 +4,11 @@ and keeps the reserved instances of a function ready."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.core.decide import decide
-from controller.core.limits import FunctionLimits, Limits, Room
-from controller.core.state import FnState, Phase, Totals, replay
-from proto import commands as c
-from proto import events as e
+from scaler.controller.core.decide import decide
+from scaler.controller.core.limits import FunctionLimits, Limits, Room
+from scaler.controller.core.state import FnState, Phase, Totals, replay
+from scaler.proto import commands as c
+from scaler.proto import events as e
 from tests.core.factories import DEMO, KEY, META, assign, idle, ready
 
 THROTTLE_MS = 5_000

@@ -5,10 +5,10 @@ import random
 
 import msgspec
 
-from controller.core.features import FnStats
-from controller.core.open_gaps import ACTIVE_MS, RESTED_MS
-from controller.core.policy.forecast import new_function_points
-from controller.core.state import FnState, Totals
+from scaler.controller.core.features import FnStats
+from scaler.controller.core.open_gaps import ACTIVE_MS, RESTED_MS
+from scaler.controller.core.policy.forecast import new_function_points
+from scaler.controller.core.state import FnState, Totals
 
 DAY_MS = 24 * 3_600_000
 REST_MS = 10 * 60_000

@@ -3,11 +3,11 @@ mean gap, pre-warm and keep-alive bound), CIDRE (queueing for a busy instance, a
 
 import pytest
 
-from controller.core.features import FnStats
-from controller.core.policy import get_policy, spes
-from controller.core.policy import rainbowcake as rc
-from controller.core.state import FnState, Instance, Phase
-from proto import events as e
+from scaler.controller.core.features import FnStats
+from scaler.controller.core.policy import get_policy, spes
+from scaler.controller.core.policy import rainbowcake as rc
+from scaler.controller.core.state import FnState, Instance, Phase
+from scaler.proto import events as e
 from tests.core.factories import KEY, META, assign, idle, ready, run
 
 SPES, RAINBOWCAKE, CIDRE = get_policy("spes"), get_policy("rainbowcake"), get_policy("cidre")

@@ -1,11 +1,11 @@
 """Reconcile in the pure core: what the platform lists against what the state holds."""
 
-from controller.core import reconcile
-from controller.core.decide import decide
-from controller.core.state import FnState, Phase
-from proto import commands as c
-from proto import events as e
-from proto.subjects import SYSTEM_KEY
+from scaler.controller.core import reconcile
+from scaler.controller.core.decide import decide
+from scaler.controller.core.state import FnState, Phase
+from scaler.proto import commands as c
+from scaler.proto import events as e
+from scaler.proto.subjects import SYSTEM_KEY
 from tests.core.factories import DEMO, KEY, assign, idle, ready, run
 
 T = 1_000_000  # when the platform listed its slots

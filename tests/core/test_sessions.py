@@ -1,10 +1,10 @@
 """Sessions, restart and delete in the pure core: what each decides, as events and replies."""
 
-from controller.core.decide import decide, session_wait_ms
-from controller.core.limits import Room
-from controller.core.state import FnState, Phase, replay
-from proto import commands as c
-from proto import events as e
+from scaler.controller.core.decide import decide, session_wait_ms
+from scaler.controller.core.limits import Room
+from scaler.controller.core.state import FnState, Phase, replay
+from scaler.proto import commands as c
+from scaler.proto import events as e
 from tests.core.factories import DEMO, KEY, META, idle, ready
 
 ROOM = Room(session_idle_ms=60_000)

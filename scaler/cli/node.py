@@ -1,0 +1,84 @@
+"""`scaler node`: the gRPC Scaler service and the controller in one process: one hop per decision.
+
+A call is validated, decided under its function's lock, its batch appended to the event stream,
+and answered once stored: no other process on the way. The workers run apart (`python -m scaler.workers`).
+
+On SIGTERM (or `scaler drain`) the node drains before it stops: it hands its partitions to the
+other nodes, each snapshotted under its lease, while its gRPC port still serves (passing calls on
+to the new owners), then answers the Idle of each request it assigned that is still under way (for
+10 s at most), and only then stops serving (docs/sessions-and-admin.md).
+"""
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from scaler.controller import __main__ as controller_main
+from scaler.controller.metrics import ControllerCollector
+from scaler.controller.shell import Controller
+from scaler.gateway import __main__ as gateway_main
+from scaler.gateway.server import Gateway
+from scaler.runtime import metrics, service
+from scaler.runtime.ports import port
+
+log = logging.getLogger("scaler.node")
+
+OWED_S = 10.0  # how long a node that handed its partitions over still waits for the Idles of what it assigned
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    service.add_common(p)
+    gateway_main.add_options(p)
+    controller_main.add_options(p)
+    p.add_argument(
+        "--metrics-port",
+        type=port,
+        default=service.env("METRICS_PORT", None),
+        metavar="N",
+        help="serve Prometheus metrics on http://0.0.0.0:N/metrics (0: any free port; default: none)"
+        " [SCALER_METRICS_PORT]",
+    )
+
+
+class Node(service.Together):
+    """The controller, the gateway and metrics; a stop drains the controller first, the gateway still serving,
+    and, once another node decides for its partitions, still answers the Idle of each request it assigned."""
+
+    def __init__(self, controller: Controller, gateway: Gateway, parts: list[service.Component]) -> None:
+        super().__init__(parts)
+        self.controller = controller
+        self.gateway = gateway
+
+    async def stop(self) -> None:
+        try:
+            await self.controller.drain()
+        except Exception as e:  # the stop goes on: what was not handed over is given back or lapses
+            log.warning("could not drain: %s", e)
+        if not self.controller.serving:  # handed over: an Idle that comes here is passed on to the new owner
+            if owed := await self.gateway.owed.settled(OWED_S):
+                log.warning("stopping with %d requests assigned here still out (after %g s)", owed, OWED_S)
+        await super().stop()
+
+    async def drain_and_stop(self) -> str:
+        """scaler.Admin/Drain: drain now, answer, then stop as on SIGTERM."""
+        said = await self.controller.drain()
+        asyncio.get_running_loop().call_later(0.1, signal.raise_signal, signal.SIGTERM)
+        return said
+
+
+def make(a: argparse.Namespace) -> service.Component:
+    controller = controller_main.make(a)
+    says = {"speed": a.speed, "policy": a.policy}  # checked by `scaler simulate` before it begins
+    gateway = Gateway(controller, a.listen, a.reply_timeout, says)
+    parts = [controller, gateway]
+    if a.metrics_port is not None:
+        parts.append(metrics.endpoint(f"0.0.0.0:{a.metrics_port}", [ControllerCollector(controller)]))
+    node = Node(controller, gateway, parts)
+    gateway.drain = node.drain_and_stop
+    return node
+
+
+def run(args: argparse.Namespace) -> int:
+    service.main(make, args)
+    return 0

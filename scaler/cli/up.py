@@ -1,0 +1,361 @@
+"""`scaler up`: the whole scaler on one machine, each component in its own process.
+
+Starts an embedded nats-server (unless --nats), the platform stub (unless --platform), then the
+workers and the node (gRPC service + controller), with the same flags and SCALER_* variables a
+multi-machine or compose deployment uses. Logs one line when all are ready; on SIGINT, SIGTERM
+or SIGHUP stops the node first and NATS last.
+
+A part that dies is started again with the same arguments (NATS on its port and store, the node
+on its gRPC port), with one line in the log; one that keeps dying within seconds of its start
+makes `scaler up` give up and exit 1. Every part dies with `scaler up`, however it ends
+(scaler/runtime/lifeline.py), and holds the data dir's lock while it lives.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scaler.controller import __main__ as controller_main
+from scaler.runtime import durability, lifeline, running
+from scaler.runtime.bus import close, connect
+from scaler.runtime.natsd import NatsServer, claim
+from scaler.runtime.ports import port
+from scaler.runtime.service import READY_FD, add_log_level, env, positive, setup_logging, stop_on_signals
+from scaler.simulator.dataset import metas_argument
+from scaler.workers import effects
+
+log = logging.getLogger("scaler.up")
+
+QUICK_S = 30.0  # a part that dies sooner than this after its start died quickly
+GIVE_UP_AFTER = 5  # quick deaths in a row
+BACKOFF_S = (0.0, 0.5, 1.0, 2.0)  # wait before the 1st, 2nd, ... restart in a row of quick deaths
+# gRPC's own C-core lines (a failed bind: "E1122 ... add_port.cc ...") repeat what a part says in
+# its own words; they are back with GRPC_VERBOSITY set in the environment.
+QUIET_GRPC = {"GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "NONE")}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats", help="use this NATS (with JetStream) instead of starting an embedded one")
+    p.add_argument("--platform", help="HOST:PORT of a real platform; the bundled stub is then not started")
+    p.add_argument("--port", type=port, default=9001, help="gRPC port of the Scaler service (0: any free port)")
+    p.add_argument(
+        "--host",
+        default=env("HOST", "0.0.0.0"),
+        help="address the Scaler service binds (127.0.0.1: this machine only) [SCALER_HOST]",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=data_dir,
+        help="where the embedded NATS keeps its store (DIR/nats: the events, leases and snapshots); default: a"
+        " temporary folder, removed at exit",
+    )
+    p.add_argument("--metas", type=metas_argument, help="the stub's init times: a dataset folder or its metas file")
+    p.add_argument(
+        "--metrics-port",
+        type=port,
+        metavar="N",
+        help="the node serves Prometheus metrics on http://0.0.0.0:N/metrics (0: any free port; default: none)",
+    )
+    controller_main.add_options(p)  # the node's: policy, replicas, limits, overload, retention
+    p.add_argument("--speed", type=positive, default=1.0, help="run every clock N times faster (for simulations)")
+    add_log_level(p, "INFO", "this command's log level; components log warnings")
+
+
+def data_dir(text: str) -> str:
+    """An argparse type: a folder for the store, made if missing; refused in one line if it cannot be."""
+    try:
+        Path(text).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot use {text!r} as the store's folder: {e.strerror}") from None
+    return text
+
+
+@dataclass
+class Child:
+    """A running part: how to start it (again), and the process it is now."""
+
+    name: str
+    proc: asyncio.subprocess.Process
+    address: str = ""
+    addresses: list[str] = field(default_factory=list)  # where it listens: gRPC first, then metrics
+    launch: Callable[[], Awaitable[None]] | None = None  # starts it again in place (sets proc, address)
+    ready_at: float = 0.0
+    quick_deaths: int = 0
+
+
+class StartFailed(RuntimeError):
+    """A part exited before it was ready; the message is its own word on why, when it said one."""
+
+
+@dataclass
+class Supervisor:
+    args: argparse.Namespace
+    env: dict[str, str] = field(default_factory=dict)  # given to every child
+    children: list[Child] = field(default_factory=list)
+    nats: NatsServer | None = None
+    record: Path | None = None  # where replay finds us (scaler/runtime/running.py)
+    _tmp: str | None = None
+    _claim: object = None  # the data dir's lock: held here and by every child
+
+    @property
+    def _keep_fds(self) -> tuple[int, ...]:
+        return (self._claim.fileno(),) if self._claim is not None else ()
+
+    async def spawn(self, module: str, *argv: str, name: str = "", env_extra: dict[str, str] | None = None) -> Child:
+        """Start `python -m module *argv` (with `env_extra` in its environment) and wait for its ready line."""
+        child = Child(name or module, proc=None)  # type: ignore[arg-type]
+
+        async def launch() -> None:
+            await self._start(module, argv, child, env_extra or {})
+
+        child.launch = launch
+        self.children.append(child)
+        await launch()
+        return child
+
+    async def _start(self, module: str, argv: tuple[str, ...], child: Child, env_extra: dict[str, str]) -> None:
+        read_fd, write_fd = os.pipe()
+        child_env = {**os.environ, **self.env, **env_extra, READY_FD: str(write_fd)}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *lifeline.command(os.getpid(), sys.executable, "-m", module, *argv),
+                env=child_env,
+                pass_fds=(write_fd, *self._keep_fds),
+                start_new_session=True,  # a Ctrl-C on the terminal is ours to pass on, in order
+            )
+        finally:
+            os.close(write_fd)
+        child.proc = proc  # stop() reaches it even while we wait for it
+        reader = asyncio.StreamReader()
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb")
+        )
+        try:
+            line = await reader.readline()
+        finally:
+            transport.close()
+        said = json.loads(line) if line else {}
+        if "address" not in said:
+            code = await proc.wait()
+            raise StartFailed(said.get("error") or f"{_exit(code)} before it was ready")
+        child.address, child.addresses = said["address"], said.get("addresses", [])
+        child.ready_at = asyncio.get_running_loop().time()
+
+    async def start(self) -> str:
+        a = self.args
+        if a.data_dir:
+            self._claim = claim(a.data_dir)  # its store is this run's alone
+        if a.nats:
+            url = a.nats
+            nc = await connect(url, "scaler up")  # said once, here, rather than by every part
+            replicas = a.replicas or durability.default_replicas(nc)
+            await close(nc)
+        else:
+            url = await self._start_nats(Path(a.data_dir) if a.data_dir else None)
+            replicas = a.replicas or 1
+        self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING", **QUIET_GRPC}
+        platform = a.platform
+        if not platform:
+            stub_args = ["--listen", "127.0.0.1:0"] + (["--metas", a.metas] if a.metas else [])
+            stub = await self._part("platform stub", "scaler.platform_stub", *stub_args)
+            platform = stub.address
+            stub.launch = self._same_port(stub, "scaler.platform_stub", stub_args)
+        metrics = ["--metrics-port", str(a.metrics_port)] if a.metrics_port is not None else []
+        monitor = self.nats.monitor_url if self.nats else a.nats_monitor
+        node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(replicas)]
+        node_args += ["--nats-monitor", monitor] if monitor else []
+        node_args += ["--nats-unsynced"] if a.nats_unsynced else []
+        node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
+        node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []
+        node_args += ["--retention-hours", str(a.retention_hours), "--store-limit-gb", str(a.store_limit_gb)]
+        node = await self._part("node", "scaler", *node_args)
+        node.launch = self._same_port(node, "scaler", node_args)
+        # the gc worker reconciles in the background
+        await self._part("workers", "scaler.workers", "--platform", platform)
+        metrics_url = f"http://{node.addresses[1]}/metrics" if metrics else ""
+        self.record = running.record(
+            {"nats": url, "grpc": node.address, "metrics": metrics_url, "data_dir": a.data_dir or ""}
+        )
+        stub_note = "" if a.platform else " (bundled stub)"
+        nats = f"{url} (embedded, store {self.nats.store_dir})" if self.nats else url
+        metrics_note = f", metrics {metrics_url}" if metrics else ""
+        sync = await durability.server_sync(durability.monitor_urls(url, monitor))  # the node warns, if need be
+        return (
+            f"scaler ready: gRPC {node.address}, policy {a.policy}, platform {platform}{stub_note}, nats {nats}"
+            f" ({durability.describe(sync, replicas)}){metrics_note}"
+        )
+
+    async def _part(self, name: str, module: str, *argv: str) -> Child:
+        try:
+            return await self.spawn(module, *argv, name=name)
+        except StartFailed as e:
+            raise StartFailed(f"{name}: {e}") from None
+
+    def _same_port(self, child: Child, module: str, argv: list[str]) -> Callable[[], Awaitable[None]]:
+        """A restart listens where the first start did (it may have been told port 0), metrics included."""
+        argv = list(argv)
+        at = argv.index("--listen") + 1
+        argv[at] = f"{argv[at].rsplit(':', 1)[0]}:{child.address.rsplit(':', 1)[1]}"
+        if "--metrics-port" in argv:
+            argv[argv.index("--metrics-port") + 1] = child.addresses[1].rsplit(":", 1)[1]
+
+        async def launch() -> None:
+            await self._start(module, tuple(argv), child, {})
+
+        return launch
+
+    async def _start_nats(self, data_dir: Path | None) -> str:
+        store = data_dir if data_dir else Path(self._make_tmp())
+        wrap = lifeline.command(os.getpid(), remove=self._tmp or "")
+        self.nats = NatsServer(store / "nats", wrap=tuple(wrap), pass_fds=self._keep_fds)
+        child = Child("nats-server", proc=None)  # type: ignore[arg-type]
+        self.children.append(child)
+
+        async def launch() -> None:
+            try:
+                await self.nats.start()
+            finally:
+                child.proc = self.nats.proc
+            child.address = self.nats.url
+            child.ready_at = asyncio.get_running_loop().time()
+
+        child.launch = launch
+        await launch()
+        return self.nats.url
+
+    def _make_tmp(self) -> str:
+        self._tmp = tempfile.mkdtemp(prefix="scaler-")
+        return self._tmp
+
+    async def watch(self, stop: asyncio.Event) -> int:
+        """Until a stop signal (exit 0), start again any part that dies; give up (exit 1) on one that keeps dying."""
+        keepers = [asyncio.create_task(self._keep(c)) for c in self.children]
+        stopping = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopping, *keepers], return_when=asyncio.FIRST_COMPLETED)
+        for task in [stopping, *keepers]:
+            task.cancel()
+        await asyncio.gather(*keepers, return_exceptions=True)
+        return 0 if stopping in done else 1
+
+    async def _keep(self, child: Child) -> None:
+        """Start `child` again each time it dies; return when it died GIVE_UP_AFTER times quickly in a row."""
+        loop = asyncio.get_running_loop()
+        while True:
+            code = await child.proc.wait()
+            why = _exit(code)
+            while True:
+                quick = loop.time() - child.ready_at < QUICK_S
+                child.quick_deaths = child.quick_deaths + 1 if quick else 1
+                if child.quick_deaths >= GIVE_UP_AFTER:
+                    log.error(
+                        "%s %s, its %s death in a row within %gs of its start; giving up",
+                        child.name, why, _nth(child.quick_deaths), QUICK_S,
+                    )  # fmt: skip
+                    return
+                delay = BACKOFF_S[min(child.quick_deaths, len(BACKOFF_S)) - 1]
+                later = f" in {delay:g}s" if delay else ""
+                log.warning("%s %s; starting it again%s", child.name, why, later)
+                await asyncio.sleep(delay)
+                child.ready_at = loop.time()
+                try:
+                    await child.launch()
+                    break
+                except (StartFailed, RuntimeError) as e:
+                    why = f"did not start again ({e})"
+
+    async def stop(self) -> None:
+        """The node first (no new calls), then the rest together, NATS last."""
+        nats = [c for c in self.children if self.nats is not None and c.name == "nats-server"]
+        first = [c for c in self.children if c.name == "node"]
+        rest = [c for c in self.children if c not in first and c not in nats]
+        for group in (first, rest):
+            await self._stop_group(group)
+        self.children.clear()
+        if self.nats is not None:
+            log.info("stopping nats-server")
+            await self.nats.stop()
+        running.forget(self.record)
+        if self._claim is not None:
+            self._claim.close()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    async def _stop_group(self, group: list[Child]) -> None:
+        """Stop them together, saying what is waited for (the workers give work under way a grace)."""
+        alive = [c for c in group if c.proc is not None and c.proc.returncode is None]
+        if not alive:
+            return
+        workers = any(c.name == "workers" for c in alive)
+        grace = f" (work under way gets up to {effects.STOP_GRACE_S:g}s)" if workers else ""
+        log.info("stopping %s%s", ", ".join(c.name for c in alive), grace)
+        await asyncio.gather(*(self._terminate(c) for c in alive))
+
+    @staticmethod
+    async def _terminate(child: Child) -> None:
+        if child.proc is None or child.proc.returncode is not None:
+            return
+        child.proc.terminate()
+        try:
+            await asyncio.wait_for(child.proc.wait(), 10)
+        except TimeoutError:
+            log.warning("%s did not stop in 10s; killing it", child.name)
+            child.proc.kill()
+            await child.proc.wait()
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def _nth(n: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+
+
+def _stop_signals() -> asyncio.Event:
+    """SIGINT and SIGTERM, and SIGHUP (the terminal closed) unless it is ignored (nohup)."""
+    stop = stop_on_signals()
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, stop.set)
+    return stop
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+
+    async def main() -> int:
+        stop = _stop_signals()
+        supervisor = Supervisor(args)
+        try:
+            starting = asyncio.create_task(supervisor.start())
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                stopping.cancel()
+                log.info(starting.result())
+                code = await supervisor.watch(stop)
+            else:  # a signal during the start: stop what was started
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+                code = 0
+        except Exception as e:
+            log.error("scaler up failed: %s", e)
+            code = 1
+        finally:
+            await supervisor.stop()
+        log.info("scaler stopped")
+        return code
+
+    return asyncio.run(main())

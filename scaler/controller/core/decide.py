@@ -1,0 +1,659 @@
+"""Decisions: a command and the current state in; events, replies and the next deadline out.
+
+A decision has two halves. First the command's own change, one handler per command:
+`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_slot_created`, `_instance_ready` (SlotReady),
+`_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`, an operator's `_operator` (Restart,
+Delete), and `_cued` (Cue: a function this one follows came back); a Tick changes nothing by itself.
+Then the phases that bring the function to rest (`_bring_to_rest`), in order: leases, matching
+(`_answer_waiting_requests`, where a queued Assign gets its instance and its answer), starts,
+keep/retire, sessions' ends, pre-warm, and the next wake.
+
+Sessions: an Assign may name a session; its request prefers the instance bound to the session (the
+one that served it last). When that one is busy the request waits for it, up to `session_wait_ms`,
+before it takes another instance like any request and the session moves there (`SessionBound`). A
+binding ends with its instance or after the session's idle time (`SessionEnded`).
+
+Leaders: a function called by another comes back from its lulls shortly after that other one does. For a
+policy that follows leaders, an Assign that brings a function back records the functions that came back
+within FOLLOW_MS before it (`Followed`, from the run's totals); the ledger then sends it a Cue when one of
+them comes back while it has no instance (`Cued`, a trial the function's next call decides), and the
+policy may pre-warm it.
+
+`decide` applies each event as it emits it, so every later choice in the same decision sees
+the state that earlier ones produced, and `Decision.state` equals `replay(s, Decision.events)`.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from scaler.controller.core import reconcile
+from scaler.controller.core.features import FOLLOW_MS, UNKNOWN_START_MS, comes_back
+from scaler.controller.core.limits import NO_ROOM, Room
+from scaler.controller.core.policy import Policy
+from scaler.controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
+from scaler.proto.commands import (
+    AnyCommand,
+    Assign,
+    Cancel,
+    Code,
+    Cue,
+    Delete,
+    Idle,
+    Reconcile,
+    Reply,
+    Restart,
+    SlotCreated,
+    SlotDestroyed,
+    SlotFailed,
+    SlotReady,
+    Tick,
+)
+from scaler.proto.events import (
+    Assigned,
+    Cued,
+    Event,
+    Followed,
+    FunctionDeleted,
+    FunctionForgotten,
+    FunctionRestarted,
+    FunctionRested,
+    FunctionSeen,
+    InstanceCreated,
+    InstanceDestroyed,
+    InstanceReady,
+    InstanceRetired,
+    KeptAlive,
+    Released,
+    RequestArrived,
+    RequestCancelled,
+    RequestFailed,
+    RequestRetried,
+    RequestWaiting,
+    SessionBound,
+    SessionEnded,
+    SlotWanted,
+    WaiterLeft,
+)
+
+RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-alive is renewed
+# A session's request waits for its busy instance at most as long as a new instance takes to start (the
+# function's last CreateSlot + Init; 1 s before it is known), and never more than this. Moving costs the
+# session what it kept on its instance (a warm cache, a loaded model, a conversation), which is what a
+# cold start costs any request; so waiting that long is worth it, and waiting longer never is: an
+# instance started at once would have served it by then. Sessions' requests are mostly sequential (the
+# next one comes after the last one's answer), so their bound instance is rarely busy at all.
+MAX_SESSION_WAIT_MS = 10_000
+
+
+class Decision(NamedTuple):
+    events: list[Event]
+    replies: list[Reply]
+    state: FnState  # the state after the events
+    wake_ms: int | None  # when the function next wants a Tick
+
+
+class _Draft:
+    """A decision being built: events are applied as they are emitted."""
+
+    def __init__(self, s: FnState, now: int, room: Room = NO_ROOM) -> None:
+        self.s = s
+        self.now = now
+        self.room = room
+        self.started = 0  # instances this decision starts: they count against caps over all functions
+        self.events: list[Event] = []
+        self.replies: list[Reply] = []
+
+    def may_start(self, wanted: int) -> int:
+        """As many of `wanted` new instances as the caps allow."""
+        allowed = self.room.starts(self.s, self.started)
+        return wanted if allowed is None else min(wanted, allowed)
+
+    def start(self, for_request: str = "", why: str = "") -> None:
+        self.started += 1
+        self.emit(
+            SlotWanted(
+                at_ms=self.now,
+                instance_id=self.s.next_instance_id(),
+                meta=self.s.meta,
+                for_request=for_request,
+                reason=why,
+            )
+        )
+
+    def emit(self, e: Event) -> None:
+        self.events.append(e)
+        self.s = apply(self.s, e)
+
+    def reply(self, to: str, request_id: str, code: Code = Code.OK, instance_id: str = "", message: str = "") -> None:
+        if to:
+            self.replies.append(
+                Reply(to=to, request_id=request_id, code=code, instance_id=instance_id, message=message)
+            )
+
+    def reply_all(self, waiters: tuple[str, ...], request_id: str, **kw) -> None:
+        for to in waiters:
+            self.reply(to, request_id, **kw)
+
+
+def decide(
+    s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM
+) -> Decision:
+    """`totals`: the whole run so far, for a policy tuned by it (`Policy.tuned_to`); `room`: the caps and
+    reserved instances the operator set (scaler/controller/core/limits.py)."""
+    if totals is not None:
+        policy = policy.tuned_to(totals)
+    d = _Draft(s, now, room)
+    match cmd:
+        case Assign():
+            _queue_request(d, cmd, totals, policy)
+        case SlotReady():
+            _instance_ready(d, cmd, policy)
+        case _:
+            change = _CHANGES.get(type(cmd))
+            if change is None:
+                raise TypeError(f"not a command: {cmd!r}")
+            change(d, cmd)
+    wake = _bring_to_rest(d, policy)
+    return Decision(d.events, d.replies, d.s, wake)
+
+
+# --- each command's own change --------------------------------------------------------------
+
+
+def _holder(s: FnState, request_id: str) -> Instance | None:
+    """The instance serving the request now. An idle one keeps the id of the last request it served: after a
+    cancelled assignment the retry is served anew, and the idle instance must not hide the busy one."""
+    return next((i for i in s.instances.values() if i.phase is Phase.BUSY and i.request_id == request_id), None)
+
+
+def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy) -> None:
+    """Queue the request (matching answers it), or answer at once: bad input, or a request already served.
+
+    For a policy that follows leaders: if this call brings the function back from a lull shortly after
+    other functions came back (the run's `totals` say which), it may be one they call (`Followed`)."""
+    r, to = cmd.request_id, cmd.reply_to
+    if cmd.meta.memory_mb <= 0:
+        d.reply(to, r, Code.INVALID_ARGUMENT, message=f"memory_in_mb must be positive, got {cmd.meta.memory_mb}")
+        return
+    if (waiting := d.s.pending(r)) is not None:  # asked again while queued: answer this caller too
+        if to and to not in waiting.waiters:
+            d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
+        return
+    if (held := _holder(d.s, r)) is not None:
+        if to and to not in held.waiters:  # a new caller of the request: its Cancel must not free it alone
+            d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
+        d.reply(to, r, instance_id=held.id)
+        return
+    if (done := d.s.finished_on(r, d.now)) is not None:
+        d.reply(to, r, Code.FAILED_PRECONDITION, message=f"request {r} already finished on instance {done}")
+        return
+    if d.s.meta != cmd.meta:
+        d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
+    if policy.follows_leaders and totals is not None and comes_back(d.s.stats, d.now):
+        if leads := totals.leads(d.s.key, d.now):
+            d.emit(Followed(at_ms=d.now, leads=leads))
+    d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to, session=cmd.session))
+
+
+def _cued(d: _Draft, cmd: Cue) -> None:
+    """A function this one follows came back: a trial of that lead while this one has no instance (with one,
+    it needs no pre-warm), which the pre-warm at rest may act on. A cue older than FOLLOW_MS is stale."""
+    if not d.s.nothing_live():
+        return
+    if d.now - cmd.at_ms <= FOLLOW_MS and any(x.key == cmd.leader and not x.failed() for x in d.s.stats.leaders):
+        d.emit(Cued(at_ms=d.now, leader=cmd.leader))
+
+
+def _release(d: _Draft, cmd: Idle) -> None:
+    r, to = cmd.request_id, cmd.reply_to
+    inst = d.s.instances.get(cmd.instance_id)
+    released = d.s.finished_on(r, d.now) == cmd.instance_id
+    if released and (inst is None or inst.request_id != r or inst.phase is not Phase.BUSY):
+        d.reply(to, r, message=f"instance {cmd.instance_id} was already released by request {r}")  # a retried Idle
+    elif inst is None:
+        d.reply(to, r, Code.NOT_FOUND, message=f"no instance {cmd.instance_id!r} for metaKey {cmd.key!r}")
+    elif inst.request_id != r:
+        held = f"serves request {inst.request_id!r}" if inst.phase is Phase.BUSY else "is not assigned to it"
+        d.reply(to, r, Code.FAILED_PRECONDITION, message=f"instance {inst.id!r} {held}, not request {r!r}")
+    elif inst.phase is not Phase.BUSY:
+        d.reply(to, r, message=f"instance {inst.id} was already released by request {r}")  # a retried Idle
+    else:
+        d.emit(
+            Released(
+                at_ms=d.now,
+                request_id=r,
+                instance_id=inst.id,
+                status_code=cmd.status_code,
+                duration_ms=cmd.duration_ms,
+                reason=cmd.reason,
+                need_destroy=cmd.need_destroy,
+            )
+        )
+        if cmd.need_destroy:
+            why = f"need_destroy: {cmd.reason}" if cmd.reason else "need_destroy"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+        elif inst.restarting:
+            why = "restarted: retired once released"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+        d.reply(to, r, instance_id=inst.id)
+
+
+def _cancel(d: _Draft, cmd: Cancel) -> None:
+    r = cmd.request_id
+    why = cmd.reason or "caller gave up"
+    if (waiting := d.s.pending(r)) is not None:
+        others = tuple(w for w in waiting.waiters if w != cmd.reply_to)
+        if not cmd.reply_to or not others:
+            d.emit(RequestCancelled(at_ms=d.now, request_id=r, reason=why))
+        elif len(others) < len(waiting.waiters):
+            d.emit(WaiterLeft(at_ms=d.now, request_id=r, reply_to=cmd.reply_to))
+    elif (held := _holder(d.s, r)) is not None:
+        # Release only when no other caller of this request got the instance and still holds it.
+        if not cmd.reply_to or held.waiters in ((), (cmd.reply_to,)):
+            why = f"cancelled: {why}"
+            d.emit(Released(at_ms=d.now, request_id=r, instance_id=held.id, status_code=0, reason=why, cancelled=True))
+
+
+def _retire_orphan(d: _Draft, instance_id: str, slot_id: str, why: str) -> None:
+    """A slot nothing in the state owns: record it under its own id so that it gets destroyed (once)."""
+    orphan = f"{instance_id}@{slot_id}"
+    if orphan not in d.s.instances:
+        d.emit(InstanceRetired(at_ms=d.now, instance_id=orphan, slot_id=slot_id, reason=why))
+
+
+def _being_created_on(inst: Instance | None, slot_id: str) -> bool:
+    """Whether a report is about the creation under way: the instance is still being created, and on the slot
+    recorded for it (or none is recorded yet, or the report names none), not on one given up for another."""
+    return inst is not None and inst.phase is Phase.CREATING and (not slot_id or inst.slot_id in ("", slot_id))
+
+
+def _slot_created(d: _Draft, cmd: SlotCreated) -> None:
+    """CreateSlot answered, Init not yet called: record the slot, or retire it when its instance is no longer
+    being created. The worker calls Init only on an OK answer. A second slot replaces the first (a worker
+    gave up on it, its Init may have run), which is destroyed; a slot given up is never taken back."""
+    inst = d.s.instances.get(cmd.instance_id)
+    r, to = cmd.instance_id, cmd.reply_to
+    given_up = f"{cmd.instance_id}@{cmd.slot_id}" in d.s.instances
+    if inst is None or inst.phase is not Phase.CREATING or given_up:
+        if inst is None or inst.slot_id != cmd.slot_id:
+            _retire_orphan(d, cmd.instance_id, cmd.slot_id, "created for an instance no longer wanted")
+        d.reply(to, r, Code.FAILED_PRECONDITION, message=f"instance {cmd.instance_id} is no longer being created")
+        return
+    if inst.slot_id != cmd.slot_id:
+        if inst.slot_id:
+            _retire_orphan(d, inst.id, inst.slot_id, f"replaced by {cmd.slot_id}")
+        d.emit(InstanceCreated(at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms))
+    d.reply(to, r, instance_id=inst.id)
+
+
+def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
+    """The instance is ready; with dedicated starts it serves the request it was started for, if that still waits."""
+    inst = d.s.instances.get(cmd.instance_id)
+    if _being_created_on(inst, cmd.slot_id):
+        d.emit(
+            InstanceReady(
+                at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
+            )
+        )
+        if policy.dedicated_starts and (own := d.s.pending(inst.for_request)) is not None and _fits(d.s, inst):
+            _assign(d, own, inst)
+    elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
+        _retire_orphan(d, cmd.instance_id, cmd.slot_id, "ready for an instance no longer wanted")
+
+
+def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
+    inst = d.s.instances.get(cmd.instance_id)
+    if not _being_created_on(inst, cmd.slot_id):
+        if cmd.slot_id and (inst is None or inst.slot_id != cmd.slot_id):
+            _retire_orphan(d, cmd.instance_id, cmd.slot_id, f"failed creation of an unknown instance: {cmd.reason}")
+        return
+    slot = cmd.slot_id or inst.slot_id  # CreateSlot answered before (InstanceCreated), or Init failed on it
+    d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=slot, reason=f"creation failed: {cmd.reason}"))
+    if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
+        victim = d.s.pending(inst.for_request) or d.s.queue[0]
+        message = f"the platform could not start an instance: {cmd.reason}"
+        d.emit(RequestFailed(at_ms=d.now, request_id=victim.request_id, message=message))
+        d.reply_all(victim.waiters, victim.request_id, code=Code.INTERNAL, message=message)
+
+
+def _slot_destroyed(d: _Draft, cmd: SlotDestroyed) -> None:
+    if cmd.instance_id in d.s.instances:
+        d.emit(InstanceDestroyed(at_ms=d.now, instance_id=cmd.instance_id, slot_id=cmd.slot_id))
+
+
+def _reconcile(d: _Draft, cmd: Reconcile) -> None:
+    """The platform's live slots against the state: the rules are in `reconcile.py`."""
+    for e in reconcile.events(d.s, cmd, d.now):
+        d.emit(e)
+
+
+def _operator(d: _Draft, cmd: Restart | Delete) -> None:
+    """An operator's command, about a function this node knows (one it never saw, or forgot, is NOT_FOUND)."""
+    if not _known(d.s):
+        d.reply(cmd.reply_to, "", Code.NOT_FOUND, message=f"no function {cmd.key!r}")
+    elif isinstance(cmd, Restart):
+        _restart(d, cmd)
+    else:
+        _delete(d, cmd)
+
+
+def _restart(d: _Draft, cmd: Restart) -> None:
+    """An operator's restart: idle instances retire now, busy ones once released (`Instance.restarting`)."""
+    why = f"restarted: {cmd.reason}" if cmd.reason else "restarted"
+    idle, busy = d.s.in_phase(Phase.IDLE), d.s.in_phase(Phase.BUSY)
+    d.emit(FunctionRestarted(at_ms=d.now, reason=cmd.reason))
+    for inst in idle:
+        d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+    message = f"{len(idle)} idle instance(s) retired, {len(busy)} busy one(s) retire when released"
+    d.reply(cmd.reply_to, "", message=message)
+
+
+def _delete(d: _Draft, cmd: Delete) -> None:
+    """An operator's delete: waiting requests fail, every instance retires, and the function is forgotten."""
+    why = f"function deleted: {cmd.reason}" if cmd.reason else "function deleted"
+    for waiting in d.s.queue:
+        d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=why))
+        d.reply_all(waiting.waiters, waiting.request_id, code=Code.NOT_FOUND, message=why)
+    live = [i for i in d.s.instances.values() if i.phase is not Phase.RETIRING]
+    for inst in live:
+        d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+    d.emit(FunctionDeleted(at_ms=d.now, reason=cmd.reason))
+    d.reply(cmd.reply_to, "", message=f"{len(live)} instance(s) retired, the function forgotten")
+
+
+def _known(s: FnState) -> bool:
+    return s.meta is not None or not s.nothing_live()
+
+
+def _tick(d: _Draft, cmd: Tick) -> None:
+    pass  # what is due happens at rest
+
+
+# The commands whose own change needs neither the policy nor the run's totals.
+_CHANGES: dict[type, Callable[[_Draft, Any], None]] = {
+    Idle: _release,
+    Cancel: _cancel,
+    SlotCreated: _slot_created,
+    SlotFailed: _creation_failed,
+    SlotDestroyed: _slot_destroyed,
+    Reconcile: _reconcile,
+    Restart: _operator,
+    Delete: _operator,
+    Tick: _tick,
+    Cue: _cued,
+}
+
+
+# --- at rest: the phases every decision ends with, in this order ----------------------------
+
+
+def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
+    """Bring the function to a resting point after any change; return when it next needs a Tick.
+
+    The core's invariants hold at rest: no request waits while an instance idles, every idle
+    instance has a keep-alive, none outlives it. Matching comes before expiry, so an Assign that
+    raced a late timer still gets the instance.
+    """
+    _free_lost_leases(d)
+    _answer_waiting_requests(d, policy)
+    recheck_ms = _start_instances_for_waiting(d, policy)
+    throttle_ms = _throttle_at_the_cap(d, policy)
+    _keep_or_retire_idle(d, policy)
+    _end_sessions(d)
+    prewarm_ms = _prewarm(d, policy)
+    rest_ms = _rest_or_forget(d)
+    return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms, rest_ms)
+
+
+def _free_lost_leases(d: _Draft) -> None:
+    """Leases: a request busy past its function's timeout lost its caller (no Idle will come).
+
+    Its instance is freed and retired, as the run may have left it in any state.
+    """
+    lease = d.s.lease_ms()
+    given = "the function's" if d.s.meta is not None and d.s.meta.timeout_s > 0 else "the default"
+    for inst in d.s.in_phase(Phase.BUSY):
+        if inst.since_ms + lease <= d.now:
+            why = f"no Idle within {given} {d.s.timeout_s()}s timeout"
+            d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+
+
+def _fits(s: FnState, inst: Instance) -> bool:
+    """Whether the instance has the memory the function asks for now (its meta may have grown since)."""
+    return s.meta is None or inst.memory_mb >= s.meta.memory_mb
+
+
+def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
+    """Matching, where an Assign is answered: each waiting request, oldest first, takes an idle instance
+    with enough memory, the policy's pick among those no session is bound to if there are any.
+
+    With dedicated starts a request whose own instance is being created waits for that one. A
+    session's request takes its bound instance when idle, and waits while it is busy (`_holding`).
+    """
+    held: set[str] = set()
+    while (free := _free_to_take(d.s, policy)) and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
+        waiting = next((p for p in free if p.request_id not in held), None)
+        if waiting is None:
+            return
+        bound = _bound(d.s, waiting.session)
+        if bound is not None and bound.phase is Phase.IDLE and _fits(d.s, bound):
+            inst = bound
+        elif _holding(d.s, waiting, d.now):
+            held.add(waiting.request_id)
+            continue
+        else:
+            taken = {b.instance_id for b in d.s.sessions.values()}
+            inst = policy.pick(d.s, [i for i in idle if i.id not in taken] or idle, d.now)
+        _assign(d, waiting, inst)
+
+
+def _assign(d: _Draft, waiting: Pending, inst: Instance) -> None:
+    """The request gets the instance, and its callers their answer; a session not bound to it moves to it."""
+    was = d.s.sessions.get(waiting.session) if waiting.session else None
+    if waiting.session and (was is None or was.instance_id != inst.id):
+        if was is None:
+            why = "the session's first request here"
+        elif _bound(d.s, waiting.session) is None:
+            why = f"its instance {was.instance_id} is gone"
+        else:
+            why = f"its instance {was.instance_id} stayed busy past the wait"
+        r = waiting.request_id
+        d.emit(SessionBound(at_ms=d.now, session=waiting.session, instance_id=inst.id, request_id=r, why=why))
+    d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
+    d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
+
+
+def _bound(s: FnState, session: str) -> Instance | None:
+    """The session's instance, while it may still serve (idle, busy or being created)."""
+    b = s.sessions.get(session) if session else None
+    inst = s.instances.get(b.instance_id) if b is not None else None
+    return inst if inst is not None and inst.phase is not Phase.RETIRING else None
+
+
+def session_wait_ms(s: FnState) -> int:
+    """How long a session's request waits for its busy instance (see MAX_SESSION_WAIT_MS)."""
+    return min(s.stats.start_ms or UNKNOWN_START_MS, MAX_SESSION_WAIT_MS)
+
+
+def _holding(s: FnState, waiting: Pending, now: int) -> bool:
+    """Whether a session's request still waits for its bound instance, busy now, rather than take another."""
+    bound = _bound(s, waiting.session)
+    return (
+        bound is not None
+        and bound.phase is Phase.BUSY
+        and now < waiting.since_ms + session_wait_ms(s)
+        and _fits(s, bound)
+    )
+
+
+def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
+    """Starts: for waiting requests no instance under creation covers, the policy starts some, the rest wait.
+
+    Returns when the policy wants to look again at those left waiting. A session's request that waits
+    for its own busy instance gets no start (and says so when it arrives).
+    """
+    for waiting in d.s.queue if d.s.sessions else ():
+        if waiting.since_ms == d.now and _holding(d.s, waiting, d.now):
+            bound, wait_ms = d.s.sessions[waiting.session].instance_id, session_wait_ms(d.s)
+            why = f"waits up to {wait_ms} ms for its session's instance {bound}, busy"
+            d.emit(RequestWaiting(at_ms=d.now, request_id=waiting.request_id, expected_ms=d.now + wait_ms, why=why))
+    uncovered = _uncovered(d.s, policy, d.now)
+    if not uncovered or d.s.meta is None:
+        return None
+    plan = policy.plan_queue(d.s, len(uncovered), d.now)
+    starts = d.may_start(plan.starts)
+    for waiting in uncovered[:starts]:
+        d.start(for_request=waiting.request_id, why=plan.why)
+    if starts == plan.starts and plan.ahead:
+        for _ in range(d.may_start(plan.ahead)):
+            d.start(why="ahead of the burst: its next calls come before a start is ready")
+    capped = f"at the cap ({_caps(d.s, d.room)}): waits for an instance to free up" if starts < plan.starts else ""
+    for waiting in uncovered[starts:]:
+        if waiting.since_ms == d.now:  # say so once, when it arrives
+            r, expected = waiting.request_id, plan.expected_ms
+            d.emit(RequestWaiting(at_ms=d.now, request_id=r, expected_ms=expected, why=capped or plan.why))
+    return plan.recheck_ms
+
+
+def _free_to_take(s: FnState, policy: Policy) -> tuple[Pending, ...]:
+    """The waiting requests that may take any idle instance: all, or with dedicated starts those without their own."""
+    return _uncovered(s, policy) if policy.dedicated_starts else s.queue
+
+
+def _uncovered(s: FnState, policy: Policy, now: int | None = None) -> tuple[Pending, ...]:
+    """The waiting requests no instance under creation is for: with dedicated starts, those without
+    one started for them; else any creation covers one, the oldest first. Given `now`, without the
+    sessions' requests that still wait for their busy instance."""
+    creating = [i for i in s.in_phase(Phase.CREATING) if _fits(s, i)]
+    queue = s.queue
+    if now is not None and s.sessions:
+        queue = tuple(p for p in queue if not _holding(s, p, now))
+    if policy.dedicated_starts:
+        own = {i.for_request for i in creating}
+        return tuple(p for p in queue if p.request_id not in own)
+    return queue[len(creating) :]
+
+
+def _caps(s: FnState, room: Room) -> str:
+    """The caps that may hold the function back, by the limits file's own keys."""
+    lim = room.limits
+    named = [
+        f"max_instances {lim.max_instances}" if lim.max_instances else "",
+        f"max_memory_mb {lim.max_memory_mb}" if lim.max_memory_mb else "",
+    ]
+    named += [
+        "the caps over all functions" if room.instances_left is not None or room.memory_left_mb is not None else ""
+    ]
+    return ", ".join(n for n in named if n) or "no cap"
+
+
+def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
+    """Throttle: a request that waited its time at a cap (nothing could start for it) is answered Throttle.
+
+    Returns when the next one's time is up, while the caps hold any back.
+    """
+    if d.may_start(1) or d.s.meta is None:
+        return None
+    due = []
+    for waiting in _uncovered(d.s, policy, d.now):
+        deadline = waiting.since_ms + d.room.throttle_after_ms
+        if deadline > d.now:
+            due.append(deadline)
+            continue
+        caps, wait_ms = _caps(d.s, d.room), d.room.throttle_after_ms
+        message = f"throttled: at the cap ({caps}) and no instance freed up within {wait_ms} ms"
+        d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
+        d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
+    return min(due, default=None)
+
+
+def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
+    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires, and
+    so does one with less memory than the function asks for now (no request may run on it again)."""
+    for inst in d.s.in_phase(Phase.IDLE):
+        if not _fits(d.s, inst):
+            why = f"{inst.memory_mb} MB, less than the function's {d.s.meta.memory_mb} MB now"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+    for inst in d.s.in_phase(Phase.IDLE):
+        if not inst.keep_until_ms:
+            keep = policy.keep_alive(d.s, inst, d.now)
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
+    for inst in d.s.in_phase(Phase.IDLE):
+        if inst.keep_until_ms > d.now:
+            continue
+        if d.room.limits.min_warm and d.room.reserved(d.s) == 0 and _live(d.s) <= d.room.limits.min_warm:
+            until = d.now + RESERVED_RECHECK_MS
+            why = f"reserved: the function keeps {d.room.limits.min_warm} warm"
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=until, why=why))
+            continue
+        longer = policy.expire(d.s, inst, d.now)
+        if longer is not None and longer.until_ms > d.now:
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=longer.until_ms, why=longer.why))
+        else:
+            why = f"keep-alive expired after {(d.now - inst.since_ms) / 1000:g}s idle"
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+
+
+def _end_sessions(d: _Draft) -> None:
+    """Sessions' ends: a binding goes with its instance, or once the session has not used it for its idle time."""
+    idle_ms = d.room.session_idle_ms
+    for session, b in list(d.s.sessions.items()):
+        inst = d.s.instances.get(b.instance_id)
+        if inst is None or inst.phase is Phase.RETIRING:
+            d.emit(SessionEnded(at_ms=d.now, session=session, reason=f"its instance {b.instance_id} went"))
+        elif inst.session != session and b.used_ms + idle_ms <= d.now:
+            d.emit(SessionEnded(at_ms=d.now, session=session, reason=f"unused for {idle_ms / 1000:g}s"))
+
+
+def _prewarm(d: _Draft, policy: Policy) -> int | None:
+    """Pre-warm: instances the policy starts ahead of demand. Returns when its next planned start is due."""
+    if d.s.meta is None:
+        return None
+    warm = policy.prewarm(d.s, d.now)
+    for _ in range(d.may_start(warm.count)):
+        d.start(why=warm.why)
+    if reserved := d.may_start(d.room.reserved(d.s)):
+        for _ in range(reserved):
+            d.start(why=f"reserved: the function keeps {d.room.limits.min_warm} warm")
+    return warm.next_ms
+
+
+def _rest_or_forget(d: _Draft) -> int | None:
+    """Rest and forget: a function with nothing in flight and no instance sheds what it no longer needs.
+
+    Returns when the next step is due.
+    """
+    s = d.s
+    if s.meta is None or s.instances or s.queue:
+        return None
+    idle_since = max(s.stats.last_arrival_ms, s.stats.last_end_ms)
+    forget_at = idle_since + d.room.forget_after_ms
+    if (last := s.last_release()) is not None:  # not before a retry of its last release can no longer come
+        forget_at = max(forget_at, last.at_ms + s.lease_ms())
+    if d.now >= forget_at:
+        d.emit(FunctionForgotten(at_ms=d.now))
+        return None
+    if s.rested:
+        return forget_at
+    rest_at = idle_since + d.room.rest_after_ms
+    if d.now < rest_at:
+        return rest_at
+    d.emit(FunctionRested(at_ms=d.now))
+    return forget_at
+
+
+def _live(s: FnState) -> int:
+    return sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
+
+
+def _next_wake(d: _Draft, *planned: int | None) -> int | None:
+    """Wake: the earliest deadline still ahead, among the policy's plans, keep-alives and leases."""
+    wakes = [w for w in planned if w is not None]
+    wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
+    wakes += [i.since_ms + d.s.lease_ms() for i in d.s.in_phase(Phase.BUSY)]
+    if d.s.sessions:
+        wakes += [p.since_ms + session_wait_ms(d.s) for p in d.s.queue if _holding(d.s, p, d.now)]
+        busy = {i.session for i in d.s.in_phase(Phase.BUSY)}
+        wakes += [b.used_ms + d.room.session_idle_ms for k, b in d.s.sessions.items() if k not in busy]
+    return min((w for w in wakes if w > d.now), default=None)

@@ -1,0 +1,290 @@
+"""What a function's events say about it, for policies and people: its own fold, beside the lifecycle's.
+
+`state.apply` folds an event in two steps: the lifecycle (instances, queue) in `state.py`, then
+`observe` here, which reads the state before and after the event and changes only `FnStats`.
+The features are history (counters, recent gaps, lulls and runs, histograms, the score's
+figures), so nothing in the lifecycle depends on them.
+
+`VERSION` stamps what this fold computes, for snapshots (scaler/controller/snapshots.py): a snapshot
+taken under another version holds other features, so it is not used. Tidying this module keeps
+the version; changing what it computes must bump it, and `tests/test_features.py` fails until
+it does (it pins the features of a reference event log).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import TYPE_CHECKING
+
+import msgspec
+from msgspec.structs import replace
+
+from scaler.proto.events import (
+    Assigned,
+    Cued,
+    Event,
+    Followed,
+    FunctionDeleted,
+    FunctionForgotten,
+    InstanceReady,
+    Lead,
+    Released,
+    RequestArrived,
+    RequestFailed,
+    SlotWanted,
+)
+
+if TYPE_CHECKING:
+    from scaler.controller.core.state import FnState, Instance
+
+VERSION = 4
+
+GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
+RUNS_KEPT = 32  # recent execution times
+LULLS_KEPT = 32  # recent gaps longer than two starts: when a burst's next one came
+EARLY_GAPS = 3  # a function's first gaps, which tell how soon functions seen once or twice come back
+IDLE_BINS = 240  # idle-time histogram: 1-minute bins over 4 hours ("Serverless in the Wild")
+GAP_BINS = 48  # inter-arrival histogram: half-octave bins from 1 ms to 4.6 h
+GAP_HALF_LIFE_MS = 30 * 60_000  # its counts halve every 30 minutes, so rare long gaps are remembered
+UNKNOWN_START_MS = 1_000  # assumed CreateSlot + Init before the function's first instance is ready
+QUEUED_KEPT = 32  # recent requests' time queued for an instance
+ACTIVITY_BIN_MS = 10_000  # the bins of a function's activity: a call in a bin makes it active
+QUIET_KEPT = 32  # recent runs of quiet bins
+FOLLOW_MS = 1_000  # a function back within this of another's return may be one that other calls
+LEADERS_KEPT = 4  # the functions a function may follow
+LEAD_LAGS_KEPT = 8  # recent lags from a leader's return to the function's
+LEAD_TRIALS = 5  # a lead that failed most of this many trials is not followed
+
+
+class Leader(msgspec.Struct, frozen=True, kw_only=True):
+    """A function this one may follow (it calls this one, say): it came back from a lull shortly before."""
+
+    key: str
+    lags: tuple[int, ...] = ()  # in recent trials that hit, how long after its return this function's call came
+    trials: int = 0  # times it came back while this function had no instance, judged (by the next call, or cue)
+    hits: int = 0  # ... and this function was called within FOLLOW_MS
+
+    def failed(self) -> bool:
+        return self.trials >= LEAD_TRIALS and 2 * self.hits < self.trials
+
+    def share(self) -> float:
+        """How likely this function is called within FOLLOW_MS of the leader's return: its trials' hits,
+        with one hit and one miss assumed (Laplace), so that a lead tried twice is not taken as certain."""
+        return (self.hits + 1) / (self.trials + 2)
+
+
+class FnStats(msgspec.Struct, frozen=True, kw_only=True):
+    """What the function's events say about it; counters for people, history for policies."""
+
+    arrivals: int = 0
+    cold_starts: int = 0  # instances started for a waiting request
+    prewarms: int = 0  # instances started with no request waiting
+    failures: int = 0  # requests answered with an error
+    deaths: int = 0  # instances lost with their request (need_destroy)
+    last_arrival_ms: int = 0
+    last_end_ms: int = 0  # when the function last had no request left in flight
+    gaps: tuple[int, ...] = ()  # recent inter-arrival times, oldest first
+    runs: tuple[int, ...] = ()  # recent execution times (assignment to release)
+    # Recent requests' time queued for an instance that existed when they came (0: served at once, or by an
+    # instance started for them), one per request served, oldest first.
+    queued: tuple[int, ...] = ()
+    quiet_bins: tuple[int, ...] = ()  # recent runs of ACTIVITY_BIN_MS bins without a call between two with calls
+    start_ms: int = 0  # the last instance's start: SlotWanted to ready (CreateSlot + Init + our overhead)
+    lulls: tuple[int, ...] = ()  # recent gaps longer than two starts (long enough to retire and start again)
+    early_gaps: tuple[int, ...] = ()  # the function's first EARLY_GAPS gaps
+    gap_hist: tuple[float, ...] = ()  # inter-arrival times, decayed counts per half-octave (gap_bin)
+    idle_hist: tuple[int, ...] = ()  # idle times (nothing in flight until the next arrival), by minute
+    idle_oob: int = 0  # idle times beyond the histogram's 4 hours
+    returned_ms: int = 0  # when the function last came back from a lull (or first came)
+    leaders: tuple[Leader, ...] = ()  # functions it came back shortly after (Followed), and how reliably
+    # Leaders that came back while the function had no instance (Cued), and when, until its next call.
+    cues: tuple[tuple[str, int], ...] = ()
+    # What the challenge's score is made of, summed over the function's life (see state.Totals).
+    exec_ms: float = 0.0  # time instances were busy with requests
+    exec_gb_ms: float = 0.0
+    wait_ms: float = 0.0  # time requests waited for an instance
+    ideal_gb_ms: float = 0.0  # idle slot time a clairvoyant scaler would pay (see _clairvoyant)
+    ideal_free: tuple[int, ...] = ()  # when that scaler's instances free up, ascending (those it may still reuse)
+
+
+NO_STATS = FnStats()
+
+
+def gap_bin(gap_ms: int) -> int:
+    return min(GAP_BINS - 1, max(0, int(2 * math.log2(max(gap_ms, 1)))))
+
+
+def observe(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
+    """The function's stats once `e` is folded: `before` and `after` are its lifecycle around `e`."""
+    match e:
+        case RequestArrived(at_ms=t):
+            return _arrival(st, t, before)
+        case SlotWanted(for_request=r):
+            return replace(st, cold_starts=st.cold_starts + 1) if r else replace(st, prewarms=st.prewarms + 1)
+        case InstanceReady(instance_id=i, at_ms=t) if i in before.instances:
+            return replace(st, start_ms=t - before.instances[i].wanted_ms)
+        case Assigned(request_id=r, instance_id=i, at_ms=t) if i in before.instances:
+            waiting = before.pending(r)
+            if waiting is None:
+                return st
+            wait = t - waiting.since_ms
+            inst = before.instances[i]
+            queued = wait if inst.for_request != r and inst.wanted_ms <= waiting.since_ms else 0
+            return replace(st, wait_ms=st.wait_ms + wait, queued=_ring(st.queued, queued, QUEUED_KEPT))
+        case Released(instance_id=i, at_ms=t, need_destroy=dies) if i in before.instances:
+            return _release(st, t, before.instances[i], dies, after)
+        case RequestFailed():
+            return replace(st, failures=st.failures + 1)
+        case Followed(leads=leads):
+            return replace(st, leaders=_followed(st.leaders, leads))
+        case Cued(leader=leader, at_ms=t):
+            missed = {leader: None} if any(c[0] == leader for c in st.cues) else {}  # cued again: the last one failed
+            leaders = _judged(st.leaders, missed)
+            return replace(st, leaders=leaders, cues=(*(c for c in st.cues if c[0] != leader), (leader, t)))
+        case FunctionForgotten() | FunctionDeleted():
+            return NO_STATS
+    return st
+
+
+def comes_back(st: FnStats, t: int) -> bool:
+    """Whether an arrival at `t` ends a lull (a gap long enough to retire an instance and start one again),
+    or is the function's first."""
+    return not st.arrivals or t - st.last_arrival_ms > 2 * (st.start_ms or UNKNOWN_START_MS)
+
+
+def _followed(leaders: tuple[Leader, ...], leads: tuple[Lead, ...]) -> tuple[Leader, ...]:
+    """The leaders with these leads: a new one joins while fewer than LEADERS_KEPT are kept, or in a failed
+    one's place. (A lag seen here may be any return of the function, one in the middle of its calls too; a
+    trial's is the one a pre-warm is for: the first call after a return of the leader that found it with no
+    instance.)"""
+    out = list(leaders)
+    for lead in leads:
+        if any(x.key == lead.key for x in out):
+            continue
+        new = Leader(key=lead.key)
+        if len(out) < LEADERS_KEPT:
+            out.append(new)
+        elif (failed := next((n for n, x in enumerate(out) if x.failed()), None)) is not None:
+            out[failed] = new
+    return tuple(out)
+
+
+def _judged(leaders: tuple[Leader, ...], outcomes: dict[str, int | None]) -> tuple[Leader, ...]:
+    """The leaders, with the trials of `outcomes` judged: a leader's lag when the function came within FOLLOW_MS
+    of its return (a hit), None when not."""
+    if not outcomes:
+        return leaders
+    return tuple(x if x.key not in outcomes else _trial(x, outcomes[x.key]) for x in leaders)
+
+
+def _trial(x: Leader, lag: int | None) -> Leader:
+    if lag is None:
+        return replace(x, trials=x.trials + 1)
+    return replace(x, trials=x.trials + 1, hits=x.hits + 1, lags=_ring(x.lags, lag, LEAD_LAGS_KEPT))
+
+
+def _outcomes(st: FnStats, t: int) -> dict[str, int | None]:
+    """What an arrival at `t` says of the trials the function's cues began: a hit within FOLLOW_MS, else a miss."""
+    return {leader: (t - at if t - at <= FOLLOW_MS else None) for leader, at in st.cues}
+
+
+def _release(st: FnStats, t: int, inst: Instance, dies: bool, after: FnState) -> FnStats:
+    """A request let its instance go: a run ends (when it was busy), and maybe the function's activity."""
+    last_end = st.last_end_ms if after.in_flight() else t
+    if not inst.busy:
+        return replace(st, last_end_ms=last_end, deaths=st.deaths + dies)
+    busy = t - inst.since_ms
+    return replace(
+        st,
+        exec_ms=st.exec_ms + busy,
+        exec_gb_ms=st.exec_gb_ms + busy * inst.memory_mb / 1024,
+        runs=_ring(st.runs, busy, RUNS_KEPT),
+        last_end_ms=last_end,
+        deaths=st.deaths + dies,
+    )
+
+
+def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
+    gaps, gap_hist = _gaps(st, t)
+    idle_hist, idle_oob = _idle_time(st, t, before)
+    ideal_ms, ideal_free = _clairvoyant(st, t)
+    return replace(
+        st,
+        ideal_gb_ms=st.ideal_gb_ms + ideal_ms * (before.meta.memory_mb / 1024 if before.meta else 1.0),
+        ideal_free=ideal_free,
+        arrivals=st.arrivals + 1,
+        last_arrival_ms=t,
+        gaps=gaps,
+        lulls=_lulls(st, t),
+        quiet_bins=_quiet_bins(st, t),
+        early_gaps=(*st.early_gaps, t - st.last_arrival_ms) if 0 < st.arrivals <= EARLY_GAPS else st.early_gaps,
+        gap_hist=gap_hist,
+        idle_hist=idle_hist,
+        idle_oob=idle_oob,
+        returned_ms=t if comes_back(st, t) else st.returned_ms,
+        leaders=_judged(st.leaders, _outcomes(st, t)),
+        cues=(),
+    )
+
+
+def _lulls(st: FnStats, t: int) -> tuple[int, ...]:
+    """The recent lulls, with the gap that ends now if it was one: long enough to retire an instance and
+    start one again. Kept apart from the gaps, whose ring a busy function fills with short ones in seconds."""
+    if not st.arrivals or not comes_back(st, t):
+        return st.lulls
+    return _ring(st.lulls, t - st.last_arrival_ms, LULLS_KEPT)
+
+
+def _quiet_bins(st: FnStats, t: int) -> tuple[int, ...]:
+    """The recent runs of quiet bins, with the one that ends now when this call is the first of its bin."""
+    this, last = t // ACTIVITY_BIN_MS, st.last_arrival_ms // ACTIVITY_BIN_MS
+    if not st.arrivals or this <= last:
+        return st.quiet_bins
+    return _ring(st.quiet_bins, this - last - 1, QUIET_KEPT)
+
+
+def _gaps(st: FnStats, t: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The recent gaps and the decayed gap histogram, with the gap that ends now."""
+    if not st.arrivals:
+        return st.gaps, st.gap_hist
+    gap = t - st.last_arrival_ms
+    decay = 0.5 ** (gap / GAP_HALF_LIFE_MS)
+    hist = tuple(c * decay for c in st.gap_hist) if st.gap_hist else (0.0,) * GAP_BINS
+    b = gap_bin(gap)
+    return _ring(st.gaps, gap, GAPS_KEPT), (*hist[:b], hist[b] + 1.0, *hist[b + 1 :])
+
+
+def _idle_time(st: FnStats, t: int, before: FnState) -> tuple[tuple[int, ...], int]:
+    """The idle-time histogram, with the idle time that ends now when the function had nothing in flight."""
+    if not st.last_end_ms or before.in_flight():
+        return st.idle_hist, st.idle_oob
+    minute = (t - st.last_end_ms) // 60_000
+    if minute >= IDLE_BINS:
+        return st.idle_hist, st.idle_oob + 1
+    hist = st.idle_hist or (0,) * IDLE_BINS
+    return (*hist[:minute], hist[minute] + 1, *hist[minute + 1 :]), st.idle_oob
+
+
+def _clairvoyant(st: FnStats, t: int) -> tuple[float, tuple[int, ...]]:
+    """The idle slot time a clairvoyant scaler pays for this arrival, and when its instances free up after it.
+
+    It serves the arrival on the instance that freed most recently, paying the time it stood idle,
+    or on one started just in time, paying a start; an instance idle longer than a start is not worth
+    keeping (it retires, and starting another costs the same). Each request is taken to run the
+    recent mean. From the arrivals and runs alone, so it does not depend on our own choices.
+    """
+    start = st.start_ms or UNKNOWN_START_MS
+    run = round(sum(st.runs) / len(st.runs)) if st.runs else 0
+    free = [f for f in st.ideal_free if f > t - start]
+    taken = bisect.bisect_right(free, t)
+    if taken:
+        idle = float(t - free.pop(taken - 1))
+    else:
+        idle = float(start)
+    bisect.insort(free, t + run)
+    return idle, tuple(free)
+
+
+def _ring(values: tuple[int, ...], value: int, keep: int) -> tuple[int, ...]:
+    return (*values[1 - keep :], value) if len(values) >= keep else (*values, value)

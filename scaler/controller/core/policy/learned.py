@@ -1,0 +1,570 @@
+"""Our policy: learn each function from its own events, and weigh waiting against memory.
+
+The challenge's score trades slot memory x time (GB·s) against time requests wait. Every choice
+here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth. It
+is learned from the run itself (`exchange_rate`): the rate at which the score trades the two where
+a clairvoyant scaler would stand on this workload, whose slot time the features fold from the
+arrivals, concurrency included (`features._clairvoyant`; before it counted one instance per
+function: gen-burst's rate 3.3 against the bound's 15.0, now 13.0).
+
+What a function's history says (`next_arrival`, `outlook`; the arithmetic is in forecast.py):
+- The next arrival: the time-decayed histogram of its gaps, each bin's weight put where the recent
+  gaps in it were, exact (a 10 s timer's bin runs from 8.2 to 11.6 s; its middle, 9.7 s, retired
+  the instance 0.3 s before each tick: gen-timer 58.20 -> 68.57). Past its longest gap, a Pareto
+  tail: the longer a lull has lasted, the longer it may. A function with little history of its
+  own borrows how soon the run's new functions came back, rather than keeping an instance for the
+  break-even time of a miss (gen-oneoff 49.85 -> 61.52; seed 2 46.08 -> 55.72); a gap still open
+  counts as one that lasted at least its age (Kaplan-Meier; counted as "never", the functions with
+  long periods, not back yet, made the 60 s timer's second call a miss: gen-timer seed 2 44.83 -> 47.01).
+  A clock called besides its ticks keeps its beat: its next tick is counted from the last one, not from
+  the call (`forecast.since_beat`; dataSet_1's 30 s timer nodes1 missed the tick after each of its nine
+  extra calls: 48 cold starts -> 42, dataSet_1 54.37 -> 54.43).
+  A function called in groups with alike pauses between them has its next gap read from its place in the
+  current group (`forecast.group_pause`): after a group's last call, a pause comes, and its instance is
+  retired to start again just before the pause ends (dataSet_1's roles1 and rolebindings1, five calls
+  and a second's pause: their gaps read as a whole keep the instance through every pause, 1,154 GB·s
+  against 1,093, 54.43 against 54.82).
+  Gaps that vary as an exponential's (Poisson calls) say how many shorter than the shortest seen to
+  expect: a 2 GB function with a 3.7 s start whose ten gaps were 18-200 s had no chance of a call
+  within 18 s, and its instance was retired after each call to start again (gen-poisson/2 49.56 -> 49.67).
+- A burst (its gaps shorter than two starts): the rate within it, the instances it needs (the pool
+  below, at that rate), and what missing it costs: its first request waits a start, its followers
+  half a start each and then in the queue they made, which those instances drain a run at a time.
+
+What it decides:
+- Pool: while a function is busy it keeps the k instances that minimise memory x k + wait_gb x
+  expected waiting: Erlang C on the recent rate and busy time, scaled by (ca^2 + cs^2) / 2
+  (Allen-Cunneen): a timer's arrivals queue far less than Poisson ones (a 4 GB timer whose runs
+  overlap the next tick kept a second instance all hour: gen-timer 68.57 -> 82.04), a burst's
+  more. A request that kills its instance (need_destroy) keeps it busy a start longer (a 4 GB
+  function of 13 ms runs that dies every 250 requests: dataSet_3 77.46 -> 79.12), plus spares. A
+  pool shrinks only past the load half a standard error above its estimate, so that it does not
+  shrink and grow with the noise of its rate (dataSet_3 79.09 -> 79.79). It grows only for waiting
+  requests: no pre-warms to a target while active (they mostly churned and overshot at a burst's
+  end: gen-poisson 87.15 -> 91.57, gen-ramp 85.84 -> 90.03, dataSet_3 76.64 -> 80.01).
+- Lulls (`lull`): for the next arrival, the cheapest of keeping one instance, or as many as a
+  burst needs, until some time; retiring them (a miss); and, when nothing is busy, retiring them
+  to start again just before the next arrival (`return_plan`), when the history says when
+  (without it: gen-timer 80.35, the 60 s timer with an 11 s init kept through each minute, 899
+  GB·s, now 199; dataSet_1 48.07, now 52.35: its calls every 1.15 s come back warm). A keep that
+  reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
+  Fewer instances kept than a burst needs cost what its followers then wait: they queue for the kept
+  ones a run at a time (Erlang C at the rate within bursts), not a start each (dataSet_1's sessions,
+  groups of calls 26-75 ms apart with runs of 30 ms, need one instance kept through the second between
+  groups, not the two a group keeps busy).
+- Waiting (`plan_queue`): with no idle instance, start the number of instances that minimises the
+  queue's expected total wait (the queue now and the arrivals to come, simulated against the busy
+  instances' expected rests) x wait_gb plus their cost; the others wait for a busy one.
+- Pre-warm (`prewarm`): with nothing live, the return plan: one instance or a burst's worth, ready
+  just before the predicted arrival and held through its spread. Only an instance started for a
+  predicted arrival, that no arrival has come for since, is held so; any other (a cold start whose
+  request another instance served) is kept or retired like the rest. A leader that came back, when
+  the function's call follows it sooner than a start, has the instances its burst needs started at
+  once (`_imminent`): none is ready for the call, but each waits less by the lag (dataSet_1's
+  rolebindings1, 7-11 ms after roles1: 54.30 -> 54.37).
+"""
+
+import heapq
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, replace
+
+from scaler.controller.core.features import FOLLOW_MS, Leader
+from scaler.controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
+from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
+from scaler.controller.core.policy.estimate import start_ms
+from scaler.controller.core.policy.forecast import (
+    KERNEL,
+    MIN_NEW_FUNCTIONS,
+    Option,
+    Plan,
+    Point,
+    beyond,
+    blend,
+    gap_points,
+    group_pause,
+    in_group,
+    keep_plan,
+    lag_points,
+    memoryless_below,
+    new_function_points,
+    pool_size,
+    queue_wait,
+    restart_plan,
+    scv,
+    share_by,
+    since_beat,
+)
+from scaler.controller.core.state import FnState, Instance, Phase, Totals
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What a function's history says about its next burst, worked out once per choice."""
+
+    gb: float
+    start: int  # ms from wanting an instance to its being ready
+    burst_rate: float  # arrivals per ms within bursts (gaps shorter than two starts)
+    need: int  # instances a burst needs to be served without waiting
+    followers_wait: float  # ms a burst's followers wait in all when it finds no instance
+    miss: float  # GB·ms a burst that finds no instance costs: its first request's wait and start, its followers'
+    lam: float  # GB·ms one ms of waiting is worth
+    followers: float = 0.0  # arrivals a burst brings within a start of its first
+    run: float = 0.0  # ms a request keeps its instance, on average
+    variability: float = 1.0  # (ca^2 + cs^2) / 2 of the arrivals within bursts and of the runs
+
+    def shortfall(self, count: int) -> float:
+        """What an arrival served by `count` ready instances still costs: its followers that find none free."""
+        return 0.0 if count >= self.need else self.lam * self.followers_wait * (1 - count / self.need)
+
+    def kept_shortfall(self, count: int) -> float:
+        """What an arrival served by `count` instances kept through a lull still costs: its followers queue
+        for them a run at a time (Erlang C at the rate within bursts), not a start, so it may cost far less
+        than `shortfall`, and never more. A return plan still counts `shortfall`: counted so there, one
+        pre-warmed instance would be held in a burst's stead for bursts that may not come (gen-burst/5
+        loses 0.47 so)."""
+        if count >= self.need:
+            return 0.0
+        queued = self.followers * queue_wait(self.burst_rate, self.run, count, self.variability)
+        return min(self.shortfall(count), self.lam * queued)
+
+    def options(self, kept: bool = False) -> list[Option]:
+        """What to have ready for the next arrival: one instance, or as many as a burst needs (`kept`: of
+        those live now)."""
+        cost = self.kept_shortfall if kept else self.shortfall
+        return [(k, self.gb * k, cost(k)) for k in sorted({1, self.need})]
+
+
+@dataclass(frozen=True)
+class Learned(Policy):
+    name: str = "learned"
+    wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
+    min_samples: int = 3
+    new_gaps: tuple[int, ...] = ()  # how soon the run's functions came back while new (Totals.early_gaps)
+    new_open: OpenGaps = NO_OPEN_GAPS  # ... and since when those not back yet have been away (Totals.early_open)
+    follows_leaders = True  # a function another one calls is pre-warmed when that one comes back (`_cue`)
+
+    def tuned_to(self, totals: Totals) -> "Learned":
+        """Value waiting at the rate the score trades it for memory, given the run so far; and know how
+        soon new functions came back in this run."""
+        rate = exchange_rate(totals)
+        wait_gb = self.wait_gb if rate is None else min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB)
+        return replace(self, wait_gb=wait_gb, new_gaps=totals.early_gaps, new_open=totals.early_open)
+
+    # --- what the history says -------------------------------------------------------------
+
+    def outlook(self, s: FnState) -> Outlook:
+        """The function's next burst: how fast it comes, how many instances it needs, what missing it costs.
+
+        A burst's followers (arrivals during one start after its first, at the rate within bursts, at
+        most a burst's size) wait half a start each when it finds no instance, then in the queue they
+        made, which the instances it needs drain a run at a time.
+        """
+        gb, start, runs, gaps = _gb(s), start_ms(s), s.stats.runs, s.stats.gaps
+        near = [g for g in gaps if g <= 2 * start]
+        run = _busy(s) if runs else 0.0
+        rate = len(near) / max(sum(near), 1) if near else 0.0
+        need, variability = 1, (scv(near) + scv(runs)) / 2
+        if runs and len(near) >= 2:
+            need = pool_size(rate, run, gb, self.wait_gb, variability)
+        followers = min(rate * start, len(near) / max(len(gaps) - len(near), 1)) if near else 0.0
+        waits = followers * start / 2 + followers * followers * run / (2 * need)
+        miss = self.wait_gb * (start + waits) + gb * start
+        return Outlook(gb, start, rate, need, waits, miss, self.wait_gb, followers, run, variability)
+
+    def pool_target(self, s: FnState, now: int, margin: float = 0.0) -> int:
+        """Instances worth keeping for the recent load (`forecast.pool_size`), plus spares for those that die.
+
+        `margin`: for the rate `margin` standard errors above its estimate (the recent gaps are a sample).
+        """
+        runs, gaps = s.stats.runs, s.stats.gaps
+        if not runs:
+            return 1
+        run = _busy(s)
+        rate, gb = _rate(s, now), _gb(s)
+        arrivals = scv(gaps)
+        if margin and gaps:
+            rate *= 1 + margin * math.sqrt(arrivals / len(gaps))
+        variability = (arrivals + scv(runs)) / 2
+        return pool_size(rate, run, gb, self.wait_gb, variability) + self._spares(s, rate, gb)
+
+    def _spares(self, s: FnState, rate: float, gb: float) -> int:
+        """Instances kept beyond the load for those lost with their request (need_destroy).
+
+        Deaths come at `rate` x the share of requests that kill their instance; one that finds no
+        spare makes every arrival during a start wait. Keep the number of spares s that minimises
+        memory x s + wait_gb x (deaths that find none) x (their wait), deaths being Poisson within a start.
+        """
+        st = s.stats
+        if not st.deaths or not rate:
+            return 0
+        deaths = rate * st.deaths / st.arrivals  # per ms
+        start = start_ms(s)
+        expected = deaths * start  # deaths within one start
+        cost_of_one = rate * start * start / 2  # ms of waiting when no spare covers it
+        best_s, best, tail, term = 0, math.inf, 1.0, math.exp(-expected)
+        for spare in range(8):
+            tail -= term  # P(more than `spare` deaths within a start)
+            cost = gb * spare + self.wait_gb * deaths * max(tail, 0.0) * cost_of_one
+            if cost >= best:
+                break
+            best_s, best = spare, cost
+            term *= expected / (spare + 1)
+        return best_s
+
+    def _little_history(self, s: FnState) -> bool:
+        """Too few gaps of its own, and too few of the run's new functions to go by."""
+        return sum(s.stats.gap_hist) < self.min_samples and sum(self.new_gaps) + len(self.new_open) < MIN_NEW_FUNCTIONS
+
+    def next_arrival(self, s: FnState, now: int) -> tuple[list[Point], bool]:
+        """When the function's next call may come (ms after its last), given none came by `now`: its own
+        gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
+        whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
+        may be shorter than any seen, one time in n + 1: one gap's weight goes below the shortest, as far
+        as the recent gaps vary (`_shorter_than_seen`); for a Poisson function, as many as the exponential
+        its gaps fit puts there, where it puts them (`forecast.memoryless_below`). A leader that came back
+        just now says when as well (`_cue`), with the weight its lead has earned."""
+        points, timed = self._own_forecast(s, now)
+        cue, share, _ = self._cue(s, now)
+        if not cue:
+            return points, timed
+        total = sum(w for _, w in points)
+        own = [(x, w * (1 - share) / total) for x, w in points] if total else []
+        return sorted(own + cue), True
+
+    def _own_forecast(self, s: FnState, now: int) -> tuple[list[Point], bool]:
+        """The function's own gaps, counted from its last arrival; a clock's from its last beat (`since_beat`);
+        a function called in groups, as its current group's place says (`group_pause`)."""
+        gaps = s.stats.gaps
+        beat = since_beat(gaps)
+        elapsed = now - s.stats.last_arrival_ms + beat
+        burst = 2 * start_ms(s)  # a longer gap is a lull (or a group's pause)
+        own = gap_points(s.stats.gap_hist, gaps + s.stats.lulls, elapsed, burst)
+        timed = bool(own)
+        seen = sum(s.stats.gap_hist)
+        if own and _memoryless(gaps):
+            own = sorted([*own, *memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)])
+        elif own and (early := _shorter_than_seen(gaps)) > elapsed:
+            own = sorted([*own, (early, EARLY_WEIGHT)])
+        if seen >= self.min_samples:
+            points = own or beyond(max(elapsed, 1))
+        else:
+            points = blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed))
+        if beat:
+            return [(x - beat, w) for x, w in points], timed
+        group = group_pause(gaps, burst) if own else None
+        return (in_group(points, *group, elapsed, burst) if group else points), timed
+
+    def _cue(self, s: FnState, now: int) -> tuple[list[Point], float, str]:
+        """Where a leader's return puts the function's next call (ms after its last), how likely it comes
+        then, and which leader says so (`_lead`), when it comes mostly a start or more after the leader's
+        return: one sooner cannot be served warm, and pre-warming for it would hold an instance for a few ms
+        saved (`_imminent` starts its burst's instances instead)."""
+        lead, at = self._lead(s, now)
+        if lead is None or _median_lag(lead) < start_ms(s):
+            return [], 0.0, ""
+        last = s.stats.last_arrival_ms
+        points = lag_points(lead.lags, at - last, now - last, lead.share())
+        return (points, lead.share(), lead.key) if points else ([], 0.0, "")
+
+    def _lead(self, s: FnState, now: int) -> tuple[Leader | None, int]:
+        """The leader whose return says when the function is called next, and when it came back: one it
+        follows came back under FOLLOW_MS ago while it had no instance (`Cued`), and the function came
+        within FOLLOW_MS of nearly every such return before (LEAD_SHARE). Of several, the most reliable."""
+        leaders, best = {x.key: x for x in s.stats.leaders}, (None, 0)
+        for key, at in s.stats.cues:
+            lead = leaders.get(key)
+            if lead is None or not lead.lags or now - at > FOLLOW_MS or lead.share() < LEAD_SHARE:
+                continue
+            if best[0] is None or lead.share() > best[0].share():
+                best = (lead, at)
+        return best
+
+    def _imminent(self, s: FnState, now: int) -> Prewarm:
+        """A leader came back and the function's call comes sooner than a start after it: no instance is
+        ready for it, but those its burst needs can be started now rather than at the call, so each of the
+        burst's requests waits that much less: as many as `plan_queue` would start for the call."""
+        lead, at = self._lead(s, now)
+        if lead is None or (lag := _median_lag(lead)) >= start_ms(s) or now - at >= lag:
+            return NO_PREWARM
+        plan = self._queue_plan(s, 1, 1, now)
+        count = plan.starts + plan.ahead
+        why = f"pre-warm: next arrival expected in {at + lag - now} ms, sooner than a start"
+        return Prewarm(count, f"{why} ({lead.key} came back, and this function follows it)") if count else NO_PREWARM
+
+    def return_plan(self, s: FnState, now: int) -> tuple[Plan, int] | None:
+        """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
+        `plan.until`, after the last arrival) and how many, one or as many as a burst needs; None when a
+        miss costs less, or when the function's history does not say when its next call comes."""
+        st = s.stats
+        if not st.start_ms or not st.arrivals or self._little_history(s):
+            return None
+        points, timed = self.next_arrival(s, now)
+        if not timed:
+            return None
+        o, elapsed = self.outlook(s), now - st.last_arrival_ms
+        return restart_plan(points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
+
+    def lull(self, s: FnState, now: int) -> tuple[int, int, str]:
+        """How many instances to keep for the function's next arrival, until when, and why: the cheapest of
+        keeping one or as many as a burst needs, retiring them (a miss), and, when the function is quiet,
+        retiring them to start again just before the next arrival (`return_plan`)."""
+        o, st = self.outlook(s), s.stats
+        last = st.last_arrival_ms
+        elapsed = now - last
+        if self._little_history(s):
+            keep = (o.miss - o.kept_shortfall(1)) / o.gb  # nothing to go by: ski rental, idle as long as a miss costs
+            if elapsed >= keep:
+                return now, 0, "little history, and idle longer than a miss would cost"
+            return (
+                last + int(keep),
+                1,
+                f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
+            )
+        points, _ = self.next_arrival(s, now)
+        keep, count = keep_plan(points, elapsed, o.miss, o.options(kept=True))
+        quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
+        if quiet and _restart_floor(points, elapsed, o) < keep.cost:
+            back = self.return_plan(s, now)
+            if back is not None and back[0].cost < keep.cost and back[0].ready - o.start > elapsed:
+                return now, 0, "cheaper to start again just before the next arrival"
+        if keep.until <= elapsed:
+            return now, 0, "a longer wait for the next arrival costs more than a miss"
+        burst_end = 2 * o.start  # a gap longer than this ends the burst: then look again (return, or keep)
+        if elapsed < burst_end < keep.until:
+            return last + burst_end + 1, count, "keep through the burst, then look again"
+        more, hit = (keep.until - elapsed) / 1000, share_by(points, keep.until)
+        return last + int(keep.until) + 1, count, f"keep {more:.3g}s more: {hit:.0%} of gaps end by then"
+
+    # --- the policy's choices -----------------------------------------------------------------
+
+    def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
+        ahead = not inst.for_request and not inst.request_id  # started for a predicted arrival...
+        if ahead and s.stats.last_arrival_ms < inst.wanted_ms:  # ...still to come: hold it through it
+            back = self.return_plan(s, inst.wanted_ms)
+            until = s.stats.last_arrival_ms + int(back[0].until) + 1 if back is not None else 0
+            if until > now:
+                return KeepAlive(until, "pre-warmed: held through the predicted arrival")
+        return self._keep(s, now)
+
+    def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
+        keep = self._keep(s, now)
+        return keep if keep.until_ms > now else None
+
+    def _keep(self, s: FnState, now: int) -> KeepAlive:
+        """Keep the instance for the lull's plan, unless the function has more than that plan and the load need:
+        clearly more, the load taken a standard error above its estimate, so that a pool does not shrink and
+        grow again with the noise of its rate. Until now (retire it) says why not."""
+        live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
+        until, count, why = self.lull(s, now)
+        if live > count and live > self.pool_target(s, now, margin=0.5):
+            return KeepAlive(now, f"{live} live, more than the lull's {count} and the load's")
+        return KeepAlive(until, why) if until > now else KeepAlive(now, why)
+
+    def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
+        """Start the number of instances that minimises the queue's total wait x `wait_gb` plus their cost.
+
+        The queue is simulated first-come first-served against the busy instances' expected rests
+        and the instances being created, and against m new ones ready after a start; a new one
+        costs its start and as much again of idle tail.
+        """
+        return self._queue_plan(s, len(s.queue), uncovered, now)
+
+    def _queue_plan(self, s: FnState, queued: int, uncovered: int, now: int) -> QueuePlan:
+        """`plan_queue`, for `queued` requests waiting now (a call about to come counts as one)."""
+        runs = sorted(s.stats.runs)
+        if len(runs) < self.min_samples or not s.stats.start_ms:
+            return QueuePlan(starts=uncovered)
+        start = start_ms(s)
+        typical = runs[len(runs) // 2]
+        busy = typical + _death_share(s) * start  # an instance that dies with its request is gone a start
+        gb = _gb(s)
+        free = _when_free(s, runs, start, now)
+        # Who will want an instance: the queue now, and arrivals over the next two starts (a queue that
+        # cannot keep up with them keeps growing): at the rate within bursts, as many as a burst brings.
+        arrivals = [float(now)] * min(queued, QUEUE_SIMULATED)
+        rate, coming = _burst(s, start)
+        if rate:
+            arrivals += [
+                now + (j + 1) / rate for j in range(min(int(rate * 2 * start), math.ceil(coming), QUEUE_SIMULATED))
+            ]
+
+        def waits(extra: int) -> tuple[float, float | None]:
+            """Total expected wait of those requests, and when the first one waiting now is served."""
+            heap = free + [now + start] * extra
+            heapq.heapify(heap)
+            total, first = 0.0, None
+            for arrived in arrivals:
+                at = max(heapq.heappop(heap) if heap else math.inf, arrived)
+                total += at - arrived
+                first = at if first is None else first
+                heapq.heappush(heap, at + busy)
+            return total, first
+
+        # A burst that began with no instance ready or busy: its followers within a start find none
+        # either, so instances may be started for them now, not one as each arrives; for as many as
+        # a burst surely brings (the whole ones of its mean: a Poisson function's chance short gap
+        # brings none, where a session's start brings dozens).
+        cold = not any(i.phase in (Phase.BUSY, Phase.IDLE) for i in s.instances.values())
+        ahead = min(len(arrivals) - min(queued, QUEUE_SIMULATED), int(coming)) if cold else 0
+        best_m, (wait, first) = 0, waits(0)
+        best = self.wait_gb * wait
+        for m in range(1, min(uncovered + ahead, MAX_STARTS) + 1):
+            total, at = waits(m)
+            cost = self.wait_gb * total + m * 2 * gb * start
+            if cost >= best:
+                break
+            best_m, best, first = m, cost, at
+        if best_m > uncovered:
+            return QueuePlan(starts=uncovered, ahead=best_m - uncovered)
+        live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
+        starts = min(max(best_m, self.pool_target(s, now) - live), uncovered)
+        if starts == uncovered or first is None or first == math.inf:
+            return QueuePlan(starts=starts)
+        return QueuePlan(
+            starts=starts,
+            why=f"wait ~{first - now:.0f} ms for a busy instance rather than a {start} ms start",
+            recheck_ms=int(first + max(5, typical // 4)),
+            expected_ms=int(first),
+        )
+
+    def prewarm(self, s: FnState, now: int) -> Prewarm:
+        if not s.nothing_live():
+            return NO_PREWARM  # a function with instances grows only for waiting requests (`plan_queue`)
+        if (soon := self._imminent(s, now)).count:
+            return soon
+        back = self.return_plan(s, now)
+        if back is None:
+            return NO_PREWARM
+        plan, count = back
+        begin = s.stats.last_arrival_ms + int(plan.ready) - start_ms(s)
+        if begin > now:
+            return Prewarm(next_ms=begin)
+        expected = (s.stats.last_arrival_ms + plan.ready - now) / 1000
+        why = f"pre-warm: next arrival expected {expected:.3g}s from now"
+        if leader := self._cue(s, now)[2]:
+            why += f" ({leader} came back, and this function follows it)"
+        return Prewarm(count, why)
+
+
+def _median_lag(lead: Leader) -> int:
+    """How long after its leader's return the function is mostly called (the upper middle of its lags)."""
+    return sorted(lead.lags)[len(lead.lags) // 2]
+
+
+def _gb(s: FnState) -> float:
+    return (s.meta.memory_mb if s.meta else 1024) / 1024
+
+
+def _death_share(s: FnState) -> float:
+    """The share of requests that kill their instance (need_destroy)."""
+    return s.stats.deaths / s.stats.arrivals if s.stats.arrivals else 0.0
+
+
+def _busy(s: FnState) -> float:
+    """How long a request keeps an instance from the next one, on average: its run, and when it kills the
+    instance (need_destroy), the start of another."""
+    runs = s.stats.runs
+    return max(sum(runs) / len(runs), 1.0) + _death_share(s) * start_ms(s)
+
+
+def _rate(s: FnState, now: int | None = None) -> float:
+    """Recent arrivals per ms; with `now`, the gap still open counts too (a lull lowers it)."""
+    gaps = s.stats.gaps
+    if not gaps:
+        return 0.0
+    span = sum(gaps) + (max(0, now - s.stats.last_arrival_ms) if now is not None else 0)
+    return len(gaps) / max(span, 1)
+
+
+def _burst(s: FnState, start: int) -> tuple[float, float]:
+    """Arrivals per ms within a burst (gaps shorter than two starts), and how many more a burst brings once
+    it has begun, on average: a gap is short with chance p, so p / (1 - p) (a busy function: all of its
+    recent gaps)."""
+    gaps = s.stats.gaps
+    near = [g for g in gaps if g <= 2 * start]
+    if not near:
+        return _rate(s), len(gaps)
+    far = len(gaps) - len(near)
+    return len(near) / max(sum(near), 1), len(near) / far if far else len(gaps)
+
+
+def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
+    """Where a next gap shorter than every recent one would fall: below the shortest by as much as the
+    recent gaps vary (the sd of their logs, at the kernel's outermost point); a clock's at the shortest."""
+    if len(gaps) < 2:
+        return 0.0
+    logs = [math.log(max(g, 1)) for g in gaps]
+    mean = sum(logs) / len(logs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    return min(gaps) * math.exp(-KERNEL[-1] * sd)
+
+
+def _memoryless(gaps: tuple[int, ...]) -> bool:
+    """Gaps that vary as an exponential's do (a squared coefficient of variation near its 1): Poisson calls.
+    Not calls that came at once (gaps of 0 ms): none can be shorter."""
+    return len(gaps) >= MEMORYLESS_FROM and min(gaps) > 0 and MEMORYLESS_SCV[0] <= scv(gaps) <= MEMORYLESS_SCV[1]
+
+
+def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
+    """Less than any restart can cost: arrivals within a start from now wait for it (or miss)."""
+    soon = elapsed + o.start
+    floor = 0.0
+    for value, w in points:
+        if value >= soon:
+            break
+        floor += w * min(o.miss, o.lam * (soon - value))
+    return floor
+
+
+MEMORYLESS_FROM = 5  # gaps a function needs before they are taken for an exponential's
+MEMORYLESS_SCV = (0.5, 2.0)  # the squared coefficients of variation taken for an exponential's
+EARLY_WEIGHT = 1.0  # the next gap may be shorter than any seen (1 in n + 1): one gap's weight, at half the shortest
+QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
+MAX_STARTS = 32  # instances started in one decision at most
+MIN_EXEC_MS = 1_000  # execution the run needs before its exchange rate is trusted
+MIN_WAIT_GB, MAX_WAIT_GB = 0.1, 1000.0
+LEAD_SHARE = 0.9  # how reliably a leader's return must have brought the function's call to pre-warm for it
+
+
+def exchange_rate(t: Totals) -> float | None:
+    """GB·s of slot time that one second of waiting costs the score, at the run's best reachable point.
+
+    score = 50 E_gb / S + 50 E / (E + W): d/dW = -50 E / (E + W)^2, d/dS = -50 E_gb / S^2, so a
+    second of waiting is worth (E / (E + W)^2) / (E_gb / S^2) GB·s. Taken at our own S and W, this
+    feeds on itself (keep more, memory looks cheaper, keep more); so it is taken where a
+    clairvoyant scaler would be on this workload: W = 0 and S = E_gb + the idle it could not avoid.
+    """
+    if t.exec_ms < MIN_EXEC_MS or t.exec_gb_ms <= 0:
+        return None
+    e, e_gb = t.exec_ms / 1000, t.exec_gb_ms / 1000
+    slot = e_gb + t.ideal_gb_ms / 1000
+    return slot * slot / (e * e_gb)
+
+
+def _when_free(s: FnState, runs: list[int], start: int, now: int) -> list[float]:
+    """When each instance is expected to take its next waiting request: busy ones after their expected
+    rest, those being created when ready; a busy one not worth waiting for is left out."""
+    free = []
+    for inst in s.instances.values():
+        if inst.phase is Phase.BUSY:
+            left = _remaining(runs, now - inst.since_ms)
+            if left is not None:
+                free.append(now + left)
+        elif inst.phase is Phase.CREATING:
+            free.append(max(now, inst.wanted_ms + start))
+    return free
+
+
+def _remaining(runs: list[int], elapsed: int) -> float | None:
+    """Expected rest of a run that has lasted `elapsed`: median of the longer recent runs, minus elapsed.
+
+    A run longer than every recent one is in the tail: expect it to end within a quarter of a
+    typical run, unless it has lasted twice the longest, when it is not to be waited for.
+    """
+    longer = runs[bisect_right(runs, elapsed) :]
+    if longer:
+        return longer[len(longer) // 2] - elapsed
+    if elapsed > 2 * runs[-1]:
+        return None
+    return max(1.0, runs[len(runs) // 2] / 4)

@@ -1,0 +1,544 @@
+"""Per-function state, rebuilt only by folding events: `replay(FnState(key), events)`.
+
+`apply` folds one event in two steps: the lifecycle here (the function's meta, its instances and
+their phases, its queue of waiting requests), then the features (`features.observe`: the
+function's history, `FnStats`), which read the lifecycle and never change it.
+
+`VERSION` stamps what this fold computes and the shape it stores, for snapshots
+(scaler/controller/snapshots.py): a change to either bumps it, with an upcast from the version before
+(scaler/controller/upcast.py), so that every snapshot an earlier version wrote still loads.
+"""
+
+import enum
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+from msgspec.structs import replace
+
+from scaler.controller.core.features import EARLY_GAPS, FOLLOW_MS, GAP_BINS, NO_STATS, FnStats, gap_bin, observe
+from scaler.controller.core.open_gaps import ACTIVE_MS, NO_OPEN_GAPS, RESTED_MS, Opened, OpenGaps
+from scaler.proto.events import (
+    Assigned,
+    Cued,
+    Event,
+    Followed,
+    FunctionDeleted,
+    FunctionForgotten,
+    FunctionRestarted,
+    FunctionRested,
+    FunctionSeen,
+    InstanceCreated,
+    InstanceDestroyed,
+    InstanceReady,
+    InstanceRetired,
+    KeptAlive,
+    Lead,
+    Meta,
+    Released,
+    RequestArrived,
+    RequestCancelled,
+    RequestFailed,
+    RequestRetried,
+    RequestWaiting,
+    SessionBound,
+    SessionEnded,
+    SlotWanted,
+    WaiterLeft,
+)
+
+
+class Phase(enum.StrEnum):
+    CREATING = "creating"  # CreateSlot + Init under way
+    IDLE = "idle"
+    BUSY = "busy"
+    RETIRING = "retiring"  # serves no more; its slot is being destroyed
+
+
+class Instance(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    phase: Phase
+    since_ms: int  # when it entered its phase
+    memory_mb: int
+    slot_id: str = ""
+    request_id: str = ""  # the request it serves when busy, else the last one it served
+    waiters: tuple[str, ...] = ()  # where that request's answer went: who may cancel it
+    keep_until_ms: int = 0  # when idle: the policy's keep-alive deadline; 0 until decided
+    wanted_ms: int = 0
+    for_request: str = ""  # the request whose miss started it ("": started ahead of demand, a pre-warm)
+    session: str = ""  # when busy: the session of the request it serves
+    restarting: bool = False  # retires when released (an operator restarted the function while it was busy)
+
+    @property
+    def busy(self) -> bool:
+        return self.phase is Phase.BUSY
+
+
+class Pending(msgspec.Struct, frozen=True, kw_only=True):
+    """An Assign waiting for an instance."""
+
+    request_id: str
+    waiters: tuple[str, ...]  # reply subjects of its callers (a retried call adds one)
+    since_ms: int
+    session: str = ""
+
+
+class Binding(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's instance, and when the session last used it (its last request assigned or released)."""
+
+    instance_id: str
+    used_ms: int
+
+
+# 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions;
+# 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them; 5: no
+# leaders in the stats
+VERSION = 6
+
+# Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
+# window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
+# They are kept in generations of FINISHED_GENERATION, oldest first: a release copies only the newest
+# generation (the state is a value: one map of 2,048 copied on every release took 6 % of a node's time on
+# one busy function), and what the window or the bound lets go goes a whole generation at a time.
+FINISHED_KEPT = 2048
+FINISHED_GENERATION = 128
+LEASE_GRACE_MS = 30_000  # how long past its function's timeout a request may hold an instance
+# The timeout of a function whose Assigns give none (timeout_in_secs 0), so that every busy instance
+# has a lease: 15 minutes, the longest a serverless function commonly may run (AWS Lambda's limit).
+DEFAULT_TIMEOUT_S = 900
+
+
+class Finished(msgspec.Struct, frozen=True, array_like=True):
+    """A released request: the instance that served it, and when."""
+
+    instance_id: str
+    at_ms: int
+
+
+class FnState(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    meta: Meta | None = None
+    instances: dict[str, Instance] = {}
+    queue: tuple[Pending, ...] = ()
+    started: int = 0  # instances ever wanted: numbers the next instance id
+    stats: FnStats = NO_STATS
+    finished: tuple[dict[str, Finished], ...] = ()  # the releases within the lease window, by request, in generations
+    slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
+    rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
+    sessions: dict[str, Binding] = {}  # session -> the instance its requests prefer
+
+    def in_phase(self, phase: Phase) -> list[Instance]:
+        return [i for i in self.instances.values() if i.phase is phase]
+
+    def nothing_live(self) -> bool:
+        """No request waiting and no instance but retiring ones: its next call would find nothing (what a
+        pre-warm, or a cue, is for)."""
+        return not self.queue and all(i.phase is Phase.RETIRING for i in self.instances.values())
+
+    def in_flight(self) -> bool:
+        """Whether any request is waiting or being served."""
+        return bool(self.queue) or any(i.phase is Phase.BUSY for i in self.instances.values())
+
+    def pending(self, request_id: str) -> Pending | None:
+        return next((p for p in self.queue if p.request_id == request_id), None)
+
+    def next_instance_id(self) -> str:
+        return f"{self.key}-{self.started + 1}"
+
+    def slot_gb_ms_at(self, now: int) -> float:
+        """Memory x life of every instance started for the function, those alive counted until `now`."""
+        alive = sum(i.memory_mb / 1024 * (now - i.wanted_ms) for i in self.instances.values() if i.wanted_ms)
+        return self.slot_gb_ms + alive
+
+    def release_of(self, request_id: str) -> Finished | None:
+        """The request's release, if it is still kept."""
+        for generation in self.finished:
+            if (done := generation.get(request_id)) is not None:
+                return done
+        return None
+
+    def last_release(self) -> Finished | None:
+        return next(reversed(self.finished[-1].values())) if self.finished else None
+
+    def finished_on(self, request_id: str, now: int) -> str | None:
+        """The instance a request was released from, if that was within its lease window before `now`."""
+        done = self.release_of(request_id)
+        return done.instance_id if done is not None and done.at_ms >= now - self.lease_ms() else None
+
+    def timeout_s(self) -> int:
+        return self.meta.timeout_s if self.meta is not None and self.meta.timeout_s > 0 else DEFAULT_TIMEOUT_S
+
+    def lease_ms(self) -> int:
+        """How long a request may hold an instance, and may be retried: the function's timeout and a grace."""
+        return self.timeout_s() * 1000 + LEASE_GRACE_MS
+
+
+def apply(s: FnState, e: Event) -> FnState:
+    """The one way state changes. Tolerant of events about instances it no longer has."""
+    step = _LIFECYCLE.get(type(e))
+    if step is None:
+        raise TypeError(f"no state change defined for {type(e).__name__}")
+    after = step(s, e)
+    stats = observe(s.stats, e, s, after)
+    return after if stats is after.stats else replace(after, stats=stats)
+
+
+def replay(s: FnState, events: Iterable[Event]) -> FnState:
+    return functools.reduce(apply, events, s)
+
+
+# --- the lifecycle: one step per event ------------------------------------------------------
+
+
+def _function_seen(s: FnState, e: FunctionSeen) -> FnState:
+    return replace(s, meta=e.meta)
+
+
+def _request_arrived(s: FnState, e: RequestArrived) -> FnState:
+    waiters = (e.reply_to,) if e.reply_to else ()
+    waiting = Pending(request_id=e.request_id, waiters=waiters, since_ms=e.at_ms, session=e.session)
+    return replace(s, queue=(*s.queue, waiting), rested=False)
+
+
+def _function_rested(s: FnState, e: FunctionRested) -> FnState:
+    return replace(s, finished=_recent(s, s.finished, e.at_ms), rested=True)
+
+
+def _function_forgotten(s: FnState, e: FunctionForgotten) -> FnState:
+    return FnState(key=s.key)  # what holds nothing is dropped (scaler/controller/ledger.py)
+
+
+def _request_retried(s: FnState, e: RequestRetried) -> FnState:
+    return _waiters(s, e.request_id, lambda w: (*w, e.reply_to) if e.reply_to not in w else w)
+
+
+def _waiter_left(s: FnState, e: WaiterLeft) -> FnState:
+    return _waiters(s, e.request_id, lambda w: tuple(x for x in w if x != e.reply_to))
+
+
+def _slot_wanted(s: FnState, e: SlotWanted) -> FnState:
+    inst = Instance(
+        id=e.instance_id,
+        phase=Phase.CREATING,
+        since_ms=e.at_ms,
+        memory_mb=e.meta.memory_mb,
+        wanted_ms=e.at_ms,
+        for_request=e.for_request,
+    )
+    return replace(_put(s, inst), started=s.started + 1)
+
+
+def _instance_created(s: FnState, e: InstanceCreated) -> FnState:
+    old = s.instances.get(e.instance_id)
+    if old is None:
+        return s
+    return _put(s, replace(old, slot_id=e.slot_id))
+
+
+def _instance_ready(s: FnState, e: InstanceReady) -> FnState:
+    old = s.instances.get(e.instance_id)
+    if old is None:
+        return s  # about an instance already gone
+    return _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, slot_id=e.slot_id))
+
+
+def _assigned(s: FnState, e: Assigned) -> FnState:
+    old = s.instances.get(e.instance_id)
+    if old is None:
+        return s
+    waiting = s.pending(e.request_id)
+    waiters, session = (waiting.waiters, waiting.session) if waiting else ((), "")
+    inst = replace(
+        old,
+        phase=Phase.BUSY,
+        since_ms=e.at_ms,
+        request_id=e.request_id,
+        waiters=waiters,
+        keep_until_ms=0,
+        session=session,
+    )
+    return _used(_put(_dequeue(s, e.request_id), inst), session, inst.id, e.at_ms)
+
+
+def _used(s: FnState, session: str, instance_id: str, at_ms: int) -> FnState:
+    """The session used its bound instance at `at_ms`: its idle time starts again."""
+    bound = s.sessions.get(session) if session else None
+    if bound is None or bound.instance_id != instance_id:
+        return s
+    return replace(s, sessions={**s.sessions, session: replace(bound, used_ms=at_ms)})
+
+
+def _released(s: FnState, e: Released) -> FnState:
+    old = s.instances.get(e.instance_id)
+    if old is None:
+        return s
+    s = _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0, session=""))
+    s = _used(s, old.session, old.id, e.at_ms)
+    if e.cancelled:  # never served: a retry of the request is served anew
+        return s if s.release_of(e.request_id) is None else replace(s, finished=_forget(s.finished, e.request_id))
+    return replace(s, finished=_remember(s, e.request_id, Finished(e.instance_id, e.at_ms)))
+
+
+Generations = tuple[dict[str, Finished], ...]
+
+
+def _forget(finished: Generations, request_id: str) -> Generations:
+    """The generations without the request's release (those it leaves empty gone)."""
+    kept = ({r: d for r, d in g.items() if r != request_id} if request_id in g else g for g in finished)
+    return tuple(g for g in kept if g)
+
+
+def _remember(s: FnState, request_id: str, done: Finished) -> Generations:
+    kept = _recent(s, s.finished, done.at_ms)
+    if s.release_of(request_id) is not None:  # a reused request id moves to the newest end
+        kept = _forget(kept, request_id)
+    if kept and len(kept[-1]) < FINISHED_GENERATION:
+        kept = (*kept[:-1], {**kept[-1], request_id: done})
+    else:
+        kept = (*kept, {request_id: done})
+    while sum(len(g) for g in kept) > FINISHED_KEPT:
+        kept = kept[1:]
+    return kept
+
+
+def _recent(s: FnState, finished: Generations, now: int) -> Generations:
+    """The generations that hold a release a retry may still come for at `now` (the same tuple when all do).
+    A generation goes once its newest release is past the window; until then lookups skip the older ones."""
+    since = now - s.lease_ms()
+    gone = 0
+    while gone < len(finished) and next(reversed(finished[gone].values())).at_ms < since:
+        gone += 1
+    return finished[gone:] if gone else finished
+
+
+def _kept_alive(s: FnState, e: KeptAlive) -> FnState:
+    old = s.instances.get(e.instance_id)
+    if old is None:
+        return s
+    return _put(s, replace(old, keep_until_ms=e.until_ms))
+
+
+def _request_ended(s: FnState, e: RequestFailed | RequestCancelled) -> FnState:
+    return _dequeue(s, e.request_id)
+
+
+def _instance_retired(s: FnState, e: InstanceRetired) -> FnState:
+    old = s.instances.get(e.instance_id)
+    slot = e.slot_id or (old.slot_id if old else "")
+    if not slot:  # nothing on the platform to destroy
+        return _gone(s, e.instance_id, e.at_ms)
+    if old is None:  # a slot we never knew: track it until destroyed
+        old = Instance(id=e.instance_id, phase=Phase.RETIRING, since_ms=e.at_ms, memory_mb=0)
+    return _put(s, replace(old, phase=Phase.RETIRING, since_ms=e.at_ms, slot_id=slot))
+
+
+def _instance_destroyed(s: FnState, e: InstanceDestroyed) -> FnState:
+    return _gone(s, e.instance_id, e.at_ms)
+
+
+def _session_bound(s: FnState, e: SessionBound) -> FnState:
+    return replace(s, sessions={**s.sessions, e.session: Binding(instance_id=e.instance_id, used_ms=e.at_ms)})
+
+
+def _session_ended(s: FnState, e: SessionEnded) -> FnState:
+    return replace(s, sessions={k: b for k, b in s.sessions.items() if k != e.session})
+
+
+def _function_restarted(s: FnState, e: FunctionRestarted) -> FnState:
+    busy = {i.id: replace(i, restarting=True) for i in s.instances.values() if i.phase is Phase.BUSY}
+    return replace(s, instances={**s.instances, **busy}) if busy else s
+
+
+def _function_deleted(s: FnState, e: FunctionDeleted) -> FnState:
+    """Only the slots still being destroyed are kept, and the instance count with them (no id is used twice
+    while they remain)."""
+    retiring = {i.id: i for i in s.instances.values() if i.phase is Phase.RETIRING}
+    return FnState(key=s.key, instances=retiring, started=s.started, slot_gb_ms=s.slot_gb_ms)
+
+
+def _explains(s: FnState, e: RequestWaiting) -> FnState:
+    return s  # explains a decision; changes nothing
+
+
+def _stats_only(s: FnState, e: Followed | Cued) -> FnState:
+    return s  # what the function follows: its stats learn it (features.observe), its instances are as they were
+
+
+_LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
+    FunctionSeen: _function_seen,
+    RequestArrived: _request_arrived,
+    RequestRetried: _request_retried,
+    WaiterLeft: _waiter_left,
+    RequestWaiting: _explains,
+    SlotWanted: _slot_wanted,
+    InstanceCreated: _instance_created,
+    InstanceReady: _instance_ready,
+    Assigned: _assigned,
+    Released: _released,
+    KeptAlive: _kept_alive,
+    RequestFailed: _request_ended,
+    RequestCancelled: _request_ended,
+    InstanceRetired: _instance_retired,
+    InstanceDestroyed: _instance_destroyed,
+    FunctionRested: _function_rested,
+    FunctionForgotten: _function_forgotten,
+    SessionBound: _session_bound,
+    SessionEnded: _session_ended,
+    FunctionRestarted: _function_restarted,
+    FunctionDeleted: _function_deleted,
+    Followed: _stats_only,
+    Cued: _stats_only,
+}
+
+
+def _put(s: FnState, inst: Instance) -> FnState:
+    return replace(s, instances={**s.instances, inst.id: inst})
+
+
+def _gone(s: FnState, instance_id: str, at_ms: int) -> FnState:
+    """The instance is gone: its slot time is closed (an orphan slot found later has no start of ours)."""
+    inst = s.instances.get(instance_id)
+    if inst is None:
+        return s
+    closed = inst.memory_mb / 1024 * (at_ms - inst.wanted_ms) if inst.wanted_ms else 0.0
+    instances = {i: kept for i, kept in s.instances.items() if i != instance_id}
+    return replace(s, instances=instances, slot_gb_ms=s.slot_gb_ms + closed)
+
+
+def _dequeue(s: FnState, request_id: str) -> FnState:
+    return replace(s, queue=tuple(p for p in s.queue if p.request_id != request_id))
+
+
+def _waiters(s: FnState, request_id: str, change: Callable[[tuple[str, ...]], tuple[str, ...]]) -> FnState:
+    """Change who waits for a request's answer: while it is queued, or once an instance serves it."""
+    queue = tuple(replace(p, waiters=change(p.waiters)) if p.request_id == request_id else p for p in s.queue)
+    held = {
+        i.id: replace(i, waiters=change(i.waiters))
+        for i in s.instances.values()
+        if i.phase is Phase.BUSY and i.request_id == request_id
+    }
+    return replace(s, queue=queue, instances={**s.instances, **held} if held else s.instances)
+
+
+RETURNS_KEPT = 64  # the run's latest returns from a lull, at most (Totals.returns)
+
+
+class Totals(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole run so far, summed over functions: what the score is made of, and the instances held
+    now (what caps over all functions count). A value: `change` makes a new one."""
+
+    exec_ms: float = 0.0
+    exec_gb_ms: float = 0.0
+    wait_ms: float = 0.0
+    ideal_gb_ms: float = 0.0
+    instances: int = 0  # every instance in a state, retiring ones too (they hold a slot until destroyed)
+    memory_mb: int = 0
+    # How soon functions come back while they are new: every function's first gaps (FnStats.early_gaps)
+    # by gap bin, and when the early gaps still open began (a function's last arrival, while it is one of
+    # its first EARLY_GAPS), by coarse start: those have lasted at least until now.
+    early_gaps: tuple[int, ...] = (0,) * GAP_BINS
+    early_open: OpenGaps = NO_OPEN_GAPS
+    # The functions that came back from a lull lately (FnStats.returned_ms, within FOLLOW_MS of the newest),
+    # oldest first: those a function coming back now came shortly after are the ones it may follow.
+    returns: tuple[tuple[str, int], ...] = ()
+
+    def plus(self, other: "Totals") -> "Totals":
+        """The run's totals from two sets of functions (another node's partitions, say)."""
+        return Totals(
+            exec_ms=self.exec_ms + other.exec_ms,
+            exec_gb_ms=self.exec_gb_ms + other.exec_gb_ms,
+            wait_ms=self.wait_ms + other.wait_ms,
+            ideal_gb_ms=self.ideal_gb_ms + other.ideal_gb_ms,
+            instances=self.instances + other.instances,
+            memory_mb=self.memory_mb + other.memory_mb,
+            early_gaps=tuple(a + b for a, b in zip(self.early_gaps, other.early_gaps, strict=True)),
+            early_open=self.early_open.plus(other.early_open),
+            returns=newest_returns([*self.returns, *other.returns]),
+        )
+
+    def change(self, old: FnState | None, new: FnState | None) -> "Totals":
+        """The totals once one function's state `old` is replaced by `new` (None: no state)."""
+        was = old.stats if old is not None else NO_STATS
+        now = new.stats if new is not None else NO_STATS
+        early = self.early_gaps
+        if was.early_gaps != now.early_gaps:
+            counts = list(early)
+            for gap in was.early_gaps:
+                counts[gap_bin(gap)] -= 1
+            for gap in now.early_gaps:
+                counts[gap_bin(gap)] += 1
+            early = tuple(counts)
+        before = old.instances if old is not None else {}
+        after = new.instances if new is not None else {}
+        return Totals(
+            exec_ms=self.exec_ms - was.exec_ms + now.exec_ms,
+            exec_gb_ms=self.exec_gb_ms - was.exec_gb_ms + now.exec_gb_ms,
+            wait_ms=self.wait_ms - was.wait_ms + now.wait_ms,
+            ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
+            instances=self.instances - len(before) + len(after),
+            memory_mb=self.memory_mb - _memory(before) + _memory(after),
+            early_gaps=early,
+            early_open=_still_open(self.early_open, old, new),
+            returns=_returned(self.returns, old, new),
+        )
+
+    def with_returns(self, returns: tuple[tuple[str, int], ...]) -> "Totals":
+        """These totals, with other functions' returns heard of besides (Ledger.hear)."""
+        return msgspec.structs.replace(self, returns=newest_returns([*self.returns, *returns]))
+
+    def leads(self, key: str, now: int) -> tuple[Lead, ...]:
+        """The other functions that came back within FOLLOW_MS before `now`, each with how long before (its latest
+        return)."""
+        latest: dict[str, int] = {}
+        for other, at in self.returns:
+            if other != key and 0 <= now - at <= FOLLOW_MS:
+                latest[other] = at
+        return tuple(Lead(key=other, lag_ms=now - at) for other, at in latest.items())
+
+
+def _returned(returns: tuple[tuple[str, int], ...], old: FnState | None, new: FnState | None):
+    """The recent returns, once one function's state `old` becomes `new` (None: no state): each function's latest,
+    those within FOLLOW_MS of the newest, at most RETURNS_KEPT of them; the same whatever order the functions
+    change in, as the other totals are."""
+    was = old.stats.returned_ms if old is not None else 0
+    now = new.stats.returned_ms if new is not None else 0
+    if was == now:
+        return returns
+    key = new.key if new is not None else old.key
+    kept = [r for r in returns if r[0] != key]
+    return newest_returns([*kept, (key, now)] if now else kept)
+
+
+def newest_returns(returns: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """Each function's latest return, those within FOLLOW_MS of the newest, at most RETURNS_KEPT, oldest first."""
+    if not returns:
+        return ()
+    latest: dict[str, int] = {}
+    for key, at in returns:
+        latest[key] = max(at, latest.get(key, at))
+    newest = max(latest.values())
+    within = sorted(((k, at) for k, at in latest.items() if newest - at <= FOLLOW_MS), key=lambda r: (r[1], r[0]))
+    return tuple(within[-RETURNS_KEPT:])
+
+
+def _memory(instances: dict[str, Instance]) -> int:
+    return sum(i.memory_mb for i in instances.values()) if instances else 0
+
+
+def _still_open(opened: OpenGaps, old: FnState | None, new: FnState | None) -> OpenGaps:
+    """The early gaps still open, once one function's state `old` becomes `new`."""
+    before, after = _open_gap(old), _open_gap(new)
+    if before == after:
+        return opened
+    if before is not None:
+        opened = opened.add(before, -1)
+    return opened.add(after) if after is not None else opened
+
+
+def _open_gap(s: FnState | None) -> Opened | None:
+    """Where the function's early gap still open is counted, if it has one."""
+    if s is None or not 0 < s.stats.arrivals <= EARLY_GAPS:
+        return None
+    t = s.stats.last_arrival_ms
+    return Opened(True, t // RESTED_MS) if s.rested else Opened(False, t // ACTIVE_MS)

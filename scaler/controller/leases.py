@@ -1,0 +1,344 @@
+"""Which partitions this node writes: leases in JetStream KV, shared fairly among the live nodes.
+
+Every node heartbeats in one bucket and holds its partitions in another, both with entries that
+expire unless renewed (`ttl_s`). Each round (every `every_s`) a node renews what it holds, counts
+the live nodes, gives back what is above its fair share (ceil(partitions / nodes)) and takes free
+partitions up to it. A node that dies stops renewing: its leases expire and the others take its
+partitions within a few seconds.
+
+Fencing, as Kubernetes' leader election does it: a node decides for a partition only while its
+lease was renewed less than `deadline_s` ago (`fresh`), measured on its monotonic clock from the
+moment it sent the renewal, so before the server can let the lease lapse (`ttl_s` from when it
+got it), with a margin for a paused process and clock drift. A partition past its deadline is
+dropped at once (`lost`), and a paused node (SIGSTOP) that wakes past its lease says so, once,
+before it decides anything: the check is made by every command, whichever runs first on waking.
+A lease that lapsed is never quietly taken back: another node may have written meanwhile, so it
+is dropped and loaded anew. What a snapshot claims is checked atomically by the lease's revision
+(`confirm`: a compare-and-set renewal just before the snapshot is taken). Appends need no lease:
+the expected-sequence check of every append (scaler/runtime/stream.py) makes a stale writer fail.
+"""
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+from scaler.proto.subjects import PARTITIONS
+from scaler.runtime.bus import answered
+from scaler.runtime.kv import entries
+from scaler.runtime.stream import WRONG_LAST_SEQUENCE
+from scaler.runtime.tasks import cancelled
+
+log = logging.getLogger("scaler.controller.leases")
+
+LEASES = "scaler_leases"  # p<N> -> the node that writes partition N
+NODES = "scaler_nodes"  # <node> -> heartbeat
+TTL_S = 4.0
+EVERY_S = 1.0
+HAND_OVER_S = 10.0  # how long a draining node waits for the other nodes to take its partitions
+STOP_ROUND_S = 2.0  # how long a stopping node lets a lease round under way finish
+
+
+def renew_deadline(ttl_s: float) -> float:
+    """How long after sending its last renewal a node still decides: a quarter of the lease (at least 1 s) is
+    left for a pause between a decision and its answer, and for the server's clock running fast."""
+    return ttl_s - max(1.0, ttl_s / 4)
+
+
+async def bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int) -> KeyValue:
+    """The bucket, created if missing (an existing one keeps its replicas: an operator may have raised them), once
+    it answers: on a cluster a bucket's first writes find no responder until its stream has elected a leader."""
+    try:
+        kv = await js.key_value(name)
+    except BucketNotFoundError:
+        config = KeyValueConfig(bucket=name, ttl=ttl_s, history=1, storage=StorageType.FILE, replicas=replicas)
+        kv = await js.create_key_value(config)
+    await answered(kv.status)
+    return kv
+
+
+class Leases:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        node: str,
+        gained: Callable[[list[int]], Awaitable[None]],
+        lost: Callable[[list[int]], Awaitable[None]],
+        ttl_s: float = TTL_S,
+        every_s: float = EVERY_S,
+        replicas: int = 1,
+    ) -> None:
+        self.js = js
+        self.node = node
+        self.gained = gained  # called with partitions just leased: load them, then serve
+        self.lost = lost  # called with partitions to stop serving, before their leases are given back
+        self.ttl_s = ttl_s
+        self.every_s = every_s
+        self.replicas = replicas
+        self.deadline_s = renew_deadline(ttl_s)
+        self.held: dict[int, int] = {}  # partition -> revision of our lease entry
+        self.renewed: dict[int, float] = {}  # partition -> when its last renewal that succeeded was sent (monotonic)
+        self._locks: dict[int, asyncio.Lock] = {}  # one renewal of a partition at a time
+        self._leases: KeyValue | None = None
+        self._nodes: KeyValue | None = None
+        self._task: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        self._leases = await bucket(self.js, LEASES, self.ttl_s, self.replicas)
+        self._nodes = await bucket(self.js, NODES, self.ttl_s, self.replicas)
+        await self.round()
+        self._task = asyncio.create_task(self._run())
+        self._watch = asyncio.create_task(self._watch_deadlines())
+
+    def fresh(self, p: int) -> bool:
+        """Whether this node may decide for partition `p` now: it holds the lease and renewed it in time."""
+        return p in self.held and time.monotonic() - self.renewed.get(p, -1e9) < self.deadline_s
+
+    def stale(self) -> list[int]:
+        """Partitions held past their renewal deadline."""
+        return [p for p in self.held if not self.fresh(p)]
+
+    async def confirm(self, p: int) -> bool:
+        """Renew `p`'s lease if it is still ours at the revision we hold (compare-and-set): whether it is, and
+        fresh. After a True, nobody else wrote the partition since we took it, for `deadline_s` from now."""
+        async with self._lock(p):
+            revision = self.held.get(p)
+            if revision is None:
+                return False
+            sent = time.monotonic()
+            try:
+                self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
+            except Exception:  # lapsed and taken, or NATS away: not certain, so not ours
+                return False
+            self.renewed[p] = sent
+            return self.fresh(p)
+
+    async def stop(self) -> None:
+        """Give everything back at once, so the other nodes need not wait for the leases to expire."""
+        await self._stop_rounds()
+        if self._nodes is None:  # its start failed before it held anything
+            return
+        # Each on its own (NATS away: they lapse instead): a heartbeat left behind would make the next
+        # node count two and take half the partitions until it lapsed.
+        await asyncio.gather(self.give_back(sorted(self.held)), self._nodes.delete(self.node), return_exceptions=True)
+
+    async def drain(self, patience_s: float = HAND_OVER_S) -> str:
+        """Hand every partition to the other nodes and take none again; say what became of them.
+
+        Each partition stops taking commands, finishes those under way, is snapshotted and released
+        under its lease, and is freed.
+        The heartbeat goes first: the other nodes then count one node less, so their fair share
+        covers every partition given back and their next round takes them. Returns once another
+        node holds them all (or none is up any more, or `patience_s` passed). With no other node up
+        it does nothing: the stop then refuses new calls at once rather than hold them for a
+        hand-over nobody takes.
+        """
+        try:
+            alone = self._nodes is None or not await self.others()
+        except Exception:  # NATS away: no hand-over can happen either
+            alone = True
+        if alone:
+            return f"{self.node}: no other node is up to take its partitions"
+        # As at a stop: no round renews a lease while it is being freed (a renewal landing after the hand-over
+        # began would keep it), and none takes one again. Each snapshot confirms its lease just before.
+        await self._stop_rounds()
+        with contextlib.suppress(Exception):  # NATS away: the heartbeat lapses within the TTL
+            await self._nodes.delete(self.node)
+        given = sorted(self.held)
+        await self.give_back(given)
+        if not given:
+            return f"{self.node} held no partition"
+        deadline = time.monotonic() + patience_s
+        while time.monotonic() < deadline:
+            try:
+                held = await holders(self.js)
+                if all(held.get(p, self.node) != self.node for p in given):
+                    takers = ", ".join(sorted({held[p] for p in given}))
+                    return f"{self.node} handed partitions {ranges(given)} to {takers}"
+                if not await self.others():
+                    break
+            except Exception as e:  # NATS away: the next owner finds the snapshots all the same
+                log.warning("could not see who took partitions %s: %s", ranges(given), e)
+                break
+            await asyncio.sleep(0.05)
+        return f"{self.node} gave back partitions {ranges(given)}; no other node took them yet"
+
+    async def _stop_rounds(self) -> None:
+        """No more lease rounds. One under way is let finish (for a moment): cut short, its renewals may be
+        stored at revisions this node never learns, and freeing those leases would need another look."""
+        await cancelled(self._watch)
+        self._stopping.set()
+        if self._task is not None:
+            await asyncio.wait([self._task], timeout=STOP_ROUND_S)
+        await cancelled(self._task)
+
+    async def others(self) -> list[str]:
+        """The other live nodes, by their heartbeats."""
+        return [n for n in await entries(self.js, NODES) if n != self.node]
+
+    async def _run(self) -> None:
+        failing = 0
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.every_s)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.round()
+            except Exception as e:  # NATS away: the leases may lapse; the round after the outage sorts it out
+                failing += 1
+                if failing == 1:  # a lasting fault is one line, and one when it ends
+                    log.warning("lease rounds fail (%s); retrying every %gs", e, self.every_s)
+                continue
+            if failing:
+                log.info("lease rounds work again after %d failed", failing)
+                failing = 0
+
+    async def live_nodes(self) -> int:
+        return max(1, len(await entries(self.js, NODES)))
+
+    async def round(self) -> None:
+        await self._nodes.put(self.node, b"")
+        await self._renew()
+        share = math.ceil(PARTITIONS / await self.live_nodes())
+        if len(self.held) > share:
+            await self.give_back(sorted(self.held)[share:])
+        elif len(self.held) < share:
+            await self._take(share - len(self.held))
+
+    async def _renew(self) -> None:
+        """All at once: one after another, a round under load (each update synced to disk, behind a busy
+        connection) took longer than the renewal deadline."""
+        held = list(self.held)
+        kept = await asyncio.gather(*(self._renew_one(p) for p in held))
+        if lapsed := [p for p, ok in zip(held, kept, strict=True) if not ok]:
+            await self._drop(lapsed, "their leases lapsed")
+
+    async def _renew_one(self, p: int) -> bool:
+        """Renew partition `p`'s lease if still held; False if it lapsed."""
+        async with self._lock(p):
+            if (revision := self.held.get(p)) is None:
+                return True
+            sent = time.monotonic()
+            try:
+                self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
+                self.renewed[p] = sent
+            except KeyWrongLastSequenceError:  # it lapsed: another node may have written it meanwhile
+                return False
+            return True
+
+    async def _watch_deadlines(self) -> None:
+        """Drop the partitions past their renewal deadline (NATS away, or this process was paused)."""
+        while True:
+            await asyncio.sleep(min(self.every_s, self.deadline_s) / 4)
+            late = [p for p in self.stale() if not self._lock(p).locked()]  # a renewal under way settles the rest
+            if late:
+                ago = time.monotonic() - min(self.renewed.get(p, 0.0) for p in late)
+                await self._drop(late, f"their leases were last renewed {ago:.1f}s ago (paused, or cut off from NATS)")
+
+    async def _drop(self, partitions: list[int], why: str) -> None:
+        """Stop deciding for partitions whose lease is no longer certainly ours; said once, in one line."""
+        partitions = [p for p in partitions if p in self.held]
+        if not partitions:
+            return
+        log.warning("%s no longer decides for partitions %s: %s", self.node, ranges(sorted(partitions)), why)
+        for p in partitions:
+            del self.held[p]
+            self.renewed.pop(p, None)
+        await self.lost(partitions)
+
+    def _lock(self, p: int) -> asyncio.Lock:
+        return self._locks.setdefault(p, asyncio.Lock())
+
+    async def _take(self, wanted: int) -> None:
+        taken = []
+        for p in range(PARTITIONS):
+            if len(taken) == wanted:
+                break
+            if p in self.held:
+                continue
+            sent = time.monotonic()
+            try:
+                self.held[p] = await self._leases.create(f"p{p}", self.node.encode())
+                self.renewed[p] = sent
+                taken.append(p)
+            except KeyWrongLastSequenceError:
+                continue  # someone holds it
+        if taken:
+            log.info("%s leased partitions %s", self.node, ranges(taken))
+            await self.gained(taken)
+
+    async def give_back(self, partitions: list[int]) -> None:
+        """Stop serving them, then free their leases for another node."""
+        partitions = [p for p in partitions if p in self.held]
+        if not partitions:
+            return
+        await self.lost(partitions)
+        freed = [(p, self.held.pop(p)) for p in partitions if p in self.held]
+        for p, _ in freed:
+            self.renewed.pop(p, None)
+        # All at once and each on its own: one that times out (NATS slow or away) lapses after the TTL,
+        # and does not keep the others held until then, nor the stop waiting a timeout per partition.
+        results = await asyncio.gather(*(self._free(p, revision) for p, revision in freed), return_exceptions=True)
+        stuck = {p: r for (p, _), r in zip(freed, results, strict=True) if isinstance(r, Exception)}
+        if stuck:
+            why = next(iter(stuck.values()))
+            log.warning(
+                "could not free the leases of partitions %s (%s: %s); they lapse within %gs",
+                ranges(sorted(stuck)), type(why).__name__, why, self.ttl_s,
+            )  # fmt: skip
+        log.info("%s gave back partitions %s", self.node, ranges(partitions))
+
+    async def _free(self, p: int, revision: int) -> None:
+        """Delete `p`'s lease if it is still ours: at the revision we know, or, when a renewal was stored
+        without our learning its revision, at the one it has while it still names this node."""
+        try:
+            await self._leases.delete(f"p{p}", last=revision)
+            return
+        except APIError as e:
+            if e.err_code != WRONG_LAST_SEQUENCE:
+                raise
+        try:
+            entry = await self._leases.get(f"p{p}")
+        except KeyNotFoundError:  # lapsed (or deleted) meanwhile: nothing to free
+            return
+        if entry.value == self.node.encode():
+            with contextlib.suppress(APIError):  # taken just now by another node: it is theirs
+                await self._leases.delete(f"p{p}", last=entry.revision)
+
+
+async def holders(js: JetStreamContext) -> dict[int, str]:
+    """Who holds each leased partition now."""
+    try:
+        listed = await entries(js, LEASES)
+    except NotFoundError:  # no lease bucket: no node has started
+        return {}
+    return {int(key[1:]): node.decode() for key, node in listed.items()}
+
+
+def ranges(partitions: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'; [] -> 'none'."""
+    if not partitions:
+        return "none"
+    out, start = [], None
+    for a, b in zip(partitions, [*partitions[1:], None], strict=True):
+        start = a if start is None else start
+        if b != a + 1:
+            out.append(f"{start}-{a}" if a != start else f"{a}")
+            start = None
+    return ", ".join(out)

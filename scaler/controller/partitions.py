@@ -1,0 +1,245 @@
+"""The partitions a node serves: leased (scaler/controller/leases.py), loaded, served, and given up.
+
+One gained is loaded from its snapshot and the batches after it (scaler/controller/rebuild.py), then its
+commands are taken (`cmd.<partition>`, one node of the queue group answers each) and the node is
+told (`served`). One lost stops taking commands at once; the commands under way finish, the node
+is told (`released`: it snapshots and forgets), and the lease is given back.
+
+One that cannot be rebuilt exactly (retention cut the stream, and no snapshot covers the cut) is
+refused, said once: the node keeps its lease, so nobody loads it again every round, and answers
+each of its commands with why (calls FAILED_PRECONDITION; reports UNAVAILABLE, so workers keep
+them for when it can be loaded). The other partitions are served as usual.
+"""
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from scaler.controller import rebuild
+from scaler.controller.core.limits import NO_LIMITS, Limits
+from scaler.controller.leases import EVERY_S, TTL_S, Leases, ranges
+from scaler.controller.ledger import Ledger
+from scaler.controller.snapshots import SnapshotStore
+from scaler.controller.snapshotter import Snapshotter
+from scaler.proto.commands import Assign, Code, Delete, Idle, Reply, Restart, decode_command, encode
+from scaler.proto.subjects import CMD, PARTITIONS, partition
+from scaler.runtime.bus import Unavailable
+
+log = logging.getLogger("scaler.controller")
+
+OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
+LOAD_ERROR_EVERY_S = 600.0
+DRAIN_S = 15.0  # how long a partition given up waits for its commands under way
+
+
+class NotServing(Unavailable):
+    """This node does not (or no longer) serve the command's partition: another node, or soon."""
+
+
+class Partitions:
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        ledger: Ledger,
+        store: SnapshotStore,
+        snapshotter: Snapshotter,
+        serving: set[int],
+        on_command: Callable[[Msg], Awaitable[None]],
+        served: Callable[[list[int]], Awaitable[None]],
+        released: Callable[[list[int], list[int]], Awaitable[None]],
+        node: str,
+        limits: Limits = NO_LIMITS,
+        lease_ttl_s: float = TTL_S,
+        lease_every_s: float = EVERY_S,
+        replicas: int = 1,
+        drain_s: float = DRAIN_S,
+    ) -> None:
+        self.nc = nc
+        self.js = js
+        self.ledger = ledger
+        self.store = store
+        self.snapshotter = snapshotter
+        self.serving = serving  # partitions loaded and answered here
+        self.on_command = on_command  # a command on cmd.<partition>
+        self.served = served  # partitions just loaded and served: their timers and callers
+        self.released = released  # (served, all) given up, their commands done: snapshot and forget them
+        self.limits = limits  # the operator's caps; those over all functions are split by partitions held
+        self.drain_s = drain_s
+        self.leases = Leases(js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas)
+        self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
+        self.loading: dict[int, asyncio.Task] = {}
+        self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told
+        self._releasing: dict[int, set[asyncio.Event]] = {}  # partitions given up whose release is under way
+        self._load_error_at = -LOAD_ERROR_EVERY_S  # when a failed load was last logged
+        self._subs: dict[int, object] = {}
+        self._in_flight: Counter[int] = Counter()  # commands under way, by partition
+        self._drained = asyncio.Event()  # set when a partition's commands under way reach none
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Take partitions; returns once the first ones are served (a broken stream stops the start)."""
+        await self.leases.start()
+        if self.loading:
+            await asyncio.gather(*set(self.loading.values()))
+
+    def serves(self, key: str) -> bool:
+        return partition(key) in self.serving
+
+    def check(self, p: int) -> None:
+        """Refuse to decide for a partition not served here, or whose lease is past its renewal deadline."""
+        if p not in self.serving:
+            raise NotServing(f"partition {p} is not served by {self.leases.node}")
+        if not self.leases.fresh(p):
+            raise NotServing(f"partition {p}: {self.leases.node}'s lease is not renewed in time, it decides nothing")
+
+    def entered(self, p: int) -> None:
+        """A command of partition `p` is under way (a partition given up waits for it)."""
+        self._in_flight[p] += 1
+
+    def left(self, p: int) -> None:
+        self._in_flight[p] -= 1
+        if not self._in_flight[p]:
+            self._drained.set()
+
+    def keys(self, partitions: list[int]) -> list[str]:
+        wanted = set(partitions)
+        return [k for k in self.ledger.states if partition(k) in wanted]
+
+    async def gained(self, partitions: list[int]) -> None:
+        """Leased: load them in the background (the lease round must go on renewing meanwhile)."""
+        task = asyncio.create_task(self.load(partitions))
+        task.add_done_callback(_seen)
+        for p in partitions:
+            self.loading[p] = task
+
+    async def reload(self, partitions: list[int], between: Callable[[], Awaitable[None]]) -> None:
+        """Drop what is held of them without a snapshot (it is not to be trusted), run `between`, load them again."""
+        await self.lost(partitions, keep=False)
+        await between()
+        await self.gained(partitions)
+        await asyncio.gather(*{self.loading[p] for p in partitions if p in self.loading}, return_exceptions=True)
+
+    async def load(self, partitions: list[int]) -> None:
+        """Each partition's snapshot, then its batches after it; then serve it.
+
+        Once what was held of them before is released: the lease round may take a partition again while the
+        drop of its lapsed lease still waits for commands under way, and the release then forgets its functions.
+        """
+        try:
+            if releases := {e for p in partitions for e in self._releasing.get(p, ())}:
+                await asyncio.gather(*(e.wait() for e in releases))
+            at = await rebuild.kept(self.js)
+            snaps, uncovered = await rebuild.usable(self.store, at, partitions)
+            if uncovered is not None:
+                await self._refuse(uncovered)
+                if not (partitions := list(snaps)):
+                    return
+            after = rebuild.restore(self.ledger, snaps)
+            self.loaded_batches += await rebuild.fold_after(self.js, after, self.ledger.fold)
+            for p in partitions:
+                self.snapshotter.loaded(p, after[p], at.last_seq)
+                self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self.on_command)
+                self.serving.add(p)
+            self._share_the_caps()
+            await self.served(partitions)
+        except Exception as e:
+            # The lease round takes them again each second: a lasting fault is said once, then every 10 minutes.
+            if (now := time.monotonic()) - self._load_error_at >= LOAD_ERROR_EVERY_S:
+                self._load_error_at = now
+                log.error("could not load partitions %s; giving them back: %s", partitions, e)
+            else:
+                log.debug("could not load partitions %s; giving them back: %s", partitions, e)
+            self._spawn(self._give_back(partitions))
+            raise
+        finally:
+            for p in partitions:
+                self.loading.pop(p, None)
+
+    async def _refuse(self, uncovered: rebuild.Uncovered) -> None:
+        log.error("%s refuses partitions %s: %s", self.leases.node, ranges(uncovered.partitions), uncovered)
+        for p in uncovered.partitions:
+            self.refused[p] = f"{self.leases.node} refuses partition {p}: {uncovered}"
+            self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self._answer_refused)
+
+    async def _answer_refused(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            cmd = decode_command(msg.data)
+        except Exception:
+            return  # the node's own subscriptions say what is unreadable; this one only refuses
+        why = self.refused.get(partition(cmd.key), "partition refused")
+        code = Code.FAILED_PRECONDITION if isinstance(cmd, Assign | Idle | Restart | Delete) else Code.UNAVAILABLE
+        reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=code, message=why)
+        await self.nc.publish(msg.reply, encode(reply))
+
+    async def lost(self, partitions: list[int], keep: bool = True) -> None:
+        """Stop serving them: no new command, the ones under way finish, then the node releases them.
+
+        Only a partition that was served is snapshotted (and only with `keep`): one still loading (or
+        that failed to) holds no state a snapshot could claim.
+        """
+        served = [p for p in partitions if p in self.serving]
+        released = asyncio.Event()
+        for p in partitions:
+            self._releasing.setdefault(p, set()).add(released)
+        try:
+            await self._release(partitions, served, keep)
+        finally:
+            for p in partitions:
+                if (waiting := self._releasing.get(p)) is not None:
+                    waiting.discard(released)
+                    if not waiting:
+                        del self._releasing[p]
+            released.set()
+
+    async def _release(self, partitions: list[int], served: list[int], keep: bool) -> None:
+        for p in partitions:
+            if (task := self.loading.pop(p, None)) is not None:
+                task.cancel()
+            self.serving.discard(p)
+            self.refused.pop(p, None)
+            if (sub := self._subs.pop(p, None)) is not None:
+                await sub.unsubscribe()
+        self._share_the_caps()
+        try:
+            async with asyncio.timeout(self.drain_s):
+                while any(self._in_flight[p] for p in partitions):
+                    self._drained.clear()
+                    await self._drained.wait()
+        except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
+            log.warning("partitions %s given up with commands still under way", partitions)
+        await self.released(served if keep else [], partitions)
+
+    async def stop(self) -> None:
+        await self.leases.stop()  # gives every partition back, each released first
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=10)
+
+    async def _give_back(self, partitions: list[int]) -> None:
+        await self.leases.give_back(partitions)
+
+    def _share_the_caps(self) -> None:
+        """Caps over all functions, split by partitions held: together the nodes never pass them."""
+        self.ledger.limits = (
+            self.limits.share(len(self.serving) / PARTITIONS) if self.limits is not NO_LIMITS else NO_LIMITS
+        )
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _seen(task: asyncio.Task) -> None:
+    """A failed load said why in its own log line; only a start awaits its task, so mark its exception seen (or
+    asyncio logs it again, with its traceback, as never retrieved)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,375 @@
+"""`scaler replay`: rebuild the controller's state from the EVENTS stream and show it, or check it.
+
+Prints every function's state (instances, their phase, who holds them, keep-alive deadlines)
+as replayed up to the end, a stream sequence (`--until-seq`) or a time (`--until`). With
+`--key K`, also the timeline of that function's decisions (with `--html PATH`, drawn as a page:
+scaler/controller/replay_page.py). With `--verify`, compares the replay with the running controller's own
+state and exits 1 on any difference. Reads a live NATS (`--nats`), or the store a stopped
+`scaler up --data-dir DIR` left (`--data-dir`).
+
+While the stream holds everything from seq 1, a replay folds it all. Once retention has dropped
+its oldest batches, each partition starts from its snapshot, as the controller's start does
+(scaler/controller/rebuild.py), so the replay is still exact; what came before the snapshots can no
+longer be shown, and asking for it (`--until-seq`, `--until`) is refused.
+"""
+
+import argparse
+import asyncio
+import datetime
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import nats
+from nats.js.errors import NotFoundError
+
+from scaler.controller import explain, rebuild, state_service
+from scaler.controller.core.state import FnState
+from scaler.controller.leases import ranges
+from scaler.controller.ledger import Ledger
+from scaler.controller.replay_page import replay_page
+from scaler.controller.snapshots import Snapshot, SnapshotStore
+from scaler.proto.events import Batch
+from scaler.proto.subjects import PARTITIONS, function_events, partition
+from scaler.report.timeline import Fold, Timeline
+from scaler.runtime import running, stream
+from scaler.runtime.bus import servers
+from scaler.runtime.natsd import NatsServer, StoreBusy, claim
+from scaler.runtime.text import plural
+
+SERVE_S = 30.0  # how long --verify waits for a node to load the partitions it holds (a take-over under way)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--nats", help="NATS URL of a running scaler (default: the running `scaler up`'s)")
+    source.add_argument("--data-dir", help="the --data-dir of a stopped `scaler up`: its store is read offline")
+    p.add_argument("--key", help="only this function, with the timeline of its decisions")
+    until = p.add_mutually_exclusive_group()
+    until.add_argument("--until-seq", type=_sequence, metavar="N", help="replay batches up to stream sequence N")
+    until.add_argument("--until", metavar="TIME", help="replay batches decided up to TIME (ISO 8601, or epoch ms)")
+    p.add_argument(
+        "--html",
+        metavar="PATH",
+        help="with --key: also write the function's timeline as a page (instances on a time axis, each decision"
+        " with its reason; see docs/reports.md)",
+    )
+    p.add_argument(
+        "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
+    )
+
+
+def _sequence(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a stream sequence: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def parse_time(text: str) -> int:
+    """Epoch ms from `1700000000000` or an ISO time (UTC unless it says otherwise)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        t = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--until {text!r} is neither epoch ms nor an ISO time like 2026-01-02T12:00:03") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.UTC)
+    return int(t.timestamp() * 1000)
+
+
+@dataclass
+class Origin:
+    """Where a replay starts: the whole stream, or (once retention dropped batches) each partition's snapshot."""
+
+    kept: rebuild.Kept
+    snaps: dict[int, Snapshot | None]
+
+    @property
+    def newest(self) -> Snapshot | None:
+        return max((s for s in self.snaps.values() if s is not None), key=lambda s: s.seq, default=None)
+
+    def check(self, until_seq: int | None, until_ms: int | None) -> None:
+        """Refuse a point before the snapshots: what led there is gone from the stream."""
+        for snap in self.snaps.values():
+            if snap is None:
+                continue
+            holds = max([snap.seq, *snap.last_seq.values()])
+            if until_seq is not None and until_seq < holds:
+                raise ValueError(f"--until-seq {until_seq} is {self._before(holds)}")
+            if until_ms is not None and until_ms < snap.at_ms:
+                when = datetime.datetime.fromtimestamp(snap.at_ms / 1000, datetime.UTC).isoformat(timespec="seconds")
+                raise ValueError(f"--until is {self._before(holds)}, taken at {when.replace('+00:00', 'Z')}")
+
+    def _before(self, holds: int) -> str:
+        return (
+            f"before what can be rebuilt: retention dropped EVENTS before seq {self.kept.first_seq:,}, and replay"
+            f" starts from the snapshots, one of which holds batches up to seq {holds:,}"
+        )
+
+
+async def origin(js, key: str | None = None) -> Origin:
+    """The snapshots a replay of `key` (None: everything) starts from, when the stream no longer begins at seq 1."""
+    at = await rebuild.kept(js)
+    partitions = [partition(key)] if key is not None else list(range(PARTITIONS))
+    if not at.truncated:
+        return Origin(at, dict.fromkeys(partitions))
+    store = SnapshotStore(js)
+    await store.open(create=False)
+    return Origin(at, await rebuild.snapshots(store, at, partitions))
+
+
+@dataclass
+class Replayed:
+    ledger: Ledger = field(default_factory=Ledger)
+    batches: int = 0
+    events: int = 0
+    origin: Origin | None = None
+
+    @property
+    def states(self) -> dict[str, FnState]:
+        return self.ledger.states
+
+
+async def replay(
+    js,
+    key: str | None = None,
+    until_seq: int | None = None,
+    until_ms: int | None = None,
+    keep: Callable[[int, Batch], bool] | None = None,
+    seen: Callable[[int, Batch], None] | None = None,
+    start: Origin | None = None,
+) -> Replayed:
+    """Fold the stream into states, as the controller does at start; `keep` picks batches, `seen` watches them.
+
+    From `start` (by default, where the stream and its snapshots allow: Origin); `key` alone when given.
+    """
+    start = start or await origin(js, key)
+    start.check(until_seq, until_ms)
+    out = Replayed(origin=start)
+
+    def fold(seq: int, batch: Batch) -> bool:
+        if until_ms is not None and batch.at_ms > until_ms:
+            return True
+        if keep is not None and not keep(seq, batch):
+            return False
+        out.ledger.fold(seq, batch)
+        out.batches += 1
+        out.events += len(batch.events)
+        if seen is not None:
+            seen(seq, batch)
+        return False
+
+    snaps = start.snaps if key is None else {p: _only(snap, key) for p, snap in start.snaps.items()}
+    after = rebuild.restore(out.ledger, snaps)
+    subject = function_events(key) if key is not None else None
+    await rebuild.fold_after(js, after, fold, subject, until_seq)
+    return out
+
+
+async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
+    """Replay up to what the running controller has applied and compare, function by function."""
+    start = await origin(js, key)  # before the running state: the snapshots are older than it, never newer
+    running = await state_service.fetch(nc, serve_s=SERVE_S)
+    unserved = [p for p in running.unserved if key is None or p == partition(key)]
+    if unserved:
+        print(f"not compared: partitions {ranges(unserved)} are held by a node that does not serve them "
+              f"(loading after {SERVE_S:g} s, or refused: see its log)", file=out)  # fmt: skip
+        return 1
+    # The controller holds every batch up to `seq`, and per function exactly up to its last_seq.
+    end = max([running.seq, *running.last_seq.values()])
+    replayed = await replay(
+        js, key, until_seq=end, keep=lambda seq, b: seq <= running.last_seq.get(b.key, running.seq), start=start
+    )
+    theirs = running.states if key is None else {k: v for k, v in running.states.items() if k == key}
+    bad = 0
+    for k in sorted(set(replayed.states) | set(theirs)):
+        diffs = list(explain.differences(replayed.states.get(k), theirs.get(k)))
+        if diffs:
+            bad += 1
+            print(f"MISMATCH {explain.name(k)}:", file=out)
+            for d in diffs:
+                print(f"  {d}", file=out)
+    if bad:
+        print(f"{bad} of {plural(len(set(replayed.states) | set(theirs)), 'function')} differ", file=out)
+        return 1
+    equal = plural(len(theirs), "function")
+    print(f"verified: {equal} equal to the running controller's state (up to seq {end})", file=out)
+    return 0
+
+
+class Told:
+    """A function's decisions as they are folded: in words, and as a timeline to draw."""
+
+    def __init__(self, key: str, start: Origin) -> None:
+        self.fold = Fold(key)
+        snap = start.snaps.get(partition(key))
+        if snap is not None and key in snap.states:  # the stream's events begin after this snapshot
+            self.fold.seed(snap.states[key], snap.at_ms)
+
+    def __call__(self, seq: int, b: Batch) -> None:
+        for d in b.decisions():  # a group commit stores several decisions of the function in one batch
+            for e in d.events:
+                self.fold.event(e)
+            self.fold.step(d.at_ms, seq, explain.batch(seq, d))
+
+    def timeline(self, state: FnState | None) -> Timeline:
+        return self.fold.done(state.stats.gap_hist if state is not None else ())
+
+
+async def timeline(js, key: str, until_seq: int | None = None, until_ms: int | None = None) -> Timeline | None:
+    """One function's timeline from the stream (None when it has no events)."""
+    start = await origin(js, key)
+    told = Told(key, start)
+    replayed = await replay(js, key, until_seq, until_ms, seen=told, start=start)
+    return told.timeline(replayed.states[key]) if key in replayed.states else None
+
+
+async def timelines(url: str, keys: list[str]) -> list[Timeline]:
+    """The timelines of `keys` from the stream of the NATS at `url` (those with no events are left out)."""
+    nc = await _connect(url)
+    try:
+        js = nc.jetstream()
+        try:
+            found = [await timeline(js, key) for key in keys]
+        except NotFoundError:
+            raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None
+    finally:
+        await nc.close()
+    return [t for t in found if t is not None]
+
+
+async def show(
+    js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout, html: Path | None = None
+) -> int:
+    start = await origin(js, key)
+    told = Told(key, start) if key is not None else None
+    replayed = await replay(js, key, until_seq, until_ms, seen=told, start=start)
+    since = _since(replayed.origin)
+    if key is not None:
+        if key not in replayed.states:
+            print(f"no events for function {key!r}", file=out)
+            return 1
+        t = told.timeline(replayed.states[key])
+        print(f"timeline of {key}{since}:", file=out)
+        for step in t.steps:
+            print(f"  {step.text}", file=out)
+        print(file=out)
+        if html is not None:
+            upto = f" up to {explain.moment(until_ms)}" if until_ms is not None else ""
+            upto = f" up to seq {until_seq:,}" if until_seq is not None else upto
+            _write(html, replay_page(t, replayed.states[key], f"{key}: replayed{upto}", since))
+            print(f"wrote {html}", file=out)
+    for k in sorted(replayed.states):
+        for line in explain.state(replayed.states[k], replayed.ledger.last_seq[k]):
+            print(line, file=out)
+    states, batches = plural(len(replayed.states), "function"), plural(replayed.batches, "batch", "batches")
+    print(f"\n{states} from {batches}, {plural(replayed.events, 'event')}{since}", file=out)
+    return 0
+
+
+def _write(path: Path, page: str) -> None:
+    try:
+        path.write_text(page)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def _only(snap: Snapshot | None, key: str) -> Snapshot | None:
+    """A partition's snapshot reduced to one of its functions."""
+    if snap is None:
+        return None
+
+    def pick(by_key: dict) -> dict:
+        return {k: v for k, v in by_key.items() if k == key}
+
+    return msgspec.structs.replace(snap, states=pick(snap.states), last_seq=pick(snap.last_seq), wake=pick(snap.wake))
+
+
+def _since(start: Origin | None) -> str:
+    """Where a replay started, when not at the stream's beginning."""
+    newest = start.newest if start is not None else None
+    if newest is None:
+        return ""
+    which = "its partition's snapshot at" if len(start.snaps) == 1 else "each partition's snapshot, the newest at"
+    return f" (from {which} seq {newest.seq:,}: retention dropped EVENTS before seq {start.kept.first_seq:,})"
+
+
+def running_nats() -> str:
+    """The NATS of the `scaler up` running on this machine, from the record it leaves (scaler/runtime/running.py)."""
+    found = running.running()
+    if not found:
+        raise ValueError(
+            f"no running `scaler up` found (it records its NATS in {running.folder()}): pass --nats URL"
+            " (compose publishes NATS on nats://127.0.0.1:4222)"
+        )
+    if len(found) > 1:
+        which = ", ".join(f"{r['nats']} (pid {r['pid']})" for r in found)
+        raise ValueError(f"{len(found)} `scaler up`s are running: pass --nats with one of {which}")
+    return found[0]["nats"]
+
+
+async def _connect(url: str):
+    async def quiet(e: Exception) -> None:
+        pass
+
+    try:
+        async with asyncio.timeout(5):
+            return await nats.connect(servers(url), connect_timeout=2, max_reconnect_attempts=1, error_cb=quiet)
+    except Exception as e:
+        raise ValueError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
+
+
+async def _main(args: argparse.Namespace) -> int:
+    if args.html and (not args.key or args.verify):
+        raise ValueError("--html draws one function's timeline: give --key, and not --verify")
+    until_ms = parse_time(args.until) if args.until else None
+    server = held = None
+    if args.data_dir:
+        if args.verify:
+            raise ValueError("--verify compares with a running controller: use --nats, not --data-dir")
+        store = Path(args.data_dir) / "nats"
+        if not store.is_dir():
+            raise ValueError(f"no NATS store in {store} (what `scaler up --data-dir {args.data_dir}` writes)")
+        try:
+            held = claim(args.data_dir)
+        except StoreBusy as e:
+            raise ValueError(f"{e}: read it live (`scaler replay` without --data-dir finds it)") from None
+        server = NatsServer(store)
+        url = await server.start()
+    else:
+        url = args.nats or running_nats()
+    try:
+        nc = await _connect(url)
+        try:
+            js = nc.jetstream()
+            try:
+                if args.verify:
+                    return await verify(nc, js, args.key)
+                html = Path(args.html) if args.html else None
+                return await show(js, args.key, args.until_seq, until_ms, html=html)
+            except NotFoundError:
+                raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None
+            except TimeoutError:
+                raise ValueError(f"no controller answered on {state_service.SUBJECT} at {url}") from None
+        finally:
+            await nc.close()
+    finally:
+        if server is not None:
+            await server.stop()
+        if held is not None:
+            held.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_main(args))
+    except (ValueError, stream.UnreadableStream, rebuild.Uncovered) as e:
+        print(f"scaler replay: {e}", file=sys.stderr)
+        return 2

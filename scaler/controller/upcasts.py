@@ -1,0 +1,70 @@
+"""Snapshots of older state versions, brought to the current one: an upgrade keeps every snapshot.
+
+A snapshot's body is decoded as plain data (maps, lists, strings, numbers), each step below turns
+version N's data into N+1's, and the result is converted to today's structs. A change to what
+`scaler/controller/core/state.py` stores or computes bumps `state.VERSION` and adds its step here;
+`tests/test_upgrade.py` pins the shape per version and loads a store written by every release.
+"""
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+
+from scaler.controller.core import state
+
+Data = dict[str, Any]
+T = TypeVar("T")
+
+
+def _v1(snapshot: Data) -> Data:
+    """Version 1 remembered a release's instance without its time: the snapshot's own time stands for it (a
+    release is kept a little longer than its window, never shorter)."""
+    at = snapshot.get("at_ms", 0)
+    for fn in snapshot.get("states", {}).values():
+        fn["finished"] = {r: [instance, at] for r, instance in fn.get("finished", {}).items()}
+    return snapshot
+
+
+def _v2(snapshot: Data) -> Data:
+    """Version 2 had no sessions: its functions have none bound, its instances serve none, and none is
+    restarting; those fields' defaults say so, so the data stands as it is."""
+    return snapshot
+
+
+def _v3(snapshot: Data) -> Data:
+    """Version 3's stats had no queueing times or quiet bins (what the cidre and spes policies learn from):
+    they start empty, as a new function's do."""
+    return snapshot
+
+
+def _v4(snapshot: Data) -> Data:
+    """Version 4 kept a function's releases in one map, oldest first: version 5's generations of them, in order."""
+    n = 128  # version 5's FINISHED_GENERATION
+    for fn in snapshot.get("states", {}).values():
+        releases = list(fn.get("finished", {}).items())
+        fn["finished"] = [dict(releases[i : i + n]) for i in range(0, len(releases), n)]
+    return snapshot
+
+
+def _v5(snapshot: Data) -> Data:
+    """Version 5's stats had no leaders (the functions a function follows): they start empty, as a new
+    function's do."""
+    return snapshot
+
+
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}  # from version N to N+1
+
+# Features versions whose stats today's features fold carries on from. A version that only adds histories
+# (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the
+# new histories starting empty; one that folds a stat differently is not listed, and its snapshots are ignored
+# (the stream replayed in full).
+FEATURES_CONTINUED = frozenset({2, 3})
+
+
+def upcast(body: bytes, version: int, into: type[T]) -> T:
+    """Decode a snapshot written at `version` (older than today's) into today's `into`."""
+    data = msgspec.msgpack.decode(body)
+    for v in range(version, state.VERSION):
+        data = STEPS[v](data)
+    return msgspec.convert(data, into)

@@ -1,0 +1,40 @@
+"""`python -m scaler.gateway`: a front gateway, serving the gRPC Scaler service and forwarding each call over NATS
+to the node that owns its function (`scaler node` serves it in the same process as the controller)."""
+
+import argparse
+
+from scaler.gateway.server import Gateway
+from scaler.runtime import service
+from scaler.runtime.forward import Forwarder
+from scaler.runtime.ports import address
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--listen", type=address, default=service.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]"
+    )
+    p.add_argument(
+        "--reply-timeout",
+        type=float,
+        default=float(service.env("REPLY_TIMEOUT", "60")),
+        help="seconds a call waits for its answer [SCALER_REPLY_TIMEOUT]",
+    )
+
+
+def make(a: argparse.Namespace) -> service.Component:
+    forwarder = Forwarder(a.nats)
+    return service.Together([forwarder, Gateway(forwarder, a.listen, a.reply_timeout)])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = service.parser("python -m scaler.gateway", __doc__, uses_clock=False)
+    add_options(p)
+    return p
+
+
+def main() -> None:
+    service.main(make, build_parser().parse_args())
+
+
+if __name__ == "__main__":
+    main()

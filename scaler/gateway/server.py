@@ -1,0 +1,225 @@
+"""The gRPC `Scaler` service: validates each call and hands it to whoever decides for its function.
+
+In a node that is the controller in the same process (`Controller.call`); in a front gateway, the
+`Forwarder`, which sends it over NATS to the node that owns the function. Bad input is refused here
+with INVALID_ARGUMENT before anything is stored.
+
+Every field that reaches a command or an event is bounded here, so that no call can make a message
+NATS refuses (1 MB by default): with these limits the largest event is about 1.5 kB (an Idle's
+reason, which a need_destroy release and retirement both carry), a command under 1 kB, and a
+decision's batch holds a few events per command plus one or two per instance it touches.
+
+An Assign may carry a session id in its gRPC metadata, under `scaler-session` (SESSION_KEY): the
+request then prefers the instance that served the session before (scaler/controller/core/decide.py). The
+challenge's protocol has no such field, so its callers never send one and nothing changes for them.
+"""
+
+import logging
+from time import perf_counter
+from typing import Protocol
+
+import grpc
+
+from scaler.gateway import admin, info
+from scaler.gateway.owed import Owed
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.proto.commands import Assign, Code, Idle, Reply
+from scaler.proto.events import Meta
+from scaler.proto.subjects import MAX_INSTANCE_ID_BYTES, key_problem
+from scaler.runtime import metrics
+from scaler.runtime.bus import Unavailable
+from scaler.runtime.ports import bind, grpc_server
+
+log = logging.getLogger("scaler.gateway")
+
+GRPC_CODES = {
+    Code.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Code.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    Code.INTERNAL: grpc.StatusCode.INTERNAL,
+    Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+MAX_CALLS = 10_000  # calls in flight at once (an Assign may wait seconds for a cold start); past it RESOURCE_EXHAUSTED
+MAX_ID_BYTES = 256  # a request id
+MAX_RUNTIME_BYTES = 64
+MAX_REASON_BYTES = 1024  # an Idle's reason
+MAX_MEMORY_MB = 1 << 20  # 1 TiB
+MAX_TIMEOUT_S = 86_400  # a day; 0 is "none given" (the lease then uses the default timeout)
+MAX_DURATION_MS = 86_400_000  # a day: no request holds an instance longer than its lease
+SESSION_KEY = "scaler-session"  # the gRPC metadata key of an Assign's session id
+MAX_SESSION_BYTES = 256
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # a call refused so may come again
+Call = Assign | Idle  # what the gateway passes on (named here: the servicer's methods shadow the commands)
+
+
+class Router(Protocol):
+    async def call(self, cmd: Call, timeout_s: float | None) -> Reply:
+        """The function's answer to the call. Raises Unavailable, or TimeoutError after `timeout_s`; a caller
+        that stops waiting (cancellation) is the router's to clean up after."""
+        ...
+
+
+class Throttled(Exception):
+    """A cap held the request back: answered with the proto's Throttle status and the reason."""
+
+
+class Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _invalid(message: str) -> Refused:
+    return Refused(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _check_id(name: str, value: str, limit: int = MAX_ID_BYTES) -> None:
+    if not value:
+        raise _invalid(f"{name} is empty")
+    _check_text(name, value, limit)
+
+
+def _check_text(name: str, value: str, limit: int) -> None:
+    if len(value) > limit or len(value.encode()) > limit:  # the first test spares encoding a huge string
+        raise _invalid(f"{name} is longer than {limit} bytes")
+
+
+def _check_number(name: str, value: int, limit: int) -> None:
+    if value > limit:
+        raise _invalid(f"{name} is {value}, more than {limit}")
+
+
+def _check_key(key: str) -> None:
+    if problem := key_problem(key):
+        raise _invalid(problem)
+
+
+def session_of(metadata) -> str:
+    """The session id an Assign's metadata names ("" if none), checked."""
+    session = next((value for key, value in metadata or () if key == SESSION_KEY), "")
+    _check_text(SESSION_KEY, session, MAX_SESSION_BYTES)
+    return session
+
+
+def assign_command(request: pb.AssignRequest, session: str = "") -> Assign:
+    if not request.HasField("meta_data"):
+        raise _invalid("meta_data is missing")
+    meta = request.meta_data
+    _check_id("request_id", request.request_id)
+    _check_key(meta.key)
+    if meta.memory_in_mb == 0:
+        raise _invalid("meta_data.memory_in_mb must be positive")
+    _check_number("meta_data.memory_in_mb", meta.memory_in_mb, MAX_MEMORY_MB)
+    _check_number("meta_data.timeout_in_secs", meta.timeout_in_secs, MAX_TIMEOUT_S)
+    _check_text("meta_data.runtime", meta.runtime, MAX_RUNTIME_BYTES)
+    return Assign(
+        key=meta.key,
+        request_id=request.request_id,
+        meta=Meta(memory_mb=meta.memory_in_mb, runtime=meta.runtime, timeout_s=meta.timeout_in_secs),
+        session=session,
+    )
+
+
+def idle_command(request: pb.IdleRequest) -> Idle:
+    if not request.HasField("assigment"):
+        raise _invalid("assigment is missing")
+    a = request.assigment
+    _check_id("assigment.request_id", a.request_id)
+    _check_key(a.meta_key)
+    _check_id("assigment.instance_id", a.instance_id, MAX_INSTANCE_ID_BYTES)
+    result = request.result
+    _check_number("result.duration_in_ms", result.duration_in_ms, MAX_DURATION_MS)
+    _check_text("result.reason", result.reason, MAX_REASON_BYTES)
+    return Idle(
+        key=a.meta_key,
+        request_id=a.request_id,
+        instance_id=a.instance_id,
+        status_code=result.status_code if request.HasField("result") else 200,
+        duration_ms=result.duration_in_ms,
+        need_destroy=result.need_destroy,
+        reason=result.reason,
+    )
+
+
+class Gateway(pb_grpc.ScalerServicer):
+    def __init__(
+        self,
+        router: Router,
+        listen: str = "0.0.0.0:9001",
+        reply_timeout_s: float = 60.0,
+        info: dict | None = None,
+        max_calls: int = MAX_CALLS,
+        drain=None,
+    ) -> None:
+        self.router = router
+        self.drain = drain  # scaler.Admin/Drain: hand the node's partitions over and stop (scaler/cli/node.py)
+        self.info = info  # what it says of itself on scaler.Info (scaler/gateway/info.py); None: nothing
+        self.listen = listen
+        self.reply_timeout_s = reply_timeout_s
+        self.max_calls = max_calls
+        self.port = 0
+        self.owed = Owed()  # what a node leaving after a drain still answers (scaler/cli/node.py)
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = grpc_server(self.max_calls)  # memory stays bounded; a burst is not cancelled
+        pb_grpc.add_ScalerServicer_to_server(self, self._server)
+        if self.info is not None:
+            self._server.add_generic_rpc_handlers((info.handler(self.info),))
+        if isinstance(self.router, admin.Functions):
+            self._server.add_generic_rpc_handlers((admin.handler(self.router, self.reply_timeout_s, self.drain),))
+        self.port = bind(self._server, self.listen)
+        await self._server.start()
+        host = self.listen.rsplit(":", 1)[0]
+        return f"gateway on {host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=5)
+
+    async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
+        began = perf_counter()
+        try:
+            cmd = assign_command(request, session_of(context.invocation_metadata()))
+            reply = await self._call(cmd, context)
+        except Throttled as e:  # the challenge's own answer for "not now": its Throttle status
+            return pb.AssignReply(status=pb.Throttle, error_message=str(e))
+        except Refused as e:
+            await context.abort(e.code, e.message)
+        finally:
+            metrics.ASSIGN.observe(perf_counter() - began)
+        self.owed.assigned(cmd.request_id)
+        assignment = pb.Assignment(request_id=cmd.request_id, meta_key=cmd.key, instance_id=reply.instance_id)
+        return pb.AssignReply(status=pb.Ok, assigment=assignment)
+
+    async def Idle(self, request: pb.IdleRequest, context: grpc.aio.ServicerContext) -> pb.IdleReply:
+        began = perf_counter()
+        try:
+            await self._call(idle_command(request), context)
+        except Refused as e:
+            if e.code not in RETRIED:  # a final answer: the caller will not send this Idle again
+                self.owed.returned(request.assigment.request_id)
+            await context.abort(e.code, e.message)
+        finally:
+            metrics.IDLE.observe(perf_counter() - began)
+        self.owed.returned(request.assigment.request_id)
+        return pb.IdleReply(status=pb.Ok)
+
+    async def _call(self, cmd: Call, context: grpc.aio.ServicerContext) -> Reply:
+        """The router's answer; raise Refused on any failure."""
+        remaining = context.time_remaining()
+        timeout = self.reply_timeout_s if remaining is None else min(remaining, self.reply_timeout_s)
+        try:
+            reply = await self.router.call(cmd, timeout)
+        except Unavailable as e:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+        except TimeoutError:
+            raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:g}s") from None
+        if reply.code is Code.THROTTLED:
+            raise Throttled(reply.message)
+        if reply.code is not Code.OK:
+            raise Refused(GRPC_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message)
+        return reply

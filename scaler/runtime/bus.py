@@ -1,0 +1,283 @@
+"""The NATS side every component shares: connecting, the event stream, and sending a command to its owner."""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from nats.aio.client import Client
+from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionError
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, NotFoundError
+
+from scaler.proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
+from scaler.proto.subjects import EVENTS, EVT, command_subject
+
+T = TypeVar("T")
+
+log = logging.getLogger("scaler.bus")
+
+# The log. Its oldest batches go once they pass the retention's age or size (discard old): what
+# they did lives on in the snapshots (scaler/controller/snapshots.py), which the controller keeps ahead of
+# what the stream drops (scaler/controller/rebuild.py says when a partition cannot be rebuilt).
+STREAM = StreamConfig(
+    name=EVENTS,
+    subjects=[f"{EVT}.>"],
+    retention=RetentionPolicy.LIMITS,
+    storage=StorageType.FILE,
+    discard=DiscardPolicy.OLD,
+)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much of EVENTS is kept: batches older than `max_age_s`, or past `max_bytes` of batches, go first."""
+
+    max_age_s: float = 24 * 3600.0
+    max_bytes: int = 10 * 10**9
+
+
+DEFAULT_RETENTION = Retention()
+ATTEMPT_S = 10.0  # how long one attempt to reach a command's owner waits for its answer
+
+
+class Unavailable(Exception):
+    """The event store, or the owner of a command's function, could not be reached: nothing was answered."""
+
+
+def servers(url: str) -> list[str]:
+    """`nats://a:4222,nats://b:4222` -> each server of a cluster (nats-py wants a list)."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+CONNECT_PATIENCE_S = 10.0  # how long a start waits for NATS before it gives up
+DRAIN_S = 4  # how long closing waits for the subscriptions to drain (nats-py's drain_timeout)
+LOST = (OSError, TimeoutError, StaleConnectionError, ConnectionClosedError, NoServersError)  # errors of an outage
+
+
+async def connect(
+    url: str,
+    name: str,
+    reconnected: Callable[[], Awaitable[None]] | None = None,
+    patience_s: float = CONNECT_PATIENCE_S,
+) -> Client:
+    """A connection that keeps reconnecting: a NATS restart is an outage, not a crash.
+
+    The first connection is given `patience_s`, then Unavailable says where NATS was looked for:
+    a NATS that was never there is a mistake to report, not an outage to wait out. An outage is
+    one line when it starts and one when it ends, not one per reconnect attempt.
+    """
+    nc = Client()
+    started = False
+    down: list[Exception] = []  # connection errors of the outage under way (or of the first connection)
+
+    async def on_error(e: Exception) -> None:
+        if not isinstance(e, LOST):  # not about the connection (a slow consumer, a protocol error): each counts
+            log.warning("%s: nats: %s", name, e)
+            return
+        if started and not down:
+            log.warning("%s: nats: connection lost (%s); reconnecting", name, e or type(e).__name__)
+        down.append(e)
+
+    async def on_reconnected() -> None:
+        log.warning("%s: nats: reconnected (after %d failed attempts)", name, len(down))
+        down.clear()
+        if reconnected is not None:
+            await reconnected()
+
+    try:
+        async with asyncio.timeout(patience_s):
+            await nc.connect(
+                servers(url),
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                error_cb=on_error,
+                connect_timeout=5,
+                drain_timeout=DRAIN_S,
+                reconnected_cb=on_reconnected,
+            )
+    except TimeoutError:
+        await nc.close()
+        why = f": {down[-1] or type(down[-1]).__name__}" if down else ""
+        raise Unavailable(f"cannot reach NATS at {url} (tried for {patience_s:g}s{why})") from None
+    started = True
+    down.clear()
+    return nc
+
+
+async def ensure_stream(
+    js: JetStreamContext,
+    replicas: int = 1,
+    retention: Retention | None = None,
+    patience_s: float = 30.0,
+    atomic: bool = False,
+) -> StreamConfig:
+    """Create the stream, or bring an existing one to this configuration; the configuration it has then.
+    Safe to run from every component.
+
+    An existing stream keeps its replicas when they are more than asked for: an operator (or a
+    node started with `--replicas 3`) raised them, and a component started without the flag must
+    not put them back. A new stream gets `retention` (the default one from those not told it:
+    workers); an existing one keeps its own here, and a node brings it to its own later
+    (`set_retention`). A cluster's JetStream answers nothing until it has elected its leader: that
+    is waited for, up to `patience_s`. `atomic` allows atomic batch publishes (nats-server 2.12+: a
+    node appends several functions' batches as one); once allowed, it stays.
+    """
+    return await answered(lambda: _ensure_stream(js, replicas, retention, atomic), patience_s)
+
+
+async def answered(ask: Callable[[], Awaitable[T]], patience_s: float = 30.0) -> T:
+    """`ask()`'s answer, asked again while JetStream does not answer or says it is electing a leader: a
+    cluster's JetStream, and a stream or bucket new on it, answers nothing until it has one (up to
+    `patience_s`)."""
+    async with asyncio.timeout(patience_s):
+        while True:
+            try:
+                return await ask()
+            except TimeoutError:
+                log.info("JetStream does not answer yet; waiting")
+            except APIError as e:
+                if e.code != 503:  # "JetStream system temporarily unavailable": a leader is being elected
+                    raise
+            await asyncio.sleep(0.2)
+
+
+INSUFFICIENT_STORAGE = 10047  # JetStream's error code: the server cannot reserve a stream's max_bytes
+
+
+class StoreTooSmall(RuntimeError):
+    """The event stream's size limit is more than the nats-server's JetStream store can reserve."""
+
+
+async def _ensure_stream(
+    js: JetStreamContext, replicas: int, retention: Retention | None, atomic: bool
+) -> StreamConfig:
+    try:
+        info = await js.stream_info(EVENTS)
+    except NotFoundError:
+        retention = retention or DEFAULT_RETENTION
+        try:
+            return (await js.add_stream(_config(replicas, retention, atomic))).config
+        except APIError as e:
+            if e.err_code != INSUFFICIENT_STORAGE:
+                raise
+            raise StoreTooSmall(
+                f"nats-server cannot reserve the {retention.max_bytes / 10**9:g} GB store limit of {EVENTS}"
+                f" ({e.description}): set one its JetStream store can hold with --store-limit-gb"
+                " (SCALER_STORE_LIMIT_GB), or give nats-server a larger store"
+            ) from None
+    have = info.config
+    wanted = _config(max(replicas, have.num_replicas or 1), retention_of(have), atomic or bool(have.allow_atomic))
+    if _differs(have, wanted):
+        return (await js.update_stream(wanted)).config
+    return have
+
+
+async def set_retention(js: JetStreamContext, retention: Retention) -> bool:
+    """Bring the existing stream's limits to `retention`; whether they changed. Lowered limits drop the
+    oldest batches at once: a node does it only once every partition's snapshot holds what they did."""
+    have = (await js.stream_info(EVENTS)).config
+    if retention_of(have) == retention:
+        return False
+    wanted = _config(have.num_replicas or 1, retention, bool(have.allow_atomic))
+    await js.update_stream(replace(wanted, subjects=have.subjects))
+    return True
+
+
+def retention_of(config: StreamConfig) -> Retention:
+    return Retention(max_age_s=config.max_age or 0.0, max_bytes=config.max_bytes or -1)
+
+
+def _config(replicas: int, retention: Retention, atomic: bool = False) -> StreamConfig:
+    config = replace(STREAM, num_replicas=replicas, max_age=retention.max_age_s, max_bytes=retention.max_bytes)
+    return replace(config, allow_atomic=True) if atomic else config  # unset: a server before 2.12 refuses it
+
+
+def _differs(have: StreamConfig, want: StreamConfig) -> bool:
+    same = all(getattr(have, f) == getattr(want, f) for f in ("subjects", "retention", "discard", "num_replicas"))
+    return not same or bool(have.allow_atomic) != bool(want.allow_atomic)
+
+
+async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: str = "") -> Reply:
+    """Send a command to its partition's owner and return the answer, retrying for up to `patience_s`.
+
+    Through a NATS outage, a controller's restart or a partition changing hands nobody answers
+    for a while; the command is sent again until someone does. Sending it twice is harmless: the
+    core turns a command it already applied into a no-op.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    subject = subject or command_subject(cmd.key)
+    delay, said = 0.05, False
+    while True:
+        try:
+            msg = await nc.request(subject, encode(cmd), timeout=max(0.1, min(ATTEMPT_S, deadline - loop.time())))
+            reply = decode_reply(msg.data)
+            if reply.code is not Code.UNAVAILABLE:
+                return reply
+            failure: Exception = Unavailable(reply.message)  # its owner could not store it, or no longer owns it
+        except (NatsError, TimeoutError) as e:
+            failure = e
+        if loop.time() + delay > deadline:
+            raise failure
+        if not said:  # once per command: an outage is one line, not one per attempt
+            log.warning("%s: no answer on %s (%s); retrying", command_id(cmd), subject, type(failure).__name__)
+            said = True
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+async def close(nc: Client | None) -> None:
+    """Drain the connection (flushing what is pending) if NATS is there; just close it if not.
+
+    Whether it is there is asked first (a flush, answered within a second): a drain begun against a NATS
+    that died a moment ago waits out its timeout. NATS may still die during the drain: nats-py's own
+    drain timeout (DRAIN_S) then ends it, before ours does. Cut short from outside, a drain leaves
+    nats-py's gathered subscription drains failed and unread (a traceback in the log of a process that
+    stopped cleanly)."""
+    if nc is None or nc.is_closed:
+        return
+    try:
+        if not nc.is_connected:
+            raise ConnectionError("NATS is away")
+        await nc.flush(timeout=1)
+        await asyncio.wait_for(nc.drain(), DRAIN_S + 1)
+    except Exception:
+        with contextlib.suppress(Exception):  # NATS gone: its transport may be closed already
+            await nc.close()
+
+
+async def while_connected(nc: Client | None, work: Awaitable[None], what: str) -> bool:
+    """Do `work` while NATS is connected; give it up at once if the connection is or gets lost.
+
+    For the last words of a stop (snapshots, giving leases back): against a NATS that is gone (an
+    embedded one stopped with us) each request would wait out its timeout, keeping the process
+    and its ports for tens of seconds, for nothing. Whether `work` was done.
+    """
+    task = asyncio.ensure_future(work)
+    while nc is not None:
+        done, _ = await asyncio.wait([task], timeout=0.05)
+        if done:
+            break
+        if not nc.is_connected:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            log.warning("NATS is away; stopping without %s", what)
+            return False
+    await task
+    return True
+
+
+@contextlib.asynccontextmanager
+async def connected(url: str, name: str) -> AsyncIterator[Client]:
+    """A connection for one piece of work, drained and closed when it is done."""
+    nc = await connect(url, name)
+    try:
+        yield nc
+    finally:
+        await close(nc)

@@ -1,0 +1,114 @@
+"""A front gateway's router: sends each call to the node that owns its function, over core NATS.
+
+One inbox per gateway, one reply subject per call: a call is sent again on that same subject when
+nobody owns the partition right now (NATS answers "no responders" at once: a node restarting or
+a partition changing hands), when its owner could not store it, or when no answer came for a
+while (a lost reply, or an owner that died with the call). A repeat is a no-op in the core, and
+since it carries the same reply subject it adds no waiter, so the call is decided once.
+"""
+
+import asyncio
+import itertools
+import logging
+
+from msgspec.structs import replace
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+
+from scaler.proto.commands import Assign, Cancel, Code, Idle, Reply, decode_reply, encode
+from scaler.proto.subjects import command_subject
+from scaler.runtime.bus import Unavailable, close, connect, send
+
+log = logging.getLogger("scaler.forward")
+
+RESEND_S = 2.0  # no answer this long: send the call again (its owner may have died with it)
+CANCEL_PATIENCE_S = 120.0
+NO_RESPONDERS = "503"
+
+
+class Forwarder:
+    def __init__(self, nats_url: str, resend_s: float = RESEND_S) -> None:
+        self.nats_url = nats_url
+        self.resend_s = resend_s
+        self._own_connection = True
+        self.sent = 0  # sends, repeats included: how often calls had to be sent again shows here
+        self._inbox = ""
+        self._waiting: dict[str, asyncio.Queue[Reply | None]] = {}
+        self._tokens = itertools.count()
+        self._cancels: set[asyncio.Task] = set()
+        self._nc = None
+
+    @classmethod
+    def over(cls, nc) -> "Forwarder":
+        """A forwarder on a connection someone else opened (and closes): a node's, for partitions it does not serve."""
+        forwarder = cls("")
+        forwarder._nc, forwarder._own_connection = nc, False
+        return forwarder
+
+    async def start(self) -> str:
+        if self._own_connection:
+            self._nc = await connect(self.nats_url, "gateway")
+        self._inbox = self._nc.new_inbox()
+        await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
+        return f"forwarding calls over {self.nats_url}"
+
+    async def stop(self) -> None:
+        if self._cancels:
+            await asyncio.wait(self._cancels, timeout=5)
+        if self._own_connection:
+            await close(self._nc)
+
+    async def call(self, cmd: Assign | Idle, timeout_s: float | None) -> Reply:
+        to = f"{self._inbox}.{next(self._tokens)}"
+        answers: asyncio.Queue[Reply | None] = asyncio.Queue()
+        self._waiting[to] = answers
+        cmd = replace(cmd, reply_to=to)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._until_answered(cmd, answers)
+        except (TimeoutError, asyncio.CancelledError) as e:
+            if isinstance(cmd, Assign):
+                self._cancel(cmd, "no answer in time" if isinstance(e, TimeoutError) else "caller disconnected")
+            raise
+        finally:
+            del self._waiting[cmd.reply_to]
+
+    async def _until_answered(self, cmd: Assign | Idle, answers: asyncio.Queue[Reply | None]) -> Reply:
+        subject, body = command_subject(cmd.key), encode(cmd)
+        delay = 0.02
+        while True:
+            try:
+                await self._nc.publish(subject, body, reply=cmd.reply_to)
+            except NatsError as e:
+                raise Unavailable(f"NATS unavailable: {e!r}") from None
+            self.sent += 1
+            try:
+                reply = await asyncio.wait_for(answers.get(), self.resend_s)
+            except TimeoutError:
+                continue  # lost, or its owner died with it: send it again
+            if reply is not None and reply.code is not Code.UNAVAILABLE:
+                return reply
+            await asyncio.sleep(delay)  # nobody owns the partition right now, or its owner could not store
+            delay = min(delay * 2, 1.0)
+
+    def _cancel(self, cmd: Assign, why: str) -> None:
+        """Tell the owner this caller gave up, in the background: the Assign may have been stored."""
+        cancel = Cancel(key=cmd.key, request_id=cmd.request_id, reply_to=cmd.reply_to, reason=why)
+        task = asyncio.create_task(self._send_cancel(cancel))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _send_cancel(self, cancel: Cancel) -> None:
+        try:
+            await send(self._nc, cancel, patience_s=CANCEL_PATIENCE_S)
+        except (NatsError, TimeoutError) as e:
+            log.warning("could not cancel %s: %s", cancel.request_id, e)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        answers = self._waiting.get(msg.subject)
+        if answers is None:
+            return  # a repeat's answer after the call was answered, or a call given up
+        if not msg.data and (msg.headers or {}).get("Status") == NO_RESPONDERS:
+            answers.put_nowait(None)
+        else:
+            answers.put_nowait(decode_reply(msg.data))

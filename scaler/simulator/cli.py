@@ -1,0 +1,365 @@
+"""`scaler simulate`: replay a dataset and score it like the 2023 serverless scaler challenge.
+
+Live (default): serve the Platform API, drive a running scaler's gateway through the trace, and
+measure. Start the scaler first, at the same speed, pointed at this platform:
+    scaler up --platform 127.0.0.1:50051 --speed N      then      scaler simulate DIR --speed N
+Offline (--offline): run the controller's pure core and a policy on a virtual clock, no NATS or
+gRPC; deterministic, seconds for hours of trace. Both end in the same scoring code.
+`--report PATH.html` draws the run as a page (scaler/simulator/report.py; docs/reports.md), `--save-run`
+keeps it for a later `--compare`.
+Exit status: 0 when the run completed (whatever the score), 1 when it could not be done, 2 for a
+command line argparse refuses, 130 after Ctrl-C (a live run first prints its statistics so far, marked
+partial) and 143 after SIGTERM (`docker stop`).
+"""
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+
+from scaler.controller import replay
+from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.report.timeline import Folds, Timeline
+from scaler.runtime.ports import port
+from scaler.runtime.service import positive
+from scaler.simulator import report
+from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
+from scaler.simulator.live import LiveError, LiveRun, run_live
+from scaler.simulator.offline import Simulation
+from scaler.simulator.progress import EVERY_S, Progress
+from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
+
+DEFAULT_GATEWAY = "127.0.0.1:9001"
+DEFAULT_PLATFORM_LISTEN = "0.0.0.0:50051"
+CREATE_LATENCY_MS = 100  # the platform's CreateSlot latency, in both modes
+WORST = 10  # functions listed as the worst offenders
+T = TypeVar("T")
+
+
+@dataclass
+class Recorded:
+    """What a run's page is drawn from besides its statistics: the functions' timelines."""
+
+    title: str
+    timelines: list[Timeline]
+    origin_ms: int  # add to the timelines' times for epoch ms
+    end_ms: int  # the end of the run, in the timelines' times
+    note: str = ""
+
+    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> report.SavedRun:
+        return report.SavedRun(
+            title=self.title,
+            heading=heading,
+            stats=stats,
+            functions=functions,
+            timelines=self.timelines,
+            origin_ms=self.origin_ms,
+            end_ms=self.end_ms,
+            note=self.note,
+        )
+
+
+class Failure(Exception):
+    """The run could not be done; said in one line."""
+
+
+class Terminated(Exception):
+    """SIGTERM (`docker stop`, compose stopping the stack). As PID 1 in a container a signal with no
+    handler does nothing, so the simulator would run on until Docker kills it after the grace period."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a live run: the statistics of the requests done so far are still worth printing."""
+
+    def __init__(self, run: Run, heading: list[str]) -> None:
+        super().__init__("interrupted")
+        self.run = run
+        self.heading = heading
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+async def _until_terminated(run: Awaitable[T]) -> T:
+    """Await `run`; on SIGTERM cancel it, so that its cleanup runs, and raise Terminated."""
+    task = asyncio.ensure_future(run)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)  # wakes the loop, whichever thread gets the signal
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():
+            raise  # cancelled from outside, not by SIGTERM
+        raise Terminated from None
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", metavar="DATASET_DIR", help="a folder with `metas` and `requests` (JSON lines)")
+    p.add_argument("--offline", action="store_true", help="simulate the pure core on a virtual clock")
+    p.add_argument(
+        "--policy",
+        metavar="NAME",
+        choices=sorted(POLICIES),
+        help=f"offline: the policy to score (default {DEFAULT_POLICY}; one of {', '.join(POLICIES)}); live mode"
+        " measures the running scaler's policy (scaler up --policy)",
+    )
+    p.add_argument(
+        "--speed", type=positive, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
+    )
+    p.add_argument(
+        "--gateway", metavar="HOST:PORT", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
+    )
+    p.add_argument(
+        "--platform-listen",
+        metavar="HOST:PORT",
+        help=f"live: where to serve the Platform API (default {DEFAULT_PLATFORM_LISTEN})",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the statistics as a JSON object to PATH")
+    p.add_argument(
+        "--report",
+        metavar="PATH.html",
+        help="write the run as a page to look at: its score, and the functions that lost the most on a time axis"
+        " (one self-contained HTML file; see docs/reports.md)",
+    )
+    p.add_argument(
+        "--save-run",
+        metavar="PATH.json",
+        help="write the run (statistics, every function's figures and timeline) for a later --compare",
+    )
+    p.add_argument(
+        "--nats",
+        metavar="URL",
+        help="live, with --report or --save-run: the scaler's NATS, where its decisions and their reasons are read"
+        " (default: the running `scaler up`'s)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="OTHER.json",
+        help="with --report: put a run saved with --save-run beside this one, on this run's worst functions",
+    )
+    p.add_argument(
+        "--stats-port",
+        type=port,
+        metavar="N",
+        help="live: serve the statistics so far on http://0.0.0.0:N/stats (JSON) while it runs (0: any free port)",
+    )
+    p.add_argument(
+        "--progress-every",
+        type=positive,
+        default=EVERY_S,
+        metavar="S",
+        help=f"progress: a bar on a terminal, else a line every S seconds (default {EVERY_S:g})",
+    )
+
+
+def to_json(stats: Stats, functions: list[FunctionRow]) -> bytes:
+    """The challenge's statistics under their own names, plus the worst functions."""
+    fields = msgspec.to_builtins(stats)
+    fields["functions"] = msgspec.to_builtins(functions)
+    return msgspec.json.format(msgspec.json.encode(fields), indent=2) + b"\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _terminate)  # offline; live mode's event loop has its own handler
+    try:
+        if args.compare and not args.report:
+            raise Failure("--compare puts another run beside this one in the --report page: give --report too")
+        other = _load_run(Path(args.compare)) if args.compare else None
+        dataset = load_dataset(args.dataset)
+        drawing = bool(args.report or args.save_run)
+        outcome, heading, recorded = _offline(dataset, args, drawing) if args.offline else _live(dataset, args, drawing)
+        stats = outcome.stats()
+        functions = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, WORST)
+        if args.json:
+            _write(Path(args.json), to_json(stats, functions))
+        if drawing:
+            every = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, len(dataset.metas))
+            saved = recorded.saved(heading, stats, every)
+            if args.save_run:
+                _write(Path(args.save_run), report.save(saved))
+            if args.report:
+                _write(Path(args.report), report.page(saved, other).encode())
+    except (DatasetError, LiveError, Failure) as e:
+        print(f"scaler simulate: error: {e}", file=sys.stderr)
+        return 1
+    except Interrupted as e:  # the statistics so far, said to be partial
+        stats = e.run.stats()
+        print("\n".join(e.heading))
+        print(render(stats, worst_functions(e.run.invocations, e.run.slot_gb_s_by_key, stats, WORST)))
+        print("scaler simulate: interrupted; the statistics above are partial", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("scaler simulate: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("scaler simulate: stopped by SIGTERM", file=sys.stderr)
+        return 143
+    print("\n".join(heading))
+    print(render(stats, functions))
+    return 0
+
+
+def _note(flags: list[str], why: str) -> None:
+    if flags:
+        print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
+
+
+def _load_run(path: Path) -> report.SavedRun:
+    try:
+        return report.load(path.read_bytes())
+    except OSError as e:
+        raise Failure(f"{path}: cannot read: {e.strerror}") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise Failure(f"{path}: not a run saved with --save-run: {e}") from None
+
+
+def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Run, list[str], Recorded | None]:
+    name = args.policy or DEFAULT_POLICY
+    given = [flag for flag, value in (("--speed", args.speed), ("--gateway", args.gateway)) if value is not None]
+    given += ["--platform-listen"] if args.platform_listen is not None else []
+    given += ["--stats-port"] if args.stats_port is not None else []
+    _note(given, "offline mode runs no scaler and no clock")
+    started = time.perf_counter()
+    progress = Progress(len(dataset.requests), dataset.span_ms, args.progress_every)
+    sim = Simulation(
+        dataset, get_policy(name), CREATE_LATENCY_MS, progress=progress, folds=Folds() if drawing else None
+    )
+    run = sim.run()
+    took = time.perf_counter() - started
+    recorded = None
+    if sim.folds is not None:
+        recorded = Recorded(
+            f"{dataset.name}: offline, policy {name}",
+            [fold.done(sim.ledger_of(key).state(key).stats.gap_hist) for key, fold in sim.folds.by_key.items()],
+            dataset.start_ms,
+            sim.end_ms,
+        )
+    return (
+        run,
+        [
+            f"{dataset.name}: offline, policy {name}, {len(dataset.requests)} requests, simulated in {took:.1f}s",
+            f"schedule time: CreateSlot ({CREATE_LATENCY_MS} ms) + Init waits in trace time; the scaler's own latency"
+            " counts as zero offline",
+        ],
+        recorded,
+    )
+
+
+def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Run, list[str], Recorded | None]:
+    if args.policy is not None:
+        name = args.policy
+        _note(["--policy"], f"live mode measures the running scaler's policy; start it with `--policy {name}`")
+    speed = args.speed or 1.0
+    gateway = args.gateway or DEFAULT_GATEWAY
+    started = time.perf_counter()
+    stats = f"0.0.0.0:{args.stats_port}" if args.stats_port is not None else None
+    drivers: list[LiveRun] = []
+    try:
+        run, errors, says = asyncio.run(
+            _until_terminated(
+                run_live(
+                    dataset,
+                    gateway,
+                    speed,
+                    args.platform_listen or DEFAULT_PLATFORM_LISTEN,
+                    CREATE_LATENCY_MS,
+                    Progress(len(dataset.requests), dataset.span_ms, args.progress_every),
+                    stats,
+                    said=lambda line: print(line, file=sys.stderr, flush=True),
+                    began=drivers.append,
+                )
+            )
+        )
+    except KeyboardInterrupt:
+        if not drivers or not drivers[0].done:
+            raise
+        driver = drivers[0]
+        raise Interrupted(
+            driver.partial(),
+            [
+                f"{dataset.name}: PARTIAL, interrupted after {driver.done:,} of {len(dataset.requests):,} requests"
+                f" (live against {gateway} at speed {speed:g}); slots charged until the interruption"
+            ],
+        ) from None
+    took = time.perf_counter() - started
+    policy = f", policy {says['policy']}" if "policy" in says else ""
+    heading = [
+        f"{dataset.name}: live against {gateway} at speed {speed:g}{policy}, {len(dataset.requests)} requests"
+        f" in {took:.0f}s"
+    ]
+    if speed == 1:
+        heading.append("schedule time: measured Assign time, CreateSlot + Init + the scaler's own latency")
+    else:
+        heading.append(
+            f"schedule time at speed {speed:g}: CreateSlot + Init (and waits for executions) in trace time, the"
+            f" scaler's own latency unscaled (as measured, not x{speed:g}); idle time unscaled too"
+        )
+    for message, count in errors.most_common(3):
+        heading.append(f"failed: {count} x {message}")
+    recorded = None
+    if drawing:
+        title = f"{dataset.name}: live{policy}, speed {speed:g}"
+        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), report.DRAWN)
+        recorded = asyncio.run(_from_stream(title, args.nats, [f.key for f in worst]))
+    return run, heading, recorded
+
+
+async def _from_stream(title: str, url: str | None, keys: list[str]) -> Recorded:
+    """The timelines of `keys` read back from the scaler's EVENTS stream: the reasons are only there."""
+    try:
+        timelines = await replay.timelines(url or replay.running_nats(), keys)
+    except (ValueError, replay.stream.UnreadableStream, replay.rebuild.Uncovered) as e:
+        note = f"no timelines: the scaler's events could not be read ({e}); pass --nats URL"
+        print(f"scaler simulate: {note}", file=sys.stderr)
+        return Recorded(title, [], 0, 0, note)
+    end = max((t.last_ms for t in timelines), default=0)
+    return Recorded(title, timelines, 0, end, "times are the scaler's clock (trace time under --speed)")
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise Failure(f"{path}: cannot write: {e.strerror}") from None
+
+
+def render(stats: Stats, functions: list[FunctionRow]) -> str:
+    """The statistics as a two-column table, then the worst functions."""
+    fields: list[tuple[str, float | int]] = []
+    for name, value in msgspec.to_builtins(stats).items():
+        if name == "failuresByCause":  # one line each, under failedRequestsCount
+            fields += [(f"  {cause}", count) for cause, count in value.items()]
+        else:
+            fields.append((name, value))
+    width = max(len(name) for name, _ in fields)
+    lines = [f"  {name:<{width}}  {_number(value)}" for name, value in fields]
+    if stats.success_rate < SUCCESS_THRESHOLD:
+        why = f"success rate {stats.success_rate:.2%} is below {SUCCESS_THRESHOLD:.2%}"
+        lines.append(f"  score 0: {why} (the sub-scores are what the run would have scored)")
+    if functions:
+        lines += ["", "worst functions (score lost to idle slots and waiting):"]
+        header = ("metaKey", "requests", "coldStarts", "scheduleSecs", "executionGBs", "slotGBs", "lostScore")
+        rows = [
+            (f.key, f.requests, f.cold_starts, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, f.lost_score)
+            for f in functions
+        ]
+        key_width = max(len(header[0]), *(len(r[0]) for r in rows))
+        lines.append(f"  {header[0]:<{key_width}}" + "".join(f"{h:>14}" for h in header[1:]))
+        lines += [f"  {r[0]:<{key_width}}" + "".join(f"{_number(v):>14}" for v in r[1:]) for r in rows]
+    return "\n".join(lines)
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.4f}" if abs(value) < 1 else f"{value:,.2f}"

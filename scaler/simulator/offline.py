@@ -1,0 +1,247 @@
+"""Offline mode: a discrete-event simulation on a virtual clock, running the controller's pure core.
+
+No NATS and no gRPC: commands go straight to `decide`, and the platform is modelled as the stub
+behaves (CreateSlot takes `create_latency_ms`, Init the function's initDurationInMs, DestroySlot
+is immediate). Decisions go through the same ledger as the node's (scaler/controller/ledger.py), so
+states, totals and deadlines follow the same rules; what the node's effects would do, this does
+too: SlotWanted starts a creation, Assigned starts the request's execution (Idle follows after
+its duration), a retired slot is destroyed, and the function's next deadline arms a Tick, as the
+node's timers would. Deterministic, and the scaler's own latency counts as zero.
+
+The platform's side is kept apart from the fold: each Assigned is checked against the slots
+and who runs on them (`Holds`), an Idle the core refuses fails its request, and the run ends
+RUN_TAIL_MS after the last request's Idle, with the Ticks and destructions due until then.
+"""
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from msgspec.structs import replace
+
+from scaler.controller.core.decide import Decision
+from scaler.controller.core.policy import Policy
+from scaler.controller.core.state import Totals
+from scaler.controller.ledger import Ledger, came_back
+from scaler.proto import commands as c
+from scaler.proto import events as e
+from scaler.proto.subjects import partition
+from scaler.report.timeline import Folds
+from scaler.simulator.dataset import Dataset
+from scaler.simulator.holds import Holds
+from scaler.simulator.progress import Progress
+from scaler.simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
+
+SIMULATOR = "simulator"  # the reply_to of our Idle calls, so the core's answer says whether it took them
+
+# What can happen next, in the order the loop takes simultaneous things: a request's arrival
+# comes after the Idle, readiness and Tick due at the same instant.
+IDLE, READY, DESTROYED, TICK, ARRIVAL, SHARE = range(6)
+
+
+@dataclass
+class Slot:
+    key: str
+    memory_mb: int
+    created_ms: int
+    ready_ms: int
+    destroyed_ms: int | None = None
+
+
+@dataclass
+class Simulation:
+    dataset: Dataset
+    policy: Policy
+    create_latency_ms: int = 100
+    tail_ms: int = RUN_TAIL_MS
+    ledger: Ledger = field(default_factory=Ledger)
+    # Nodes sharing the partitions, each with its own ledger and so its own run-wide totals (what the
+    # learned policy's exchange rate is taken from): 1 is one node holding every partition.
+    nodes: int = 1
+    # how often the nodes tell each other their totals (0: never), as scaler/controller/shared.py
+    share_every_ms: int = 0
+    ledgers: list[Ledger] = field(default_factory=list)
+    slots: dict[str, Slot] = field(default_factory=dict)  # by slot id (= the instance id here)
+    arrival_ms: dict[str, int] = field(default_factory=dict)
+    invocations: dict[str, Invocation] = field(default_factory=dict)
+    holds: Holds = field(default_factory=Holds)
+    progress: Progress | None = None
+    folds: Folds | None = None  # the functions' timelines, folded from every decision's events (for a report)
+    end_ms: int = 0  # the end of the run, once run
+    unanswered: int = 0  # requests with neither an Idle nor a failure yet
+    _queue: list = field(default_factory=list)
+    _seq: itertools.count = field(default_factory=itertools.count)
+    _appended: itertools.count = field(default_factory=lambda: itertools.count(1))  # stands for stream sequences
+
+    def __post_init__(self) -> None:
+        self.ledgers = [self.ledger, *(Ledger() for _ in range(self.nodes - 1))]
+
+    def ledger_of(self, key: str) -> Ledger:
+        return self.ledgers[partition(key) % self.nodes]
+
+    def at(self, t: int, kind: int, item) -> None:
+        heapq.heappush(self._queue, (t, kind, next(self._seq), item))
+
+    def run(self) -> Run:
+        start = self.dataset.start_ms
+        for n, r in enumerate(self.dataset.requests):
+            self.at(r.start_time - start, ARRIVAL, n)
+        if self.nodes > 1 and self.share_every_ms:
+            self.at(0, SHARE, None)
+        self.unanswered = len(self.dataset.requests)
+        now, end = 0, None
+        steps = itertools.count()
+        while self._queue and (end is None or self._queue[0][0] <= end):
+            now, kind, _, item = heapq.heappop(self._queue)
+            if self.progress is not None and not next(steps) % 4096:
+                self.progress.show(len(self.dataset.requests) - self.unanswered, now)
+            if kind == TICK:
+                key, due = item
+                if self.ledger_of(key).wake.get(key) != due:
+                    continue  # superseded
+                self.command(c.Tick(key=key, due_ms=due), now)
+            elif kind == ARRIVAL:
+                self.arrive(item, now)
+            elif kind == IDLE:
+                self.idle(item, now)
+            elif kind == SHARE:
+                self.share()
+                self.at(now + self.share_every_ms, SHARE, None)
+            else:
+                self.command(item, now)
+            if end is None and not self.unanswered:
+                end = now + self.tail_ms
+        if self.progress is not None:
+            self.progress.show(len(self.dataset.requests) - self.unanswered, now, final=True)
+        self.end_ms = now if end is None else end
+        return self.result(self.end_ms)
+
+    def share(self) -> None:
+        """Each node hears the others' totals."""
+        for ledger in self.ledgers:
+            others = Totals()
+            for other in self.ledgers:
+                if other is not ledger:
+                    others = others.plus(other.totals)
+            ledger.others = others
+
+    def arrive(self, n: int, now: int) -> None:
+        r = self.dataset.requests[n]
+        m = self.dataset.metas[r.meta_key]
+        meta = e.Meta(memory_mb=m.memory_in_mb, runtime=m.runtime, timeout_s=m.timeout_in_secs)
+        self.arrival_ms[str(n)] = now
+        self.command(c.Assign(key=r.meta_key, request_id=str(n), meta=meta), now)
+
+    def command(self, cmd: c.AnyCommand, now: int) -> Decision:
+        ledger = self.ledger_of(cmd.key)
+        before = ledger.wake.get(cmd.key)
+        d = ledger.decide(cmd, now, self.policy)
+        batch = ledger.batch(cmd, d, now)
+        ledger.commit(cmd, d, next(self._appended) if batch is not None else None)
+        for event in d.events:
+            self.effect(cmd.key, event, now)
+            if self.folds is not None:
+                self.folds.event(cmd.key, event)
+        wake = ledger.wake.get(cmd.key)
+        if wake is not None and wake != before:
+            self.at(max(wake, now), TICK, (cmd.key, wake))
+        cues = ledger.cues(d)  # as the node does: its followers on this node are cued, and the other nodes told
+        if len(self.ledgers) > 1 and (back := came_back(d)):
+            cues += [cue for other in self.ledgers if other is not ledger for cue in other.hear(cmd.key, back)]
+        for cue in cues:
+            self.command(cue, now)
+        return d
+
+    def effect(self, key: str, event: e.Event, now: int) -> None:
+        match event:
+            case e.SlotWanted(instance_id=i, meta=meta):
+                init_ms = self.dataset.metas[key].init_duration_in_ms
+                ready = now + self.create_latency_ms + init_ms
+                self.slots[i] = Slot(key, meta.memory_mb, now, ready)
+                report = c.SlotReady(
+                    key=key, instance_id=i, slot_id=i, create_ms=self.create_latency_ms, init_ms=init_ms
+                )
+                self.at(ready, READY, report)
+            case e.Assigned(request_id=r, instance_id=i):
+                self.assigned(key, r, i, now)
+            case e.RequestFailed(request_id=r):
+                m = self.dataset.metas[key]
+                request = self.dataset.requests[int(r)]
+                schedule_ms = now - self.arrival_ms[r]
+                invocation = Invocation(key, m.memory_in_mb, request.durations_in_ms, schedule_ms, 0.0, False)
+                self.invocations[r] = replace(invocation, failure=Failure.ASSIGN_ERROR)
+                self.unanswered -= 1
+            case e.InstanceRetired(instance_id=i, slot_id=slot_id) if slot_id:
+                self.slots[slot_id].destroyed_ms = now
+                self.at(now, DESTROYED, c.SlotDestroyed(key=key, instance_id=i, slot_id=slot_id))
+
+    # The platform's side: what it checks of an assignment and of an execution's end.
+
+    def assigned(self, key: str, r: str, i: str, now: int) -> None:
+        """The request runs on the instance for its duration, then calls Idle; or fails at once."""
+        request = self.dataset.requests[int(r)]
+        slot = self.slots.get(i)
+        live = slot is not None and slot.destroyed_ms is None
+        failure = self.holds.assign(i, r, live=live, ready=live and slot.ready_ms <= now)
+        self.invocations[r] = Invocation(
+            key=key,
+            memory_mb=self.dataset.metas[key].memory_in_mb,
+            execution_ms=request.durations_in_ms,
+            schedule_ms=now - self.arrival_ms[r],
+            idle_ms=0.0,
+            cold=slot is not None and slot.ready_ms > self.arrival_ms[r],
+            failure=failure,
+        )
+        idle = c.Idle(
+            key=key,
+            request_id=r,
+            instance_id=i,
+            status_code=request.status_code,
+            duration_ms=request.durations_in_ms,
+            need_destroy=request.status_code != 200,
+            reply_to=SIMULATOR,
+        )
+        self.at(now if failure else now + request.durations_in_ms, IDLE, idle)
+
+    def idle(self, idle: c.Idle, now: int) -> None:
+        r = idle.request_id
+        invocation = self.invocations[r]
+        if not invocation.failed:
+            slot = self.slots[idle.instance_id]
+            invocation = self._fail(r, self.holds.finish(idle.instance_id, r, live=slot.destroyed_ms is None))
+        refused = any(reply.code != c.Code.OK for reply in self.command(idle, now).replies)
+        if refused and not invocation.failed:
+            self._fail(r, Failure.IDLE_ERROR)
+        self.unanswered -= 1
+
+    def _fail(self, r: str, failure: Failure | None) -> Invocation:
+        if failure is not None:
+            self.invocations[r] = replace(self.invocations[r], failure=failure)
+        return self.invocations[r]
+
+    def result(self, end_ms: int) -> Run:
+        by_key: dict[str, float] = {}
+        for slot in self.slots.values():
+            end = end_ms if slot.destroyed_ms is None else slot.destroyed_ms
+            by_key[slot.key] = by_key.get(slot.key, 0.0) + slot.memory_mb / 1024 * (end - slot.created_ms) / 1000
+        invocations = [
+            self.invocations.get(str(n)) or self._unanswered(n, end_ms) for n in range(len(self.dataset.requests))
+        ]
+        return Run(invocations, sum(by_key.values()), len(self.slots), by_key)
+
+    def _unanswered(self, n: int, end_ms: int) -> Invocation:
+        """A request the core never answered: its Assign failed, having waited until the end."""
+        r = self.dataset.requests[n]
+        memory = self.dataset.metas[r.meta_key].memory_in_mb
+        schedule_ms = end_ms - self.arrival_ms.get(str(n), end_ms)
+        return Invocation(r.meta_key, memory, r.durations_in_ms, schedule_ms, 0.0, False, Failure.ASSIGN_ERROR)
+
+
+def simulate(
+    dataset: Dataset,
+    policy: Policy,
+    create_latency_ms: int = 100,
+    tail_ms: int = RUN_TAIL_MS,
+    progress: Progress | None = None,
+) -> Run:
+    return Simulation(dataset, policy, create_latency_ms, tail_ms, progress=progress).run()

@@ -1,0 +1,238 @@
+"""`scaler simulate --report PATH.html`: a run as a page to look at, and `--save-run` to compare it later.
+
+The page: the score and its two halves; every function as a point (slot GB·s wasted against time
+spent waiting), the run's instances over time; then, for the functions that lost the most, their
+instances on a time axis with the requests that waited, and the gaps between their requests
+against the keep-alives the policy chose. With `--compare OTHER.json` (a run saved with
+`--save-run`), the other run's score beside this one's, and its timelines of the same functions
+beside these.
+
+A saved run (`SavedRun`, JSON) holds the statistics, every function's figures and every
+function's timeline, so any function this run finds worst can be drawn from the other run too.
+"""
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+
+import msgspec
+import plotly.graph_objects as go
+
+from scaler.report.draw import Page, scatter, span, timeline_figure
+from scaler.report.draw import gaps_figure as _gaps_figure
+from scaler.report.timeline import Timeline
+from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Stats
+
+DRAWN = 6  # functions drawn in full: those that lost the most
+POINTS = 600  # the run's instances over time: averages over this many spans of the run
+
+
+class SavedRun(msgspec.Struct, kw_only=True):
+    """What `--save-run` writes and `--compare` reads: one run, enough to draw it again."""
+
+    title: str  # e.g. "dataSet_3: offline, policy learned"
+    heading: list[str]  # what `scaler simulate` printed above the statistics
+    stats: Stats
+    functions: list[FunctionRow]  # every function, the one that lost the most first
+    timelines: list[Timeline]  # every function's that could be folded (live: those read from the stream)
+    origin_ms: int = 0  # add to a timeline's times for epoch ms (offline runs start at 0)
+    end_ms: int = 0  # the end of the run, in the timelines' times
+    note: str = ""  # what the page should say about what is missing, if anything
+
+    def timeline(self, key: str) -> Timeline | None:
+        return next((t for t in self.timelines if t.key == key), None)
+
+
+def save(run: SavedRun) -> bytes:
+    return msgspec.json.encode(run)
+
+
+def load(data: bytes) -> SavedRun:
+    return msgspec.json.decode(data, type=SavedRun)
+
+
+def _score_figures(stats: Stats) -> list[tuple[str, str]]:
+    zero = stats.success_rate < SUCCESS_THRESHOLD
+    return [
+        ("score" + (" (0: too many failures)" if zero else ""), f"{stats.score:.2f}"),
+        ("resource usage (of 50)", f"{stats.resource_usage_score:.2f}"),
+        ("cold start (of 50)", f"{stats.cold_start_score:.2f}"),
+        ("success rate", f"{stats.success_rate:.3%}"),
+        ("requests", f"{stats.total_requests_count:,}"),
+        ("cold starts", f"{stats.cold_starts:,}"),
+        ("slots created", f"{stats.total_live_slot_count:,}"),
+        ("slot GB·s", f"{stats.total_slot_time_in_g_bs:,.0f}"),
+    ]
+
+
+def score_figure(runs: list[SavedRun]) -> go.Figure:
+    """The two halves of the score, stacked, one bar per run."""
+    names = [r.title for r in runs]
+    fig = go.Figure()
+    for half, attr, color in (
+        ("resource usage: 50 x execution GB·s / slot GB·s", "resource_usage_score", "#2ca02c"),
+        ("cold start: 50 x execution / (execution + schedule + idle)", "cold_start_score", "#1f77b4"),
+    ):
+        values = [getattr(r.stats, attr) for r in runs]
+        fig.add_trace(
+            go.Bar(y=names, x=values, name=half, orientation="h", marker_color=color, text=[f"{v:.2f}" for v in values])
+        )
+    fig.update_layout(
+        barmode="stack",
+        height=140 + 60 * len(runs),
+        xaxis={"range": [0, 100], "title": "score (of 100)"},
+        margin={"l": 20, "r": 20, "t": 30, "b": 40},
+        legend={"orientation": "h", "y": 1.25},
+        yaxis={"automargin": True, "autorange": "reversed"},  # this run first, as in the table
+    )
+    return fig
+
+
+def functions_figure(run: SavedRun, drawn: set[str]) -> go.Figure:
+    """Every function as a point: what its idle slots wasted against how long its requests waited."""
+    fig = go.Figure()
+    for worst, color in ((False, "#7f7f7f"), (True, "#d62728")):
+        rows = [f for f in run.functions if (f.key in drawn) == worst]
+        fig.add_trace(
+            scatter(len(run.functions))(
+                x=[max(f.slot_g_bs - f.execution_g_bs, 0.01) for f in rows],
+                y=[max(f.schedule_secs, 0.01) for f in rows],
+                text=[
+                    f"{f.key}<br>lost {f.lost_score:.3f} points, {f.requests:,} requests, {f.cold_starts:,} cold starts"
+                    for f in rows
+                ],
+                mode="markers",
+                hoverinfo="text",
+                name="drawn below" if worst else "other functions",
+                marker={"color": color, "size": [6 + min(f.lost_score * 8, 20) for f in rows], "opacity": 0.7},
+            )
+        )
+    fig.update_layout(
+        title=f"{len(run.functions)} functions: idle slot GB·s against waiting (size: score lost)",
+        xaxis={"type": "log", "title": "slot GB·s beyond execution"},
+        yaxis={"type": "log", "title": "schedule s"},
+        height=420,
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def _binned(intervals, start_ms: int, end_ms: int, bin_ms: int) -> list[float]:
+    """Average count of intervals alive in each bin_ms from start_ms, from (start, end) pairs."""
+    bins = [0.0] * ((end_ms - start_ms) // bin_ms + 1)
+    for start, stop in intervals:
+        start, stop = max(start, start_ms) - start_ms, min(stop, end_ms) - start_ms
+        while start < stop:
+            b = start // bin_ms
+            upto = min(stop, (b + 1) * bin_ms)
+            bins[b] += (upto - start) / bin_ms
+            start = upto
+    return bins
+
+
+def instances_figure(run: SavedRun) -> go.Figure:
+    """The run's instances over time, summed over its functions: alive (paid for), and busy."""
+    end = run.end_ms
+    start = min((i.wanted_ms for t in run.timelines for i in t.instances), default=0)
+    alive = ((i.wanted_ms, i.gone_ms or end) for t in run.timelines for i in t.instances)
+    busy = ((s, e or end) for t in run.timelines for i in t.instances for s, e, _ in i.busy)
+    bin_ms = max(1000, (end - start) // POINTS)
+    x = [run.origin_ms + start + b * bin_ms for b in range((end - start) // bin_ms + 1)]
+    fig = go.Figure()
+    for name, series, color in (("alive (slot paid)", alive, "#ff7f0e"), ("busy", busy, "#1f77b4")):
+        y = _binned(series, start, end, bin_ms)
+        fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines", line={"color": color}))
+    which = "all functions" if len(run.timelines) >= len(run.functions) else f"the {len(run.timelines)} drawn functions"
+    fig.update_layout(
+        title=f"instances over time, {which} (averages over {span(bin_ms)})",
+        height=320,
+        xaxis={"type": "date"},
+        yaxis={"title": "instances", "rangemode": "tozero"},
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def _row(f: FunctionRow) -> list:
+    return [f.key, f.requests, f.cold_starts, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, f.lost_score]
+
+
+HEADER = ["metaKey", "requests", "cold starts", "schedule s", "execution GB·s", "slot GB·s", "score lost"]
+
+
+def page(run: SavedRun, other: SavedRun | None = None, drawn: int = DRAWN) -> str:
+    title = run.title if other is None else f"{run.title} vs {other.title}"
+    p = Page(title)
+    p.lines(run.heading)
+    if other is None:
+        p.scores(_score_figures(run.stats))
+    else:
+        rows = [(r.title, _score_figures(r.stats)) for r in (run, other)]
+        p.table(["run", *(name for name, _ in rows[0][1])], [[title, *(v for _, v in f)] for title, f in rows])
+    p.add(score_figure([run] if other is None else [run, other]))
+    if run.note:
+        p.text(run.note, "note")
+    worst = [f.key for f in run.functions[:drawn]]
+    p.heading("Functions")
+    p.add(functions_figure(run, set(worst)))
+    if run.timelines:
+        p.add(instances_figure(run))
+    p.heading(f"The {len(worst)} functions that lost the most")
+    theirs = {f.key: f for f in other.functions} if other is not None else {}
+    rows = [_row(f) for f in run.functions[:drawn]]
+    if other is not None:
+        rows = [[*r, theirs[r[0]].lost_score if r[0] in theirs else "-"] for r in rows]
+    p.table([*HEADER, *(["score lost there"] if other is not None else [])], rows)
+    for f in run.functions[:drawn]:
+        _function(p, f, run, other, theirs.get(f.key))
+    return p.html()
+
+
+def _function(p: Page, f: FunctionRow, run: SavedRun, other: SavedRun | None, their: FunctionRow | None) -> None:
+    p.heading(f"{f.key}: lost {f.lost_score:.3f} points")
+    said = f"{f.requests:,} requests, {f.cold_starts:,} cold starts, waited {span(f.schedule_secs * 1000)} in all"
+    if their is not None:
+        said += (
+            f"; in {other.title}: lost {their.lost_score:.3f}, {their.cold_starts:,} cold starts,"
+            f" waited {span(their.schedule_secs * 1000)}"
+        )
+    p.text(said, "note")
+    mine = run.timeline(f.key)
+    if mine is not None:
+        p.text(_reasons(mine), "note")
+    if other is None:
+        if mine is None:
+            p.text("no timeline for this function (its events were not read)", "note")
+            return
+        p.add(timeline_figure(mine, run.end_ms, f"{f.key}: instances and waits", run.origin_ms))
+        p.add(_gaps_figure(mine))
+        return
+    yours = other.timeline(f.key)
+    p.side_by_side(*(_drawn(p, r, t, f.key) for r, t in ((run, mine), (other, yours))))
+    p.side_by_side(*(p.figure(_gaps_figure(t, r.title)) if t else "" for r, t in ((run, mine), (other, yours))))
+
+
+def _drawn(p: Page, run: SavedRun, t: Timeline | None, key: str) -> str:
+    if t is None:
+        return f"<p class=note>{run.title} has no timeline of {key}</p>"
+    return p.figure(timeline_figure(t, run.end_ms, run.title, run.origin_ms))
+
+
+def _reasons(t: Timeline) -> str:
+    """Why its instances were started and kept, counted by kind: what the timeline's hover says one by one."""
+    said = "; ".join(_counted(life.reason for life in t.instances))
+    if t.keeps:
+        said += " | kept alive: " + "; ".join(_counted(k.why for k in t.keeps))
+    return f"started: {said}"
+
+
+def _counted(reasons: Iterable[str], top: int = 4) -> list[str]:
+    """The commonest kinds of reason, as `reason xN`; reasons differing only in numbers are one kind, said
+    with # for the numbers that vary."""
+    kinds: Counter[str] = Counter()
+    seen: dict[str, set[str]] = {}
+    for reason in reasons:
+        kind = re.sub(r"\d+(\.\d+)?", "#", reason or "(no reason given)")
+        kinds[kind] += 1
+        seen.setdefault(kind, set()).add(reason or "(no reason given)")
+    return [f"{next(iter(seen[k])) if len(seen[k]) == 1 else k} x{n:,}" for k, n in kinds.most_common(top)]

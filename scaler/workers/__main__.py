@@ -1,0 +1,62 @@
+"""`python -m scaler.workers [platform|gc]`: the effect executors, both in one process unless one is named.
+
+`platform` starts instances (CreateSlot, Init) for SlotWanted; `gc` destroys the slots of
+retired instances and reconciles with the platform's list on start.
+"""
+
+import argparse
+
+from scaler.runtime import service
+from scaler.runtime.clock import Clock
+from scaler.workers.effects import ACK_WAIT_S
+from scaler.workers.gc import GcWorker
+from scaler.workers.platform import PlatformWorker
+
+KINDS = ("platform", "gc")
+
+
+def _kind(text: str) -> str:
+    if text not in KINDS:  # (argparse's `choices` refuses an empty `nargs="*"` on Python 3.11)
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(KINDS)})")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = service.parser("python -m scaler.workers", __doc__)
+    p.add_argument("kinds", nargs="*", type=_kind, metavar="{platform,gc}", help="which workers (default: both)")
+    p.add_argument("--platform", default=service.env("PLATFORM", "127.0.0.1:50051"), help="[SCALER_PLATFORM]")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(service.env("CONCURRENCY", "1024")),
+        help="platform calls in flight at most, per worker [SCALER_CONCURRENCY]",
+    )
+    p.add_argument(
+        "--ack-wait",
+        type=float,
+        default=float(service.env("ACK_WAIT", str(ACK_WAIT_S))),
+        help="seconds after which an event a dead worker was performing is redelivered [SCALER_ACK_WAIT]",
+    )
+    service.add_retention(p)
+    return p
+
+
+def make(a: argparse.Namespace) -> service.Component:
+    kinds = a.kinds or KINDS
+    parts: list[service.Component] = []
+    if "platform" in kinds:
+        parts.append(PlatformWorker(a.nats, a.platform, a.concurrency, a.ack_wait))
+    if "gc" in kinds:
+        parts.append(GcWorker(a.nats, a.platform, Clock(a.speed), a.concurrency, ack_wait_s=a.ack_wait))
+    for part in parts:  # should a worker be the first to need EVENTS, it creates it with these limits
+        part.retention = service.retention(a)
+    return parts[0] if len(parts) == 1 else service.Alongside(parts)  # each waits out its grace
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    service.main(make, args)
+
+
+if __name__ == "__main__":
+    main()

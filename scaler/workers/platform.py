@@ -1,0 +1,163 @@
+"""Starts instances: on each SlotWanted, CreateSlot, report the slot, Init, and report SlotReady or SlotFailed.
+
+A platform may create a new slot on every CreateSlot and refuse a second Init on a slot (the
+challenge's did), so a start is never simply done again:
+- the slot is reported (SlotCreated) and stored before Init, so a worker that dies during Init
+  leaves a slot the state knows, and a slot made for an instance no longer wanted is destroyed
+  instead of initialised;
+- the same event delivered again while this process still performs it joins that work, and after
+  a failure here (NATS away too long) continues from the slot this process made;
+- delivered again after another worker died with it, the function's events after the SlotWanted
+  say how far it got: the instance is ready or gone (nothing to do), or has a slot whose Init may
+  have run. Init is tried on that slot; if the platform refuses it, a new slot is created, and the
+  controller destroys the old one when the new one is reported.
+One window is left: a worker killed between CreateSlot's answer and SlotCreated being stored
+(milliseconds) leaves a slot only the platform knows. A platform with ListSlots lets the gc
+worker reconcile it; on one without, nothing can name it.
+"""
+
+import asyncio
+import logging
+from typing import NamedTuple
+
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto.commands import AnyCommand, Code, SlotCreated, SlotFailed, SlotReady
+from scaler.proto.events import (
+    Batch,
+    Event,
+    InstanceCreated,
+    InstanceDestroyed,
+    InstanceReady,
+    InstanceRetired,
+    SlotWanted,
+    creates,
+)
+from scaler.proto.subjects import function_events
+from scaler.runtime import stream
+from scaler.runtime.bus import send
+from scaler.workers.effects import REPORT_PATIENCE_S, Delivery, EffectWorker, PlatformError, brief, call_platform
+
+log = logging.getLogger("scaler.platform_worker")
+
+
+class SlotMade(NamedTuple):
+    id: str
+    create_ms: int
+
+
+class PlatformWorker(EffectWorker):
+    durable = "platform-worker"
+    name = "platform worker"
+    effect = "c"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._starts: dict[str, asyncio.Future[AnyCommand | None]] = {}  # by instance: under way or done here
+        self._made: dict[str, SlotMade] = {}  # by instance: the slot this process created, not yet reported
+
+    def wants(self, event: Event) -> bool:
+        return creates(event)
+
+    async def act(self, key: str, event: SlotWanted, delivery: Delivery) -> AnyCommand | None:
+        i = event.instance_id
+        start = self._starts.get(i)
+        if start is None or (start.done() and (start.cancelled() or start.exception() is not None)):
+            start = self._starts[i] = asyncio.ensure_future(self._start(key, event, delivery))
+        return await asyncio.shield(start)
+
+    def forget(self, events: list[Event]) -> None:
+        for e in events:
+            self._starts.pop(e.instance_id, None)
+            self._made.pop(e.instance_id, None)
+
+    async def _start(self, key: str, event: SlotWanted, delivery: Delivery) -> AnyCommand | None:
+        i = event.instance_id
+        if (made := self._made.get(i)) is not None:  # made here, its report not stored: Init has not run on it
+            return await self._report_and_init(key, event, made)
+        if delivery.redelivered:
+            done, recorded = await self._recorded(key, i, delivery.seq)
+            if done:
+                return None
+            if recorded is not None:  # another worker's slot, whose Init may have run
+                report = await self._init(key, event, recorded)
+                if isinstance(report, SlotReady):
+                    return report
+                log.info("%s: Init on %s refused (%s); starting it on a new slot", i, recorded.id, report.reason)
+                return await self._create_and_init(key, event, f"{_call_id(event)}/replacement")
+        return await self._create_and_init(key, event, _call_id(event))
+
+    async def _recorded(self, key: str, instance_id: str, seq: int) -> tuple[bool, SlotMade | None]:
+        """What the function's events after the SlotWanted (at `seq`) say of the instance: whether its start
+        is over (ready or gone), and the slot recorded for it."""
+        over, slot = False, None
+
+        def look(_: int, batch: Batch) -> bool:
+            nonlocal over, slot
+            for e in batch.events:
+                if getattr(e, "instance_id", None) != instance_id:
+                    continue
+                if isinstance(e, InstanceCreated):
+                    slot = SlotMade(e.slot_id, e.create_ms)
+                elif isinstance(e, InstanceReady | InstanceRetired | InstanceDestroyed):
+                    over = True
+            return over
+
+        await stream.read(self._js, look, function_events(key), after_seq=seq)
+        return over, slot
+
+    async def _create_and_init(self, key: str, event: SlotWanted, request_id: str) -> AnyCommand | None:
+        i = event.instance_id
+        config = pb.ResourceConfig(memory_in_megabytes=event.meta.memory_mb)
+        request = pb.CreateSlotRequest(request_id=request_id, resource_config=config)
+        try:
+            created = await call_platform(self.platform.CreateSlot, request, "CreateSlot", self.patience_s)
+        except PlatformError as e:
+            return SlotFailed(key=key, instance_id=i, reason=str(e))
+        if created.status != pb.Ok or not created.HasField("slot"):
+            return SlotFailed(key=key, instance_id=i, reason=f"CreateSlot: {_status(created)}")
+        made = self._made[i] = SlotMade(created.slot.id, created.slot.create_duration_in_ms)
+        return await self._report_and_init(key, event, made)
+
+    async def _report_and_init(self, key: str, event: SlotWanted, slot: SlotMade) -> AnyCommand | None:
+        """Init only once the slot is stored in the function's state, and only if it is still wanted."""
+        i = event.instance_id
+        report = SlotCreated(key=key, instance_id=i, slot_id=slot.id, create_ms=slot.create_ms)
+        answer = await send(self._nc, report, patience_s=REPORT_PATIENCE_S)
+        self._made.pop(i, None)
+        if answer.code is not Code.OK:
+            log.info("%s: not initialising %s: %s", i, slot.id, answer.message)  # the controller destroys it
+            return None
+        return await self._init(key, event, slot)
+
+    async def _init(self, key: str, event: SlotWanted, slot: SlotMade) -> SlotReady | SlotFailed:
+        """The instance id is Init's request id: a kind platform joins a repeated Init to the one under way."""
+        i = event.instance_id
+        meta = pb.Meta(
+            key=key,
+            runtime=event.meta.runtime,
+            timeout_in_secs=event.meta.timeout_s,
+            memory_in_mb=event.meta.memory_mb,
+        )
+        call = f"{_call_id(event)}/{slot.id}"
+        request = pb.InitRequest(request_id=call, slot_id=slot.id, instance_id=i, meta_data=meta)
+        try:
+            init = await call_platform(self.platform.Init, request, "Init", self.patience_s)
+        except PlatformError as e:
+            return SlotFailed(key=key, instance_id=i, reason=str(e), slot_id=slot.id)
+        if init.status != pb.Ok:
+            return SlotFailed(key=key, instance_id=i, reason=f"Init: {_status(init)}", slot_id=slot.id)
+        return SlotReady(
+            key=key, instance_id=i, slot_id=slot.id, create_ms=slot.create_ms, init_ms=init.init_duration_in_ms
+        )
+
+
+def _status(reply) -> str:
+    name = pb.Status.Name(reply.status)
+    return f"{name}: {brief(reply.error_message)}" if reply.error_message else name
+
+
+def _call_id(event: SlotWanted) -> str:
+    """The request id of this start's platform calls: the same for the same event delivered again (a platform
+    that dedupes by it answers the first call's result), another for an instance id used again after events
+    were lost (the state that numbers instances was reloaded from a stream missing its tail)."""
+    return f"{event.instance_id}@{event.at_ms}"
