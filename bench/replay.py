@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scaler.controller import replay
+from scaler import replay
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.state import Phase
 from scaler.controller.ledger import Ledger
@@ -24,9 +24,10 @@ from scaler.controller.snapshots import BUCKET
 from scaler.proto import commands as c
 from scaler.proto.events import Meta, encode_batch
 from scaler.proto.subjects import event_subject
-from scaler.runtime import stream
-from scaler.runtime.bus import connected, ensure_stream
+from scaler.runtime.bus import connected
 from scaler.runtime.natsd import NatsServer
+from scaler.store import stream
+from scaler.store.config import ensure_stream
 
 POLICY = get_policy("demo")
 WINDOW = 2_000  # batches published before waiting for JetStream to have stored them
@@ -130,7 +131,7 @@ async def main(args: argparse.Namespace) -> None:
                 js = nc.jetstream()
                 seconds, _ = await timed(stream.read(js, lambda seq, b: None))
                 rows.append(("read + decode (ordered consumer)", f"{seconds:.1f} s, {events / seconds:,.0f} events/s"))
-                seconds, r = await timed(replay.replay(js))
+                seconds, r = await timed(replay.replay(nc))
                 assert r.events == events, (r.events, events)
                 rows.append(("replay: read + decode + fold", f"{seconds:.1f} s, {events / seconds:,.0f} events/s"))
 

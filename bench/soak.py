@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.hot_path import spawn, stop  # noqa: E402
-from scaler.controller import replay  # noqa: E402
+from scaler import replay  # noqa: E402
 from scaler.controller.snapshots import BUCKET  # noqa: E402
 from scaler.proto import serverless_sim_pb2 as pb  # noqa: E402
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
@@ -158,7 +158,7 @@ async def row(js, began: float, client: Client, node: int, metrics_url: str) -> 
 async def verified(nc, js, when: str) -> str:
     """`scaler replay --verify`: the node's state against a replay of what the stream keeps (from the snapshots)."""
     out = io.StringIO()
-    await replay.verify(nc, js, None, out)
+    await replay.verify(nc, None, out)
     return f"{when}: {out.getvalue().strip()}"
 
 

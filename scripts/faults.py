@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scaler.controller import replay  # noqa: E402
+from scaler import replay  # noqa: E402
 from scaler.controller.leases import holders  # noqa: E402
 from scaler.platform_stub.server import PlatformStub  # noqa: E402
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
@@ -101,10 +101,10 @@ async def finish(
     async with connected(nats_url, "faults") as nc:
         js = nc.jetstream()
         assignments = Assignments()
-        await replay.replay(js, seen=assignments)
+        await replay.replay(nc, seen=assignments)
         row.twice = len(set(assignments.twice))
         out = io.StringIO()
-        row.replay_equal = await replay.verify(nc, js, None, out) == 0
+        row.replay_equal = await replay.verify(nc, None, out) == 0
         if not row.replay_equal:
             row.notes.append(out.getvalue().strip().splitlines()[-1])
         breaches = await snapshots_hold_what_they_claim(js)

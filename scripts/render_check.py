@@ -1,7 +1,7 @@
 """Render every page the scaler draws in headless Chromium and check a person would see something.
 
 Not part of the test suite (a browser and a live run take a minute): run it by hand after
-changing scaler/report/, scaler/simulator/report.py or scaler/controller/replay_page.py.
+changing scaler/report/, scaler/simulator/report.py or scaler/replay/page.py.
 
     apt-get install -y chromium            # Debian's; once
     .venv/bin/python scripts/render_check.py [--big ../shared/datasets/dataSet_3]

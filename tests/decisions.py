@@ -13,38 +13,47 @@ from typing import NamedTuple
 
 import pytest
 
-from scaler.controller import ledger
-from scaler.controller.core.decide import Decision, decide
-from scaler.controller.core.limits import NO_ROOM
+from scaler.controller.core import decide as core
+from scaler.controller.core.decide import Decision
+from scaler.controller.core.limits import NO_ROOM, Room
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.state import FnState, Totals, replay
+from scaler.controller.ledger import PLAN
 from scaler.proto.commands import AnyCommand, command_id
 from scaler.proto.events import Batch
-from scaler.runtime import stream
 from scaler.runtime.bus import connected
+from scaler.store import stream
 
 
 class Taken(NamedTuple):
     state: FnState
-    cmd: AnyCommand
+    cmd: AnyCommand | None  # None: a plan
     now: int
     totals: Totals | None
+    room: Room
     decision: Decision
 
 
 class Decisions:
-    """Every decision the controller in this process takes (through its ledger), by function and command id."""
+    """Every decision the controller in this process takes (through its ledger), by function and cause: each
+    command's response, and each plan."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.taken: dict[tuple[str, str], list[Taken]] = defaultdict(list)
-        real = ledger.decide
+        respond, plan = core.respond, core.plan
 
-        def recording(s: FnState, cmd: AnyCommand, now: int, policy, totals: Totals | None = None, room=NO_ROOM):
-            d = real(s, cmd, now, policy, totals, room)
-            self.taken[cmd.key, command_id(cmd)].append(Taken(s, cmd, now, totals, d))
+        def responding(s: FnState, cmd: AnyCommand, now: int, policy, totals: Totals | None = None, room=NO_ROOM):
+            d = respond(s, cmd, now, policy, totals, room)
+            self.taken[cmd.key, command_id(cmd)].append(Taken(s, cmd, now, totals, room, d))
             return d
 
-        monkeypatch.setattr(ledger, "decide", recording)
+        def planning(s: FnState, now: int, policy, totals: Totals | None = None, room=NO_ROOM):
+            d = plan(s, now, policy, totals, room)
+            self.taken[s.key, PLAN].append(Taken(s, None, now, totals, room, d))
+            return d
+
+        monkeypatch.setattr(core, "respond", responding)
+        monkeypatch.setattr(core, "plan", planning)
 
     async def check(self, nats_url: str, policy: str) -> dict[str, FnState]:
         """Every appended batch is the core's decision on the stream's state; returns the states replayed."""
@@ -63,7 +72,12 @@ class Decisions:
                 ]
                 assert taken, f"seq {seq} ({batch.cause}) is not the controller's decision on the state before it"
                 t = taken[-1]
-                again = decide(before, t.cmd, t.now, get_policy(policy), t.totals)
-                assert (again.events, again.wake_ms) == (batch.events, batch.wake_ms), f"seq {seq} ({batch.cause})"
+                fresh = get_policy(policy)
+                if t.cmd is None:
+                    again = core.plan(before, t.now, fresh, t.totals, t.room)
+                else:
+                    again = core.respond(before, t.cmd, t.now, fresh, t.totals, t.room)
+                assert (again.events, again.wake_ms) == (batch.events, t.decision.wake_ms), f"seq {seq} ({batch.cause})"
+                assert batch.wake_ms is None or batch.wake_ms <= (t.decision.wake_ms or batch.wake_ms)
                 states[batch.key] = replay(before, batch.events)
         return states

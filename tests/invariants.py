@@ -2,12 +2,11 @@
 
 from collections import Counter, defaultdict
 
-from scaler.controller import rebuild
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import SnapshotStore
 from scaler.proto.events import Assigned, Batch, Released
 from scaler.proto.subjects import PARTITIONS, partition
-from scaler.runtime import stream
+from scaler.store import stream
 
 
 class Assignments:
@@ -41,7 +40,7 @@ async def snapshots_hold_what_they_claim(js) -> list[str]:
 
     The snapshots are read before the stream: a node still running may write one meanwhile, and a snapshot
     read after the stream could claim batches the read did not reach."""
-    at = await rebuild.kept(js)
+    at = await stream.kept(js)
     store = SnapshotStore(js)
     await store.open(create=False)
     snaps = {p: await store.load(p, at.stream_id, at.last_seq) for p in range(PARTITIONS)}

@@ -1,5 +1,7 @@
 """Faults done to a running scaler's store, for the fault tests and scripts/faults.py."""
 
+import asyncio
+
 from nats.js import JetStreamContext
 
 from scaler.controller import snapshots
@@ -14,3 +16,48 @@ async def tear_snapshot(js: JetStreamContext, partition: int, drop: bool = False
     await js.delete_msg(stream, last.seq)
     if not drop:
         await js.publish(chunks, last.data[: len(last.data) // 2], stream=stream)
+
+
+class Link:
+    """A TCP link between a part and NATS that the test can cut: while cut, what either side sends is dropped,
+    as a network partition would (a SIGSTOPped server would still read, and act on, what reached its socket)."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.cut = False
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._pumps: set[asyncio.Task] = set()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> "Link":
+        self._server = await asyncio.start_server(self._join, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+
+    async def _join(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        for pump in (self._pump(reader, up_writer), self._pump(up_reader, writer)):
+            task = asyncio.create_task(pump)
+            self._pumps.add(task)
+            task.add_done_callback(self._pumps.discard)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                if not self.cut:
+                    writer.write(data)
+                    await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()

@@ -16,9 +16,9 @@ from scaler.gateway.server import Gateway
 from scaler.platform_stub.server import Faults, PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.runtime.bus import DEFAULT_RETENTION, Retention
 from scaler.runtime.clock import Clock
 from scaler.simulator.dataset import FunctionMeta
+from scaler.store.config import DEFAULT_RETENTION, Retention
 from scaler.workers.gc import RECONCILE_GRACE_S, GcWorker
 from scaler.workers.platform import PlatformWorker
 
@@ -93,10 +93,16 @@ class Stack:
         return await self.scaler.Idle(pb.IdleRequest(assigment=a, result=result), timeout=30)
 
     async def settled(self) -> None:
-        """Wait until every retired instance's slot is destroyed and nothing is being created."""
+        """Wait until nothing is being decided (an Idle is answered before its release is stored), every retired
+        instance's slot is destroyed and nothing is being created."""
         await eventually(
-            lambda: all(
-                i.phase.value in ("idle", "busy") for s in self.controller.states.values() for i in s.instances.values()
+            lambda: (
+                not self.controller.lanes.busy
+                and all(
+                    i.phase.value in ("idle", "busy")
+                    for s in self.controller.states.values()
+                    for i in s.instances.values()
+                )
             )
         )
 

@@ -6,12 +6,12 @@ import asyncio
 import os
 import signal
 
-from scaler.controller import replay
+from scaler import replay
 from scaler.proto.events import Batch, RequestArrived, decode_batch, encode_batch, join
 from scaler.proto.subjects import function_events
-from scaler.runtime import stream
 from scaler.runtime.bus import connected
 from scaler.runtime.natsd import NatsServer
+from scaler.store import stream
 from tests.stack import Stack, eventually
 from tests.test_replay import scaler_replay
 
@@ -29,6 +29,7 @@ async def test_a_stalled_nats_holds_every_reply_of_a_batch_until_it_is_stored(tm
     async with NatsServer(tmp_path / "nats") as nats, Stack(nats.url) as stack:
         first = await stack.assign("warm")  # the function exists and has an idle instance
         await stack.idle(first)
+        await stack.settled()  # its release and plan stored
         before = len(await stored(nats.url, "fn"))
         os.kill(nats.proc.pid, signal.SIGSTOP)
         try:
@@ -54,6 +55,7 @@ async def test_functions_stored_while_nats_stood_still_share_one_atomic_batch_an
     async with NatsServer(tmp_path / "nats") as nats, Stack(nats.url) as stack:
         for key in keys:  # each function exists and has an idle instance
             await stack.idle(await stack.assign(f"warm-{key}", key))
+        await stack.settled()  # every release and plan stored
         os.kill(nats.proc.pid, signal.SIGSTOP)
         try:
             first = asyncio.create_task(stack.assign("r-fn0", "fn0"))  # its append is on its way
@@ -73,7 +75,7 @@ async def test_functions_stored_while_nats_stood_still_share_one_atomic_batch_an
                 assert last.cause == f"assign:r-{key}"
                 batch_ids.add(((await js.get_msg("EVENTS", seq)).headers or {}).get("Nats-Batch-Id"))
             assert len(batch_ids) == 1 and None not in batch_ids, f"not one atomic batch: {batch_ids}"
-            replayed = await replay.replay(js)
+            replayed = await replay.replay(nc)
         await eventually(lambda: all(k in stack.controller.states for k in keys))  # its partitions back, if lost
         assert {k: replayed.ledger.states[k] for k in keys} == {k: stack.controller.states[k] for k in keys}
 
@@ -95,7 +97,7 @@ async def test_a_group_stays_under_the_payload_limit_and_replay_explains_each_de
         async with connected(nats.url, "test") as nc:
             for seq, _ in found:
                 assert len((await nc.jetstream().get_msg("EVENTS", seq)).data) <= 16384 - stream.HEADERS_ROOM
-            replayed = await replay.replay(nc.jetstream(), key="fn")
+            replayed = await replay.replay(nc, key="fn")
         assert replayed.ledger.states["fn"] == stack.controller.states["fn"]
         code, out, err = await scaler_replay("--nats", nats.url, "--key", "fn")
         assert code == 0, err

@@ -6,16 +6,17 @@ own batches would be; then the leader is called through gRPC, and the node cues 
 
 from dataclasses import dataclass
 
-from scaler.controller import explain
 from scaler.controller.core.policy import get_policy
 from scaler.controller.shell import Controller
 from scaler.proto.events import Cued, SlotWanted, encode_batch
 from scaler.proto.subjects import NO_EFFECTS, event_subject, function_events
-from scaler.runtime import stream
-from scaler.runtime.bus import connected, ensure_stream
+from scaler.replay import explain
+from scaler.runtime.bus import connected
 from scaler.runtime.clock import Clock
 from scaler.simulator.dataset import Dataset
 from scaler.simulator.offline import Simulation
+from scaler.store import stream
+from scaler.store.config import ensure_stream
 from tests.stack import Stack, eventually
 from tests.test_group_commit import stored
 from tests.test_learned_offline import chained

@@ -35,6 +35,7 @@ async def test_a_partition_dropped_and_taken_again_is_loaded_only_once_its_relea
     with nothing of its functions. The load waits for the release."""
     async with Stack(nats_url) as stack:
         await stack.idle(await stack.assign("r1", key="fn"))
+        await stack.settled()  # its release and plan stored
         c, p = stack.controller, partition("fn")
         before = c.ledger.states["fn"]
         c.partitions.entered(p)  # a command under way: the release waits for it

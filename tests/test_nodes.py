@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from scaler.controller import replay
+from scaler import replay
 from scaler.controller.core.policy import get_policy
 from scaler.controller.leases import LEASES, holders
 from scaler.controller.shell import Controller
@@ -16,10 +16,11 @@ from scaler.platform_stub.server import PlatformStub
 from scaler.proto.commands import Assign, Idle
 from scaler.proto.events import Meta
 from scaler.proto.subjects import PARTITIONS
-from scaler.runtime.bus import connected, ensure_stream
+from scaler.runtime.bus import connected
 from scaler.runtime.natsd import NatsCluster, NatsServer
 from scaler.simulator.offline import Simulation
 from scaler.simulator.shapes import generate
+from scaler.store.config import ensure_stream
 from tests.invariants import Assignments
 from tests.processes import Driver, Parts, settled
 from tests.stack import Stack, eventually
@@ -61,11 +62,11 @@ async def check(nats_url: str, stub: PlatformStub, calls: list) -> None:
     await settled(nats_url, stub)
     async with connected(nats_url, "test") as nc:
         assignments = Assignments()
-        await replay.replay(nc.jetstream(), seen=assignments)
+        await replay.replay(nc, seen=assignments)
         assert assignments.requests and assignments.twice == []
         assert {c.request_id for c in calls if c.instance} <= assignments.requests
         out = io.StringIO()
-        assert await replay.verify(nc, nc.jetstream(), None, out) == 0, out.getvalue()
+        assert await replay.verify(nc, None, out) == 0, out.getvalue()
 
 
 async def two_nodes_then_one_dies(nats_url: str, stub: PlatformStub, replicas: int = 1, nats_down=None) -> None:

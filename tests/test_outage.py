@@ -9,7 +9,7 @@ from collections import Counter
 
 import grpc
 
-from scaler.controller import replay
+from scaler import replay
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.events import Assigned
@@ -91,11 +91,11 @@ async def test_a_node_quick_to_refuse_as_overloaded_still_answers_a_frozen_store
             async with connected(nats.url, "test") as nc:  # none released: each request assigned at most once
                 assigned: Counter[str] = Counter()
                 await replay.replay(
-                    nc.jetstream(),
+                    nc,
                     seen=lambda _, b: assigned.update(e.request_id for e in b.events if isinstance(e, Assigned)),
                 )
                 assert max(assigned.values()) == 1
                 out = io.StringIO()
-                assert await replay.verify(nc, nc.jetstream(), None, out) == 0, out.getvalue()
+                assert await replay.verify(nc, None, out) == 0, out.getvalue()
     finally:
         await stub.stop()

@@ -7,7 +7,7 @@ import logging
 import grpc
 import pytest
 
-from scaler.controller import replay
+from scaler import replay
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
@@ -60,11 +60,11 @@ async def test_reconcile_on_start_destroys_strays_and_drops_what_is_gone(nats_ur
 
         async with connected(nats_url, "test") as nc:
             reasons = []
-            await replay.replay(nc.jetstream(), seen=lambda seq, b: reasons.extend(why(ev) for ev in b.events))
+            await replay.replay(nc, seen=lambda seq, b: reasons.extend(why(ev) for ev in b.events))
             assert "fn-1: slot gone: the platform no longer lists " + slots["fn-1"] in reasons
             unknown = {f"fn-9@{x1}", f"slot@{x2}", f"ghost-1@{x3}"}
             assert {f"{i}: unknown to the state" for i in unknown} <= set(reasons)
-            assert await replay.verify(nc, nc.jetstream(), None, io.StringIO()) == 0
+            assert await replay.verify(nc, None, io.StringIO()) == 0
 
 
 def why(ev) -> str:

@@ -10,15 +10,18 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from scaler.controller import explain, replay, state_service
+from scaler import replay
+from scaler.controller import state_service
 from scaler.controller.core.state import FnState, Phase
 from scaler.controller.leases import LEASES, bucket
 from scaler.controller.snapshots import Snapshot
 from scaler.proto.events import Batch, RequestWaiting, encode_batch
 from scaler.proto.subjects import event_subject, partition
-from scaler.runtime import stream
-from scaler.runtime.bus import Unavailable, connected, ensure_stream
+from scaler.replay import explain
+from scaler.runtime.bus import Unavailable, connected
 from scaler.runtime.natsd import NatsServer
+from scaler.store import stream
+from scaler.store.config import ensure_stream
 from tests.stack import Stack
 from tests.test_up import assign_and_idle, start_up, stop
 
@@ -58,7 +61,7 @@ async def test_replay_prints_the_state_and_a_readable_timeline(nats_url):
         timeline
     )
     assert "ready:fn-1 → fn-1 ready on slot-" in timeline and "r1 → fn-1" in timeline
-    assert "idle:r1 → r1 done with fn-1 (status 200, ran 10 ms); fn-1 kept alive until " in timeline
+    assert "idle:r1 → r1 done with fn-1 (status 200, ran 10 ms)" in timeline
     assert "fn-2 retired (need_destroy)" in timeline and "destroyed:fn-2 → fn-2 gone with slot-" in timeline
     assert "next deadline" in timeline
     assert "arrivals 3, cold starts 2" in summary
@@ -70,13 +73,12 @@ async def test_replay_up_to_a_sequence_or_a_time(nats_url):
     async with Stack(nats_url) as stack:
         await traffic(stack)
         async with connected(nats_url, "test") as nc:
-            js = nc.jetstream()
-            early = await replay.replay(js, until_seq=1)
+            early = await replay.replay(nc, until_seq=1)
             assert early.batches == 1 and early.states["fn"].in_phase(Phase.CREATING)
-            whole = await replay.replay(js)
+            whole = await replay.replay(nc)
             assert whole.states == stack.controller.states
             first_at = early.states["fn"].stats.last_arrival_ms
-            by_time = await replay.replay(js, until_ms=first_at)
+            by_time = await replay.replay(nc, until_ms=first_at)
             assert by_time.states == early.states
     assert replay.parse_time("2023-01-01T00:00:00") == 1_672_531_200_000 == replay.parse_time("1672531200000")
     assert replay.parse_time("2023-01-01T01:00:00+01:00") == 1_672_531_200_000
@@ -87,14 +89,14 @@ async def test_verify_finds_the_running_state_equal_and_then_a_difference(nats_u
         await traffic(stack)
         async with connected(nats_url, "test") as nc:
             out = io.StringIO()
-            assert await replay.verify(nc, nc.jetstream(), None, out) == 0
+            assert await replay.verify(nc, None, out) == 0
             assert "verified: 1 function equal" in out.getvalue()
             # Corrupt the running state behind the log's back: verify must say where.
             s = stack.controller.states["fn"]
             inst = s.instances["fn-1"]
             stack.controller.states["fn"] = replace(s, instances={"fn-1": replace(inst, phase=Phase.IDLE)})
             out = io.StringIO()
-            assert await replay.verify(nc, nc.jetstream(), None, out) == 1
+            assert await replay.verify(nc, None, out) == 1
             assert "MISMATCH fn:\n  instances.fn-1.phase: replayed 'busy', controller 'idle'" in out.getvalue()
         code, out, _ = await scaler_replay("--nats", nats_url, "--verify")
         assert code == 1 and "MISMATCH fn" in out
@@ -105,7 +107,7 @@ async def test_verify_while_the_controller_keeps_appending(nats_url):
         load = asyncio.gather(*(stack.assign(f"r{n}", key=f"fn{n % 5}") for n in range(60)))
         async with connected(nats_url, "test") as nc:
             for _ in range(5):
-                assert await replay.verify(nc, nc.jetstream(), None, io.StringIO()) == 0
+                assert await replay.verify(nc, None, io.StringIO()) == 0
         await load
 
 
@@ -118,7 +120,7 @@ async def test_verify_waits_for_a_partition_held_and_not_yet_loaded_and_says_whe
             stack.controller.serving.discard(p)
             monkeypatch.setattr(replay, "SERVE_S", 1.0)
             out = io.StringIO()
-            assert await replay.verify(nc, nc.jetstream(), None, out) == 1
+            assert await replay.verify(nc, None, out) == 1
             said = out.getvalue()
             assert f"not compared: partitions {p} are held by a node that does not serve them" in said, said
             assert "MISMATCH" not in said, "a partition not loaded is not a state that differs"
@@ -126,7 +128,7 @@ async def test_verify_waits_for_a_partition_held_and_not_yet_loaded_and_says_whe
             monkeypatch.setattr(replay, "SERVE_S", 30.0)
             asyncio.get_running_loop().call_later(1.0, stack.controller.serving.add, p)
             out = io.StringIO()
-            assert await replay.verify(nc, nc.jetstream(), None, out) == 0, out.getvalue()
+            assert await replay.verify(nc, None, out) == 0, out.getvalue()
             assert "verified: 1 function equal" in out.getvalue()
 
 
@@ -155,7 +157,9 @@ async def test_each_partitions_functions_come_from_its_holder_alone(nats_url):
 
             return snap
 
-        subs = [await state_service.serve(nc, n, take(n), serving[n]) for n in ("a", "b")]
+        answering = [state_service.Serving(nc, n, take(n), serving[n]) for n in ("a", "b")]
+        for node in answering:
+            await node.start()
         try:
             running = await state_service.fetch(nc)
             assert running.unserved == [q] and set(running.states) == {first}, running
@@ -163,8 +167,8 @@ async def test_each_partitions_functions_come_from_its_holder_alone(nats_url):
             running = await state_service.fetch(nc, serve_s=10)
             assert running.unserved == [] and running.states == {first: FnState(key=first), second: new}
         finally:
-            for sub in subs:
-                await sub.unsubscribe()
+            for node in answering:
+                await node.stop()
 
 
 def test_a_large_state_travels_in_several_messages():
@@ -225,7 +229,7 @@ async def test_replay_finds_the_nats_of_the_running_scaler_up(tmp_path, monkeypa
         code, out, err = await scaler_replay("--key", "hello")
         assert code == 0, err
         assert "assign:r1 → function seen: 128 MB python" in out
-        assert "\n1 function from 4 batches, " in out  # not "1 functions"
+        assert re.search(r"\n1 function from \d+ batches, ", out), out  # not "1 functions"
     finally:
         code, rest = await stop(proc)
     assert code == 0, rest

@@ -15,7 +15,7 @@ from pathlib import Path
 import plotly.offline
 import pytest
 
-from scaler.controller import replay
+from scaler import replay
 from scaler.report import draw
 from scaler.report.timeline import Life, Timeline
 from scaler.runtime.bus import connected
@@ -132,10 +132,9 @@ async def test_replay_draws_one_functions_timeline_with_each_decision(nats_url, 
     async with Stack(nats_url) as stack:
         await traffic(stack)
         async with connected(nats_url, "test") as nc:
-            js = nc.jetstream()
-            code = await replay.show(js, "fn", None, None, out=io.StringIO(), html=page_path)
-            t: Timeline = await replay.timeline(js, "fn")
-            early = await replay.timeline(js, "fn", until_seq=1)
+            code = await replay.show(nc, "fn", None, None, out=io.StringIO(), html=page_path)
+            t: Timeline = await replay.timeline(nc, "fn")
+            early = await replay.timeline(nc, "fn", until_seq=1)
     assert code == 0
     page = page_path.read_text()
     assert_self_contained(page)
@@ -213,7 +212,7 @@ async def test_a_replay_from_a_snapshot_draws_the_instances_the_snapshot_held(na
         await rounds(stack, 2, ["fn7"], tag="late")  # fn7's instance serves two more after the snapshot
         await stack.settled()
         async with connected(nats_url, "test") as nc:
-            t = await replay.timeline(nc.jetstream(), "fn7")
+            t = await replay.timeline(nc, "fn7")
         held = stack.controller.states["fn7"].instances
     assert {i.id for i in t.instances} == set(held)  # the one it has had all along, from the snapshot
     life = next(i for i in t.instances if i.reason == "alive at the snapshot")

@@ -5,7 +5,8 @@ import asyncio
 import logging
 import sys
 
-from scaler.controller import rebuild, replay, snapshots
+from scaler import replay
+from scaler.controller import rebuild, snapshots
 from scaler.controller.leases import EVERY_S
 from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
@@ -13,8 +14,9 @@ from scaler.controller.snapshots import SnapshotStore
 from scaler.proto.commands import Assign, Code
 from scaler.proto.events import Meta
 from scaler.proto.subjects import EVENTS, PARTITIONS, function_events, partition
-from scaler.runtime import stream
-from scaler.runtime.bus import DEFAULT_RETENTION, Retention, connected, ensure_stream, set_retention
+from scaler.runtime.bus import connected
+from scaler.store import stream
+from scaler.store.config import DEFAULT_RETENTION, Retention, ensure_stream, set_retention
 from tests.nemesis import tear_snapshot
 from tests.stack import Stack
 from tests.test_replay import scaler_replay
@@ -36,7 +38,7 @@ async def rounds(stack: Stack, n: int, functions: list[str], tag: str = "r") -> 
 
 async def kept(nats_url: str) -> rebuild.Kept:
     async with connected(nats_url, "test") as nc:
-        return await rebuild.kept(nc.jetstream())
+        return await stream.kept(nc.jetstream())
 
 
 async def truncated_stack(nats_url: str, stack: Stack, n: int = 400) -> None:
@@ -88,7 +90,7 @@ async def test_snapshots_stay_ahead_of_a_tiny_store_and_a_restart_is_exact(nats_
             js = nc.jetstream()
             store = SnapshotStore(js)
             await store.open()
-            at = await rebuild.kept(js)
+            at = await stream.kept(js)
             found = await rebuild.snapshots(store, at, range(PARTITIONS))
             assert all(snap is not None and snap.seq + 1 >= at.first_seq for snap in found.values())
     restarted = Controller(nats_url, DEMO, retention=TINY)
@@ -116,7 +118,7 @@ async def test_replay_starts_from_the_snapshots_once_the_stream_is_truncated(nat
     async with tiny_stack(nats_url) as stack:
         await truncated_stack(nats_url, stack)
         async with connected(nats_url, "test") as nc:
-            replayed = await replay.replay(nc.jetstream())
+            replayed = await replay.replay(nc)
         assert replayed.states == stack.controller.states
         code, out, err = await scaler_replay("--nats", nats_url, "--verify")
         assert code == 0 and "verified: 40 functions equal" in out, out + err

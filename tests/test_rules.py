@@ -6,7 +6,7 @@ import asyncio
 import grpc
 import pytest
 
-from scaler.controller import replay
+from scaler import replay
 from scaler.controller.__main__ import load_limits
 from scaler.controller.core.limits import FunctionLimits, Limits
 from scaler.controller.core.policy import get_policy
@@ -218,7 +218,7 @@ async def test_a_node_that_believes_it_serves_a_partition_it_holds_no_lease_for_
             assert stack.stub.accounting.created == 1, "no second slot from a decision on a stale state"
             assert "fn" not in stale.states, "the stale node folded or decided something of fn"
             async with connected(nats_url, "test") as nc:
-                replayed = await replay.replay(nc.jetstream())
+                replayed = await replay.replay(nc)
             assert replayed.states["fn"] == stack.controller.states["fn"]
             assert replayed.states["fn"].instances["fn-1"].request_id == "r2"
         finally:
@@ -255,6 +255,7 @@ async def test_an_idle_for_an_instance_the_state_has_not_seen_reads_the_stream_b
         assert first.assigment.instance_id == "fn-1"
         stack.controller.ledger.forget("fn")  # its state of fn is behind the stream: it has not seen fn-1
         assert (await stack.idle(first)).status == pb.Ok
+        await stack.settled()  # the release is answered at once, and stored right behind
         assert stack.controller.states["fn"].instances["fn-1"].phase.value == "idle"
         with pytest.raises(grpc.aio.AioRpcError) as e:  # an instance the stream has not seen either
             await stack.idle(first, request_id="r9", instance_id="fn-7")
@@ -266,7 +267,7 @@ async def test_an_assignment_stored_though_its_ack_was_lost_is_still_answered(na
     the append is tried again and conflicts with itself, the catch-up folds it, and deciding the report again
     is a no-op. The waiting caller must still be told its instance, not left to time out."""
     async with Stack(nats_url, create_latency_ms=200) as stack:
-        commits = stack.controller.writer.commits
+        commits = stack.controller.writer.store.commits
         store, lost = commits.store, []
 
         async def ack_lost_once(a):

@@ -7,8 +7,8 @@ import pytest
 
 from scaler.proto import events as e
 from scaler.proto.subjects import function_events
-from scaler.runtime import stream
 from scaler.runtime.bus import connected
+from scaler.store import stream
 from tests.stack import Stack
 from tests.test_replay import scaler_replay
 

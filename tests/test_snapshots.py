@@ -15,8 +15,9 @@ from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto.commands import Assign
 from scaler.proto.events import Meta
 from scaler.proto.subjects import event_subject, function_events, partition, partition_events
-from scaler.runtime import stream
-from scaler.runtime.bus import connected, ensure_stream
+from scaler.runtime.bus import connected
+from scaler.store import stream
+from scaler.store.config import ensure_stream
 from tests.stack import Stack
 
 DEMO = get_policy("demo")
@@ -81,12 +82,12 @@ async def test_a_snapshot_taken_during_an_append_does_not_claim_it(nats_url):
         await appended.wait()
         await stack.assign("f1", key="fast")  # appended after the slow one, and applied
         snap = controller.snapshot()
-        slow_seq = await stream.last_seq(controller.writer.js, function_events("slow"))
+        slow_seq = await stream.last_seq(controller.writer.store.js, function_events("slow"))
         assert controller.ledger.seq > slow_seq
         assert snap.seq < slow_seq and "slow" not in snap.states
         gate.set()
         await slow
-        assert controller.snapshot().seq >= await stream.last_seq(controller.writer.js)
+        assert controller.snapshot().seq >= await stream.last_seq(controller.writer.store.js)
 
 
 async def test_every_snapshot_taken_under_load_restores_the_replayed_state(nats_url):

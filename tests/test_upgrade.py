@@ -16,6 +16,7 @@ from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto.subjects import PARTITIONS
 from scaler.runtime.bus import connected
 from scaler.runtime.natsd import NatsServer
+from scaler.store import stream
 from tests.fixtures.upgrade.make import summary
 from tests.test_snapshots import DEMO
 
@@ -39,7 +40,7 @@ async def test_a_store_written_by_an_earlier_version_loads_from_its_snapshots(re
     async with NatsServer(tmp_path / "nats") as server:
         async with connected(server.url, "test") as nc:
             js = nc.jetstream()
-            at = await rebuild.kept(js)
+            at = await stream.kept(js)
             assert at.truncated and at.first_seq > at.last_seq  # every batch gone: only the snapshots hold them
             store = SnapshotStore(js)
             await store.open(create=False)

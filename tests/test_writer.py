@@ -10,8 +10,9 @@ from scaler.controller.ledger import Ledger
 from scaler.controller.writer import Conflict, TooBig, Writer
 from scaler.proto.events import Batch, RequestArrived
 from scaler.proto.subjects import function_events
-from scaler.runtime import stream
-from scaler.runtime.bus import Unavailable, connected, ensure_stream
+from scaler.runtime.bus import Unavailable, connected
+from scaler.store import EventStore, stream
+from scaler.store.config import ensure_stream
 
 
 def batch(key: str, n: int, size: int = 0) -> Batch:
@@ -27,8 +28,10 @@ async def js(nats_url):
         yield nc, js
 
 
-def writer(nc, js, ledger: Ledger | None = None, owns=lambda key: True, **kw) -> Writer:
-    return Writer(nc, js, ledger or Ledger(), owns, **kw)
+def writer(nc, js, ledger: Ledger | None = None, owns=lambda key: True, atomic: bool = False, **kw) -> Writer:
+    store = EventStore(nc)
+    store.commits.atomic = atomic  # as `EventStore.ensure` sets it on a stream that takes atomic batches
+    return Writer(store, ledger or Ledger(), owns, **kw)
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
+from scaler import replay
 from scaler.cli import admin, node, up
-from scaler.controller import replay
 from scaler.simulator import cli as simulate
 
 SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-line help)

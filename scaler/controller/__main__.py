@@ -14,6 +14,7 @@ from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.controller.shell import MAX_BEHIND_S, Controller
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
+from scaler.store import config
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -53,7 +54,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         " with RESOURCE_EXHAUSTED [SCALER_MAX_BEHIND]",
     )
 
-    service.add_retention(p)  # whoever creates EVENTS sets them; a node brings the stream to its own
+    config.add_retention(p)  # whoever creates EVENTS sets them; a node brings the stream to its own
 
     p.add_argument(
         "--limits",
@@ -120,7 +121,7 @@ def make(a: argparse.Namespace) -> Controller:
         nats_unsynced=a.nats_unsynced,
         max_behind_s=a.max_behind,
         limits=limits,
-        retention=service.retention(a),
+        retention=config.retention(a),
     )
 
 

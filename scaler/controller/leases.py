@@ -39,8 +39,8 @@ from nats.js.kv import KeyValue
 from scaler.proto.subjects import PARTITIONS
 from scaler.runtime.bus import answered
 from scaler.runtime.kv import entries
-from scaler.runtime.stream import WRONG_LAST_SEQUENCE
 from scaler.runtime.tasks import cancelled
+from scaler.store.stream import WRONG_LAST_SEQUENCE
 
 log = logging.getLogger("scaler.controller.leases")
 

@@ -8,7 +8,8 @@ the running state" rest on this one piece of code, not on copies kept in sync. P
 the latest immutable state of each function.
 """
 
-from scaler.controller.core.decide import Decision, decide
+from scaler.controller.core import decide as core
+from scaler.controller.core.decide import Decision
 from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Room
 from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import FnState, Totals, apply, newest_returns
@@ -16,6 +17,7 @@ from scaler.proto.commands import AnyCommand, Cue, Tick, command_id
 from scaler.proto.events import Batch, RequestArrived
 
 NO_TOTALS = Totals()
+PLAN = "plan"  # the cause of a plan's batch: no command caused it, the function's rest did
 
 
 def came_back(d: Decision) -> int:
@@ -28,7 +30,9 @@ class Ledger:
     def __init__(self) -> None:
         self.states: dict[str, FnState] = {}
         self.last_seq: dict[str, int] = {}  # per function: stream sequence of its last batch
-        self.wake: dict[str, int] = {}  # per function: when it next wants a Tick
+        self.wake: dict[str, int] = {}  # per function: when it next wants a Tick (the earlier of the two below)
+        self._asked: dict[str, int] = {}  # ... by what its last decisions serve (leases, waiting requests)
+        self._planned: dict[str, int] = {}  # ... by its last plan (keep-alives, pre-warms, rest)
         self.totals = Totals()  # the run so far, summed over these functions
         self.others = Totals()  # ... and over the functions other nodes hold, as they last said
         self.limits = NO_LIMITS  # the operator's caps, those over all functions scaled to this ledger's share
@@ -48,10 +52,13 @@ class Ledger:
         for event in batch.events:
             s = apply(s, event)
         self._put(batch.key, s, seq)
-        self._wake(batch.key, batch.wake_ms)
+        self._asked.pop(batch.key, None)  # a stored batch's deadline is the earliest of both
+        self._set(self._planned, batch.key, batch.wake_ms)
+        self._wake(batch.key)
 
     def decide(self, cmd: AnyCommand, now: int, policy: Policy, after: Decision | None = None) -> Decision:
-        """The core's decision, with the whole run's totals (the policy's exchange rate is taken from them).
+        """The core's response to `cmd` (what its caller waits for), with the whole run's totals (the policy's
+        exchange rate is taken from them).
 
         `after`: a decision on the same function just taken and not yet committed (a group commit decides
         each command on the state the one before it left, and with the totals that state makes).
@@ -59,25 +66,37 @@ class Ledger:
         s, totals = self.state(cmd.key), self.totals
         if after is not None:
             s, totals = after.state, totals.change(self.states.get(cmd.key), after.state)
-        room = Room.of(self.limits, cmd.key, totals) if self.limits is not NO_LIMITS else NO_ROOM
-        return decide(s, cmd, now, policy, self.run_totals(totals), room)
+        return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(cmd.key, totals))
+
+    def plan(self, key: str, now: int, policy: Policy) -> Decision:
+        """The core's plan for the function as stored: keep-alives, retirements, pre-warms, rest."""
+        return core.plan(self.state(key), now, policy, self.run_totals(), self._room(key, self.totals))
+
+    def _room(self, key: str, totals: Totals) -> Room:
+        return Room.of(self.limits, key, totals) if self.limits is not NO_LIMITS else NO_ROOM
 
     def run_totals(self, totals: Totals | None = None) -> Totals:
         totals = self.totals if totals is None else totals
         totals = totals.plus(self.others) if self.others != NO_TOTALS else totals
         return totals.with_returns(self.heard) if self.heard else totals
 
-    @staticmethod
-    def batch(cmd: AnyCommand, d: Decision, now: int) -> Batch | None:
-        """What a decision appends: its events as one batch, or None when it changed nothing."""
+    def batch(self, cmd: AnyCommand | None, d: Decision, now: int) -> Batch | None:
+        """What a decision appends (a plan's when `cmd` is None): its events as one batch, or None when it
+        changed nothing. Its deadline is the function's next one once it is stored."""
         if not d.events:
             return None
-        return Batch(key=cmd.key, at_ms=now, cause=command_id(cmd), events=d.events, wake_ms=d.wake_ms)
+        key = d.state.key
+        if cmd is None:
+            wake = _earliest(self._asked.get(key), d.wake_ms)
+        else:
+            wake = _earliest(d.wake_ms, self._planned.get(key))
+        cause = PLAN if cmd is None else command_id(cmd)
+        return Batch(key=key, at_ms=now, cause=cause, events=d.events, wake_ms=wake)
 
     def commit(self, cmd: AnyCommand, d: Decision, seq: int | None) -> None:
         """The decision is done: its batch stored at `seq` (None when it had none to store).
 
-        Its next deadline counts when it changed something or answered a Tick: a Tick that found
+        Its deadlines count when it changed something or answered a Tick: a Tick that found
         nothing due yet re-arms the timer, while any other decision that changed nothing leaves
         the deadline as it was (the one a restart finds in the last batch).
         """
@@ -85,7 +104,16 @@ class Ledger:
             self._put(cmd.key, d.state, seq)
             self.seq = max(self.seq, seq)
         if seq is not None or isinstance(cmd, Tick):
-            self._wake(cmd.key, d.wake_ms)
+            self._set(self._asked, cmd.key, d.wake_ms)
+            self._wake(cmd.key)
+
+    def commit_plan(self, key: str, d: Decision, seq: int | None) -> None:
+        """The plan is done: its batch stored at `seq` (None when it had nothing to store); its deadlines count."""
+        if seq is not None:
+            self._put(key, d.state, seq)
+            self.seq = max(self.seq, seq)
+        self._set(self._planned, key, d.wake_ms)
+        self._wake(key)
 
     def cues(self, d: Decision) -> list[Cue]:
         """When the decision brought its function back from a lull: a Cue for each function here that follows
@@ -109,7 +137,8 @@ class Ledger:
         self._follow(key, self.states.get(key), None)
         self.totals = self.totals.change(self.states.pop(key, None), None)
         self.last_seq.pop(key, None)
-        self.wake.pop(key, None)
+        for deadlines in (self.wake, self._asked, self._planned):
+            deadlines.pop(key, None)
 
     def expire(self, key: str, seq: int) -> None:
         """Retention dropped the function's batches after `seq` (all of them when 0): its state holds them
@@ -131,6 +160,7 @@ class Ledger:
         for key, s in states.items():
             self._put(key, s, last_seq.get(key, 0))
         self.wake.update(wake)
+        self._planned.update(wake)
         self.seq = max(self.seq, seq)
 
     def _put(self, key: str, s: FnState, seq: int) -> None:
@@ -160,8 +190,16 @@ class Ledger:
         for leader in follows - followed:
             self.followers.setdefault(leader, set()).add(key)
 
-    def _wake(self, key: str, wake_ms: int | None) -> None:
+    @staticmethod
+    def _set(deadlines: dict[str, int], key: str, wake_ms: int | None) -> None:
         if wake_ms is None:
-            self.wake.pop(key, None)
+            deadlines.pop(key, None)
         else:
-            self.wake[key] = wake_ms
+            deadlines[key] = wake_ms
+
+    def _wake(self, key: str) -> None:
+        self._set(self.wake, key, _earliest(self._asked.get(key), self._planned.get(key)))
+
+
+def _earliest(*wakes: int | None) -> int | None:
+    return min((w for w in wakes if w is not None), default=None)

@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 
 from scaler.controller import rebuild
 from scaler.controller.core.limits import NO_LIMITS, Limits
@@ -30,6 +29,7 @@ from scaler.controller.snapshotter import Snapshotter
 from scaler.proto.commands import Assign, Code, Delete, Idle, Reply, Restart, decode_command, encode
 from scaler.proto.subjects import CMD, PARTITIONS, partition
 from scaler.runtime.bus import Unavailable
+from scaler.store import EventStore
 
 log = logging.getLogger("scaler.controller")
 
@@ -46,7 +46,7 @@ class Partitions:
     def __init__(
         self,
         nc: Client,
-        js: JetStreamContext,
+        events: EventStore,
         ledger: Ledger,
         store: SnapshotStore,
         snapshotter: Snapshotter,
@@ -62,7 +62,7 @@ class Partitions:
         drain_s: float = DRAIN_S,
     ) -> None:
         self.nc = nc
-        self.js = js
+        self.events = events
         self.ledger = ledger
         self.store = store
         self.snapshotter = snapshotter
@@ -72,7 +72,7 @@ class Partitions:
         self.released = released  # (served, all) given up, their commands done: snapshot and forget them
         self.limits = limits  # the operator's caps; those over all functions are split by partitions held
         self.drain_s = drain_s
-        self.leases = Leases(js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas)
+        self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas)
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.loading: dict[int, asyncio.Task] = {}
         self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told
@@ -135,14 +135,14 @@ class Partitions:
         try:
             if releases := {e for p in partitions for e in self._releasing.get(p, ())}:
                 await asyncio.gather(*(e.wait() for e in releases))
-            at = await rebuild.kept(self.js)
+            at = await self.events.kept()
             snaps, uncovered = await rebuild.usable(self.store, at, partitions)
             if uncovered is not None:
                 await self._refuse(uncovered)
                 if not (partitions := list(snaps)):
                     return
             after = rebuild.restore(self.ledger, snaps)
-            self.loaded_batches += await rebuild.fold_after(self.js, after, self.ledger.fold)
+            self.loaded_batches += await rebuild.fold_after(self.events, after, self.ledger.fold)
             for p in partitions:
                 self.snapshotter.loaded(p, after[p], at.last_seq)
                 self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self.on_command)

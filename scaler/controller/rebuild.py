@@ -11,16 +11,14 @@ refused (`Uncovered`), never guessed: the controller keeps its snapshots ahead o
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
-
-from nats.js import JetStreamContext
 
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto.events import Batch
-from scaler.proto.subjects import EVENTS, PARTITIONS, partition, partition_events
-from scaler.runtime import stream
+from scaler.proto.subjects import PARTITIONS, partition, partition_events
+from scaler.store import ALL, EventStore
+from scaler.store.stream import Kept
 
 
 class Uncovered(Exception):
@@ -29,24 +27,6 @@ class Uncovered(Exception):
     def __init__(self, message: str, partitions: list[int]) -> None:
         super().__init__(message)
         self.partitions = partitions
-
-
-class Kept(NamedTuple):
-    """What EVENTS holds now: the first and last sequences kept, and which incarnation of the stream it is."""
-
-    first_seq: int
-    last_seq: int
-    stream_id: str
-
-    @property
-    def truncated(self) -> bool:
-        """Retention dropped batches (an empty stream whose batches all aged out included)."""
-        return self.first_seq > 1
-
-
-async def kept(js: JetStreamContext) -> Kept:
-    info = await js.stream_info(EVENTS)
-    return Kept(info.state.first_seq, info.state.last_seq, stream.incarnation(info))
 
 
 def covers(snap: Snapshot | None, at: Kept) -> bool:
@@ -95,7 +75,7 @@ def restore(ledger: Ledger, snaps: dict[int, Snapshot | None]) -> dict[int, int]
 
 
 async def fold_after(
-    js: JetStreamContext,
+    events: EventStore,
     after: dict[int, int],
     on_batch: Callable[[int, Batch], bool | None],
     subject: str | None = None,
@@ -118,8 +98,8 @@ async def fold_after(
     if not after:
         return 0
     if subject is not None or len(after) > PARTITIONS // 2:
-        await stream.read(js, pass_on, subject or stream.ALL, min(after.values()), until_seq)
+        await events.read(pass_on, subject or ALL, min(after.values()), until_seq)
     else:
-        reads = (stream.read(js, pass_on, partition_events(p), seq, until_seq) for p, seq in after.items())
+        reads = (events.read(pass_on, partition_events(p), seq, until_seq) for p, seq in after.items())
         await asyncio.gather(*reads)
     return passed

@@ -17,16 +17,14 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from scaler.controller import rebuild
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition
-from scaler.runtime.bus import Retention, retention_of, set_retention
 from scaler.runtime.clock import Clock
 from scaler.runtime.tasks import cancelled
+from scaler.store import EventStore, Kept, Retention
 
 log = logging.getLogger("scaler.controller")
 
@@ -38,7 +36,7 @@ GUARD_EVERY_S = 1.0  # how often the stream's retention is compared with the sna
 class Snapshotter:
     def __init__(
         self,
-        js: JetStreamContext,
+        events: EventStore,
         store: SnapshotStore,
         ledger: Ledger,
         clock: Clock,
@@ -52,7 +50,7 @@ class Snapshotter:
         interval_s: float = SNAPSHOT_INTERVAL_S,
         guard_every_s: float = GUARD_EVERY_S,
     ) -> None:
-        self.js = js
+        self.events = events
         self.store = store
         self.ledger = ledger
         self.clock = clock
@@ -86,7 +84,7 @@ class Snapshotter:
         await cancelled(self._guard)
         with contextlib.suppress(Exception):  # NATS away: the snapshots are as fresh as the last guard made them
             async with asyncio.timeout(1):
-                self._seen = max(self._seen, (await rebuild.kept(self.js)).last_seq)
+                self._seen = max(self._seen, (await self.events.kept()).last_seq)
 
     def keys(self, partitions: set[int]) -> list[str]:
         return [k for k in self.ledger.states if partition(k) in partitions]
@@ -164,7 +162,7 @@ class Snapshotter:
             await asyncio.sleep(self.guard_every_s)
             held = self.ledger.seq  # before the look: an append acked while it is under way is not in its answer
             try:
-                at = await rebuild.kept(self.js)
+                at = await self.events.kept()
             except NotFoundError:  # the stream itself is gone (the store emptied under us)
                 await self.lost(f"the {EVENTS} stream is gone")
                 continue
@@ -191,20 +189,20 @@ class Snapshotter:
                 if (saving is None or saving.done()) and self._due(p, at, now):
                     self._saving[p] = asyncio.create_task(self.save(p, force=True))
 
-    async def _apply_retention(self, at: rebuild.Kept) -> None:
+    async def _apply_retention(self, at: Kept) -> None:
         """Bring the stream's limits to ours once every partition has a snapshot this version reads, in the newer
         half of what is kept. Lower limits drop old batches at once, and until then a partition without such a
         snapshot (an upgrade that changed the state's shape, a stream older than retention) needs them all."""
-        if retention_of((await self.js.stream_info(EVENTS)).config) != self.retention:
+        if await self.events.retention() != self.retention:
             snaps = await asyncio.gather(*(self.store.load(p, at.stream_id, at.last_seq) for p in range(PARTITIONS)))
             newer_half = at.first_seq + (at.last_seq - at.first_seq) // 2
             if not all(snap is not None and snap.seq >= newer_half for snap in snaps):
                 return
-            await set_retention(self.js, self.retention)
+            await self.events.set_retention(self.retention)
             log.info("EVENTS now keeps %gh and %g GB", self.retention.max_age_s / 3600, self.retention.max_bytes / 1e9)
         self._retention_set = True
 
-    def _due(self, p: int, at: rebuild.Kept, now: float) -> bool:
+    def _due(self, p: int, at: Kept, now: float) -> bool:
         """Events unsaved for the snapshot interval (a partition that went quiet), or a snapshot in the older
         half of what the stream keeps or older than a quarter of its age, which a newer watermark would help."""
         saved_at = self._saved_at.get(p, now)

@@ -87,17 +87,29 @@ def chunks(snap: Snapshot, max_bytes: int, node: str = "", serving: list[int] | 
     return out
 
 
-async def serve(nc: Client, node: str, take: Callable[[set[int]], Snapshot], serving: set[int]) -> Subscription:
-    """Answer with `take(partitions)` of the partitions in `serving` (the node's live set) at the time of asking."""
+class Serving:
+    """Answers with `take(partitions)` of the partitions in `serving` (the node's live set) at the time of asking."""
 
-    async def answer(msg: Msg) -> None:
+    def __init__(self, nc: Client, node: str, take: Callable[[set[int]], Snapshot], serving: set[int]) -> None:
+        self.nc = nc
+        self.node = node
+        self.take = take
+        self.serving = serving
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(SUBJECT, cb=self._answer)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    async def _answer(self, msg: Msg) -> None:
         if not msg.reply:
             return
-        now = set(serving)
-        for body in chunks(take(now), nc.max_payload, node, sorted(now)):
-            await nc.publish(msg.reply, body)
-
-    return await nc.subscribe(SUBJECT, cb=answer)
+        now = set(self.serving)
+        for body in chunks(self.take(now), self.nc.max_payload, self.node, sorted(now)):
+            await self.nc.publish(msg.reply, body)
 
 
 async def fetch(nc: Client, timeout_s: float = 10.0, serve_s: float = 0.0) -> Running:

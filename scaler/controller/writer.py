@@ -7,7 +7,8 @@ so a second writer or a repeat of our own fails as a `Conflict` instead of corru
 or our own whose ack was lost); `settle` resolves a doubtful batch, one whose append got no answer
 and may be stored all the same. The writer decides nothing: it stores batches and folds stored ones.
 
-The appends of different functions that meet on their way share a commit (scaler/controller/commits.py).
+The writer is the one part of the node that appends; the store itself is scaler/store (where the appends
+of different functions that meet on their way share a commit).
 """
 
 import asyncio
@@ -15,21 +16,16 @@ import itertools
 import time
 from collections.abc import Callable
 
-from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from nats.js import JetStreamContext
 
-from scaler.controller.commits import Commits
 from scaler.controller.ledger import Ledger
 from scaler.proto.events import Batch, encode_batch
-from scaler.proto.subjects import EVENTS, event_subject, function_events
-from scaler.runtime import stream
+from scaler.proto.subjects import event_subject, function_events
 from scaler.runtime.bus import Unavailable
-from scaler.runtime.stream import Conflict, TooBig
+from scaler.store import Append, Conflict, EventStore, TooBig
 
 __all__ = ["Conflict", "StoreLost", "TooBig", "Writer"]
 
-APPEND_TIMEOUT_S = 5.0
 APPEND_PATIENCE_S = 10.0  # how long an append is retried while JetStream does not answer (a cluster's failover)
 STORE_TROUBLE_S = 5.0  # an append failed to reach JetStream this recently: the store is in trouble
 SLOW_APPEND_S = 1.0  # an append under way this long: the store is slow, whatever waits behind it
@@ -42,27 +38,17 @@ class StoreLost(Unavailable):
 
 class Writer:
     def __init__(
-        self,
-        nc: Client,
-        js: JetStreamContext,
-        ledger: Ledger,
-        owns: Callable[[str], bool],
-        patience_s: float = APPEND_PATIENCE_S,
-        timeout_s: float = APPEND_TIMEOUT_S,
-        atomic: bool = False,
+        self, store: EventStore, ledger: Ledger, owns: Callable[[str], bool], patience_s: float = APPEND_PATIENCE_S
     ) -> None:
-        self.nc = nc
-        self.js = js
+        self.store = store
         self.ledger = ledger
         self.owns = owns  # whether a function is still ours to write (an append is retried only while it is)
         self.patience_s = patience_s
-        self.timeout_s = timeout_s
         self.doubtful: dict[str, Batch] = {}  # by function: a batch whose append got no answer (see settle)
         self._appending: dict[int, int] = {}  # appends in flight, by the ledger's `seq` when each began
         self._since: dict[int, float] = {}  # appends under way: when each began (monotonic)
         self._tokens = itertools.count()
         self._trouble_at = -1e9  # when an append last failed to reach JetStream (monotonic)
-        self.commits = Commits(nc, timeout_s, atomic)  # atomic: the stream takes atomic batches
 
     async def append(self, batch: Batch) -> int:
         """Store `batch` after the function's last batch the ledger knows; its stream sequence.
@@ -96,7 +82,7 @@ class Writer:
         deadline, delay = loop.time() + self.patience_s, 0.05
         while True:
             try:
-                return await self.commits.store(stream.Append(subject, data, function_events(batch.key), last))
+                return await self.store.append(Append(subject, data, function_events(batch.key), last))
             except Unavailable:
                 self._trouble_at = time.monotonic()
                 if loop.time() + delay > deadline or not self.owns(batch.key):
@@ -134,10 +120,10 @@ class Writer:
         token = next(self._tokens)
         self._since[token] = time.monotonic()  # a read stalled on the store is the store's trouble too
         try:
-            await stream.read(self.js, self.ledger.fold, function_events(key), self.ledger.last_seq.get(key, 0))
-            stored = await stream.last_seq(self.js, function_events(key))
+            await self.store.read(self.ledger.fold, function_events(key), self.ledger.last_seq.get(key, 0))
+            stored = await self.store.last_seq(function_events(key))
             held = self.ledger.last_seq.get(key, 0)
-            first = (await self.js.stream_info(EVENTS)).state.first_seq if stored < held else 0
+            first = await self.store.first_seq() if stored < held else 0
         except (NatsError, TimeoutError, Unavailable) as e:
             self._trouble_at = time.monotonic()
             raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
@@ -164,7 +150,7 @@ class Writer:
         most). An append's time counts beyond `own_lag_s`, how late our own event loop runs: an ack we were too
         busy to read is our slowness, not the store's."""
         now = time.monotonic()
-        if now - self._trouble_at < max(STORE_TROUBLE_S, backlog_s) or not self.nc.is_connected:
+        if now - self._trouble_at < max(STORE_TROUBLE_S, backlog_s) or not self.store.nc.is_connected:
             return True
         stalled = now - min(self._since.values()) - own_lag_s if self._since else 0.0
         return stalled > min(SLOW_APPEND_S, backlog_s / 2)

@@ -2,5 +2,5 @@
 Plotly figures and self-contained page that draw it (draw.py).
 
 Shared by `scaler simulate --report` (scaler/simulator/report.py) and `scaler replay --html`
-(scaler/controller/replay_page.py), so it depends only on proto and controller.core, and on Plotly.
+(scaler/replay/page.py), so it depends only on proto and controller.core, and on Plotly.
 """

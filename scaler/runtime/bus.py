@@ -4,44 +4,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from nats.aio.client import Client
 from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionError
 from nats.errors import Error as NatsError
-from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError
 
 from scaler.proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
-from scaler.proto.subjects import EVENTS, EVT, command_subject
+from scaler.proto.subjects import command_subject
 
 T = TypeVar("T")
 
 log = logging.getLogger("scaler.bus")
 
-# The log. Its oldest batches go once they pass the retention's age or size (discard old): what
-# they did lives on in the snapshots (scaler/controller/snapshots.py), which the controller keeps ahead of
-# what the stream drops (scaler/controller/rebuild.py says when a partition cannot be rebuilt).
-STREAM = StreamConfig(
-    name=EVENTS,
-    subjects=[f"{EVT}.>"],
-    retention=RetentionPolicy.LIMITS,
-    storage=StorageType.FILE,
-    discard=DiscardPolicy.OLD,
-)
-
-
-@dataclass(frozen=True)
-class Retention:
-    """How much of EVENTS is kept: batches older than `max_age_s`, or past `max_bytes` of batches, go first."""
-
-    max_age_s: float = 24 * 3600.0
-    max_bytes: int = 10 * 10**9
-
-
-DEFAULT_RETENTION = Retention()
 ATTEMPT_S = 10.0  # how long one attempt to reach a command's owner waits for its answer
 
 
@@ -110,27 +86,6 @@ async def connect(
     return nc
 
 
-async def ensure_stream(
-    js: JetStreamContext,
-    replicas: int = 1,
-    retention: Retention | None = None,
-    patience_s: float = 30.0,
-    atomic: bool = False,
-) -> StreamConfig:
-    """Create the stream, or bring an existing one to this configuration; the configuration it has then.
-    Safe to run from every component.
-
-    An existing stream keeps its replicas when they are more than asked for: an operator (or a
-    node started with `--replicas 3`) raised them, and a component started without the flag must
-    not put them back. A new stream gets `retention` (the default one from those not told it:
-    workers); an existing one keeps its own here, and a node brings it to its own later
-    (`set_retention`). A cluster's JetStream answers nothing until it has elected its leader: that
-    is waited for, up to `patience_s`. `atomic` allows atomic batch publishes (nats-server 2.12+: a
-    node appends several functions' batches as one); once allowed, it stays.
-    """
-    return await answered(lambda: _ensure_stream(js, replicas, retention, atomic), patience_s)
-
-
 async def answered(ask: Callable[[], Awaitable[T]], patience_s: float = 30.0) -> T:
     """`ask()`'s answer, asked again while JetStream does not answer or says it is electing a leader: a
     cluster's JetStream, and a stream or bucket new on it, answers nothing until it has one (up to
@@ -145,62 +100,6 @@ async def answered(ask: Callable[[], Awaitable[T]], patience_s: float = 30.0) ->
                 if e.code != 503:  # "JetStream system temporarily unavailable": a leader is being elected
                     raise
             await asyncio.sleep(0.2)
-
-
-INSUFFICIENT_STORAGE = 10047  # JetStream's error code: the server cannot reserve a stream's max_bytes
-
-
-class StoreTooSmall(RuntimeError):
-    """The event stream's size limit is more than the nats-server's JetStream store can reserve."""
-
-
-async def _ensure_stream(
-    js: JetStreamContext, replicas: int, retention: Retention | None, atomic: bool
-) -> StreamConfig:
-    try:
-        info = await js.stream_info(EVENTS)
-    except NotFoundError:
-        retention = retention or DEFAULT_RETENTION
-        try:
-            return (await js.add_stream(_config(replicas, retention, atomic))).config
-        except APIError as e:
-            if e.err_code != INSUFFICIENT_STORAGE:
-                raise
-            raise StoreTooSmall(
-                f"nats-server cannot reserve the {retention.max_bytes / 10**9:g} GB store limit of {EVENTS}"
-                f" ({e.description}): set one its JetStream store can hold with --store-limit-gb"
-                " (SCALER_STORE_LIMIT_GB), or give nats-server a larger store"
-            ) from None
-    have = info.config
-    wanted = _config(max(replicas, have.num_replicas or 1), retention_of(have), atomic or bool(have.allow_atomic))
-    if _differs(have, wanted):
-        return (await js.update_stream(wanted)).config
-    return have
-
-
-async def set_retention(js: JetStreamContext, retention: Retention) -> bool:
-    """Bring the existing stream's limits to `retention`; whether they changed. Lowered limits drop the
-    oldest batches at once: a node does it only once every partition's snapshot holds what they did."""
-    have = (await js.stream_info(EVENTS)).config
-    if retention_of(have) == retention:
-        return False
-    wanted = _config(have.num_replicas or 1, retention, bool(have.allow_atomic))
-    await js.update_stream(replace(wanted, subjects=have.subjects))
-    return True
-
-
-def retention_of(config: StreamConfig) -> Retention:
-    return Retention(max_age_s=config.max_age or 0.0, max_bytes=config.max_bytes or -1)
-
-
-def _config(replicas: int, retention: Retention, atomic: bool = False) -> StreamConfig:
-    config = replace(STREAM, num_replicas=replicas, max_age=retention.max_age_s, max_bytes=retention.max_bytes)
-    return replace(config, allow_atomic=True) if atomic else config  # unset: a server before 2.12 refuses it
-
-
-def _differs(have: StreamConfig, want: StreamConfig) -> bool:
-    same = all(getattr(have, f) == getattr(want, f) for f in ("subjects", "retention", "discard", "num_replicas"))
-    return not same or bool(have.allow_atomic) != bool(want.allow_atomic)
 
 
 async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: str = "") -> Reply:

@@ -9,8 +9,6 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from scaler.runtime.bus import DEFAULT_RETENTION, Retention
-
 log = logging.getLogger("scaler")
 T = TypeVar("T")
 
@@ -82,36 +80,6 @@ def add_common(p: argparse.ArgumentParser, uses_nats: bool = True, uses_clock: b
             help="run the clock N times faster, for simulations [SCALER_SPEED]",
         )
     add_log_level(p, env("LOG_LEVEL", "INFO"), "[SCALER_LOG_LEVEL]")
-
-
-# The least retention a node accepts: the controller looks at the stream every second and snapshots a
-# partition once its snapshot falls into the older half of what is kept (or a quarter of the age), so
-# half the store must outlast a second of the busiest appends (about 1,000 batches/s of ~1.5 kB).
-MIN_RETENTION_HOURS = 1 / 60
-MIN_STORE_LIMIT_GB = 0.004
-
-
-def add_retention(p: argparse.ArgumentParser) -> None:
-    """How much of EVENTS is kept: set by whichever component creates the stream (a node or a worker)."""
-    p.add_argument(
-        "--retention-hours",
-        type=at_least(MIN_RETENTION_HOURS),
-        default=env("RETENTION_HOURS", str(DEFAULT_RETENTION.max_age_s / 3600)),
-        metavar="H",
-        help="EVENTS keeps batches this long (docs/operations.md: Retention); a node sets it on the stream once every"
-        " partition has a snapshot [SCALER_RETENTION_HOURS]",
-    )
-    p.add_argument(
-        "--store-limit-gb",
-        type=at_least(MIN_STORE_LIMIT_GB),
-        default=env("STORE_LIMIT_GB", str(DEFAULT_RETENTION.max_bytes / 10**9)),
-        metavar="GB",
-        help="... and at most this much of them, the oldest going first [SCALER_STORE_LIMIT_GB]",
-    )
-
-
-def retention(a: argparse.Namespace) -> Retention:
-    return Retention(max_age_s=a.retention_hours * 3600, max_bytes=int(a.store_limit_gb * 10**9))
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

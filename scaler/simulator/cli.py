@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import msgspec
 
-from scaler.controller import replay
+from scaler import replay
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime.ports import port

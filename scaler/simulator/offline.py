@@ -25,6 +25,7 @@ from scaler.controller.core.state import Totals
 from scaler.controller.ledger import Ledger, came_back
 from scaler.proto import commands as c
 from scaler.proto import events as e
+from scaler.proto.events import Batch
 from scaler.proto.subjects import partition
 from scaler.report.timeline import Folds
 from scaler.simulator.dataset import Dataset
@@ -133,12 +134,14 @@ class Simulation:
         self.command(c.Assign(key=r.meta_key, request_id=str(n), meta=meta), now)
 
     def command(self, cmd: c.AnyCommand, now: int) -> Decision:
+        """The command's response and the plan after it, as one decision at rest."""
         ledger = self.ledger_of(cmd.key)
         before = ledger.wake.get(cmd.key)
         d = ledger.decide(cmd, now, self.policy)
-        batch = ledger.batch(cmd, d, now)
-        ledger.commit(cmd, d, next(self._appended) if batch is not None else None)
-        for event in d.events:
+        ledger.commit(cmd, d, self._stored(ledger.batch(cmd, d, now)))
+        planned = ledger.plan(cmd.key, now, self.policy)  # as the node plans once nothing else waits
+        ledger.commit_plan(cmd.key, planned, self._stored(ledger.batch(None, planned, now)))
+        for event in d.events + planned.events:
             self.effect(cmd.key, event, now)
             if self.folds is not None:
                 self.folds.event(cmd.key, event)
@@ -150,7 +153,11 @@ class Simulation:
             cues += [cue for other in self.ledgers if other is not ledger for cue in other.hear(cmd.key, back)]
         for cue in cues:
             self.command(cue, now)
-        return d
+        return Decision(d.events + planned.events, d.replies, planned.state, wake)
+
+    def _stored(self, batch: Batch | None) -> int | None:
+        """The stream sequence a batch would get (None: nothing to store)."""
+        return next(self._appended) if batch is not None else None
 
     def effect(self, key: str, event: e.Event, now: int) -> None:
         match event:

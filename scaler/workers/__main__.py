@@ -8,6 +8,7 @@ import argparse
 
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
+from scaler.store import config
 from scaler.workers.effects import ACK_WAIT_S
 from scaler.workers.gc import GcWorker
 from scaler.workers.platform import PlatformWorker
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=float(service.env("ACK_WAIT", str(ACK_WAIT_S))),
         help="seconds after which an event a dead worker was performing is redelivered [SCALER_ACK_WAIT]",
     )
-    service.add_retention(p)
+    config.add_retention(p)
     return p
 
 
@@ -49,7 +50,7 @@ def make(a: argparse.Namespace) -> service.Component:
     if "gc" in kinds:
         parts.append(GcWorker(a.nats, a.platform, Clock(a.speed), a.concurrency, ack_wait_s=a.ack_wait))
     for part in parts:  # should a worker be the first to need EVENTS, it creates it with these limits
-        part.retention = service.retention(a)
+        part.retention = config.retention(a)
     return parts[0] if len(parts) == 1 else service.Alongside(parts)  # each waits out its grace
 
 

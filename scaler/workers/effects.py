@@ -27,8 +27,9 @@ from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.commands import AnyCommand
 from scaler.proto.events import Event, decode_batch
 from scaler.proto.subjects import EVENTS, EVT, worker_subjects
-from scaler.runtime.bus import Retention, close, connect, ensure_stream, send
+from scaler.runtime.bus import close, connect, send
 from scaler.runtime.faults import LastingFault
+from scaler.store.config import Retention, ensure_stream
 
 log = logging.getLogger("scaler.effects")
 

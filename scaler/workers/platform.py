@@ -33,8 +33,8 @@ from scaler.proto.events import (
     creates,
 )
 from scaler.proto.subjects import function_events
-from scaler.runtime import stream
 from scaler.runtime.bus import send
+from scaler.store import stream
 from scaler.workers.effects import REPORT_PATIENCE_S, Delivery, EffectWorker, PlatformError, brief, call_platform
 
 log = logging.getLogger("scaler.platform_worker")

@@ -1,12 +1,15 @@
 """Decisions: a command and the current state in; events, replies and the next deadline out.
 
-A decision has two halves. First the command's own change, one handler per command:
-`_queue_request` (Assign), `_release` (Idle), `_cancel`, `_slot_created`, `_instance_ready` (SlotReady),
-`_creation_failed` (SlotFailed), `_slot_destroyed`, `_reconcile`, an operator's `_operator` (Restart,
-Delete), and `_cued` (Cue: a function this one follows came back); a Tick changes nothing by itself.
-Then the phases that bring the function to rest (`_bring_to_rest`), in order: leases, matching
-(`_answer_waiting_requests`, where a queued Assign gets its instance and its answer), starts,
-keep/retire, sessions' ends, pre-warm, and the next wake.
+A decision has two halves, so that a caller waits only for the first. `respond` is what the command's
+caller waits for: the command's own change, one handler per command (`_queue_request` for an Assign,
+`_release` for an Idle, `_cancel`, `_slot_created`, `_instance_ready` for SlotReady, `_creation_failed`
+for SlotFailed, `_slot_destroyed`, `_reconcile`, an operator's `_operator` for Restart and Delete,
+`_cued` for a Cue; a Tick changes nothing by itself), then what serves the function's waiting requests
+(`_serve`): leases, matching (`_answer_waiting_requests`, where a queued Assign gets its instance and
+its answer), starts and throttling. `plan` brings the function to rest after that (`_rest`): keep or
+retire idle instances, sessions' ends, pre-warm, rest or forget. The node answers from `respond` and
+plans after the reply, once for all the commands that queued meanwhile; `decide` is both in a row,
+the decision at rest (the offline simulator's, and the same events as the node's when nothing queues).
 
 Sessions: an Assign may name a session; its request prefers the instance bound to the session (the
 one that served it last). When that one is busy the request waits for it, up to `session_wait_ms`,
@@ -19,8 +22,8 @@ within FOLLOW_MS before it (`Followed`, from the run's totals); the ledger then 
 them comes back while it has no instance (`Cued`, a trial the function's next call decides), and the
 policy may pre-warm it.
 
-`decide` applies each event as it emits it, so every later choice in the same decision sees
-the state that earlier ones produced, and `Decision.state` equals `replay(s, Decision.events)`.
+Each half applies each event as it emits it, so every later choice sees the state that earlier ones
+produced, and `Decision.state` equals `replay(s, Decision.events)`.
 """
 
 from collections.abc import Callable
@@ -138,11 +141,44 @@ class _Draft:
 def decide(
     s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM
 ) -> Decision:
-    """`totals`: the whole run so far, for a policy tuned by it (`Policy.tuned_to`); `room`: the caps and
-    reserved instances the operator set (scaler/controller/core/limits.py)."""
+    """`respond` then `plan`, as one decision at rest. `totals`: the whole run so far, for a policy tuned by
+    it (`Policy.tuned_to`); `room`: the caps and reserved instances the operator set
+    (scaler/controller/core/limits.py)."""
     if totals is not None:
         policy = policy.tuned_to(totals)
     d = _Draft(s, now, room)
+    asked = _respond(d, cmd, totals, policy)
+    planned = _rest(d, policy)
+    return Decision(d.events, d.replies, d.s, _earliest(asked, planned))
+
+
+def respond(
+    s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM
+) -> Decision:
+    """What the command's caller waits for: its own change, and what serves the waiting requests.
+
+    Its `wake_ms` is the earliest of its own deadlines (a lease, a recheck of the waiting, a
+    throttle, a session's wait); `plan`'s are apart."""
+    if totals is not None:
+        policy = policy.tuned_to(totals)
+    d = _Draft(s, now, room)
+    wake = _respond(d, cmd, totals, policy)
+    return Decision(d.events, d.replies, d.s, wake)
+
+
+def plan(s: FnState, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM) -> Decision:
+    """The function brought to rest: keep-alives, retirements, sessions' ends, pre-warms, rest. No replies.
+
+    Its `wake_ms` is the earliest of its own deadlines (a keep-alive, a planned pre-warm, a session's
+    idle end, rest); `respond`'s are apart."""
+    if totals is not None:
+        policy = policy.tuned_to(totals)
+    d = _Draft(s, now, room)
+    wake = _rest(d, policy)
+    return Decision(d.events, [], d.s, wake)
+
+
+def _respond(d: "_Draft", cmd: AnyCommand, totals: Totals | None, policy: Policy) -> int | None:
     match cmd:
         case Assign():
             _queue_request(d, cmd, totals, policy)
@@ -153,8 +189,11 @@ def decide(
             if change is None:
                 raise TypeError(f"not a command: {cmd!r}")
             change(d, cmd)
-    wake = _bring_to_rest(d, policy)
-    return Decision(d.events, d.replies, d.s, wake)
+    return _serve(d, policy)
+
+
+def _earliest(*wakes: int | None) -> int | None:
+    return min((w for w in wakes if w is not None), default=None)
 
 
 # --- each command's own change --------------------------------------------------------------
@@ -384,25 +423,33 @@ _CHANGES: dict[type, Callable[[_Draft, Any], None]] = {
 }
 
 
-# --- at rest: the phases every decision ends with, in this order ----------------------------
+# --- serving the waiting, then at rest: the phases every decision ends with, in this order ----
 
 
-def _bring_to_rest(d: _Draft, policy: Policy) -> int | None:
-    """Bring the function to a resting point after any change; return when it next needs a Tick.
+def _serve(d: _Draft, policy: Policy) -> int | None:
+    """What follows any command's own change: the function's waiting requests served as they can be.
 
-    The core's invariants hold at rest: no request waits while an instance idles, every idle
-    instance has a keep-alive, none outlives it. Matching comes before expiry, so an Assign that
-    raced a late timer still gets the instance.
+    Leases first, then matching before anything else, so an Assign that raced a late timer still gets
+    the instance. Returns when its own deadlines next need a Tick.
     """
     _free_lost_leases(d)
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
     throttle_ms = _throttle_at_the_cap(d, policy)
+    return _next_wake(d, recheck_ms, throttle_ms, *_serving_deadlines(d.s, d.now))
+
+
+def _rest(d: _Draft, policy: Policy) -> int | None:
+    """Bring the function to a resting point; return when its plans next need a Tick.
+
+    The core's invariants hold at rest: no request waits while an instance idles, every idle
+    instance has a keep-alive, none outlives it.
+    """
     _keep_or_retire_idle(d, policy)
     _end_sessions(d)
     prewarm_ms = _prewarm(d, policy)
     rest_ms = _rest_or_forget(d)
-    return _next_wake(d, recheck_ms, prewarm_ms, throttle_ms, rest_ms)
+    return _next_wake(d, prewarm_ms, rest_ms, *_resting_deadlines(d.s, d.room))
 
 
 def _free_lost_leases(d: _Draft) -> None:
@@ -647,13 +694,23 @@ def _live(s: FnState) -> int:
     return sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
 
 
+def _serving_deadlines(s: FnState, now: int) -> list[int]:
+    """Leases of busy instances, and the waits of sessions' requests for their own busy instance."""
+    wakes = [i.since_ms + s.lease_ms() for i in s.in_phase(Phase.BUSY)]
+    if s.sessions:
+        wakes += [p.since_ms + session_wait_ms(s) for p in s.queue if _holding(s, p, now)]
+    return wakes
+
+
+def _resting_deadlines(s: FnState, room: Room) -> list[int]:
+    """Keep-alives of idle instances, and sessions' idle ends."""
+    wakes = [i.keep_until_ms for i in s.in_phase(Phase.IDLE)]
+    if s.sessions:
+        busy = {i.session for i in s.in_phase(Phase.BUSY)}
+        wakes += [b.used_ms + room.session_idle_ms for k, b in s.sessions.items() if k not in busy]
+    return wakes
+
+
 def _next_wake(d: _Draft, *planned: int | None) -> int | None:
-    """Wake: the earliest deadline still ahead, among the policy's plans, keep-alives and leases."""
-    wakes = [w for w in planned if w is not None]
-    wakes += [i.keep_until_ms for i in d.s.in_phase(Phase.IDLE)]
-    wakes += [i.since_ms + d.s.lease_ms() for i in d.s.in_phase(Phase.BUSY)]
-    if d.s.sessions:
-        wakes += [p.since_ms + session_wait_ms(d.s) for p in d.s.queue if _holding(d.s, p, d.now)]
-        busy = {i.session for i in d.s.in_phase(Phase.BUSY)}
-        wakes += [b.used_ms + d.room.session_idle_ms for k, b in d.s.sessions.items() if k not in busy]
-    return min((w for w in wakes if w > d.now), default=None)
+    """Wake: the earliest deadline still ahead."""
+    return min((w for w in planned if w is not None and w > d.now), default=None)

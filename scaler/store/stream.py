@@ -199,6 +199,24 @@ def incarnation(info: StreamInfo) -> str:
     return info.created.isoformat() if info.created else ""
 
 
+class Kept(NamedTuple):
+    """What EVENTS holds now: the first and last sequences kept, and which incarnation of the stream it is."""
+
+    first_seq: int
+    last_seq: int
+    stream_id: str
+
+    @property
+    def truncated(self) -> bool:
+        """Retention dropped batches (an empty stream whose batches all aged out included)."""
+        return self.first_seq > 1
+
+
+async def kept(js: JetStreamContext) -> Kept:
+    info = await js.stream_info(EVENTS)
+    return Kept(info.state.first_seq, info.state.last_seq, incarnation(info))
+
+
 async def read(
     js: JetStreamContext, on_batch: OnBatch, subject: str = ALL, after_seq: int = 0, until_seq: int | None = None
 ) -> int:

@@ -3,7 +3,7 @@
 Prints every function's state (instances, their phase, who holds them, keep-alive deadlines)
 as replayed up to the end, a stream sequence (`--until-seq`) or a time (`--until`). With
 `--key K`, also the timeline of that function's decisions (with `--html PATH`, drawn as a page:
-scaler/controller/replay_page.py). With `--verify`, compares the replay with the running controller's own
+scaler/replay/page.py). With `--verify`, compares the replay with the running controller's own
 state and exits 1 on any difference. Reads a live NATS (`--nats`), or the store a stopped
 `scaler up --data-dir DIR` left (`--data-dir`).
 
@@ -23,21 +23,24 @@ from pathlib import Path
 
 import msgspec
 import nats
+from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from scaler.controller import explain, rebuild, state_service
+from scaler.controller import rebuild, state_service
 from scaler.controller.core.state import FnState
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
-from scaler.controller.replay_page import replay_page
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto.events import Batch
 from scaler.proto.subjects import PARTITIONS, function_events, partition
+from scaler.replay import explain
+from scaler.replay.page import replay_page
 from scaler.report.timeline import Fold, Timeline
-from scaler.runtime import running, stream
+from scaler.runtime import running
 from scaler.runtime.bus import servers
 from scaler.runtime.natsd import NatsServer, StoreBusy, claim
 from scaler.runtime.text import plural
+from scaler.store import EventStore, UnreadableStream
 
 SERVE_S = 30.0  # how long --verify waits for a node to load the partitions it holds (a take-over under way)
 
@@ -114,13 +117,13 @@ class Origin:
         )
 
 
-async def origin(js, key: str | None = None) -> Origin:
+async def origin(nc: Client, key: str | None = None) -> Origin:
     """The snapshots a replay of `key` (None: everything) starts from, when the stream no longer begins at seq 1."""
-    at = await rebuild.kept(js)
+    at = await EventStore(nc).kept()
     partitions = [partition(key)] if key is not None else list(range(PARTITIONS))
     if not at.truncated:
         return Origin(at, dict.fromkeys(partitions))
-    store = SnapshotStore(js)
+    store = SnapshotStore(nc.jetstream())
     await store.open(create=False)
     return Origin(at, await rebuild.snapshots(store, at, partitions))
 
@@ -138,7 +141,7 @@ class Replayed:
 
 
 async def replay(
-    js,
+    nc: Client,
     key: str | None = None,
     until_seq: int | None = None,
     until_ms: int | None = None,
@@ -150,7 +153,7 @@ async def replay(
 
     From `start` (by default, where the stream and its snapshots allow: Origin); `key` alone when given.
     """
-    start = start or await origin(js, key)
+    start = start or await origin(nc, key)
     start.check(until_seq, until_ms)
     out = Replayed(origin=start)
 
@@ -169,13 +172,13 @@ async def replay(
     snaps = start.snaps if key is None else {p: _only(snap, key) for p, snap in start.snaps.items()}
     after = rebuild.restore(out.ledger, snaps)
     subject = function_events(key) if key is not None else None
-    await rebuild.fold_after(js, after, fold, subject, until_seq)
+    await rebuild.fold_after(EventStore(nc), after, fold, subject, until_seq)
     return out
 
 
-async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
+async def verify(nc: Client, key: str | None, out=sys.stdout) -> int:
     """Replay up to what the running controller has applied and compare, function by function."""
-    start = await origin(js, key)  # before the running state: the snapshots are older than it, never newer
+    start = await origin(nc, key)  # before the running state: the snapshots are older than it, never newer
     running = await state_service.fetch(nc, serve_s=SERVE_S)
     unserved = [p for p in running.unserved if key is None or p == partition(key)]
     if unserved:
@@ -185,7 +188,7 @@ async def verify(nc, js, key: str | None, out=sys.stdout) -> int:
     # The controller holds every batch up to `seq`, and per function exactly up to its last_seq.
     end = max([running.seq, *running.last_seq.values()])
     replayed = await replay(
-        js, key, until_seq=end, keep=lambda seq, b: seq <= running.last_seq.get(b.key, running.seq), start=start
+        nc, key, until_seq=end, keep=lambda seq, b: seq <= running.last_seq.get(b.key, running.seq), start=start
     )
     theirs = running.states if key is None else {k: v for k, v in running.states.items() if k == key}
     bad = 0
@@ -223,11 +226,11 @@ class Told:
         return self.fold.done(state.stats.gap_hist if state is not None else ())
 
 
-async def timeline(js, key: str, until_seq: int | None = None, until_ms: int | None = None) -> Timeline | None:
+async def timeline(nc: Client, key: str, until_seq: int | None = None, until_ms: int | None = None) -> Timeline | None:
     """One function's timeline from the stream (None when it has no events)."""
-    start = await origin(js, key)
+    start = await origin(nc, key)
     told = Told(key, start)
-    replayed = await replay(js, key, until_seq, until_ms, seen=told, start=start)
+    replayed = await replay(nc, key, until_seq, until_ms, seen=told, start=start)
     return told.timeline(replayed.states[key]) if key in replayed.states else None
 
 
@@ -235,9 +238,8 @@ async def timelines(url: str, keys: list[str]) -> list[Timeline]:
     """The timelines of `keys` from the stream of the NATS at `url` (those with no events are left out)."""
     nc = await _connect(url)
     try:
-        js = nc.jetstream()
         try:
-            found = [await timeline(js, key) for key in keys]
+            found = [await timeline(nc, key) for key in keys]
         except NotFoundError:
             raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None
     finally:
@@ -246,11 +248,11 @@ async def timelines(url: str, keys: list[str]) -> list[Timeline]:
 
 
 async def show(
-    js, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout, html: Path | None = None
+    nc: Client, key: str | None, until_seq: int | None, until_ms: int | None, out=sys.stdout, html: Path | None = None
 ) -> int:
-    start = await origin(js, key)
+    start = await origin(nc, key)
     told = Told(key, start) if key is not None else None
-    replayed = await replay(js, key, until_seq, until_ms, seen=told, start=start)
+    replayed = await replay(nc, key, until_seq, until_ms, seen=told, start=start)
     since = _since(replayed.origin)
     if key is not None:
         if key not in replayed.states:
@@ -348,12 +350,11 @@ async def _main(args: argparse.Namespace) -> int:
     try:
         nc = await _connect(url)
         try:
-            js = nc.jetstream()
             try:
                 if args.verify:
-                    return await verify(nc, js, args.key)
+                    return await verify(nc, args.key)
                 html = Path(args.html) if args.html else None
-                return await show(js, args.key, args.until_seq, until_ms, html=html)
+                return await show(nc, args.key, args.until_seq, until_ms, html=html)
             except NotFoundError:
                 raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None
             except TimeoutError:
@@ -370,6 +371,6 @@ async def _main(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_main(args))
-    except (ValueError, stream.UnreadableStream, rebuild.Uncovered) as e:
+    except (ValueError, UnreadableStream, rebuild.Uncovered) as e:
         print(f"scaler replay: {e}", file=sys.stderr)
         return 2

@@ -22,9 +22,9 @@ from typing import NamedTuple
 
 from nats.aio.client import Client
 
-from scaler.runtime import stream
 from scaler.runtime.bus import Unavailable
-from scaler.runtime.stream import Append, Conflict
+from scaler.store import stream
+from scaler.store.stream import Append, Conflict
 
 MAX_ATOMIC = 1000  # appends in one atomic batch, at most (JetStream's limit)
 

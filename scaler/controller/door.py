@@ -1,0 +1,208 @@
+"""The door: where every command comes in, is routed, admitted once, and handed to its function's lane.
+
+Calls come two ways: `call` from the gateway in the same process (the hot path: no NATS hop but the
+append) and `on_request`, core NATS requests on `cmd.<partition>` (front gateways, other nodes, the
+workers' reports). A call for a partition served elsewhere is forwarded to its owner; a new Assign is
+refused at once while the node is behind (admission.py). An Assign whose caller stops waiting is
+cancelled, and an Idle answered before its release could be stored has that release stored all the
+same, both in the background and through an outage (`persist`).
+"""
+
+import asyncio
+import logging
+
+from msgspec.structs import replace
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from scaler.controller.admission import Admission
+from scaler.controller.core import reconcile
+from scaler.controller.lanes import Lanes, Told
+from scaler.controller.partitions import NotServing, Partitions
+from scaler.controller.replies import Replies
+from scaler.controller.writer import Writer
+from scaler.proto.commands import (
+    AnyCommand,
+    Assign,
+    Cancel,
+    Code,
+    Delete,
+    Idle,
+    Reconcile,
+    Reply,
+    Restart,
+    SlotCreated,
+    command_id,
+    decode_command,
+    encode,
+)
+from scaler.runtime.bus import Unavailable, send
+from scaler.runtime.forward import Forwarder
+from scaler.store import TooBig
+
+log = logging.getLogger("scaler.controller")
+
+PERSIST_PATIENCE_S = 120.0  # how long a Cancel, or a release answered early, is retried through an outage
+
+
+class Door:
+    def __init__(
+        self,
+        nc: Client,
+        node: str,
+        lanes: Lanes,
+        replies: Replies,
+        partitions: Partitions,
+        admission: Admission,
+        writer: Writer,
+        forwarder: Forwarder,
+    ) -> None:
+        self.nc = nc
+        self.node = node
+        self.lanes = lanes
+        self.replies = replies
+        self.partitions = partitions
+        self.admission = admission
+        self.writer = writer
+        self.forwarder = forwarder
+
+    async def call(self, cmd: Assign | Idle | Restart | Delete, timeout_s: float | None) -> Reply:
+        """Decide a call from this process and wait for its answer (an Assign may wait for an instance).
+
+        An Assign whose caller stops waiting (timeout, cancellation, or the event store away when its
+        outcome is unknown) is cancelled in the background, so a stored request never holds an instance
+        for nobody."""
+        if not self.partitions.serves(cmd.key):
+            return await self.forwarder.call(cmd, timeout_s)
+        if (refused := self.overloaded(cmd)) is not None:
+            return refused
+        answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        to = self.replies.expect(answer)
+        cmd = replace(cmd, reply_to=to)
+        try:
+            async with asyncio.timeout(timeout_s):
+                try:
+                    done = self.lanes.submit(cmd)
+                except NotServing:  # the partition went elsewhere just now
+                    self.replies.forget(to)
+                    return await self.forwarder.call(cmd, timeout_s)
+                if isinstance(cmd, Idle):
+                    done.add_done_callback(lambda f: self._stored_behind(cmd, f))
+                await asyncio.wait({answer, done}, return_when=asyncio.FIRST_COMPLETED)
+                if not answer.done() and (e := done.exception()) is not None:
+                    if isinstance(e, NotServing):  # given up while it queued: its new owner decides
+                        self.replies.forget(to)
+                        return await self.forwarder.call(cmd, timeout_s)
+                    if isinstance(e, TooBig):
+                        return unstorable(cmd, to, e)
+                    raise e
+                return await answer  # an Assign may wait for an instance to be ready
+        except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
+            if isinstance(cmd, Assign) and self.replies.waits(to):
+                why = {TimeoutError: "no answer in time", Unavailable: "event store unavailable"}
+                self.give_up(cmd, why.get(type(e), "caller disconnected"))
+            raise
+        finally:
+            self.replies.forget(to)
+
+    def _stored_behind(self, cmd: Idle, done: asyncio.Future) -> None:
+        """An Idle answered before its release was stored, and then nothing was: store it all the same."""
+        if not done.cancelled() and isinstance(done.exception(), Told):
+            self.persist(replace(cmd, reply_to=""))
+
+    def overloaded(self, cmd: AnyCommand) -> Reply | None:
+        """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds."""
+        if not isinstance(cmd, Assign):
+            return None
+        lag = self.admission.lag_s
+        behind = max(self.admission.behind_s(), lag)  # a backlog from the store's outage is its own
+        return self.admission.refuse(cmd, self.node, self.writer.troubled(behind, own_lag_s=lag))
+
+    async def handle(self, cmd: AnyCommand):
+        """Decide one command and wait until it is stored (a partition-wide Reconcile: each of its functions)."""
+        if isinstance(cmd, Reconcile) and cmd.partition >= 0:
+            return await self._reconcile(cmd)
+        return await asyncio.shield(self.lanes.submit(cmd))
+
+    async def on_request(self, msg: Msg) -> None:
+        """A command from another process: a gateway's call, or a worker's report."""
+        try:
+            cmd = decode_command(msg.data)
+        except Exception as e:
+            log.error("refusing an unreadable command on %s: %s", msg.subject, e)
+            if msg.reply:
+                reply = Reply(to=msg.reply, request_id="", code=Code.INVALID_ARGUMENT, message=str(e))
+                await self.nc.publish(msg.reply, encode(reply))
+            return
+        self.lanes.spawn(self._serve(cmd, msg))
+
+    async def _serve(self, cmd: AnyCommand, msg: Msg) -> None:
+        """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored (a
+        SlotCreated by its decision too: it says whether to go on with Init)."""
+        is_call = isinstance(cmd, Assign | Idle | SlotCreated | Restart | Delete)
+        if is_call:
+            cmd = replace(cmd, reply_to=msg.reply)
+            if (refused := self.overloaded(cmd)) is not None:
+                await self.nc.publish(msg.reply, encode(refused))
+                return
+        try:
+            await self.handle(cmd)
+        except Told:  # answered already: stored behind its answer
+            self.persist(replace(cmd, reply_to=""))
+            return
+        except Unavailable as e:  # the sender tries again
+            log.info("could not handle %s: %s", command_id(cmd), e)
+            if msg.reply:
+                reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=Code.UNAVAILABLE)
+                await self.nc.publish(msg.reply, encode(replace(reply, message=str(e))))
+            return
+        except TooBig as e:  # refused once: sending it again would fail again
+            if msg.reply:
+                await self.nc.publish(msg.reply, encode(unstorable(cmd, msg.reply, e)))
+            return
+        if not is_call and msg.reply:
+            await self.nc.publish(msg.reply, encode(Reply(to=msg.reply, request_id=command_id(cmd))))
+
+    async def _reconcile(self, cmd: Reconcile) -> None:
+        """The platform's list for one partition, put to each of its functions in turn (those the list names
+        and those it doesn't), each deciding alone, so a repeat after a crash half-way repeats only no-ops."""
+        self.partitions.check(cmd.partition)
+        known = self.partitions.keys([cmd.partition])
+        for key, slots in reconcile.by_function(cmd.slots, known).items():
+            await self.handle(replace(cmd, key=key, slots=slots, partition=-1))
+        log.debug("reconciled partition %d: %d functions, %d platform slots", cmd.partition, len(known), len(cmd.slots))
+
+    def give_up(self, cmd: Assign, why: str) -> None:
+        self.persist(Cancel(key=cmd.key, request_id=cmd.request_id, reply_to=cmd.reply_to, reason=why))
+
+    def persist(self, cmd: Cancel | Idle) -> None:
+        self.lanes.spawn(self._persist(cmd))
+
+    async def _persist(self, cmd: Cancel | Idle) -> None:
+        """Store a command through an outage or a hand-over: a Cancel (the Assign may have been stored all the
+        same), or a release its caller was told of before it was stored."""
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + PERSIST_PATIENCE_S, 0.05
+        while True:
+            try:
+                if self.partitions.serves(cmd.key):
+                    await self.handle(cmd)
+                else:
+                    await send(self.nc, cmd, patience_s=max(0.1, deadline - loop.time()))
+                return
+            except TooBig as e:
+                log.error("could not store %s: %s", command_id(cmd), e)
+                return
+            except (Unavailable, TimeoutError) as e:
+                if loop.time() > deadline:
+                    log.warning("could not store %s: %s", command_id(cmd), e)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+def unstorable(cmd: AnyCommand, to: str, e: TooBig) -> Reply:
+    """The answer to a command whose decision no NATS message can hold: refused, not to be tried again."""
+    log.error("%s refused: its decision cannot be stored: %s", command_id(cmd), e)
+    message = f"the decision cannot be stored: {e}"
+    return Reply(to=to, request_id=getattr(cmd, "request_id", ""), code=Code.INTERNAL, message=message)

@@ -1,0 +1,127 @@
+"""Recovery: what a node does as partitions come and go, and when the store holds less than it folded.
+
+A partition gained is served once loaded: its functions' timers are armed, the callers of its busy
+instances told their assignment again (an answer may have been lost with a node killed between its
+batch's storage and its reply), and the platform asked to reconcile it (a take-over may hold instances
+the platform lost, or miss slots it made). A partition given up is snapshotted and forgotten. A loss
+(EVENTS holds less than this node folded, and not by retention) is an alarm: every partition served is
+reloaded from the stream, without a snapshot of the suspect state, and reconciled.
+"""
+
+import asyncio
+import contextlib
+import logging
+
+from nats.aio.client import Client
+
+from scaler.controller.lane import Lane
+from scaler.controller.leases import ranges
+from scaler.controller.ledger import Ledger
+from scaler.controller.partitions import Partitions
+from scaler.controller.replies import Replies
+from scaler.controller.snapshotter import Snapshotter
+from scaler.controller.timers import Timers
+from scaler.controller.writer import Writer
+from scaler.proto.subjects import RECONCILE_ASK, UNLISTED, partition
+from scaler.store import EventStore, Retention
+
+log = logging.getLogger("scaler.controller")
+
+ASK_TIMEOUT_S = 6.0  # a gc worker answers an ask once it knows whether the platform lists its slots
+ASK_PATIENCE_S = 30.0
+
+
+class Recovery:
+    def __init__(
+        self,
+        nc: Client,
+        store: EventStore,
+        replicas: int,
+        retention: Retention,
+        ledger: Ledger,
+        lane: Lane,
+        replies: Replies,
+        timers: Timers,
+        writer: Writer,
+        snapshots: Snapshotter,
+    ) -> None:
+        self.nc = nc
+        self.store = store
+        self.replicas = replicas
+        self.retention = retention
+        self.ledger = ledger
+        self.lane = lane
+        self.replies = replies
+        self.timers = timers
+        self.writer = writer
+        self.snapshots = snapshots
+        self.partitions: Partitions | None = None  # set once made (it is told of what this says)
+        self.losses = 0  # times EVENTS was found to hold less than this node had folded (not by retention)
+        self.unreconciled = 0  # loads of partitions the platform could not be reconciled for (it cannot list slots)
+        self._asking: asyncio.Task | None = None  # the ask to reconcile under way
+        self._reloading = False
+
+    async def stop(self) -> None:
+        if self._asking is not None:  # no gc worker may be there to answer (a node alone)
+            self._asking.cancel()
+            await asyncio.gather(self._asking, return_exceptions=True)
+
+    async def served(self, partitions: list[int]) -> None:
+        """Loaded and served: arm their timers, tell their callers again what they were assigned, and have the
+        platform reconciled."""
+        for key in self.partitions.keys(partitions):
+            self.timers.set(key, self.ledger.wake.get(key))
+            await self.replies.send(self.lane.assignments(key))
+        if self._asking is None or self._asking.done():  # one ask at a time answers for every load before it
+            self._asking = asyncio.create_task(self._ask_reconcile())
+
+    async def released(self, served: list[int], partitions: list[int]) -> None:
+        """Given up, their commands done: snapshot those served (at the newest watermark when stopping), forget all."""
+        await asyncio.gather(*(self.snapshots.save(p, force=self.snapshots.stopping) for p in served))
+        for key in self.partitions.keys(partitions):
+            self.timers.set(key, None)
+            self.ledger.forget(key)
+        gone = set(partitions)
+        self.writer.forget(lambda key: partition(key) in gone)  # the next owner reads the stream: it knows
+        self.snapshots.forget(partitions)
+
+    async def lost(self, why: str) -> None:
+        """EVENTS holds less than this node folded, and not by retention: an alarm (a log line, the losses
+        metric), then every partition served is reloaded from the stream and the platform asked to reconcile."""
+        if self._reloading:
+            return
+        self._reloading = True
+        try:
+            self.losses += 1
+            partitions = sorted(self.partitions.serving | set(self.partitions.loading))
+            log.error("EVENTS lost batches: %s; reloading partitions %s from the stream and reconciling them",
+                      why, ranges(partitions))  # fmt: skip
+
+            async def start_over() -> None:
+                with contextlib.suppress(Exception):  # a stream gone is made again (empty)
+                    await self.store.ensure(self.replicas, self.retention)
+                at = await self.store.kept()
+                self.ledger.seq = 0
+                self.snapshots.restart(at.stream_id, at.last_seq)
+
+            await self.partitions.reload(partitions, start_over)
+        except Exception as e:  # NATS away meanwhile: the next look finds it again
+            log.warning("could not reload after the loss: %s", e)
+        finally:
+            self._reloading = False
+
+    async def _ask_reconcile(self) -> None:
+        """Ask the gc workers to reconcile, until one answers (none may be connected just now)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ASK_PATIENCE_S
+        while True:
+            try:
+                answer = await self.nc.request(RECONCILE_ASK, b"", timeout=ASK_TIMEOUT_S)
+                if answer.data == UNLISTED:  # the platform cannot list its slots: what it holds stays unchecked
+                    self.unreconciled += 1
+                return
+            except Exception as e:
+                if loop.time() > deadline:
+                    log.warning("no gc worker answered the ask to reconcile (%s)", type(e).__name__)
+                    return
+                await asyncio.sleep(0.5)

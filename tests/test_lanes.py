@@ -1,0 +1,135 @@
+"""The command path: an Idle answered before its release is stored, nothing handed out on it before that, the
+plan stored after the replies; on a real nats-server, with the store's appends held back where a test says."""
+
+import asyncio
+
+import grpc
+
+from scaler.controller.core.state import Phase
+from scaler.controller.ledger import PLAN
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto.events import Assigned, Released, decode_batch
+from scaler.proto.subjects import function_events
+from scaler.runtime.bus import Unavailable, connected
+from scaler.store import stream
+from tests.stack import Stack, eventually
+
+
+class Held:
+    """The store's appends of batches holding an event of `kind`, held until `release()` (or failed once)."""
+
+    def __init__(self, stack: Stack, kind: type, fail_once: bool = False) -> None:
+        self.events = stack.controller.writer.store
+        self.real = self.events.append
+        self.kind = kind
+        self.fail_once = fail_once
+        self.reached = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.events.append = self.append
+
+    async def append(self, a):
+        if any(isinstance(e, self.kind) for e in decode_batch(a.data).events):
+            self.reached.set()
+            if self.fail_once:
+                self.fail_once = False
+                raise Unavailable("event store unavailable: held by the test")
+            await self.gate.wait()
+        return await self.real(a)
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+async def causes(nats_url: str, key: str = "fn") -> list[tuple[str, list[str]]]:
+    found: list[tuple[str, list[str]]] = []
+    async with connected(nats_url, "test") as nc:
+        await stream.read(
+            nc.jetstream(),
+            lambda seq, b: found.extend((d.cause, [type(e).__name__ for e in d.events]) for d in b.decisions()),
+            function_events(key),
+        )
+    return found
+
+
+async def test_an_idle_is_answered_while_its_release_is_stored_and_nothing_is_handed_out_on_it_before(nats_url):
+    async with Stack(nats_url) as stack:
+        first = await stack.assign("r1")
+        await stack.settled()
+        held = Held(stack, Released)
+        answer = await stack.idle(first)  # answered although its batch cannot be stored yet
+        assert answer.status == pb.Ok and held.reached.is_set() and not held.gate.is_set()
+        assert stack.controller.states["fn"].instances["fn-1"].phase is Phase.BUSY  # not stored: not applied
+        second = asyncio.create_task(stack.assign("r2"))  # would take the instance the Idle freed
+        done, _ = await asyncio.wait({second}, timeout=0.5)
+        assert not done, "handed out an instance on a release that is not stored"
+        held.release()
+        assert (await second).assigment.instance_id == "fn-1"
+        await stack.settled()
+        stored = [cause for cause, _ in await causes(nats_url)]
+        assert stored.index("idle:r1") < stored.index("assign:r2")
+
+
+async def test_the_plan_is_stored_after_the_replies_as_its_own_batch(nats_url):
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("r1"))
+        await stack.settled()
+        found = await causes(nats_url)
+        release = next(i for i, (cause, _) in enumerate(found) if cause == "idle:r1")
+        assert found[release][1] == ["Released"]  # the reply's decision alone
+        assert found[release + 1] == (PLAN, ["KeptAlive"])  # then the keep-alive, as the plan
+        kept = stack.controller.states["fn"].instances["fn-1"]
+        assert kept.phase is Phase.IDLE and kept.keep_until_ms > 0
+
+
+async def test_a_release_answered_but_not_stored_is_stored_behind_its_answer(nats_url):
+    """The append of the Idle's release fails once (the store away): its caller was answered already, so the node
+    stores it all the same, and the instance is free again."""
+    async with Stack(nats_url) as stack:
+        first = await stack.assign("r1")
+        await stack.settled()
+        held = Held(stack, Released, fail_once=True)
+        held.release()
+        assert (await stack.idle(first)).status == pb.Ok
+        await eventually(lambda: stack.controller.states["fn"].instances["fn-1"].phase is Phase.IDLE)
+        stored = await causes(nats_url)
+        assert [events for cause, events in stored if cause == "idle:r1"] == [["Released"]]
+        second = await stack.assign("r2")
+        assert second.assigment.instance_id == "fn-1"
+
+
+async def test_commands_that_queue_behind_an_append_are_decided_in_order_and_stored_together(nats_url):
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("warm"))
+        await stack.settled()
+        held = Held(stack, Assigned)
+        first = asyncio.create_task(stack.assign("a0"))
+        await held.reached.wait()
+        rest = [asyncio.create_task(stack.assign(f"a{n}")) for n in range(1, 5)]
+        await asyncio.sleep(0.3)  # they queue behind the held append
+        held.release()
+        replies = await asyncio.gather(first, *rest)
+        assert [r.assigment.request_id for r in replies] == [f"a{n}" for n in range(5)]
+        async with connected(nats_url, "test") as nc:
+            grouped: list[list[str]] = []
+            await stream.read(
+                nc.jetstream(),
+                lambda seq, b: grouped.append([d.cause for d in b.decisions()]),
+                function_events("fn"),
+            )
+        assert [f"assign:a{n}" for n in range(1, 5)] in grouped, grouped
+
+
+async def test_a_call_the_node_cannot_store_is_refused_unavailable_and_nothing_is_answered_ok(nats_url):
+    async with Stack(nats_url) as stack:
+        stack.controller.writer.patience_s = 0.0  # no retry through the outage
+
+        async def refuse(a):
+            raise Unavailable("event store unavailable: held by the test")
+
+        stack.controller.writer.store.append = refuse
+        try:
+            await stack.assign("r1")
+        except grpc.aio.AioRpcError as e:
+            assert e.code() is grpc.StatusCode.UNAVAILABLE
+        else:
+            raise AssertionError("an Assign was answered although nothing could be stored")
