@@ -1,22 +1,20 @@
-"""Live against offline on the same trace and policy: how far the machine's speed moves the figures.
+"""Live against offline on the same trace and policy, beside the live floor of a Python gRPC scaler.
 
     python bench/live.py [--scenarios smoke busiest-minute] [--datasets-dir DIR]
 
 Each scenario runs once offline (the pure core on a virtual clock: the scaler takes no time) and
-once live at speed 1 through `scaler up` (each part its own process, as deployed) driven by
-`scaler simulate`'s live mode. Live, every request reaches the controller a little late and every
-instance stays busy a little longer (the scaler's own latency, more on a loaded machine), so the
-policy sees another load and decides accordingly: the tests check that it decides as the core does
-on what it saw (tests/decisions.py); this measures how far that moves cold starts, slots, slot
-GB·s and waiting ("schedule ms/request over offline" is mostly the scaler's own latency, which
-offline counts as zero). Prints three tables (the runs; the Idle calls' latency over the run and in
-its busiest second, with the offline `demo` policy's score beside; and slot GB·s per function);
-one run each, on this machine, under whatever else it runs.
+live at speed 1, driven by `scaler simulate`'s live mode, through three scalers in the same run:
+`scaler up` with the default policy (learned), `scaler up --policy demo` for the record, and the
+in-memory reference (bench/memory_scaler.py: the demo policy, storing nothing, the floor of a Python
+gRPC scaler on this machine). Live, every call takes the scaler's own time, which offline counts as
+zero; "live - offline" is what the machine and the scaler's own work cost the score, and the node's
+is to be compared with the reference's. Prints the runs (with Assign and Idle time in all), the
+Idle latency over the run and in its busiest second, and slot GB·s per function; one run each, on
+this machine, under whatever else it runs.
 
-- smoke: function_smoke_test, demo policy (806 of its 980 requests within one second);
-- smoke-learned: the same with our policy;
-- busiest-minute: dataSet_1 from 18,600 s to 18,660 s, learned policy (2,731 requests of 20-40 ms,
-  45 a second, on three functions).
+- smoke: function_smoke_test (806 of its 980 requests within one second);
+- busiest-minute: dataSet_1 from 18,600 s to 18,660 s (2,731 requests of 20-40 ms, 45 a second, on
+  three functions).
 """
 
 import argparse
@@ -27,6 +25,7 @@ import statistics
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,41 +52,62 @@ def window(source: Path, folder: Path, from_s: int, to_s: int) -> Path:
     return folder
 
 
-def scenarios(datasets: Path, scratch: Path) -> dict[str, tuple[Path, str]]:
+def scenarios(datasets: Path, scratch: Path) -> dict[str, Path]:
     return {
-        "smoke": (ROOT / "tests" / "fixtures" / "function_smoke_test", "demo"),
-        "smoke-learned": (ROOT / "tests" / "fixtures" / "function_smoke_test", "learned"),
-        "busiest-minute": (window(datasets / "dataSet_1", scratch / "peak", 18_600, 18_660), "learned"),
+        "smoke": ROOT / "tests" / "fixtures" / "function_smoke_test",
+        "busiest-minute": window(datasets / "dataSet_1", scratch / "peak", 18_600, 18_660),
     }
 
 
-async def live(dataset: Dataset, policy: str) -> Run:
+NODE_READY = r"gRPC [\d.]+:(\d+),"  # `scaler up`'s ready line names its gRPC port
+
+
+def node(policy: str) -> tuple[Callable[[str], list[str]], str, str]:
+    return (
+        lambda platform: ["-m", "scaler", "up", "--port", "0", "--platform", platform, "--policy", policy],
+        NODE_READY,
+        policy,
+    )
+
+
+# Each scaler: its command (given the platform's address), the line saying where it listens, and its policy.
+SCALERS = {
+    "node, learned": node("learned"),
+    "node, demo": node("demo"),
+    "in-memory reference": (
+        lambda platform: [str(ROOT / "bench" / "memory_scaler.py"), "--platform", platform],
+        r"memory scaler on [\d.]+:(\d+)",
+        "demo",
+    ),
+}
+
+
+async def live(dataset: Dataset, scaler: str) -> Run:
+    argv, ready, _ = SCALERS[scaler]
     platform = f"127.0.0.1:{free_port()}"
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "scaler", "up", "--port", "0", "--platform", platform, "--policy", policy),
-        stderr=asyncio.subprocess.PIPE,
-        cwd=ROOT,
+        sys.executable, *argv(platform), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=ROOT
     )
     try:
-        while not (m := re.search(r"gRPC [\d.]+:(\d+),", (line := (await proc.stderr.readline()).decode()))):
+        while not (m := re.search(ready, (line := (await proc.stdout.readline()).decode()))):
             if not line:
-                raise SystemExit("scaler up exited before it was ready")
+                raise SystemExit(f"{scaler} exited before it was ready")
         run, failures, _ = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform)
         if failures:
-            print(f"{dataset.name}: failed calls {dict(failures)}", file=sys.stderr)
+            print(f"{dataset.name}, {scaler}: failed calls {dict(failures)}", file=sys.stderr)
         return run
     finally:
         proc.send_signal(2)
         await proc.communicate()
 
 
-def row(name: str, mode: str, run: Run, offline: Run) -> str:
-    s = run.stats()
-    extra_s = s.invocation_schedule_time_in_secs - offline.stats().invocation_schedule_time_in_secs
+def row(name: str, scaler: str, run: Run, offline: Run) -> str:
+    s, o = run.stats(), offline.stats()
+    calls = s.invocation_schedule_time_in_secs + s.invocation_idle_time_in_secs
     return (
-        f"| {name} | {mode} | {s.total_requests_count:,} | {s.failed_requests_count} | {s.cold_starts:,} "
-        f"| {run.slots_created:,} | {run.slot_gb_s:,.1f} | {s.invocation_schedule_time_in_secs:,.1f} "
-        f"| {extra_s * 1000 / s.total_requests_count:.1f} | {s.invocation_idle_time_in_secs:,.1f} | {s.score:.2f} |"
+        f"| {name} | {scaler} | {s.total_requests_count:,} | {s.failed_requests_count} | {s.cold_starts:,} "
+        f"| {run.slot_gb_s:,.1f} | {s.invocation_schedule_time_in_secs:,.1f} | {s.invocation_idle_time_in_secs:,.1f} "
+        f"| {calls:,.1f} | {o.score:.2f} | {s.score:.2f} | {s.score - o.score:+.2f} |"
     )
 
 
@@ -109,42 +129,40 @@ def idle_latency(dataset: Dataset, run: Run) -> str:
 
 
 async def main(names: list[str], datasets: Path) -> None:
-    runs: list[tuple[str, Run, Run]] = []
+    runs: list[tuple[str, str, Run, Run]] = []
     latency: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
         chosen = scenarios(datasets, Path(scratch))
         for name in names:
-            folder, policy = chosen[name]
-            dataset = load_dataset(folder)
-            offline, on = simulate(dataset, get_policy(policy)), await live(dataset, policy)
-            runs.append((f"{name} ({policy})", offline, on))
-            demo = simulate(dataset, get_policy("demo")).stats().score
-            latency.append(f"| {name} ({policy}) | {idle_latency(dataset, on)} | {on.stats().score:.2f} | {demo:.2f} |")
+            dataset = load_dataset(chosen[name])
+            offline = {policy: simulate(dataset, get_policy(policy)) for policy in ("learned", "demo")}
+            for scaler, (_, _, policy) in SCALERS.items():
+                on = await live(dataset, scaler)
+                runs.append((name, scaler, on, offline[policy]))
+                latency.append(f"| {name} | {scaler} | {idle_latency(dataset, on)} |")
     print(
-        "| scenario | mode | requests | failed | cold starts | slots | slot GB·s | schedule s "
-        "| schedule ms/request over offline | idle s | score |"
+        "| scenario | scaler | requests | failed | cold starts | slot GB·s | Assign s | Idle s | calls s "
+        "| offline score | live score | live - offline |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, offline, on in runs:
-        print(row(name, "offline", offline, offline))
-        print(row(name, "live, speed 1", on, offline))
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, scaler, on, offline in runs:
+        print(row(name, scaler, on, offline))
     print()
-    print("| scenario | Idle p50 / p99 ms | busiest second: requests | its Idle p50 / p99 ms | live score "
-          "| offline `demo` score |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| scenario | scaler | Idle p50 / p99 ms | busiest second: requests | its Idle p50 / p99 ms |")
+    print("|---|---|---:|---:|---:|")
     print("\n".join(latency))
     print()
-    print("| scenario | function | offline slot GB·s | live slot GB·s | live / offline |")
-    print("|---|---|---:|---:|---:|")
-    for name, offline, on in runs:
-        for key, gb_s in sorted(offline.slot_gb_s_by_key.items(), key=lambda kv: -kv[1])[:5]:
+    print("| scenario | scaler | function | offline slot GB·s | live slot GB·s | live / offline |")
+    print("|---|---|---|---:|---:|---:|")
+    for name, scaler, on, offline in runs:
+        for key, gb_s in sorted(offline.slot_gb_s_by_key.items(), key=lambda kv: -kv[1])[:3]:
             there = on.slot_gb_s_by_key.get(key, 0.0)
-            print(f"| {name} | {key} | {gb_s:,.1f} | {there:,.1f} | {there / gb_s if gb_s else 0:.2f} |")
+            print(f"| {name} | {scaler} | {key} | {gb_s:,.1f} | {there:,.1f} | {there / gb_s if gb_s else 0:.2f} |")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = ["smoke", "smoke-learned", "busiest-minute"]
+    names = ["smoke", "busiest-minute"]
     p.add_argument("--scenarios", nargs="+", default=names, choices=names)
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR)
     a = p.parse_args()
