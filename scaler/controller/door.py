@@ -14,6 +14,7 @@ import logging
 from msgspec.structs import replace
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 
 from scaler.controller.admission import Admission
 from scaler.controller.core import reconcile
@@ -193,7 +194,7 @@ class Door:
             except TooBig as e:
                 log.error("could not store %s: %s", command_id(cmd), e)
                 return
-            except (Unavailable, TimeoutError) as e:
+            except (Unavailable, TimeoutError, NatsError) as e:  # NATS away, or the partition between owners
                 if loop.time() > deadline:
                     log.warning("could not store %s: %s", command_id(cmd), e)
                     return
