@@ -95,6 +95,8 @@ async def connect(
     down: list[Exception] = []  # connection errors of the outage under way (or of the first connection)
 
     async def on_error(e: Exception) -> None:
+        if nc.is_closed:  # said by the close itself (a TLS close notify): the connection is done with
+            return
         if not started and (why := refusal(e)):
             raise Refused(f"{name}: NATS at {nats} {why}")
         if not isinstance(e, LOST):  # not about the connection (a slow consumer, a permissions violation): each counts

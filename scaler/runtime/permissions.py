@@ -56,16 +56,18 @@ async def refused(nats_access: Nats, needs: list[Need]) -> list[Need]:
     """The needs NATS refuses this client, tried without effect."""
     where = access(nats_access)
     violations: list[str] = []
+    connected = False
 
     async def on_error(e: Exception) -> None:
         if VIOLATION in str(e).lower():
             violations.append(str(e).lower())
-        elif why := refusal(e):
+        elif not connected and (why := refusal(e)):  # once connected, a TLS error is the close's: not ours to say
             raise Refused(f"NATS at {where} {why}")
 
     nc = await nats.connect(
         where.servers, error_cb=on_error, allow_reconnect=False, connect_timeout=ASK_S, **where.options()
     )
+    connected = True
     try:
         for need in needs:
             if need.verb is Verb.PUBLISH:
