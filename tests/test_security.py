@@ -1,8 +1,8 @@
 """Who may do what, on real processes: Admin behind its key, TLS on the gRPC hops and to NATS, NATS users
-with the permissions docs/operations.md gives them, and `scaler up` on loopback only.
+with the permissions deploy/nats.conf gives them, and `scaler up` on loopback only.
 
-The certificates are made here (tests/certs.py); the nats-server is configured with the block of
-docs/operations.md ("NATS permissions") as written, its paths pointed at them.
+The certificates are made here (tests/certs.py); the nats-server is configured with deploy/nats.conf
+(docs/operations.md, "NATS permissions") as written, its certificates' paths pointed at them.
 """
 
 import asyncio
@@ -203,14 +203,12 @@ def test_the_admin_key_file_is_made_once_readable_by_its_owner_only(tmp_path):
 
 
 def nats_configuration(certs: Path) -> str:
-    """The nats-server configuration of docs/operations.md ("NATS permissions"), its certificates in `certs`."""
-    text = (ROOT / "docs" / "operations.md").read_text()
-    (block,) = [b for b in re.findall(r"```conf\n(.*?)```", text, re.S) if "accounts {" in b]
-    return block.replace("/etc/nats/certs/", f"{certs}/")
+    """deploy/nats.conf, its certificates in `certs`."""
+    return (ROOT / "deploy" / "nats.conf").read_text().replace("/etc/nats/certs/", f"{certs}/")
 
 
 class Secured:
-    """A nats-server as docs/operations.md configures it, and how each role reaches it."""
+    """A nats-server as deploy/nats.conf configures it, and how each role reaches it."""
 
     def __init__(self, folder: Path, ca: Authority) -> None:
         self.folder = folder
