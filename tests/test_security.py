@@ -188,6 +188,22 @@ async def test_a_node_listening_beyond_loopback_without_a_key_refuses_to_start()
     assert "would let anyone who reaches it delete functions: give --admin-token-file PATH" in line, line
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (("--tls-cert", "/nope.pem", "--tls-key", "/nope.key"), "cannot read --tls-key /nope.key: No such file"),
+        (("--tls-cert", "/etc/hostname"), "--tls-cert needs --tls-key"),
+        (("--tls-cert", "/etc/hostname", "--tls-key", "/etc/hostname"), "--tls-cert and --tls-key: not a certificate"),
+        (("--tls-client-ca", "/etc/hostname"), "--tls-client-ca needs --tls-cert and --tls-key"),
+    ],
+)
+async def test_a_node_says_in_one_line_which_tls_file_it_cannot_use(flags, said):
+    code, err = await component("scaler", "node", "--listen", "127.0.0.1:0", "--nats", "nats://127.0.0.1:1", *flags)
+    assert code == 1, err
+    (line,) = err.splitlines()  # before it looks for NATS
+    assert f"cannot start: {said}" in line, line
+
+
 def test_the_admin_key_file_is_made_once_readable_by_its_owner_only(tmp_path):
     path = tmp_path / "key"
     made = admin_key.load(str(path), make=True)

@@ -61,7 +61,7 @@ class Node(service.Together):
         self.gateway = gateway
 
     async def start(self) -> str:
-        self.gateway.admin_key()  # an Admin that may not serve is said before the controller takes partitions
+        self.gateway.check()  # a certificate it cannot read, an Admin it may not serve: said before the controller
         return await super().start()
 
     async def stop(self) -> None:

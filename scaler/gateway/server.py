@@ -184,6 +184,14 @@ class Gateway(pb_grpc.ScalerServicer):
         host = self.listen.rsplit(":", 1)[0]
         return f"gateway on {host}:{self.port}{self._says(serves_admin)}"
 
+    def check(self) -> None:
+        """Read what it serves with (its certificate and key, the admin key) and refuse an Admin it may not serve:
+        a node says either before its controller starts."""
+        if self.tls is not None:
+            self.tls.credentials()
+        if isinstance(self.router, admin.Functions):
+            self.admin_key()
+
     def admin_key(self) -> bytes | None:
         """The key Admin calls must carry; None (any caller) only on a listener this machine alone reaches."""
         if self.admin_token_file:

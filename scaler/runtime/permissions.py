@@ -99,7 +99,7 @@ class Preflight:
             async with asyncio.timeout(ASK_S * 2):
                 missing = await refused(self.nats, self.needs)
         except (TimeoutError, OSError, nats.errors.Error) as e:  # not there yet: the component's own start waits
-            log.info("%s: NATS permissions not checked (%s)", self.who, e or type(e).__name__)
+            log.info("%s: NATS permissions not checked (%s)", self.who, str(e) or type(e).__name__)
             return "permissions not checked"
         if missing:
             said = "; ".join(f"{n.verb.value} to {n.subject} ({n.why})" for n in missing)

@@ -42,8 +42,14 @@ class ServerTls:
     flags: str = field(default="--tls", compare=False)  # the flags' prefix, for messages
 
     def credentials(self) -> grpc.ServerCredentials:
+        if not (self.cert or self.key):
+            raise CannotRead(f"{self.flags}-client-ca needs {self.flags}-cert and {self.flags}-key")
         _pair(self.cert, self.key, self.flags)
         pair = (read(self.key, f"{self.flags}-key"), read(self.cert, f"{self.flags}-cert"))
+        try:  # gRPC takes any bytes and fails each handshake later: the pair is checked here, once
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert, self.key)
+        except ssl.SSLError as e:
+            raise CannotRead(f"{self.flags}-cert and {self.flags}-key: not a certificate and its key ({e})") from None
         ca = read(self.client_ca, f"{self.flags}-client-ca") if self.client_ca else None
         return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
