@@ -33,7 +33,7 @@ from scaler.runtime.natsd import NatsServer
 from scaler.runtime.permissions import publish, refused
 from scaler.runtime.ports import free_port
 from scaler.runtime.tls import ClientTls, ServerTls, channel
-from tests.certs import Authority
+from tests.certs import Authority, Operator
 from tests.processes import Parts
 from tests.test_nodes import KEYS, shared_between
 from tests.test_sessions import stored_events
@@ -348,6 +348,25 @@ async def test_a_node_given_a_workers_permissions_says_what_it_may_not_do(ca, tm
     assert "subscribe to cmd.0 (take its partitions' commands)" in line
     assert "publish to $JS.API.STREAM.INFO.EVENTS" not in line  # what a worker may do is not listed
     assert "leased" not in err  # refused before it took any partition
+
+
+async def test_a_node_with_a_creds_file_serves_and_replays_on_an_operator_mode_nats(tmp_path):
+    operator, stranger = Operator(), Operator()
+    async with NatsServer(tmp_path / "nats", extra=operator.config()) as nats:
+        creds = operator.creds(tmp_path / "node.creds", "node")
+        parts = Parts(nats.url, "127.0.0.1:1")
+        try:
+            await parts.supervisor.spawn(*parts.argv("node"), name="node", env_extra={"SCALER_NATS_CREDS": str(creds)})
+            async with grpc.aio.insecure_channel(parts.address("node")) as ch:  # loopback: Admin without a key
+                listed = await ch.unary_unary(f"/{SERVICE}/List")(b"{}", timeout=30)
+            assert msgspec.json.decode(listed, type=Answer).functions == []
+            code, out, err = await scaler("replay", "--verify", "--nats", nats.url, "--nats-creds", str(creds))
+            assert code == 0 and "verified: 0 functions" in out, err
+            other = stranger.creds(tmp_path / "other.creds", "someone")  # signed by an operator this server knows not
+            code, _, err = await scaler("replay", "--nats", nats.url, "--nats-creds", str(other))
+            assert code == 2 and "refuses this client: authorization violation" in err, err
+        finally:
+            await parts.supervisor.stop()
 
 
 # --- the workers and the platform --------------------------------------------------------------------------

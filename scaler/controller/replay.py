@@ -40,7 +40,6 @@ from scaler.runtime.bus import refusal
 from scaler.runtime.natsd import NatsServer, StoreBusy, claim
 from scaler.runtime.permissions import VIOLATION
 from scaler.runtime.text import plural
-from scaler.runtime.tls import CannotRead
 
 SERVE_S = 30.0  # how long --verify waits for a node to load the partitions it holds (a take-over under way)
 
@@ -320,26 +319,23 @@ def running_nats() -> str:
 
 
 async def _connect(url: Nats):
-    refused: list[str] = []
+    where = access(url)
 
     async def quiet(e: Exception) -> None:
         if VIOLATION in str(e).lower():  # what this reader is not permitted would otherwise show as a timeout
             print(f"scaler replay: {e}", file=sys.stderr)
-        elif why := refusal(e):
-            refused.append(why)
+        elif why := refusal(e):  # said at once: trying again would be refused again
+            raise ValueError(f"NATS at {where} {why}")
 
-    where = access(url)
     try:
         options = where.options()
         async with asyncio.timeout(5):
             return await nats.connect(
                 where.servers, connect_timeout=2, max_reconnect_attempts=1, error_cb=quiet, **options
             )
-    except CannotRead:
+    except ValueError:  # a file that cannot be read (CannotRead), a refusal
         raise
     except Exception as e:
-        if why := refusal(e) or (refused[0] if refused else None):
-            raise ValueError(f"NATS at {where} {why}") from None
         raise ValueError(f"cannot reach NATS at {where}: {e or type(e).__name__}") from None
 
 
