@@ -19,6 +19,7 @@ import msgspec
 import nkeys
 import pytest
 
+from scaler.controller import needs
 from scaler.controller.leases import LEASES
 from scaler.gateway import admin_key
 from scaler.gateway.admin import SERVICE, Answer
@@ -367,6 +368,13 @@ async def test_a_node_with_a_creds_file_serves_and_replays_on_an_operator_mode_n
             assert code == 2 and "refuses this client: authorization violation" in err, err
         finally:
             await parts.supervisor.stop()
+
+
+async def test_the_permissions_check_has_no_effect(nats_url):
+    assert await refused(nats_url, needs.NODE) == []  # a server without users permits everything
+    async with connected(nats_url, "test") as nc:
+        # No stream made (EVENTS, nor the buckets and the object store, streams too): nothing stored.
+        assert await nc.jetstream().streams_info() == []
 
 
 # --- the workers and the platform --------------------------------------------------------------------------
