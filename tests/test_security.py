@@ -96,19 +96,10 @@ async def test_admin_needs_the_key_over_mutual_tls_also_when_passed_on_to_anothe
             assert len({holders[partition(k)] for k in KEYS}) == 2, "both nodes own some of the keys"
             trusted = ClientTls(ca.ca, client.cert, client.key)
             async with channel(gateway, trusted) as ch:
-                for key in KEYS:
-                    await assign_and_idle(pb_grpc.ScalerStub(ch), f"r-{key}", key)
+                await asyncio.gather(*(assign_and_idle(pb_grpc.ScalerStub(ch), f"r-{key}", key) for key in KEYS))
             capfd.readouterr()
-            tls_cli = (
-                "--gateway",
-                gateway,
-                "--gateway-ca",
-                ca.ca,
-                "--gateway-cert",
-                client.cert,
-                "--gateway-key",
-                client.key,
-            )
+            tls_cli = ("--gateway", gateway, "--gateway-ca", ca.ca, "--gateway-cert", client.cert)
+            tls_cli += ("--gateway-key", client.key)
 
             token = token_file.read_text().strip()
             assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and len(token) >= 32
@@ -125,11 +116,13 @@ async def test_admin_needs_the_key_over_mutual_tls_also_when_passed_on_to_anothe
                     with pytest.raises(grpc.aio.AioRpcError) as refused_call:
                         await delete(body, metadata=metadata, timeout=30)
                     assert refused_call.value.code() == code, refused_call.value
-            for args, said in [
+            wrong_file = str(write(tmp_path / "wrong", wrong))
+            refusals = [
                 ((), "UNAUTHENTICATED"),
-                (("--admin-token-file", str(write(tmp_path / "wrong", wrong))), "PERMISSION_DENIED: wrong admin key"),
-            ]:
-                code, _, err = await scaler("drain", *tls_cli, *args)
+                (("--admin-token-file", wrong_file), "PERMISSION_DENIED: wrong admin key"),
+            ]
+            ran = await asyncio.gather(*(scaler("drain", *tls_cli, *args) for args, _ in refusals))
+            for (code, _, err), (_, said) in zip(ran, refusals, strict=True):
                 assert code == 1 and f"scaler drain: {said}" in err, err
             logged = capfd.readouterr().err
             assert logged.count("refused Admin/") == 5, logged  # one line each, naming the caller's address
