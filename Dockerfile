@@ -18,10 +18,10 @@ RUN /tools/bin/python -m scaler.proto \
  && python -m venv /venv && /venv/bin/pip install /wheels/*.whl
 
 # Run: the venv alone, as an unprivileged user. /stats is where the simulator leaves its
-# statistics; a named volume mounted there starts with this owner.
+# statistics, /secrets where the node keeps its admin key; a named volume mounted there starts with this owner.
 FROM ${PYTHON}
 RUN useradd --system --user-group --uid 10001 --no-create-home scaler \
- && install -d -o scaler -g scaler /stats
+ && install -d -o scaler -g scaler /stats /secrets
 COPY --from=build /venv /venv
 ENV PATH=/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001

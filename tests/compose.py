@@ -24,6 +24,7 @@ from scaler.runtime.ports import free_port
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"
 SIM_ENV = ROOT / "sim.env"  # the `sim` profile's variables: `docker compose --env-file sim.env --profile sim up`
+TLS = ROOT / "compose.tls.yaml"  # `docker compose -f compose.yaml -f compose.tls.yaml up`: TLS on every hop
 
 LOOPBACK = ("0.0.0.0", "127.0.0.1", "localhost")  # a service's own address, as it appears in its own settings
 ADDRESS = re.compile(r"\b([\w.-]+):(\d+)\b")  # host:port, also inside a URL
@@ -69,9 +70,31 @@ def _resolve(node: Any, env: Mapping[str, str]) -> Any:
     return node
 
 
-def load(env: Mapping[str, str] | None = None) -> dict:
-    """compose.yaml with variables substituted from `env` (the shell's or an --env-file's)."""
-    return _resolve(yaml.safe_load(COMPOSE.read_text()), env or {})
+def load(env: Mapping[str, str] | None = None, overlays: tuple[Path, ...] = ()) -> dict:
+    """compose.yaml (and `overlays` over it, as `-f compose.yaml -f ...`) with variables substituted from `env`."""
+    merged = yaml.safe_load(COMPOSE.read_text())
+    for overlay in overlays:
+        merged = merge(merged, yaml.safe_load(overlay.read_text()))
+    return _resolve(merged, env or {})
+
+
+BY_TARGET = {"volumes", "configs"}  # lists compose merges by the container path, the others it replaces
+
+
+def merge(base: Any, over: Any, key: str = "") -> Any:
+    """Compose's merge of one file over another: mappings key by key, volumes and configs by target."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {k: merge(base[k], v, k) if k in base else v for k, v in over.items()} | {
+            k: v for k, v in base.items() if k not in over
+        }
+    if key in BY_TARGET and isinstance(base, list) and isinstance(over, list):
+        kept = {_target(x): x for x in base} | {_target(x): x for x in over}
+        return list(kept.values())
+    return over
+
+
+def _target(entry: Any) -> str:
+    return entry["target"] if isinstance(entry, dict) else str(entry).split(":")[1]
 
 
 def enabled(compose: dict, profiles: set[str] = frozenset()) -> dict[str, dict]:
@@ -194,6 +217,26 @@ def host_path(service: dict, path: str) -> Path | None:
         if source.startswith((".", "/")) and (p == PurePosixPath(mounted) or PurePosixPath(mounted) in p.parents):
             return (ROOT / source / p.relative_to(mounted)).resolve()
     return None
+
+
+def relocate(service: dict, environment: dict[str, str], root: Path) -> dict[str, str]:
+    """The environment with each path inside a volume of the service moved to where it is here: a bind mount's
+    source, or for a named volume a folder of `root` (the container's volume, played by a local folder)."""
+    return dict(zip(environment, relocate_all(service, list(environment.values()), root), strict=True))
+
+
+def relocate_all(service: dict, texts: list[str], root: Path) -> list[str]:
+    """`relocate` for a command line."""
+    out = list(texts)
+    for volume in service.get("volumes", []):
+        source, mounted, *_ = volume.split(":")
+        if source.startswith((".", "/")):
+            here = (ROOT / source).resolve()
+        else:
+            here = root / source
+            here.mkdir(parents=True, exist_ok=True)
+        out = [str(here) + v[len(mounted) :] if v == mounted or v.startswith(mounted + "/") else v for v in out]
+    return out
 
 
 class Loopback:

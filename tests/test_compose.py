@@ -3,7 +3,8 @@
 First against the components themselves: each command parses with its component's own parser,
 each variable set is one the component reads, each address names a port something listens on.
 Then by starting the `sim` profile's services from their commands and environment as local
-processes on loopback, and running the smoke-test dataset through them.
+processes on loopback, and running the smoke-test dataset through them; and compose.tls.yaml over
+it likewise, with the certificates scripts/certs.py makes.
 """
 
 import asyncio
@@ -20,11 +21,14 @@ from scaler.cli.up import Supervisor
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import platform_admin_pb2 as admin
 from scaler.proto import platform_admin_pb2_grpc as admin_grpc
+from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.runtime.clock import Clock
 from scaler.runtime.natsd import NatsServer
+from scaler.runtime.tls import ClientTls, channel
 from scaler.simulator.dataset import load_dataset
 from scaler.simulator.live import LiveRun
+from scripts import certs
 from tests import compose as c
 from tests.stack import eventually
 
@@ -239,7 +243,8 @@ async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(
                 command = loopback.command(name, service["command"])
                 module, argv = (command[2], command[3:]) if c.is_part(service) else ("scaler", command[1:])
                 async with asyncio.timeout(30):
-                    await supervisor.spawn(module, *argv, name=name, env_extra=loopback.environment(name))
+                    env = c.relocate(service, loopback.environment(name), tmp_path / "volumes")
+                    await supervisor.spawn(module, *argv, name=name, env_extra=env)
                 if "healthcheck" in service:
                     assert await run(loopback.command(name, service["healthcheck"]["test"][1:])) == 0, name
             children = list(supervisor.children)
@@ -284,3 +289,81 @@ def test_nats_syncs_every_write_before_it_acknowledges_it():
     target = c.option(nats["command"], "-c")
     (config,) = [m for m in nats["configs"] if m["target"] == target]
     assert "sync_interval: always" in DEFAULT["configs"][config["source"]]["content"]
+
+
+# --- compose.tls.yaml: TLS on every hop, NATS users -----------------------------------------------------------
+
+TLS_SETUP = c.load({}, (c.TLS,))  # `docker compose -f compose.yaml -f compose.tls.yaml up`
+
+
+def test_the_tls_overlay_sets_only_variables_each_part_reads_and_names_files_scripts_certs_makes():
+    made = {*(f"{n}.{ext}" for n in certs.SERVICES for ext in ("pem", "key")), "ca.pem", "node.seed", "worker.seed"}
+    for name, service in ours(TLS_SETUP).items():
+        if name == "simulator":
+            continue  # the sim profile runs on compose.yaml alone
+        parsed = c.parse(name, service)
+        unread = set(service.get("environment", {})) - parsed.reads
+        assert not unread, f"{name} sets {sorted(unread)}, which `{' '.join(service['command'])}` never reads"
+        for var, value in service.get("environment", {}).items():
+            if value.startswith("/certs/"):
+                assert "./certs:/certs:ro" in service["volumes"] and value.removeprefix("/certs/") in made, (name, var)
+    nats = TLS_SETUP["services"]["nats"]
+    assert nats["env_file"] == "./certs/nats.env" and "./certs:/etc/nats/certs:ro" in nats["volumes"]
+    conf = (c.ROOT / "deploy" / "nats.conf").read_text()
+    assert set(re.findall(r"/etc/nats/certs/([\w.-]+)", conf)) <= made | {"nats.pem", "nats.key"}
+    # The variables deploy/nats.conf takes from its environment are those scripts/certs.py writes to nats.env.
+    defined = set(re.findall(r"^(\w+) = ", conf, re.M))
+    assert set(re.findall(r"(?<!\")\$(\w+)", conf)) - defined == {"NODE_NKEY", "WORKER_NKEY", "READER_PASSWORD"}
+
+
+async def test_the_tls_overlay_as_local_processes_serves_over_tls_with_nats_users(tmp_path, monkeypatch):
+    for var in [v for v in os.environ if v.startswith("SCALER_")]:
+        monkeypatch.delenv(var)
+    folder = tmp_path / "certs"
+    done = await asyncio.create_subprocess_exec(sys.executable, str(c.ROOT / "scripts" / "certs.py"), str(folder))
+    assert await done.wait() == 0
+    compose = c.load({"SCALER_CERTS": str(folder), "SCALER_POLICY": "demo"}, (c.TLS,))
+    services = c.enabled(compose)
+    loopback = c.Loopback(services)
+    for line in (folder / "nats.env").read_text().splitlines():
+        monkeypatch.setenv(*line.split("=", 1))  # the nats container's env_file
+    # nats-server reads an include beside the file including it: here, in its place (the same to the server).
+    secure = (c.ROOT / "deploy" / "nats.conf").read_text().replace("/etc/nats/certs", str(folder))
+    config = compose["configs"]["nats"]["content"].replace("include ./secure.conf", secure)
+    supervisor = Supervisor(None)
+    async with NatsServer(tmp_path / "nats", sync_always=False, extra=config) as nats:  # in place of the nats container
+        loopback.place("nats", 4222, nats.url.split("://")[1])
+        try:
+            for name in c.start_order(services):
+                service = services[name]
+                if not c.is_ours(service):
+                    continue
+                command = c.relocate_all(service, loopback.command(name, service["command"]), tmp_path / "volumes")
+                module, argv = (command[2], command[3:]) if c.is_part(service) else ("scaler", command[1:])
+                env = c.relocate(service, loopback.environment(name), tmp_path / "volumes")
+                async with asyncio.timeout(30):
+                    await supervisor.spawn(module, *argv, name=name, env_extra=env)
+                if "healthcheck" in service:
+                    probe = c.relocate_all(
+                        service, loopback.command(name, service["healthcheck"]["test"][1:]), tmp_path
+                    )
+                    assert await run(probe) == 0, name
+            (port,) = c.listen_ports("node", services["node"])
+            node = loopback.addresses[("node", port)]
+            operator = ClientTls(str(folder / "ca.pem"), str(folder / "operator.pem"), str(folder / "operator.key"))
+            async with channel(node, operator) as ch:
+                meta = pb.Meta(key="fn", runtime="python", memory_in_mb=128)
+                reply = await pb_grpc.ScalerStub(ch).Assign(
+                    pb.AssignRequest(request_id="r1", meta_data=meta), timeout=30
+                )
+            assert reply.assigment.instance_id == "fn-1"  # the workers reached the stub over TLS, NATS as workers
+            key = tmp_path / "volumes" / "admin" / "admin-token"  # made by the node in its volume
+            cli = ["--gateway", node, "--gateway-ca", operator.ca, "--gateway-cert", operator.cert]
+            listed = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "scaler", "functions", *cli, "--gateway-key", operator.key,
+                "--admin-token-file", str(key), stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await listed.communicate()
+            assert listed.returncode == 0 and out.decode().startswith("fn  128 MB: 1 busy (fn-1)"), out
+        finally:
+            await supervisor.stop()

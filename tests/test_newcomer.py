@@ -121,7 +121,7 @@ async def test_a_metrics_port_in_use_is_named_as_the_metrics_port():
         port = taken.getsockname()[1]
         code, err = await run_cli("up", "--port", "0", "--metrics-port", str(port), seconds=60)
     assert code == 1, err
-    assert f"scaler up failed: node: cannot listen for metrics on 0.0.0.0:{port}: Address already in use" in err
+    assert f"scaler up failed: node: cannot listen for metrics on 127.0.0.1:{port}: Address already in use" in err
 
 
 def test_up_help_shows_the_defaults():

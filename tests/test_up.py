@@ -236,7 +236,7 @@ async def test_a_port_in_use_is_an_error_not_a_shared_port():
     finally:
         await stop(proc)
     assert code == 1, err  # not a second scaler sharing the port
-    assert f"scaler up failed: node: cannot listen on 0.0.0.0:{port}: Address already in use\n" in err
+    assert f"scaler up failed: node: cannot listen on 127.0.0.1:{port}: Address already in use\n" in err
     assert "Traceback" not in err and "scaler ready" not in err
     assert err.count("ERROR") == 1 and "add_port" not in err, err  # said once, not by gRPC too
 

@@ -15,11 +15,13 @@ import logging
 import signal
 
 from scaler.controller import __main__ as controller_main
+from scaler.controller import needs
 from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.gateway import __main__ as gateway_main
 from scaler.gateway.server import Gateway
 from scaler.runtime import metrics, service
+from scaler.runtime.permissions import Preflight
 from scaler.runtime.ports import port
 
 log = logging.getLogger("scaler.node")
@@ -36,8 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=port,
         default=service.env("METRICS_PORT", None),
         metavar="N",
-        help="serve Prometheus metrics on http://0.0.0.0:N/metrics (0: any free port; default: none)"
-        " [SCALER_METRICS_PORT]",
+        help="serve Prometheus metrics on http://HOST:N/metrics, HOST being --listen's (0: any free port; default:"
+        " none) [SCALER_METRICS_PORT]",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        default=service.env("ADMIN_TOKEN_FILE", ""),
+        metavar="PATH",
+        help="the key Admin calls (`scaler functions|restart|delete|drain`) must carry; a random one is made there"
+        " if the file does not exist. Without it Admin serves only a --listen on loopback, and a node listening"
+        " beyond refuses to start (docs/security.md) [SCALER_ADMIN_TOKEN_FILE]",
     )
 
 
@@ -49,6 +59,10 @@ class Node(service.Together):
         super().__init__(parts)
         self.controller = controller
         self.gateway = gateway
+
+    async def start(self) -> str:
+        self.gateway.check()  # a certificate it cannot read, an Admin it may not serve: said before the controller
+        return await super().start()
 
     async def stop(self) -> None:
         try:
@@ -70,10 +84,13 @@ class Node(service.Together):
 def make(a: argparse.Namespace) -> service.Component:
     controller = controller_main.make(a)
     says = {"speed": a.speed, "policy": a.policy}  # checked by `scaler simulate` before it begins
-    gateway = Gateway(controller, a.listen, a.reply_timeout, says)
-    parts = [controller, gateway]
+    gateway = Gateway(
+        controller, a.listen, a.reply_timeout, says, tls=service.server_tls(a), admin_token_file=a.admin_token_file
+    )
+    parts = [Preflight(controller.nats_url, "node", needs.NODE), controller, gateway]
     if a.metrics_port is not None:
-        parts.append(metrics.endpoint(f"0.0.0.0:{a.metrics_port}", [ControllerCollector(controller)]))
+        host = a.listen.rpartition(":")[0]
+        parts.append(metrics.endpoint(f"{host}:{a.metrics_port}", [ControllerCollector(controller)]))
     node = Node(controller, gateway, parts)
     gateway.drain = node.drain_and_stop
     return node

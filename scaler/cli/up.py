@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaler.controller import __main__ as controller_main
-from scaler.runtime import durability, lifeline, running
+from scaler.runtime import durability, lifeline, running, service
 from scaler.runtime.bus import close, connect
 from scaler.runtime.natsd import NatsServer, claim
 from scaler.runtime.ports import port
@@ -50,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=port, default=9001, help="gRPC port of the Scaler service (0: any free port)")
     p.add_argument(
         "--host",
-        default=env("HOST", "0.0.0.0"),
-        help="address the Scaler service binds (127.0.0.1: this machine only) [SCALER_HOST]",
+        default=env("HOST", "127.0.0.1"),
+        help="address the Scaler service and the metrics bind (0.0.0.0: every interface, which needs"
+        " --admin-token-file) [SCALER_HOST]",
     )
     p.add_argument(
         "--data-dir",
@@ -64,11 +65,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=port,
         metavar="N",
-        help="the node serves Prometheus metrics on http://0.0.0.0:N/metrics (0: any free port; default: none)",
+        help="the node serves Prometheus metrics on http://HOST:N/metrics (0: any free port; default: none)",
     )
     controller_main.add_options(p)  # the node's: policy, replicas, limits, overload, retention
     p.add_argument("--speed", type=positive, default=1.0, help="run every clock N times faster (for simulations)")
     add_log_level(p, "INFO", "this command's log level; components log warnings")
+    p.add_argument(
+        "--admin-token-file",
+        default=env("ADMIN_TOKEN_FILE", ""),
+        metavar="PATH",
+        help="the key Admin calls must carry (a random one is made if the file does not exist); needed with a --host"
+        " beyond loopback [SCALER_ADMIN_TOKEN_FILE]",
+    )
+    service.add_server_tls(p, "the Scaler service")
+    service.add_client_tls(p, "platform", "PLATFORM", "the platform (--platform)")
+    service.add_nats_access(p)  # for --nats
+
+
+SECURITY_FLAGS = (  # passed on to the node as given: (dest, flag)
+    ("admin_token_file", "--admin-token-file"),
+    ("tls_cert", "--tls-cert"),
+    ("tls_key", "--tls-key"),
+    ("tls_client_ca", "--tls-client-ca"),
+)
+PLATFORM_TLS_FLAGS = (
+    ("platform_ca", "--platform-ca"),
+    ("platform_cert", "--platform-cert"),
+    ("platform_key", "--platform-key"),
+)
+FROM_FLAGS = (
+    "TLS_CERT",
+    "TLS_KEY",
+    "TLS_CLIENT_CA",
+    "ADMIN_TOKEN_FILE",
+    "PLATFORM_CA",
+    "PLATFORM_CERT",
+    "PLATFORM_KEY",
+)
+
+
+def given(a: argparse.Namespace, flags: tuple[tuple[str, str], ...]) -> list[str]:
+    """The flags among `flags` that have a value, with it, to pass on to a part."""
+    return [arg for dest, flag in flags if getattr(a, dest, "") for arg in (flag, getattr(a, dest))]
 
 
 def data_dir(text: str) -> str:
@@ -157,13 +195,15 @@ class Supervisor:
             self._claim = claim(a.data_dir)  # its store is this run's alone
         if a.nats:
             url = a.nats
-            nc = await connect(url, "scaler up")  # said once, here, rather than by every part
+            nc = await connect(service.nats_access(a), "scaler up")  # said once, here, rather than by every part
             replicas = a.replicas or durability.default_replicas(nc)
             await close(nc)
         else:
             url = await self._start_nats(Path(a.data_dir) if a.data_dir else None)
             replicas = a.replicas or 1
         self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING", **QUIET_GRPC}
+        self.env |= {f"SCALER_{var}": getattr(a, dest) or "" for dest, var in service.NATS_ACCESS_VARS.items()}
+        self.env |= {f"SCALER_{v}": "" for v in FROM_FLAGS}  # a part gets these as flags, from this command's own
         platform = a.platform
         if not platform:
             stub_args = ["--listen", "127.0.0.1:0"] + (["--metas", a.metas] if a.metas else [])
@@ -178,10 +218,12 @@ class Supervisor:
         node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
         node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []
         node_args += ["--retention-hours", str(a.retention_hours), "--store-limit-gb", str(a.store_limit_gb)]
+        node_args += given(a, SECURITY_FLAGS)
         node = await self._part("node", "scaler", *node_args)
         node.launch = self._same_port(node, "scaler", node_args)
         # the gc worker reconciles in the background
-        await self._part("workers", "scaler.workers", "--platform", platform)
+        platform_tls = given(a, PLATFORM_TLS_FLAGS) if a.platform else []  # the bundled stub serves in clear
+        await self._part("workers", "scaler.workers", "--platform", platform, *platform_tls)
         metrics_url = f"http://{node.addresses[1]}/metrics" if metrics else ""
         self.record = running.record(
             {"nats": url, "grpc": node.address, "metrics": metrics_url, "data_dir": a.data_dir or ""}

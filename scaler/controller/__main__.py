@@ -9,11 +9,13 @@ from pathlib import Path
 
 import msgspec
 
+from scaler.controller import needs
 from scaler.controller.core.limits import NO_LIMITS, Limits
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.controller.shell import MAX_BEHIND_S, Controller
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
+from scaler.runtime.permissions import Preflight
 from scaler.store import config
 
 
@@ -113,7 +115,7 @@ def make(a: argparse.Namespace) -> Controller:
     if a.session_idle is not None:  # the flag over the limits file's session_idle_ms
         limits = msgspec.structs.replace(limits, session_idle_ms=round(a.session_idle * 1000))
     return Controller(
-        a.nats,
+        service.nats_access(a),
         policy,
         Clock(a.speed),
         replicas=a.replicas,
@@ -131,8 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def checked(a: argparse.Namespace) -> service.Component:
+    """The controller, once NATS is known to permit what it does."""
+    controller = make(a)
+    return service.Together([Preflight(controller.nats_url, "controller", needs.NODE), controller])
+
+
 def main() -> None:
-    service.main(make, build_parser().parse_args())
+    service.main(checked, build_parser().parse_args())
 
 
 if __name__ == "__main__":

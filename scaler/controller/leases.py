@@ -15,7 +15,7 @@ before it decides anything: the check is made by every command, whichever runs f
 A lease that lapsed is never quietly taken back: another node may have written meanwhile, so it
 is dropped and loaded anew. What a snapshot claims is checked atomically by the lease's revision
 (`confirm`: a compare-and-set renewal just before the snapshot is taken). Appends need no lease:
-the expected-sequence check of every append (scaler/runtime/stream.py) makes a stale writer fail.
+the expected-sequence check of every append (scaler/store/stream.py) makes a stale writer fail.
 """
 
 import asyncio

@@ -11,7 +11,10 @@ from scaler.runtime.ports import address
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--listen", type=address, default=service.env("LISTEN", "0.0.0.0:9001"), help="gRPC address [SCALER_LISTEN]"
+        "--listen",
+        type=address,
+        default=service.env("LISTEN", "0.0.0.0:9001"),
+        help="gRPC address (127.0.0.1:PORT: this machine only) [SCALER_LISTEN]",
     )
     p.add_argument(
         "--reply-timeout",
@@ -19,11 +22,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
         default=float(service.env("REPLY_TIMEOUT", "60")),
         help="seconds a call waits for its answer [SCALER_REPLY_TIMEOUT]",
     )
+    service.add_server_tls(p, "the gRPC service")
 
 
 def make(a: argparse.Namespace) -> service.Component:
-    forwarder = Forwarder(a.nats)
-    return service.Together([forwarder, Gateway(forwarder, a.listen, a.reply_timeout)])
+    forwarder = Forwarder(service.nats_access(a))
+    return service.Together([forwarder, Gateway(forwarder, a.listen, a.reply_timeout, tls=service.server_tls(a))])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,9 +6,12 @@ decided in its order, stored as events with the operator's reason, and answered 
 function no controller knows is NOT_FOUND. List asks every running controller for what it holds
 (scaler/controller/state_service.py). Drain hands the node's partitions to the other nodes and stops it
 (scaler/cli/node.py). A gateway whose router cannot list (a front gateway) serves none of this:
-UNIMPLEMENTED.
+UNIMPLEMENTED. Every call carries the node's key when it has one (scaler/gateway/admin_key.py); a
+restart or delete passed on to the function's owner goes over NATS, where the permission to publish
+commands is the boundary (docs/security.md).
 """
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
@@ -17,9 +20,12 @@ import grpc
 import msgspec
 
 from scaler.controller.core.state import FnState, Phase
+from scaler.gateway import admin_key
 from scaler.proto.commands import Code, Delete, Reply, Restart
 from scaler.proto.subjects import key_problem
 from scaler.runtime.bus import Unavailable
+
+log = logging.getLogger("scaler.admin")
 
 SERVICE = "scaler.Admin"
 MAX_REASON_BYTES = 1024
@@ -94,9 +100,18 @@ def _ask(body: bytes, needs_key: bool) -> Ask:
 
 
 def handler(
-    router: Functions, timeout_s: float, drain: Callable[[], Awaitable[str]] | None = None
+    router: Functions,
+    timeout_s: float,
+    drain: Callable[[], Awaitable[str]] | None = None,
+    key: bytes | None = None,
 ) -> grpc.GenericRpcHandler:
-    async def guarded(work, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    """The Admin service; with `key`, a call that does not carry it is refused before anything is read."""
+
+    async def guarded(name: str, work, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if key is not None and (refused := admin_key.refusal(key, context)):
+            code, why = refused
+            log.warning("refused Admin/%s from %s: %s", name, context.peer(), why)
+            await context.abort(code, why)
         try:
             return msgspec.json.encode(await work(body))
         except _Refused as e:
@@ -128,10 +143,10 @@ def handler(
 
     methods = {"List": list_, "Restart": command(Restart), "Delete": command(Delete), "Drain": drain_}
 
-    def unary(work):
+    def unary(name: str, work):
         async def method(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            return await guarded(work, body, context)
+            return await guarded(name, work, body, context)
 
         return grpc.unary_unary_rpc_method_handler(method)
 
-    return grpc.method_handlers_generic_handler(SERVICE, {name: unary(work) for name, work in methods.items()})
+    return grpc.method_handlers_generic_handler(SERVICE, {name: unary(name, work) for name, work in methods.items()})

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import grpc
 
-from scaler.gateway import admin, info
+from scaler.gateway import admin, admin_key, info
 from scaler.gateway.owed import Owed
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
@@ -29,7 +29,8 @@ from scaler.proto.events import Meta
 from scaler.proto.subjects import MAX_INSTANCE_ID_BYTES, key_problem
 from scaler.runtime import metrics
 from scaler.runtime.bus import Unavailable
-from scaler.runtime.ports import bind, grpc_server
+from scaler.runtime.ports import bind, grpc_server, is_loopback
+from scaler.runtime.tls import ServerTls
 
 log = logging.getLogger("scaler.gateway")
 
@@ -148,13 +149,17 @@ class Gateway(pb_grpc.ScalerServicer):
     def __init__(
         self,
         router: Router,
-        listen: str = "0.0.0.0:9001",
+        listen: str = "127.0.0.1:9001",
         reply_timeout_s: float = 60.0,
         info: dict | None = None,
         max_calls: int = MAX_CALLS,
         drain=None,
+        tls: ServerTls | None = None,
+        admin_token_file: str = "",
     ) -> None:
         self.router = router
+        self.tls = tls  # serve TLS (and, with its client CA, only callers with a certificate it signed)
+        self.admin_token_file = admin_token_file  # the key Admin calls must carry (scaler/gateway/admin_key.py)
         self.drain = drain  # scaler.Admin/Drain: hand the node's partitions over and stop (scaler/cli/node.py)
         self.info = info  # what it says of itself on scaler.Info (scaler/gateway/info.py); None: nothing
         self.listen = listen
@@ -169,12 +174,42 @@ class Gateway(pb_grpc.ScalerServicer):
         pb_grpc.add_ScalerServicer_to_server(self, self._server)
         if self.info is not None:
             self._server.add_generic_rpc_handlers((info.handler(self.info),))
-        if isinstance(self.router, admin.Functions):
-            self._server.add_generic_rpc_handlers((admin.handler(self.router, self.reply_timeout_s, self.drain),))
-        self.port = bind(self._server, self.listen)
+        serves_admin = isinstance(self.router, admin.Functions)
+        if serves_admin:
+            key = self.admin_key()
+            handler = admin.handler(self.router, self.reply_timeout_s, self.drain, key)
+            self._server.add_generic_rpc_handlers((handler,))
+        self.port = bind(self._server, self.listen, self.tls)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]
-        return f"gateway on {host}:{self.port}"
+        return f"gateway on {host}:{self.port}{self._says(serves_admin)}"
+
+    def check(self) -> None:
+        """Read what it serves with (its certificate and key, the admin key) and refuse an Admin it may not serve:
+        a node says either before its controller starts."""
+        if self.tls is not None:
+            self.tls.credentials()
+        if isinstance(self.router, admin.Functions):
+            self.admin_key()
+
+    def admin_key(self) -> bytes | None:
+        """The key Admin calls must carry; None (any caller) only on a listener this machine alone reaches."""
+        if self.admin_token_file:
+            return admin_key.load(self.admin_token_file, make=True)
+        if not is_loopback(self.listen):
+            raise admin_key.AdminOpen(
+                f"Admin on {self.listen} would let anyone who reaches it delete functions: give"
+                f" {admin_key.FLAG} PATH (a random key is made there if it does not exist), or listen on 127.0.0.1"
+            )
+        return None
+
+    def _says(self, serves_admin: bool) -> str:
+        how = []
+        if self.tls is not None:
+            how.append("mutual TLS" if self.tls.client_ca else "TLS")
+        if serves_admin:
+            how.append("Admin with a key" if self.admin_token_file else "Admin for this machine only")
+        return f" ({', '.join(how)})" if how else ""
 
     async def stop(self) -> None:
         if self._server is not None:

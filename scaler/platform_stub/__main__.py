@@ -14,8 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--listen",
         type=address,
-        default=service.env("PLATFORM_LISTEN", "0.0.0.0:50051"),
-        help="[SCALER_PLATFORM_LISTEN]",
+        default=service.env("PLATFORM_LISTEN", "127.0.0.1:50051"),
+        help="gRPC address (0.0.0.0:50051: every interface) [SCALER_PLATFORM_LISTEN]",
     )
     p.add_argument("--metas", default=service.env("METAS", ""), help="metas file or dataset folder [SCALER_METAS]")
     p.add_argument(
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="behave as the challenge's platform: a new slot on every CreateSlot, a second Init on a slot fails,"
         " no ListSlots [SCALER_PLATFORM_LIKE_CHALLENGE]",
     )
+    service.add_server_tls(p, "the Platform service")
     return p
 
 
@@ -42,7 +43,14 @@ def main() -> None:
     except DatasetError as e:
         p.error(str(e))
     service.main(
-        lambda a: PlatformStub(a.listen, metas, a.create_latency_ms, Clock(a.speed), like_challenge=a.like_challenge),
+        lambda a: PlatformStub(
+            a.listen,
+            metas,
+            a.create_latency_ms,
+            Clock(a.speed),
+            like_challenge=a.like_challenge,
+            tls=service.server_tls(a),
+        ),
         args,
     )
 

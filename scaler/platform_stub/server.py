@@ -35,6 +35,7 @@ from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.runtime.clock import Clock
 from scaler.runtime.ports import bind, grpc_server
 from scaler.runtime.text import plural
+from scaler.runtime.tls import ServerTls
 from scaler.simulator.dataset import FunctionMeta
 
 log = logging.getLogger("scaler.platform_stub")
@@ -122,8 +123,10 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         clock: Clock | None = None,
         faults: Faults | None = None,
         like_challenge: bool = False,
+        tls: ServerTls | None = None,
     ) -> None:
         self.listen = listen
+        self.tls = tls  # serve TLS (scaler/runtime/tls.py): the workers then need --platform-ca
         self.metas = metas or {}
         self.create_latency_ms = create_latency_ms
         self.clock = clock or Clock()
@@ -141,10 +144,11 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         pb_grpc.add_PlatformServicer_to_server(self, self._server)
         if not self.like_challenge:
             admin_grpc.add_PlatformAdminServicer_to_server(self, self._server)
-        self.port = bind(self._server, self.listen)
+        self.port = bind(self._server, self.listen, self.tls)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]
         mode = ", like the challenge's" if self.like_challenge else ""
+        mode += ", TLS" if self.tls is not None else ""
         return f"platform stub on {host}:{self.port} ({plural(len(self.metas), 'function')} in metas{mode})"
 
     async def stop(self) -> None:

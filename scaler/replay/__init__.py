@@ -36,9 +36,11 @@ from scaler.proto.subjects import PARTITIONS, function_events, partition
 from scaler.replay import explain
 from scaler.replay.page import replay_page
 from scaler.report.timeline import Fold, Timeline
-from scaler.runtime import running
-from scaler.runtime.bus import servers
+from scaler.runtime import running, service
+from scaler.runtime.access import Nats, access
+from scaler.runtime.bus import refusal
 from scaler.runtime.natsd import NatsServer, StoreBusy, claim
+from scaler.runtime.permissions import VIOLATION
 from scaler.runtime.text import plural
 from scaler.store import EventStore, UnreadableStream
 
@@ -62,6 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
     )
+    service.add_nats_access(p)  # reading needs no more than a read-only user (docs/operations.md: NATS permissions)
 
 
 def _sequence(text: str) -> int:
@@ -234,7 +237,7 @@ async def timeline(nc: Client, key: str, until_seq: int | None = None, until_ms:
     return told.timeline(replayed.states[key]) if key in replayed.states else None
 
 
-async def timelines(url: str, keys: list[str]) -> list[Timeline]:
+async def timelines(url: Nats, keys: list[str]) -> list[Timeline]:
     """The timelines of `keys` from the stream of the NATS at `url` (those with no events are left out)."""
     nc = await _connect(url)
     try:
@@ -317,15 +320,25 @@ def running_nats() -> str:
     return found[0]["nats"]
 
 
-async def _connect(url: str):
+async def _connect(url: Nats):
+    where = access(url)
+
     async def quiet(e: Exception) -> None:
-        pass
+        if VIOLATION in str(e).lower():  # what this reader is not permitted would otherwise show as a timeout
+            print(f"scaler replay: {e}", file=sys.stderr)
+        elif why := refusal(e):  # said at once: trying again would be refused again
+            raise ValueError(f"NATS at {where} {why}")
 
     try:
+        options = where.options()
         async with asyncio.timeout(5):
-            return await nats.connect(servers(url), connect_timeout=2, max_reconnect_attempts=1, error_cb=quiet)
+            return await nats.connect(
+                where.servers, connect_timeout=2, max_reconnect_attempts=1, error_cb=quiet, **options
+            )
+    except ValueError:  # a file that cannot be read (CannotRead), a refusal
+        raise
     except Exception as e:
-        raise ValueError(f"cannot reach NATS at {url}: {e or type(e).__name__}") from None
+        raise ValueError(f"cannot reach NATS at {where}: {e or type(e).__name__}") from None
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -346,7 +359,7 @@ async def _main(args: argparse.Namespace) -> int:
         server = NatsServer(store)
         url = await server.start()
     else:
-        url = args.nats or running_nats()
+        url = service.nats_access(args, args.nats or running_nats())
     try:
         nc = await _connect(url)
         try:

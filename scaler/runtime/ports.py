@@ -1,16 +1,21 @@
 """Listening: ports and addresses checked when they are parsed, and gRPC servers that own their port.
 
+A listener given a ServerTls (scaler/runtime/tls.py) serves TLS only; without one, only in clear.
+
 gRPC binds with SO_REUSEPORT by default: a second server on a port in use starts without a word
 and the kernel splits the clients between the two. Our servers turn it off, so a port in use is
 an error, said in one line.
 """
 
 import argparse
+import ipaddress
 import random
 import socket
 from pathlib import Path
 
 import grpc
+
+from scaler.runtime.tls import ServerTls
 
 GRPC_OPTIONS = [("grpc.so_reuseport", 0)]
 
@@ -79,10 +84,12 @@ def grpc_server(max_calls: int | None = None) -> grpc.aio.Server:
     return grpc.aio.server(maximum_concurrent_rpcs=max_calls, options=GRPC_OPTIONS + pending)
 
 
-def bind(server: grpc.aio.Server, listen: str) -> int:
-    """Add `listen` to the server and return the port it got; raise CannotListen saying why not."""
+def bind(server: grpc.aio.Server, listen: str, tls: ServerTls | None = None) -> int:
+    """Add `listen` to the server (over TLS with `tls`) and return the port it got; raise CannotListen saying why
+    not (a certificate that cannot be read: tls.CannotRead)."""
+    credentials = tls.credentials() if tls is not None else None
     try:
-        got = server.add_insecure_port(listen)
+        got = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
     except RuntimeError:
         got = 0
     if got == 0:
@@ -104,3 +111,15 @@ def why_not(listen: str) -> str:
     except ValueError:
         return "not an address"
     return "gRPC refused it"
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether HOST:PORT can be reached from this machine only (127.0.0.0/8, ::1, localhost); an empty host,
+    0.0.0.0 or [::] is every interface."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: whatever it resolves to may change; not counted as loopback
+        return False

@@ -9,6 +9,9 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from scaler.runtime.access import NatsAccess
+from scaler.runtime.tls import ClientTls, ServerTls
+
 log = logging.getLogger("scaler")
 T = TypeVar("T")
 
@@ -71,7 +74,12 @@ def parser(prog: str, description: str, uses_nats: bool = True, uses_clock: bool
 
 def add_common(p: argparse.ArgumentParser, uses_nats: bool = True, uses_clock: bool = True) -> None:
     if uses_nats:
-        p.add_argument("--nats", default=env("NATS_URL", "nats://127.0.0.1:4222"), help="NATS URL [SCALER_NATS_URL]")
+        p.add_argument(
+            "--nats",
+            default=env("NATS_URL", "nats://127.0.0.1:4222"),
+            help="NATS URL(s), comma-separated; tls://HOST:PORT speaks TLS [SCALER_NATS_URL]",
+        )
+        add_nats_access(p)
     if uses_clock:
         p.add_argument(
             "--speed",
@@ -80,6 +88,74 @@ def add_common(p: argparse.ArgumentParser, uses_nats: bool = True, uses_clock: b
             help="run the clock N times faster, for simulations [SCALER_SPEED]",
         )
     add_log_level(p, env("LOG_LEVEL", "INFO"), "[SCALER_LOG_LEVEL]")
+
+
+def add_nats_access(p: argparse.ArgumentParser) -> None:
+    """How a process proves itself to NATS and whom it trusts there (docs/security.md)."""
+    g = p.add_argument_group("NATS access", "TLS and credentials for NATS (docs/security.md)")
+    _file(g, "--nats-ca", "NATS_CA", "trust NATS servers whose certificate this CA signed (turns TLS on)")
+    _file(g, "--nats-cert", "NATS_CERT", "a client certificate, for NATS servers that verify clients")
+    _file(g, "--nats-key", "NATS_KEY", "... and its key")
+    _file(g, "--nats-creds", "NATS_CREDS", "a .creds file (user JWT and nkey seed)")
+    _file(g, "--nats-nkey", "NATS_NKEY", "a file holding an nkey seed")
+    g.add_argument("--nats-user", default=env("NATS_USER", ""), metavar="NAME", help="a NATS user [SCALER_NATS_USER]")
+    _file(g, "--nats-password-file", "NATS_PASSWORD_FILE", "... and the file holding its password")
+
+
+def _file(g: argparse._ArgumentGroup, flag: str, var: str, help: str) -> None:
+    g.add_argument(flag, default=env(var, ""), metavar="PATH", help=f"{help} [SCALER_{var}]")
+
+
+def nats_access(a: argparse.Namespace, url: str | None = None) -> NatsAccess:
+    """The access the flags describe, to the URL of --nats (or `url`)."""
+    return NatsAccess(
+        url=url or a.nats,
+        tls=ClientTls(a.nats_ca, a.nats_cert, a.nats_key, flags="--nats"),
+        creds=a.nats_creds,
+        nkey=a.nats_nkey,
+        user=a.nats_user,
+        password_file=a.nats_password_file,
+    )
+
+
+NATS_ACCESS_VARS = {  # each access flag's variable, for a process that passes the access on to its children
+    "nats_ca": "NATS_CA",
+    "nats_cert": "NATS_CERT",
+    "nats_key": "NATS_KEY",
+    "nats_creds": "NATS_CREDS",
+    "nats_nkey": "NATS_NKEY",
+    "nats_user": "NATS_USER",
+    "nats_password_file": "NATS_PASSWORD_FILE",
+}
+
+
+def add_server_tls(p: argparse.ArgumentParser, what: str) -> None:
+    """TLS for a gRPC listener: a certificate and key, and optionally a CA its callers' certificates must come from."""
+    g = p.add_argument_group("TLS", f"TLS for {what} (docs/security.md); in clear without --tls-cert")
+    _file(g, "--tls-cert", "TLS_CERT", f"serve {what} over TLS with this certificate (PEM)")
+    _file(g, "--tls-key", "TLS_KEY", "... and its private key")
+    _file(g, "--tls-client-ca", "TLS_CLIENT_CA", "require callers to show a certificate this CA signed (mutual TLS)")
+
+
+def server_tls(a: argparse.Namespace) -> ServerTls | None:
+    if not (a.tls_cert or a.tls_key or a.tls_client_ca):
+        return None
+    return ServerTls(a.tls_cert, a.tls_key, a.tls_client_ca)
+
+
+def add_client_tls(p: argparse.ArgumentParser, prefix: str, var: str, what: str) -> None:
+    """TLS for calls to `what`: `--<prefix>-ca` to trust, and a certificate of our own for servers that ask."""
+    g = p.add_argument_group(f"TLS to {what}", f"in clear unless --{prefix}-ca or --{prefix}-cert is given")
+    _file(g, f"--{prefix}-ca", f"{var}_CA", f"speak TLS to {what}, trusting certificates this CA signed")
+    _file(g, f"--{prefix}-cert", f"{var}_CERT", f"a client certificate to show {what} (mutual TLS)")
+    _file(g, f"--{prefix}-key", f"{var}_KEY", "... and its private key")
+
+
+def client_tls(a: argparse.Namespace, prefix: str) -> ClientTls:
+    dest = prefix.replace("-", "_")
+    return ClientTls(
+        getattr(a, f"{dest}_ca"), getattr(a, f"{dest}_cert"), getattr(a, f"{dest}_key"), flags=f"--{prefix}"
+    )
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -27,6 +27,7 @@ import msgspec
 from scaler import replay
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.report.timeline import Folds, Timeline
+from scaler.runtime import service
 from scaler.runtime.ports import port
 from scaler.runtime.service import positive
 from scaler.simulator import report
@@ -37,7 +38,8 @@ from scaler.simulator.progress import EVERY_S, Progress
 from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
 
 DEFAULT_GATEWAY = "127.0.0.1:9001"
-DEFAULT_PLATFORM_LISTEN = "0.0.0.0:50051"
+DEFAULT_HOST = "127.0.0.1"  # what the Platform API and /stats bind unless told: this machine only
+PLATFORM_PORT = 50051
 CREATE_LATENCY_MS = 100  # the platform's CreateSlot latency, in both modes
 WORST = 10  # functions listed as the worst offenders
 T = TypeVar("T")
@@ -122,7 +124,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--platform-listen",
         metavar="HOST:PORT",
-        help=f"live: where to serve the Platform API (default {DEFAULT_PLATFORM_LISTEN})",
+        help=f"live: where to serve the Platform API (default HOST:{PLATFORM_PORT}, HOST being --host)",
+    )
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help="live: the address the Platform API and the statistics bind (0.0.0.0: every interface)",
     )
     p.add_argument("--json", metavar="PATH", help="also write the statistics as a JSON object to PATH")
     p.add_argument(
@@ -151,7 +158,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--stats-port",
         type=port,
         metavar="N",
-        help="live: serve the statistics so far on http://0.0.0.0:N/stats (JSON) while it runs (0: any free port)",
+        help="live: serve the statistics so far on http://HOST:N/stats (JSON) while it runs (0: any free port)",
     )
     p.add_argument(
         "--progress-every",
@@ -160,6 +167,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"progress: a bar on a terminal, else a line every S seconds (default {EVERY_S:g})",
     )
+    service.add_client_tls(p, "gateway", "GATEWAY", "the scaler (live)")
+    service.add_server_tls(p, "the Platform API (live)")
+    service.add_nats_access(p)  # for --nats
 
 
 def to_json(stats: Stats, functions: list[FunctionRow]) -> bytes:
@@ -262,7 +272,7 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     speed = args.speed or 1.0
     gateway = args.gateway or DEFAULT_GATEWAY
     started = time.perf_counter()
-    stats = f"0.0.0.0:{args.stats_port}" if args.stats_port is not None else None
+    stats = f"{args.host}:{args.stats_port}" if args.stats_port is not None else None
     drivers: list[LiveRun] = []
     try:
         run, errors, says = asyncio.run(
@@ -271,12 +281,14 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
                     dataset,
                     gateway,
                     speed,
-                    args.platform_listen or DEFAULT_PLATFORM_LISTEN,
+                    args.platform_listen or f"{args.host}:{PLATFORM_PORT}",
                     CREATE_LATENCY_MS,
                     Progress(len(dataset.requests), dataset.span_ms, args.progress_every),
                     stats,
                     said=lambda line: print(line, file=sys.stderr, flush=True),
                     began=drivers.append,
+                    gateway_tls=service.client_tls(args, "gateway"),
+                    platform_tls=service.server_tls(args),
                 )
             )
         )
@@ -310,14 +322,14 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     if drawing:
         title = f"{dataset.name}: live{policy}, speed {speed:g}"
         worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), report.DRAWN)
-        recorded = asyncio.run(_from_stream(title, args.nats, [f.key for f in worst]))
+        recorded = asyncio.run(_from_stream(title, args, [f.key for f in worst]))
     return run, heading, recorded
 
 
-async def _from_stream(title: str, url: str | None, keys: list[str]) -> Recorded:
+async def _from_stream(title: str, args: argparse.Namespace, keys: list[str]) -> Recorded:
     """The timelines of `keys` read back from the scaler's EVENTS stream: the reasons are only there."""
     try:
-        timelines = await replay.timelines(url or replay.running_nats(), keys)
+        timelines = await replay.timelines(service.nats_access(args, args.nats or replay.running_nats()), keys)
     except (ValueError, replay.stream.UnreadableStream, replay.rebuild.Uncovered) as e:
         note = f"no timelines: the scaler's events could not be read ({e}); pass --nats URL"
         print(f"scaler simulate: {note}", file=sys.stderr)

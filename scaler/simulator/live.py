@@ -35,6 +35,7 @@ from scaler.gateway import info
 from scaler.platform_stub.server import PlatformStub, SlotRecord
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.runtime import tls
 from scaler.runtime.clock import Clock
 from scaler.runtime.http import HttpEndpoint
 from scaler.runtime.ports import CannotListen
@@ -359,23 +360,26 @@ async def run_live(
     dataset: Dataset,
     gateway: str,
     speed: float = 1.0,
-    platform_listen: str = "0.0.0.0:50051",
+    platform_listen: str = "127.0.0.1:50051",
     create_latency_ms: int = 100,
     progress: Progress | None = None,
     stats_listen: str | None = None,
     said: Callable[[str], None] = lambda line: None,
     began: Callable[[LiveRun], None] = lambda driver: None,
+    gateway_tls: tls.ClientTls | None = None,
+    platform_tls: tls.ServerTls | None = None,
 ) -> tuple[Run, Counter[str], dict]:
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
 
     The setup is checked before the first request: the scaler's speed (when it says it) and, at
     its first answer, that it uses this platform. With `stats_listen`, the statistics so far are
-    served there over HTTP (`/stats`, JSON) while the run goes on; `said` is told where. `began` is given
+    served there over HTTP (`/stats`, JSON) while the run goes on; `said` is told where. `gateway_tls` and
+    `platform_tls` put the two hops on TLS (scaler/runtime/tls.py). `began` is given
     the run once it begins, so that a caller can report the requests done so far if it is interrupted.
     Returns the run, how its failed calls failed (message -> count), and what the scaler said of itself.
     """
     clock = Clock(speed)
-    stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
+    stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock, tls=platform_tls)
     try:
         await stub.start()
     except CannotListen as e:
@@ -383,7 +387,7 @@ async def run_live(
         raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e.why}") from None
     stats: HttpEndpoint | None = None
     try:
-        async with grpc.aio.insecure_channel(gateway) as channel:
+        async with tls.channel(gateway, gateway_tls) as channel:
             try:
                 await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
             except TimeoutError:

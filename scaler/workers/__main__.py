@@ -38,19 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=float(service.env("ACK_WAIT", str(ACK_WAIT_S))),
         help="seconds after which an event a dead worker was performing is redelivered [SCALER_ACK_WAIT]",
     )
+    service.add_client_tls(p, "platform", "PLATFORM", "the platform")
     config.add_retention(p)
     return p
 
 
 def make(a: argparse.Namespace) -> service.Component:
     kinds = a.kinds or KINDS
+    nats = service.nats_access(a)
     parts: list[service.Component] = []
     if "platform" in kinds:
-        parts.append(PlatformWorker(a.nats, a.platform, a.concurrency, a.ack_wait))
+        parts.append(PlatformWorker(nats, a.platform, a.concurrency, a.ack_wait))
     if "gc" in kinds:
-        parts.append(GcWorker(a.nats, a.platform, Clock(a.speed), a.concurrency, ack_wait_s=a.ack_wait))
+        parts.append(GcWorker(nats, a.platform, Clock(a.speed), a.concurrency, ack_wait_s=a.ack_wait))
     for part in parts:  # should a worker be the first to need EVENTS, it creates it with these limits
         part.retention = config.retention(a)
+        part.platform_tls = service.client_tls(a, "platform")
     return parts[0] if len(parts) == 1 else service.Alongside(parts)  # each waits out its grace
 
 

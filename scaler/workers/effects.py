@@ -27,6 +27,8 @@ from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.commands import AnyCommand
 from scaler.proto.events import Event, decode_batch
 from scaler.proto.subjects import EVENTS, EVT, worker_subjects
+from scaler.runtime import tls
+from scaler.runtime.access import Nats
 from scaler.runtime.bus import close, connect, send
 from scaler.runtime.faults import LastingFault
 from scaler.store.config import Retention, ensure_stream
@@ -130,10 +132,11 @@ class EffectWorker:
     name: ClassVar[str]
     effect: ClassVar[str]  # the letter in a batch's `<effects>` token that means work for this worker
 
-    def __init__(self, nats_url: str, platform: str, concurrency: int = 1024, ack_wait_s: float = ACK_WAIT_S) -> None:
+    def __init__(self, nats_url: Nats, platform: str, concurrency: int = 1024, ack_wait_s: float = ACK_WAIT_S) -> None:
         self.nats_url = nats_url
         self.retention: Retention | None = None  # EVENTS's limits, should this worker be the one to create it
         self.platform_addr = platform
+        self.platform_tls: tls.ClientTls | None = None  # TLS to the platform (--platform-ca ...): in clear if None
         self.ack_wait_s = ack_wait_s  # how soon an event a dead worker was performing comes back
         self.patience_s = PATIENCE_S  # how long a busy platform is retried
         self._limit = asyncio.Semaphore(concurrency)
@@ -157,7 +160,8 @@ class EffectWorker:
         """The batch of these events is acked: what was kept to resume them can go."""
 
     async def start(self) -> str:
-        self._channel = grpc.aio.insecure_channel(self.platform_addr, options=CHANNEL_OPTIONS)
+        await tls.check_trust(self.platform_addr, self.platform_tls, "the platform")
+        self._channel = tls.channel(self.platform_addr, self.platform_tls, CHANNEL_OPTIONS)
         self.platform = pb_grpc.PlatformStub(self._channel)
         self._nc = await connect(self.nats_url, self.name)
         self._js = self._nc.jetstream()
@@ -175,7 +179,8 @@ class EffectWorker:
         self._sub = await self._js.subscribe(
             f"{EVT}.>", queue=self.durable, stream=EVENTS, cb=self._on_batch, manual_ack=True, config=config
         )
-        return f"{self.name} (platform {self.platform_addr})"
+        over = " over TLS" if self.platform_tls is not None and self.platform_tls.on else ""
+        return f"{self.name} (platform {self.platform_addr}{over})"
 
     async def _drop_if_changed(self, subjects: list[str]) -> int | None:
         """A durable consumer keeps its filter and its delivery: one made for other subjects, or for a single

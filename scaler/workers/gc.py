@@ -22,6 +22,7 @@ from scaler.proto.commands import AnyCommand, PlatformSlot, Reconcile, SlotDestr
 from scaler.proto.events import Event, InstanceRetired, destroys
 from scaler.proto.platform_admin_pb2_grpc import PlatformAdminStub
 from scaler.proto.subjects import CMD, PARTITIONS, RECONCILE_ASK, SYSTEM_KEY, UNLISTED, partition
+from scaler.runtime.access import Nats
 from scaler.runtime.bus import send
 from scaler.runtime.clock import Clock
 from scaler.workers.effects import ACK_WAIT_S, Delivery, EffectWorker, PlatformError, call_platform
@@ -40,7 +41,7 @@ class GcWorker(EffectWorker):
 
     def __init__(
         self,
-        nats_url: str,
+        nats_url: Nats,
         platform: str,
         clock: Clock | None = None,
         concurrency: int = 1024,

@@ -1,0 +1,85 @@
+"""How a component reaches NATS: the URL, the TLS it speaks, and who it says it is.
+
+One frozen value built from the flags (scaler/runtime/service.py, `nats_access`) and handed to
+`bus.connect`, the one place connections are made. A component given a bare URL (tests, tools)
+connects as before: no TLS unless the URL says `tls://`, no credentials unless the URL carries them.
+It prints as its URL with any password left out, so it can be logged.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from scaler.runtime.tls import CannotRead, ClientTls, read
+
+
+@dataclass(frozen=True)
+class NatsAccess:
+    url: str
+    tls: ClientTls = field(default_factory=lambda: ClientTls(flags="--nats"))
+    creds: str = ""  # a .creds file: a user JWT and its nkey seed (an operator-mode server)
+    nkey: str = ""  # a file holding an nkey seed (a server that lists users by public nkey)
+    user: str = ""
+    password_file: str = ""  # the user's password, in a file (never on a command line)
+
+    def __str__(self) -> str:
+        return redacted(self.url)
+
+    def options(self) -> dict[str, Any]:
+        """nats-py's `connect` keyword arguments for this access; files are read now (CannotRead if one cannot be)."""
+        out: dict[str, Any] = {}
+        if self.tls.on or any(u.startswith("tls://") for u in self.servers):
+            out["tls"] = self.tls.context()
+            logging.getLogger("asyncio").addFilter(_quiet_tls_eof)
+        if self.creds:
+            read(self.creds, "--nats-creds")
+            out["user_credentials"] = self.creds
+        if self.nkey:
+            read(self.nkey, "--nats-nkey")
+            out["nkeys_seed"] = self.nkey
+        if bool(self.user) != bool(self.password_file):
+            raise CannotRead("--nats-user and --nats-password-file go together")
+        if self.user:
+            out["user"] = self.user
+            out["password"] = read(self.password_file, "--nats-password-file").decode().strip()
+        return out
+
+    @property
+    def servers(self) -> list[str]:
+        return servers(self.url)
+
+
+def _quiet_tls_eof(record: logging.LogRecord) -> bool:
+    """asyncio warns at each TLS connection nats-py's reader sees end ("returning true from eof_received() has no
+    effect when using ssl"): about nats-py's protocol class, nothing an operator can act on."""
+    return "eof_received" not in record.getMessage()
+
+
+Nats = str | NatsAccess  # what a component is given to reach NATS: a bare URL, or the whole access
+
+
+def access(nats: Nats) -> NatsAccess:
+    return nats if isinstance(nats, NatsAccess) else NatsAccess(nats)
+
+
+def url_of(nats: Nats) -> str:
+    return nats.url if isinstance(nats, NatsAccess) else nats
+
+
+def servers(url: str) -> list[str]:
+    """`nats://a:4222,nats://b:4222` -> each server of a cluster (nats-py wants a list)."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+def redacted(url: str) -> str:
+    """The URL(s) without passwords: `nats://user:secret@host` -> `nats://user@host`."""
+    out = []
+    for u in servers(url):
+        parts = urlsplit(u if "://" in u else f"nats://{u}")
+        if parts.password is None:
+            out.append(u)
+            continue
+        host = parts.netloc.rsplit("@", 1)[1]
+        out.append(urlunsplit(parts._replace(netloc=f"{parts.username}@{host}" if parts.username else host)))
+    return ",".join(out)
