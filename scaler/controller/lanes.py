@@ -141,7 +141,7 @@ class Lanes:
             if outcomes:  # decided and stored, but an answer could not go out (NATS away): it is kept
                 log.warning("%s: could not answer: %s", key, e)
             else:  # the partition went, or the store did: nothing of the group decided
-                outcomes = [Told(str(e)) if q.cmd.reply_to in told else e for q in group]
+                outcomes = [Told(str(e)) if getattr(q.cmd, "reply_to", "") in told else e for q in group]
         finally:
             for i, q in enumerate(taken):  # short of outcomes only when cancelled
                 self._done(q, outcomes[i] if i < len(outcomes) else NotServing(f"{key}: its queue stopped"))
