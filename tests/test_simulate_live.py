@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -70,8 +69,11 @@ async def test_live_on_a_gentle_trace_decides_as_the_core(nats_url, tmp_path, mo
     assert [live.invocations[n].cold for n in unavoidable] == [offline.invocations[n].cold for n in unavoidable]
     assert all(offline.invocations[n].cold for n in unavoidable) and not offline.invocations[2].cold
     assert offline.slots_created == 5 <= live.slots_created <= 6
-    live_s, offline_s = live.stats().invocation_schedule_time_in_secs, offline.stats().invocation_schedule_time_in_secs
-    assert offline_s <= live_s
+    # Each of those waited for its slot's CreateSlot and Init, which the platform did after the Assign came and
+    # before it was answered: counted at their nominal length, as offline counts them, and the scaler's own work on top.
+    assert all(live.invocations[n].schedule_ms >= offline.invocations[n].schedule_ms for n in unavoidable), [
+        (live.invocations[n].schedule_ms, offline.invocations[n].schedule_ms) for n in unavoidable
+    ]
 
 
 @pytest.mark.skipif(not (SHARED / "dataSet_1").is_dir(), reason=f"the shared datasets are not at {SHARED}")
@@ -208,12 +210,10 @@ async def test_a_scaler_at_another_speed_is_refused_before_the_first_request(tmp
 async def test_a_scaler_using_another_platform_is_refused_at_its_first_answer(tmp_path):
     proc, gateway, _ = await start_up()  # with its own platform stub, not the simulator's
     try:
-        began = time.monotonic()
         simulator = await simulate_cli(gentle(tmp_path / "g"), "--gateway", gateway, "--platform-listen", "127.0.0.1:0")
         code, err = await finished(simulator, 60)  # the whole trace, at speed 1, would take 7 minutes
         assert code == 1, err
         assert "error: the scaler's first answer is a-1, an instance this simulator's platform never started" in err
-        assert time.monotonic() - began < 30
     finally:
         await stop(proc)
 
