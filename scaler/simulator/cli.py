@@ -281,6 +281,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             )
         )
     except KeyboardInterrupt:
+        if drivers:
+            drivers[0].show_progress(final=True)  # the bar as it ends, on a line of its own
         if not drivers or not drivers[0].done:
             raise
         driver = drivers[0]
@@ -292,7 +294,7 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             ],
         ) from None
     took = time.perf_counter() - started
-    policy = f", policy {says['policy']}" if "policy" in says else ""
+    policy = f", policy {says.policy}" if says.policy else ""
     heading = [
         f"{dataset.name}: live against {gateway} at speed {speed:g}{policy}, {len(dataset.requests)} requests"
         f" in {took:.0f}s"

@@ -21,7 +21,6 @@ an Idle at once. After the last Idle the platform runs on for RUN_TAIL_MS (the e
 import asyncio
 import contextlib
 import itertools
-import json
 import secrets
 from bisect import bisect_left
 from collections import Counter, defaultdict
@@ -31,10 +30,10 @@ from dataclasses import dataclass
 import grpc
 import msgspec
 
-from scaler.gateway import info
 from scaler.platform_stub.server import PlatformStub, SlotRecord
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.proto.info import Info, NoAnswer, ask
 from scaler.runtime.clock import Clock
 from scaler.runtime.http import HttpEndpoint
 from scaler.runtime.ports import CannotListen
@@ -143,15 +142,15 @@ class LiveRun:
                 ticker.cancel()
         if crashed:
             raise crashed[0]
-        self._show(final=True)
+        self.show_progress(final=True)
         return self.result(self.clock.now_ms())
 
     async def _tick(self) -> None:
         while True:
-            self._show()
+            self.show_progress()
             await asyncio.sleep(0.25)
 
-    def _show(self, final: bool = False) -> None:
+    def show_progress(self, final: bool = False) -> None:
         if self.progress is not None:
             now = self.clock.now_ms()
             tail = None if self._tail_began is None else (min(now - self._tail_began, self.tail_ms), self.tail_ms)
@@ -162,49 +161,53 @@ class LiveRun:
             self._refused.set_result(why)
 
     async def _invoke(self, n: int, call: Call) -> None:
-        r = call.request
-        request_id = f"{self._tag}-{n}"
+        """One request, counted done once it completed: one cut short (Ctrl-C) is in no statistics."""
         self.in_flight += 1
         try:
-            call.assign_start = self.clock.now_ms()
-            request = pb.AssignRequest(request_id=request_id, timestamp=r.start_time, meta_data=self._metas[r.meta_key])
-            try:
-                reply = await self.scaler.Assign(request)
-            except grpc.aio.AioRpcError as e:
-                call.assign_end = self.clock.now_ms()
-                self._failed(call, Failure.ASSIGN_ERROR, f"{e.code().name}: {e.details()}")
-                return
-            call.assign_end = self.clock.now_ms()
-            if reply.status != pb.Ok:
-                self._failed(call, Failure.ASSIGN_ERROR, f"{pb.Status.Name(reply.status)}: {reply.error_message}")
-                return
-            call.instance_id = reply.assigment.instance_id
-            slot = self._slot_of(call.instance_id)
-            if slot is not None:
-                self._ours = True
-            elif not self._ours:  # said at once, not after hours of a run that cannot count
-                self._refuse(self._not_ours(call.instance_id))
-            live = slot is not None and slot.destroyed_ms is None
-            call.failure = self.holds.assign(call.instance_id, request_id, live=live, ready=live and slot.ready_ms > 0)
-            if call.failure is None:
-                await self.clock.sleep_ms(r.durations_in_ms)
-                call.failure = self.holds.finish(call.instance_id, request_id, live=slot.destroyed_ms is None)
-            result = pb.Result(
-                status_code=r.status_code, duration_in_ms=r.durations_in_ms, need_destroy=r.status_code != 200
-            )
-            call.idle_start = self.clock.now_ms()
-            try:
-                idle = await self.scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=result))
-                if idle.status != pb.Ok:
-                    self._failed(call, Failure.IDLE_ERROR, f"{pb.Status.Name(idle.status)}: {idle.error_message}")
-            except grpc.aio.AioRpcError as e:
-                self._failed(call, Failure.IDLE_ERROR, f"{e.code().name}: {e.details()}")
-            call.idle_end = self.clock.now_ms()
+            await self._request(n, call)
         finally:
-            self.failed += call.failure is not None
             self.in_flight -= 1
-            self.done += 1
-            call.done = True
+        call.done = True
+        self.done += 1
+        self.failed += call.failure is not None
+
+    async def _request(self, n: int, call: Call) -> None:
+        r = call.request
+        request_id = f"{self._tag}-{n}"
+        call.assign_start = self.clock.now_ms()
+        request = pb.AssignRequest(request_id=request_id, timestamp=r.start_time, meta_data=self._metas[r.meta_key])
+        try:
+            reply = await self.scaler.Assign(request)
+        except grpc.aio.AioRpcError as e:
+            call.assign_end = self.clock.now_ms()
+            self._failed(call, Failure.ASSIGN_ERROR, f"{e.code().name}: {e.details()}")
+            return
+        call.assign_end = self.clock.now_ms()
+        if reply.status != pb.Ok:
+            self._failed(call, Failure.ASSIGN_ERROR, f"{pb.Status.Name(reply.status)}: {reply.error_message}")
+            return
+        call.instance_id = reply.assigment.instance_id
+        slot = self._slot_of(call.instance_id)
+        if slot is not None:
+            self._ours = True
+        elif not self._ours:  # said at once, not after hours of a run that cannot count
+            self._refuse(self._not_ours(call.instance_id))
+        live = slot is not None and slot.destroyed_ms is None
+        call.failure = self.holds.assign(call.instance_id, request_id, live=live, ready=live and slot.ready_ms > 0)
+        if call.failure is None:
+            await self.clock.sleep_ms(r.durations_in_ms)
+            call.failure = self.holds.finish(call.instance_id, request_id, live=slot.destroyed_ms is None)
+        result = pb.Result(
+            status_code=r.status_code, duration_in_ms=r.durations_in_ms, need_destroy=r.status_code != 200
+        )
+        call.idle_start = self.clock.now_ms()
+        try:
+            idle = await self.scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=result))
+            if idle.status != pb.Ok:
+                self._failed(call, Failure.IDLE_ERROR, f"{pb.Status.Name(idle.status)}: {idle.error_message}")
+        except grpc.aio.AioRpcError as e:
+            self._failed(call, Failure.IDLE_ERROR, f"{e.code().name}: {e.details()}")
+        call.idle_end = self.clock.now_ms()
 
     @staticmethod
     def _failed(call: Call, failure: Failure, error: str) -> None:
@@ -230,10 +233,8 @@ class LiveRun:
     def _not_ours(self, instance_id: str) -> str:
         return (
             f"the scaler's first answer is {instance_id}, an instance this simulator's platform never started: the"
-            " scaler uses another platform, or remembers an earlier platform's instances. Each run needs a scaler"
-            " using this platform, with an empty store: a fresh"
-            f" `scaler up --platform HOST:{self.stub.port} --speed {self.clock.speed:g}` (HOST being this machine),"
-            " or compose's sim profile with `--env-file sim.env` (NATS's store on a tmpfs)"
+            " scaler uses another platform, or remembers an earlier platform's instances. "
+            + fresh_scaler(self.stub.port, self.clock.speed)
         )
 
     def so_far(self) -> dict:
@@ -313,6 +314,15 @@ class LiveRun:
         )
 
 
+def fresh_scaler(platform_port: int, speed: float) -> str:
+    """What to do when the scaler cannot serve this run."""
+    return (
+        "Each run needs a scaler using this platform, with an empty store: stop that one and start a fresh"
+        f" `scaler up --platform HOST:{platform_port} --speed {speed:g}` (HOST being this machine; no --data-dir, or"
+        " an empty one), or run compose's sim profile with `--env-file sim.env` (NATS's store on a tmpfs)"
+    )
+
+
 def _ending_after(starts: list[int], runs: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
     """The runs (sorted, ends ascending) that overlap [start, end]."""
     hi = bisect_left(starts, end)
@@ -346,15 +356,6 @@ async def _platform_quiet(stub: PlatformStub, dataset: Dataset) -> None:
                 await asyncio.sleep(0.05)
 
 
-async def scaler_info(channel: grpc.aio.Channel) -> dict:
-    """What the scaler says of itself (its speed, its policy); {} when it does not say (another scaler)."""
-    try:
-        raw = await channel.unary_unary(info.METHOD)(b"", timeout=GATEWAY_WAIT_S)
-    except grpc.aio.AioRpcError:
-        return {}
-    return json.loads(raw)
-
-
 async def run_live(
     dataset: Dataset,
     gateway: str,
@@ -365,7 +366,7 @@ async def run_live(
     stats_listen: str | None = None,
     said: Callable[[str], None] = lambda line: None,
     began: Callable[[LiveRun], None] = lambda driver: None,
-) -> tuple[Run, Counter[str], dict]:
+) -> tuple[Run, Counter[str], Info]:
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
 
     The setup is checked before the first request: the scaler's speed (when it says it) and, at
@@ -390,11 +391,19 @@ async def run_live(
                 raise LiveError(
                     f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
                 ) from None
-            info = await scaler_info(channel)
-            if "speed" in info and float(info["speed"]) != speed:
+            try:
+                info = await ask(gateway, GATEWAY_WAIT_S, channel)
+            except NoAnswer as e:
+                raise LiveError(str(e)) from None
+            if info.speed is not None and info.speed != speed:
                 raise LiveError(
-                    f"the scaler at {gateway} runs at speed {float(info['speed']):g} and this simulation at {speed:g}:"
+                    f"the scaler at {gateway} runs at speed {info.speed:g} and this simulation at {speed:g}:"
                     " start both with the same --speed"
+                )
+            if held := info.instances:  # an earlier run's, interrupted or finished: its platform is gone
+                raise LiveError(
+                    f"the scaler at {gateway} holds {held:,} instance{'s' if held > 1 else ''} of an earlier run, whose"
+                    f" platform is gone. {fresh_scaler(stub.port, speed)}"
                 )
             driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress)
             began(driver)  # the caller can tell how far it came, should the run be cut short
