@@ -136,7 +136,8 @@ async def test_simulate_drives_scaler_up_end_to_end(tmp_path):
         code, rest = await stop(proc)
     assert simulator.returncode == 0, err.decode()
     assert code == 0, rest
-    assert err == b""  # no progress bar without a terminal
+    # no progress bar without a terminal; where the statistics went
+    assert err.decode() == f"scaler simulate: the statistics written to {tmp_path / 'out.json'}\n"
     stats = json.loads((tmp_path / "out.json").read_text())
     assert set(stats) == STATS_FIELDS | {"functions"}
     assert (stats["totalRequestsCount"], stats["failedRequestsCount"]) == (6, 0)

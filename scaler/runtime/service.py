@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from scaler.runtime.bus import DEFAULT_RETENTION, Retention
+from scaler.runtime.ports import nats_url
 
 log = logging.getLogger("scaler")
 T = TypeVar("T")
@@ -73,7 +74,9 @@ def parser(prog: str, description: str, uses_nats: bool = True, uses_clock: bool
 
 def add_common(p: argparse.ArgumentParser, uses_nats: bool = True, uses_clock: bool = True) -> None:
     if uses_nats:
-        p.add_argument("--nats", default=env("NATS_URL", "nats://127.0.0.1:4222"), help="NATS URL [SCALER_NATS_URL]")
+        p.add_argument(
+            "--nats", type=nats_url, default=env("NATS_URL", "nats://127.0.0.1:4222"), help="NATS URL [SCALER_NATS_URL]"
+        )
     if uses_clock:
         p.add_argument(
             "--speed",

@@ -27,7 +27,7 @@ import msgspec
 from scaler.controller import replay
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.report.timeline import Folds, Timeline
-from scaler.runtime.ports import port
+from scaler.runtime.ports import address, nats_url, peer, port
 from scaler.runtime.service import positive
 from scaler.simulator import report
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
@@ -117,11 +117,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--speed", type=positive, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
     )
     p.add_argument(
-        "--gateway", metavar="HOST:PORT", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
+        "--gateway", metavar="HOST:PORT", type=peer, help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
     )
     p.add_argument(
         "--platform-listen",
         metavar="HOST:PORT",
+        type=address,
         help=f"live: where to serve the Platform API (default {DEFAULT_PLATFORM_LISTEN})",
     )
     p.add_argument("--json", metavar="PATH", help="also write the statistics as a JSON object to PATH")
@@ -139,8 +140,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nats",
         metavar="URL",
+        type=nats_url,
         help="live, with --report or --save-run: the scaler's NATS, where its decisions and their reasons are read"
-        " (default: the running `scaler up`'s)",
+        " (default: the one the scaler at --gateway says it uses)",
     )
     p.add_argument(
         "--compare",
@@ -158,7 +160,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive,
         default=EVERY_S,
         metavar="S",
-        help=f"progress: a bar on a terminal, else a line every S seconds (default {EVERY_S:g})",
+        help="progress: a bar on a terminal, else a line every S seconds",
     )
 
 
@@ -180,15 +182,16 @@ def run(args: argparse.Namespace) -> int:
         outcome, heading, recorded = _offline(dataset, args, drawing) if args.offline else _live(dataset, args, drawing)
         stats = outcome.stats()
         functions = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, WORST)
+        written: list[str] = []  # said once the statistics are printed
         if args.json:
-            _write(Path(args.json), to_json(stats, functions))
+            written.append(_write(Path(args.json), to_json(stats, functions), "the statistics"))
         if drawing:
             every = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, len(dataset.metas))
             saved = recorded.saved(heading, stats, every)
             if args.save_run:
-                _write(Path(args.save_run), report.save(saved))
+                written.append(_write(Path(args.save_run), report.save(saved), "the run (for --compare)"))
             if args.report:
-                _write(Path(args.report), report.page(saved, other).encode())
+                written.append(_write(Path(args.report), report.page(saved, other).encode(), "the report"))
     except (DatasetError, LiveError, Failure) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
@@ -206,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
         return 143
     print("\n".join(heading))
     print(render(stats, functions))
+    for line in written:
+        print(line, file=sys.stderr)
     return 0
 
 
@@ -312,14 +317,17 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     if drawing:
         title = f"{dataset.name}: live{policy}, speed {speed:g}"
         worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), report.DRAWN)
-        recorded = asyncio.run(_from_stream(title, args.nats, [f.key for f in worst]))
+        recorded = asyncio.run(_from_stream(title, args.nats or says.nats, gateway, [f.key for f in worst]))
     return run, heading, recorded
 
 
-async def _from_stream(title: str, url: str | None, keys: list[str]) -> Recorded:
-    """The timelines of `keys` read back from the scaler's EVENTS stream: the reasons are only there."""
+async def _from_stream(title: str, url: str, gateway: str, keys: list[str]) -> Recorded:
+    """The timelines of `keys` read back from the scaler's EVENTS stream (at `url`, the NATS the scaler at
+    `gateway` said it uses, or --nats): the reasons are only there."""
     try:
-        timelines = await replay.timelines(url or replay.running_nats(), keys)
+        if not url:
+            raise ValueError(f"the scaler at {gateway} does not say where its NATS is")
+        timelines = await replay.timelines(url, keys)
     except (ValueError, replay.stream.UnreadableStream, replay.rebuild.Uncovered) as e:
         note = f"no timelines: the scaler's events could not be read ({e}); pass --nats URL"
         print(f"scaler simulate: {note}", file=sys.stderr)
@@ -328,11 +336,13 @@ async def _from_stream(title: str, url: str | None, keys: list[str]) -> Recorded
     return Recorded(title, timelines, 0, end, "times are the scaler's clock (trace time under --speed)")
 
 
-def _write(path: Path, data: bytes) -> None:
+def _write(path: Path, data: bytes, what: str) -> str:
+    """Write `data` to `path`; the line that says where `what` went."""
     try:
         path.write_bytes(data)
     except OSError as e:
         raise Failure(f"{path}: cannot write: {e.strerror}") from None
+    return f"scaler simulate: {what} written to {path.resolve()}"
 
 
 def render(stats: Stats, functions: list[FunctionRow]) -> str:
