@@ -72,10 +72,10 @@ async def live(dataset: Dataset, policy: str) -> Run:
         while not (m := re.search(r"gRPC [\d.]+:(\d+),", (line := (await proc.stderr.readline()).decode()))):
             if not line:
                 raise SystemExit("scaler up exited before it was ready")
-        run, failures, _ = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform)
-        if failures:
-            print(f"{dataset.name}: failed calls {dict(failures)}", file=sys.stderr)
-        return run
+        outcome = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform)
+        if outcome.errors:
+            print(f"{dataset.name}: failed calls {dict(outcome.errors)}", file=sys.stderr)
+        return outcome.run
     finally:
         proc.send_signal(2)
         await proc.communicate()

@@ -7,6 +7,7 @@ import os
 import pty
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from scaler.simulator.score import RUN_TAIL_MS
 from tests.decisions import Decisions
 from tests.stack import Stack
 from tests.test_simulate import SHARED, STATS_FIELDS, gentle, meta, request, write_dataset
-from tests.test_up import http_get, start_up, stop
+from tests.test_up import http_get, part_pid, start_up, stop
 
 pytestmark = pytest.mark.live_trace
 
@@ -259,6 +260,35 @@ async def test_a_live_run_shows_progress_and_serves_its_statistics_so_far(tmp_pa
     done = [int(re.search(r"(\d+)/40 requests", line).group(1)) for line in lines]
     assert done == sorted(done) and done[0] < done[-1]
     assert "\r" not in err  # no bar outside a terminal
+
+
+async def test_a_live_run_retries_through_a_node_restart_as_a_platform_does(tmp_path):
+    """The node killed with -9 mid-run: `scaler up` starts it again on its port, and the simulator sends each call
+    the scaler refused as unavailable meanwhile again (the same request), so the restart costs time, not requests."""
+    platform = f"127.0.0.1:{free_port()}"
+    proc, gateway, _ = await start_up("--platform", platform, "--speed", "10", "--policy", "demo")
+    try:
+        simulator = await simulate_cli(
+            steady(tmp_path / "s", n=60, every_ms=1000), "--gateway", gateway, "--platform-listen", platform,
+            "--speed", "10", "--progress-every", "0.2",
+        )  # fmt: skip
+        async with asyncio.timeout(60):
+            while True:  # until some requests are done
+                line = (await simulator.stderr.readline()).decode()
+                assert line, "the run ended before the node was killed"
+                if (m := re.search(r" (\d+)/60 requests", line)) and int(m.group(1)) >= 10:
+                    break
+        os.kill(part_pid(proc, "scaler node"), signal.SIGKILL)
+        async with asyncio.timeout(120):
+            out, err = (b.decode() for b in await simulator.communicate())
+    finally:
+        code, rest = await stop(proc)
+    assert simulator.returncode == 0, err
+    assert code == 0 and "node was killed by SIGKILL; starting it again" in rest, rest
+    assert re.search(r"^  totalRequestsCount +60$", out, re.MULTILINE), out
+    assert re.search(r"^  failedRequestsCount +0$", out, re.MULTILINE), out
+    retried = re.search(r"^retried, each with the same request, as a platform does: (.*)$", out, re.MULTILINE)
+    assert retried and "UNAVAILABLE" in retried.group(1), out
 
 
 def test_an_offline_run_shows_progress_as_lines_in_a_log_and_as_a_bar_on_a_terminal(tmp_path):

@@ -270,7 +270,7 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     stats = f"0.0.0.0:{args.stats_port}" if args.stats_port is not None else None
     drivers: list[LiveRun] = []
     try:
-        run, errors, says = asyncio.run(
+        outcome = asyncio.run(
             _until_terminated(
                 run_live(
                     dataset,
@@ -299,6 +299,7 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             ],
         ) from None
     took = time.perf_counter() - started
+    run, says = outcome.run, outcome.info
     policy = f", policy {says.policy}" if says.policy else ""
     heading = [
         f"{dataset.name}: live against {gateway} at speed {speed:g}{policy}, {len(dataset.requests)} requests"
@@ -311,7 +312,10 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             f"schedule time at speed {speed:g}: CreateSlot + Init (and waits for executions) in trace time, the"
             f" scaler's own latency unscaled (as measured, not x{speed:g}); idle time unscaled too"
         )
-    for message, count in errors.most_common(3):
+    if outcome.retried:
+        calls = ", ".join(f"{n:,} x {what}" for what, n in outcome.retried.most_common())
+        heading.append(f"retried, each with the same request, as a platform does: {calls}")
+    for message, count in outcome.errors.most_common(3):
         heading.append(f"failed: {count} x {message}")
     recorded = None
     if drawing:

@@ -24,8 +24,9 @@ import itertools
 import secrets
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import msgspec
@@ -43,6 +44,20 @@ from scaler.simulator.progress import Progress
 from scaler.simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
 
 GATEWAY_WAIT_S = 5.0  # how long a gateway may take to accept the connection before we give up
+# As a platform does: a call the scaler refused as unavailable or overloaded (a node restarting, a node
+# away) is sent again, the same request, for up to RETRY_FOR_S of real time, waiting ever longer between.
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+RETRY_FOR_S = 60.0
+RETRY_WAIT_S = (0.05, 1.0)  # the first wait, and the longest
+# Reconnect within a second of a node coming back, not after gRPC's backoff of up to two minutes.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+T = TypeVar("T")
 
 
 class LiveError(Exception):
@@ -84,6 +99,7 @@ class LiveRun:
         self._indexed = 0  # slots of the platform's accounting looked at so far
         self._unnamed: list[SlotRecord] = []  # those no Init had reached then
         self.calls = [Call(r) for r in dataset.requests]
+        self.retried: Counter[str] = Counter()  # "Assign: UNAVAILABLE" -> calls sent again
         self.progress = progress
         self.done = self.failed = self.in_flight = 0  # requests
         self.begin_ms = clock.now_ms()
@@ -177,7 +193,7 @@ class LiveRun:
         call.assign_start = self.clock.now_ms()
         request = pb.AssignRequest(request_id=request_id, timestamp=r.start_time, meta_data=self._metas[r.meta_key])
         try:
-            reply = await self.scaler.Assign(request)
+            reply = await self._sent("Assign", lambda: self.scaler.Assign(request))
         except grpc.aio.AioRpcError as e:
             call.assign_end = self.clock.now_ms()
             self._failed(call, Failure.ASSIGN_ERROR, f"{e.code().name}: {e.details()}")
@@ -202,12 +218,30 @@ class LiveRun:
         )
         call.idle_start = self.clock.now_ms()
         try:
-            idle = await self.scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=result))
+            idle_request = pb.IdleRequest(assigment=reply.assigment, result=result)
+            idle = await self._sent("Idle", lambda: self.scaler.Idle(idle_request))
             if idle.status != pb.Ok:
                 self._failed(call, Failure.IDLE_ERROR, f"{pb.Status.Name(idle.status)}: {idle.error_message}")
         except grpc.aio.AioRpcError as e:
             self._failed(call, Failure.IDLE_ERROR, f"{e.code().name}: {e.details()}")
         call.idle_end = self.clock.now_ms()
+
+    async def _sent(self, method: str, send: Callable[[], Awaitable[T]]) -> T:
+        """`send()`, again while the scaler refuses it as unavailable (RETRIED), for up to RETRY_FOR_S."""
+        loop = asyncio.get_running_loop()
+        until = wait = None
+        while True:
+            try:
+                return await send()
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in RETRIED:
+                    raise
+                until = until or loop.time() + RETRY_FOR_S
+                wait = min(wait * 2, RETRY_WAIT_S[1]) if wait else RETRY_WAIT_S[0]
+                if loop.time() + wait > until:
+                    raise
+                self.retried[f"{method}: {e.code().name}"] += 1
+            await asyncio.sleep(wait)
 
     @staticmethod
     def _failed(call: Call, failure: Failure, error: str) -> None:
@@ -356,6 +390,14 @@ async def _platform_quiet(stub: PlatformStub, dataset: Dataset) -> None:
                 await asyncio.sleep(0.05)
 
 
+@dataclass
+class LiveOutcome:
+    run: Run
+    errors: Counter[str]  # how the failed calls failed: message -> count
+    retried: Counter[str]  # calls sent again: "Assign: UNAVAILABLE" -> count
+    info: Info  # what the scaler said of itself
+
+
 async def run_live(
     dataset: Dataset,
     gateway: str,
@@ -366,14 +408,13 @@ async def run_live(
     stats_listen: str | None = None,
     said: Callable[[str], None] = lambda line: None,
     began: Callable[[LiveRun], None] = lambda driver: None,
-) -> tuple[Run, Counter[str], Info]:
+) -> "LiveOutcome":
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
 
     The setup is checked before the first request: the scaler's speed (when it says it) and, at
     its first answer, that it uses this platform. With `stats_listen`, the statistics so far are
     served there over HTTP (`/stats`, JSON) while the run goes on; `said` is told where. `began` is given
     the run once it begins, so that a caller can report the requests done so far if it is interrupted.
-    Returns the run, how its failed calls failed (message -> count), and what the scaler said of itself.
     """
     clock = Clock(speed)
     stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock)
@@ -384,7 +425,7 @@ async def run_live(
         raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e.why}") from None
     stats: HttpEndpoint | None = None
     try:
-        async with grpc.aio.insecure_channel(gateway) as channel:
+        async with grpc.aio.insecure_channel(gateway, options=CHANNEL_OPTIONS) as channel:
             try:
                 await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
             except TimeoutError:
@@ -420,7 +461,7 @@ async def run_live(
         if stats is not None:
             await stats.stop()
         await stub.stop()
-    return run, driver.errors(), info
+    return LiveOutcome(run, driver.errors(), driver.retried, info)
 
 
 def _reachable(listen: str) -> str:
