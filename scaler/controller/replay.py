@@ -29,7 +29,6 @@ from scaler.controller import explain, rebuild, state_service
 from scaler.controller.core.state import FnState
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
-from scaler.controller.replay_page import replay_page
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto import info
 from scaler.proto.events import Batch
@@ -276,6 +275,8 @@ async def show(
         if html is not None:
             upto = f" up to {explain.moment(until_ms)}" if until_ms is not None else ""
             upto = f" up to seq {until_seq:,}" if until_seq is not None else upto
+            from scaler.controller.replay_page import replay_page  # plotly: only to draw
+
             _write(html, replay_page(t, replayed.states[key], f"{key}: replayed{upto}", since))
             print(f"wrote {html}", file=out)
     for k in sorted(replayed.states):

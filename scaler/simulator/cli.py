@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
@@ -29,12 +29,14 @@ from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime.ports import address, nats_url, peer, port
 from scaler.runtime.service import positive
-from scaler.simulator import report
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
 from scaler.simulator.live import LiveError, LiveRun, run_live
 from scaler.simulator.offline import Simulation
 from scaler.simulator.progress import EVERY_S, Progress
 from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
+
+if TYPE_CHECKING:
+    from scaler.simulator import report
 
 DEFAULT_GATEWAY = "127.0.0.1:9001"
 DEFAULT_PLATFORM_LISTEN = "0.0.0.0:50051"
@@ -53,8 +55,8 @@ class Recorded:
     end_ms: int  # the end of the run, in the timelines' times
     note: str = ""
 
-    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> report.SavedRun:
-        return report.SavedRun(
+    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> "report.SavedRun":
+        return _drawing().SavedRun(
             title=self.title,
             heading=heading,
             stats=stats,
@@ -189,9 +191,9 @@ def run(args: argparse.Namespace) -> int:
             every = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, len(dataset.metas))
             saved = recorded.saved(heading, stats, every)
             if args.save_run:
-                written.append(_write(Path(args.save_run), report.save(saved), "the run (for --compare)"))
+                written.append(_write(Path(args.save_run), _drawing().save(saved), "the run (for --compare)"))
             if args.report:
-                written.append(_write(Path(args.report), report.page(saved, other).encode(), "the report"))
+                written.append(_write(Path(args.report), _drawing().page(saved, other).encode(), "the report"))
     except (DatasetError, LiveError, Failure) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
@@ -219,9 +221,9 @@ def _note(flags: list[str], why: str) -> None:
         print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
 
 
-def _load_run(path: Path) -> report.SavedRun:
+def _load_run(path: Path) -> "report.SavedRun":
     try:
-        return report.load(path.read_bytes())
+        return _drawing().load(path.read_bytes())
     except OSError as e:
         raise Failure(f"{path}: cannot read: {e.strerror}") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -320,7 +322,7 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     recorded = None
     if drawing:
         title = f"{dataset.name}: live{policy}, speed {speed:g}"
-        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), report.DRAWN)
+        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), _drawing().DRAWN)
         recorded = asyncio.run(_from_stream(title, args.nats or says.nats, gateway, [f.key for f in worst]))
     return run, heading, recorded
 
@@ -338,6 +340,15 @@ async def _from_stream(title: str, url: str, gateway: str, keys: list[str]) -> R
         return Recorded(title, [], 0, 0, note)
     end = max((t.last_ms for t in timelines), default=0)
     return Recorded(title, timelines, 0, end, "times are the scaler's clock (trace time under --speed)")
+
+
+def _drawing():
+    """scaler/simulator/report.py: it needs plotly, which an image running only the scaler lacks (compose's)."""
+    try:
+        from scaler.simulator import report
+    except ImportError as e:
+        raise Failure(f"--report, --save-run and --compare need plotly ({e}): pip install plotly") from None
+    return report
 
 
 def _write(path: Path, data: bytes, what: str) -> str:
