@@ -380,5 +380,5 @@ def test_the_sim_profile_is_a_project_of_its_own_on_free_host_ports():
     default, sim = compose.load(), compose.load(env)
     assert env.get("COMPOSE_PROJECT_NAME", default["name"]) != default["name"]
     for service in ("node", "nats"):
-        (published,) = sim["services"][service]["ports"]
-        assert published.split(":")[-2] == "0", published  # the engine picks a free one
+        for published in sim["services"][service]["ports"]:
+            assert published.split(":")[-2] == "0", published  # the engine picks a free one
