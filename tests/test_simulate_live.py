@@ -254,7 +254,9 @@ async def test_a_live_run_shows_progress_and_serves_its_statistics_so_far(tmp_pa
     stats = now["statistics"]
     assert set(stats) == STATS_FIELDS
     assert stats["totalRequestsCount"] == now["requestsDone"]
-    assert stats["failedRequestsCount"] == 0 and stats["coldStarts"] == 1
+    # One instance serves them all on a quiet machine; on a loaded one a request's Idle may come after the next
+    # one's Assign (0.2 s apart in real time), which then starts another: what the page says is the run's own.
+    assert stats["failedRequestsCount"] == 0 and 1 <= stats["coldStarts"] <= now["requestsDone"]
     lines = [line for line in err.splitlines() if line.startswith("progress: ")]
     assert len(lines) >= 5, err  # about 8 s of run, a line every 0.5 s
     done = [int(re.search(r"(\d+)/40 requests", line).group(1)) for line in lines]
