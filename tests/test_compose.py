@@ -138,6 +138,13 @@ def test_the_nodes_metrics_are_served_and_published():
     assert metrics and any(str(p).endswith(f":{metrics}") for p in node["ports"]), node["ports"]
 
 
+def test_the_workers_start_once_the_node_serves():
+    """As `scaler up` starts them: the gc worker's first reconcile sends a command to every partition, and before a
+    node serves them nobody answers (32 warnings on every clean start)."""
+    for name in ("platform-worker", "gc-worker"):
+        assert DEFAULT["services"][name]["depends_on"]["node"] == {"condition": "service_healthy"}, name
+
+
 def test_nats_keeps_jetstream_on_a_volume():
     nats = DEFAULT["services"]["nats"]
     assert "-js" in nats["command"]
