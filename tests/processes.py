@@ -126,6 +126,8 @@ class Driver:
     timeout_s: float = 60
     retry_assign: bool = False  # repeat an Assign refused as unavailable, with the same request id
     tag: str = ""  # prefix of request ids: drivers side by side must not share them
+    # once told to stop, the instances held then are held until this is set (an Idle that comes after an event)
+    release: asyncio.Event | None = None
     calls: list[Call] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -152,6 +154,8 @@ class Driver:
             reply = await self._retried(call, lambda: scaler.Assign(assign, timeout=self.timeout_s), self.retry_assign)
             call.got_at, call.instance = time.monotonic(), reply.assigment.instance_id
             await asyncio.sleep(self.hold_s)
+            if self.release is not None and self._stop.is_set():
+                await self.release.wait()
             call.idle_at = time.monotonic()
             result = pb.Result(status_code=200, duration_in_ms=int(self.hold_s * 1000))
             idle = pb.IdleRequest(assigment=reply.assigment, result=result)

@@ -20,6 +20,7 @@ from scaler.proto.subjects import event_subject, partition
 from scaler.replay import explain
 from scaler.runtime.bus import Unavailable, connected
 from scaler.runtime.natsd import NatsServer
+from scaler.runtime.ports import free_port
 from scaler.store import stream
 from scaler.store.config import ensure_stream
 from tests.stack import Stack
@@ -219,27 +220,29 @@ def test_a_request_left_waiting_reads_as_words():
     assert explain.event(waiting) == f"r1 waits for a busy instance, served about 00:00:00.123 ({why})"
 
 
-async def test_replay_finds_the_nats_of_the_running_scaler_up(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # this test's scaler ups alone, not the machine's
-    code, _, err = await scaler_replay()
-    assert code == 2 and "no running `scaler up` found" in err and "pass --nats URL" in err
-    proc, address, _ = await start_up()
+async def test_replay_reads_the_nats_the_node_it_is_given_says_it_uses():
+    """Two `scaler up`s side by side: each replay reads the one whose gateway it names."""
+    first, first_address, _ = await start_up()
+    second, second_address, _ = await start_up()
     try:
-        await assign_and_idle(address, "r1")
-        code, out, err = await scaler_replay("--key", "hello")
+        await assign_and_idle(first_address, "r1")
+        code, out, err = await scaler_replay("--gateway", first_address, "--key", "hello")
         assert code == 0, err
         assert "assign:r1 → function seen: 128 MB python" in out
         assert re.search(r"\n1 function from \d+ batches, ", out), out  # not "1 functions"
+        code, out, err = await scaler_replay("--gateway", second_address)
+        assert code == 0, err
+        assert "assign:r1" not in out and "0 functions" in out, out
     finally:
-        code, rest = await stop(proc)
-    assert code == 0, rest
-    assert list((tmp_path / "scaler").iterdir()) == []  # its record went with it
-    killed, _, _ = await start_up()
-    killed.kill()  # leaves its record behind, naming a process that is gone
-    await killed.wait()
-    code, _, err = await scaler_replay()
-    assert code == 2 and "no running `scaler up` found" in err
-    assert list((tmp_path / "scaler").iterdir()) == []
+        for proc in (first, second):
+            code, rest = await stop(proc)
+            assert code == 0, rest
+    nobody = f"127.0.0.1:{free_port()}"
+    code, _, err = await scaler_replay("--gateway", nobody)
+    assert code == 2 and err == (
+        f"scaler replay: no scaler answers at {nobody} (waited 5s): pass --gateway HOST:PORT (the gRPC address"
+        " `scaler up` said), or --nats URL\n"
+    ), err
 
 
 async def test_a_read_that_hears_nothing_more_gives_up_instead_of_waiting_forever(tmp_path, monkeypatch):

@@ -195,7 +195,10 @@ def test_offline_prints_and_writes_the_challenges_statistics(tmp_path, capsys):
     out_json = tmp_path / "stats.json"
     code, out, err = simulate_cli(capsys, SMOKE, "--offline", "--speed", "5", "--json", out_json)
     assert code == 0
-    assert err == "note: --speed is ignored: offline mode runs no scaler and no clock\n"
+    assert err == (
+        "note: --speed is ignored: offline mode runs no scaler and no clock\n"
+        f"scaler simulate: the statistics written to {out_json}\n"
+    )
     stats = json.loads(out_json.read_text())
     assert set(stats) == STATS_FIELDS | {"functions"}
     assert stats["totalRequestsCount"] == 980

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+from importlib.metadata import version
 
 from scaler import replay
 from scaler.cli import admin, node, up
@@ -31,6 +32,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scaler", description="An event-sourced autoscaler for serverless functions")
+    parser.add_argument("--version", action="version", version=f"scaler {version('scaler')}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help) in SUBCOMMANDS.items():
         module.add_arguments(sub.add_parser(name, help=help, description=module.__doc__, formatter_class=HelpFormatter))

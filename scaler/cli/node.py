@@ -19,7 +19,9 @@ from scaler.controller import needs
 from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.gateway import __main__ as gateway_main
+from scaler.gateway import info
 from scaler.gateway.server import Gateway
+from scaler.proto.info import Info
 from scaler.runtime import metrics, service
 from scaler.runtime.permissions import Preflight
 from scaler.runtime.ports import port
@@ -83,7 +85,12 @@ class Node(service.Together):
 
 def make(a: argparse.Namespace) -> service.Component:
     controller = controller_main.make(a)
-    says = {"speed": a.speed, "policy": a.policy}  # checked by `scaler simulate` before it begins
+    nats = info.without_credentials(a.nats)
+
+    def says() -> Info:  # `scaler simulate` checks these before it begins; `scaler replay` finds the stream here
+        instances = sum(len(s.instances) for s in controller.ledger.states.values())
+        return Info(speed=float(a.speed), policy=a.policy, instances=instances, nats=nats)
+
     gateway = Gateway(
         controller, a.listen, a.reply_timeout, says, tls=service.server_tls(a), admin_token_file=a.admin_token_file
     )

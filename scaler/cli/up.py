@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaler.controller import __main__ as controller_main
-from scaler.runtime import durability, lifeline, running, service
+from scaler.runtime import durability, lifeline, service
 from scaler.runtime.bus import close, connect
 from scaler.runtime.natsd import NatsServer, claim
-from scaler.runtime.ports import port
+from scaler.runtime.ports import nats_url, peer, port
 from scaler.runtime.service import READY_FD, add_log_level, env, positive, setup_logging, stop_on_signals
 from scaler.simulator.dataset import metas_argument
 from scaler.workers import effects
@@ -39,14 +39,11 @@ log = logging.getLogger("scaler.up")
 QUICK_S = 30.0  # a part that dies sooner than this after its start died quickly
 GIVE_UP_AFTER = 5  # quick deaths in a row
 BACKOFF_S = (0.0, 0.5, 1.0, 2.0)  # wait before the 1st, 2nd, ... restart in a row of quick deaths
-# gRPC's own C-core lines (a failed bind: "E1122 ... add_port.cc ...") repeat what a part says in
-# its own words; they are back with GRPC_VERBOSITY set in the environment.
-QUIET_GRPC = {"GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "NONE")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats", help="use this NATS (with JetStream) instead of starting an embedded one")
-    p.add_argument("--platform", help="HOST:PORT of a real platform; the bundled stub is then not started")
+    p.add_argument("--nats", type=nats_url, help="use this NATS (with JetStream) instead of starting an embedded one")
+    p.add_argument("--platform", type=peer, help="HOST:PORT of a real platform; the bundled stub is then not started")
     p.add_argument("--port", type=port, default=9001, help="gRPC port of the Scaler service (0: any free port)")
     p.add_argument(
         "--host",
@@ -141,7 +138,6 @@ class Supervisor:
     env: dict[str, str] = field(default_factory=dict)  # given to every child
     children: list[Child] = field(default_factory=list)
     nats: NatsServer | None = None
-    record: Path | None = None  # where replay finds us (scaler/runtime/running.py)
     _tmp: str | None = None
     _claim: object = None  # the data dir's lock: held here and by every child
 
@@ -201,7 +197,7 @@ class Supervisor:
         else:
             url = await self._start_nats(Path(a.data_dir) if a.data_dir else None)
             replicas = a.replicas or 1
-        self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING", **QUIET_GRPC}
+        self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING"}
         self.env |= {f"SCALER_{var}": getattr(a, dest) or "" for dest, var in service.NATS_ACCESS_VARS.items()}
         self.env |= {f"SCALER_{v}": "" for v in FROM_FLAGS}  # a part gets these as flags, from this command's own
         platform = a.platform
@@ -225,9 +221,6 @@ class Supervisor:
         platform_tls = given(a, PLATFORM_TLS_FLAGS) if a.platform else []  # the bundled stub serves in clear
         await self._part("workers", "scaler.workers", "--platform", platform, *platform_tls)
         metrics_url = f"http://{node.addresses[1]}/metrics" if metrics else ""
-        self.record = running.record(
-            {"nats": url, "grpc": node.address, "metrics": metrics_url, "data_dir": a.data_dir or ""}
-        )
         stub_note = "" if a.platform else " (bundled stub)"
         nats = f"{url} (embedded, store {self.nats.store_dir})" if self.nats else url
         metrics_note = f", metrics {metrics_url}" if metrics else ""
@@ -326,7 +319,6 @@ class Supervisor:
         if self.nats is not None:
             log.info("stopping nats-server")
             await self.nats.stop()
-        running.forget(self.record)
         if self._claim is not None:
             self._claim.close()
         if self._tmp:

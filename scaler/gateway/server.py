@@ -15,6 +15,7 @@ challenge's protocol has no such field, so its callers never send one and nothin
 """
 
 import logging
+from collections.abc import Callable
 from time import perf_counter
 from typing import Protocol
 
@@ -26,6 +27,7 @@ from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.commands import Assign, Code, Idle, Reply
 from scaler.proto.events import Meta
+from scaler.proto.info import Info
 from scaler.proto.subjects import MAX_INSTANCE_ID_BYTES, key_problem
 from scaler.runtime import metrics
 from scaler.runtime.bus import Unavailable
@@ -151,7 +153,7 @@ class Gateway(pb_grpc.ScalerServicer):
         router: Router,
         listen: str = "127.0.0.1:9001",
         reply_timeout_s: float = 60.0,
-        info: dict | None = None,
+        info: Callable[[], Info] | None = None,
         max_calls: int = MAX_CALLS,
         drain=None,
         tls: ServerTls | None = None,
@@ -161,7 +163,7 @@ class Gateway(pb_grpc.ScalerServicer):
         self.tls = tls  # serve TLS (and, with its client CA, only callers with a certificate it signed)
         self.admin_token_file = admin_token_file  # the key Admin calls must carry (scaler/gateway/admin_key.py)
         self.drain = drain  # scaler.Admin/Drain: hand the node's partitions over and stop (scaler/cli/node.py)
-        self.info = info  # what it says of itself on scaler.Info (scaler/gateway/info.py); None: nothing
+        self.info = info  # what it says of itself on scaler.Info, when asked (scaler/gateway/info.py); None: nothing
         self.listen = listen
         self.reply_timeout_s = reply_timeout_s
         self.max_calls = max_calls

@@ -31,25 +31,36 @@ from scaler.controller.core.state import FnState
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import Snapshot, SnapshotStore
+from scaler.proto import info
 from scaler.proto.events import Batch
 from scaler.proto.subjects import PARTITIONS, function_events, partition
 from scaler.replay import explain
-from scaler.replay.page import replay_page
 from scaler.report.timeline import Fold, Timeline
-from scaler.runtime import running, service
+from scaler.runtime import service
 from scaler.runtime.access import Nats, access
 from scaler.runtime.bus import refusal
 from scaler.runtime.natsd import NatsServer, StoreBusy, claim
 from scaler.runtime.permissions import VIOLATION
+from scaler.runtime.ports import nats_url, peer
 from scaler.runtime.text import plural
 from scaler.store import EventStore, UnreadableStream
 
 SERVE_S = 30.0  # how long --verify waits for a node to load the partitions it holds (a take-over under way)
 
 
+GATEWAY = "127.0.0.1:9001"  # where `scaler up` serves unless told
+GATEWAY_WAIT_S = 5.0
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--nats", help="NATS URL of a running scaler (default: the running `scaler up`'s)")
+    source.add_argument(
+        "--gateway",
+        metavar="HOST:PORT",
+        type=peer,
+        help=f"a running node's gRPC address: its events are read on the NATS it says it uses (default {GATEWAY})",
+    )
+    source.add_argument("--nats", type=nats_url, help="NATS URL of a running scaler (instead of asking its node)")
     source.add_argument("--data-dir", help="the --data-dir of a stopped `scaler up`: its store is read offline")
     p.add_argument("--key", help="only this function, with the timeline of its decisions")
     until = p.add_mutually_exclusive_group()
@@ -269,6 +280,8 @@ async def show(
         if html is not None:
             upto = f" up to {explain.moment(until_ms)}" if until_ms is not None else ""
             upto = f" up to seq {until_seq:,}" if until_seq is not None else upto
+            from scaler.replay.page import replay_page  # plotly: only to draw
+
             _write(html, replay_page(t, replayed.states[key], f"{key}: replayed{upto}", since))
             print(f"wrote {html}", file=out)
     for k in sorted(replayed.states):
@@ -306,18 +319,15 @@ def _since(start: Origin | None) -> str:
     return f" (from {which} seq {newest.seq:,}: retention dropped EVENTS before seq {start.kept.first_seq:,})"
 
 
-def running_nats() -> str:
-    """The NATS of the `scaler up` running on this machine, from the record it leaves (scaler/runtime/running.py)."""
-    found = running.running()
-    if not found:
-        raise ValueError(
-            f"no running `scaler up` found (it records its NATS in {running.folder()}): pass --nats URL"
-            " (compose publishes NATS on nats://127.0.0.1:4222)"
-        )
-    if len(found) > 1:
-        which = ", ".join(f"{r['nats']} (pid {r['pid']})" for r in found)
-        raise ValueError(f"{len(found)} `scaler up`s are running: pass --nats with one of {which}")
-    return found[0]["nats"]
+async def nats_of(gateway: str) -> str:
+    """The NATS the node at `gateway` says it uses (scaler.Info)."""
+    try:
+        said = await info.ask(gateway, GATEWAY_WAIT_S)
+    except info.NoAnswer as e:
+        raise ValueError(f"{e}: pass --gateway HOST:PORT (the gRPC address `scaler up` said), or --nats URL") from None
+    if not said.nats:
+        raise ValueError(f"the scaler at {gateway} does not say where its NATS is: pass --nats URL")
+    return said.nats
 
 
 async def _connect(url: Nats):
@@ -359,9 +369,15 @@ async def _main(args: argparse.Namespace) -> int:
         server = NatsServer(store)
         url = await server.start()
     else:
-        url = service.nats_access(args, args.nats or running_nats())
+        url = service.nats_access(args, args.nats or await nats_of(args.gateway or GATEWAY))
     try:
-        nc = await _connect(url)
+        try:
+            nc = await _connect(url)
+        except ValueError as e:
+            if args.nats or args.data_dir:
+                raise
+            whose = f"the NATS the scaler at {args.gateway or GATEWAY} says it uses"
+            raise ValueError(f"{e} ({whose}): pass --nats URL") from None
         try:
             try:
                 if args.verify:

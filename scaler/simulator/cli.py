@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
@@ -28,14 +28,16 @@ from scaler import replay
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime import service
-from scaler.runtime.ports import port
+from scaler.runtime.ports import address, nats_url, peer, port
 from scaler.runtime.service import positive
-from scaler.simulator import report
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
 from scaler.simulator.live import LiveError, LiveRun, run_live
 from scaler.simulator.offline import Simulation
 from scaler.simulator.progress import EVERY_S, Progress
 from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
+
+if TYPE_CHECKING:
+    from scaler.simulator import report
 
 DEFAULT_GATEWAY = "127.0.0.1:9001"
 DEFAULT_HOST = "127.0.0.1"  # what the Platform API and /stats bind unless told: this machine only
@@ -55,8 +57,8 @@ class Recorded:
     end_ms: int  # the end of the run, in the timelines' times
     note: str = ""
 
-    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> report.SavedRun:
-        return report.SavedRun(
+    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> "report.SavedRun":
+        return _drawing().SavedRun(
             title=self.title,
             heading=heading,
             stats=stats,
@@ -119,11 +121,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--speed", type=positive, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
     )
     p.add_argument(
-        "--gateway", metavar="HOST:PORT", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
+        "--gateway", metavar="HOST:PORT", type=peer, help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
     )
     p.add_argument(
         "--platform-listen",
         metavar="HOST:PORT",
+        type=address,
         help=f"live: where to serve the Platform API (default HOST:{PLATFORM_PORT}, HOST being --host)",
     )
     p.add_argument(
@@ -146,8 +149,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nats",
         metavar="URL",
+        type=nats_url,
         help="live, with --report or --save-run: the scaler's NATS, where its decisions and their reasons are read"
-        " (default: the running `scaler up`'s)",
+        " (default: the one the scaler at --gateway says it uses)",
     )
     p.add_argument(
         "--compare",
@@ -165,7 +169,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive,
         default=EVERY_S,
         metavar="S",
-        help=f"progress: a bar on a terminal, else a line every S seconds (default {EVERY_S:g})",
+        help="progress: a bar on a terminal, else a line every S seconds",
     )
     service.add_client_tls(p, "gateway", "GATEWAY", "the scaler (live)")
     service.add_server_tls(p, "the Platform API (live)")
@@ -190,15 +194,16 @@ def run(args: argparse.Namespace) -> int:
         outcome, heading, recorded = _offline(dataset, args, drawing) if args.offline else _live(dataset, args, drawing)
         stats = outcome.stats()
         functions = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, WORST)
+        written: list[str] = []  # said once the statistics are printed
         if args.json:
-            _write(Path(args.json), to_json(stats, functions))
+            written.append(_write(Path(args.json), to_json(stats, functions), "the statistics"))
         if drawing:
             every = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, len(dataset.metas))
             saved = recorded.saved(heading, stats, every)
             if args.save_run:
-                _write(Path(args.save_run), report.save(saved))
+                written.append(_write(Path(args.save_run), _drawing().save(saved), "the run (for --compare)"))
             if args.report:
-                _write(Path(args.report), report.page(saved, other).encode())
+                written.append(_write(Path(args.report), _drawing().page(saved, other).encode(), "the report"))
     except (DatasetError, LiveError, Failure) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
@@ -216,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
         return 143
     print("\n".join(heading))
     print(render(stats, functions))
+    for line in written:
+        print(line, file=sys.stderr)
     return 0
 
 
@@ -224,9 +231,9 @@ def _note(flags: list[str], why: str) -> None:
         print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
 
 
-def _load_run(path: Path) -> report.SavedRun:
+def _load_run(path: Path) -> "report.SavedRun":
     try:
-        return report.load(path.read_bytes())
+        return _drawing().load(path.read_bytes())
     except OSError as e:
         raise Failure(f"{path}: cannot read: {e.strerror}") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -275,7 +282,7 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     stats = f"{args.host}:{args.stats_port}" if args.stats_port is not None else None
     drivers: list[LiveRun] = []
     try:
-        run, errors, says = asyncio.run(
+        outcome = asyncio.run(
             _until_terminated(
                 run_live(
                     dataset,
@@ -293,6 +300,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             )
         )
     except KeyboardInterrupt:
+        if drivers:
+            drivers[0].show_progress(final=True)  # the bar as it ends, on a line of its own
         if not drivers or not drivers[0].done:
             raise
         driver = drivers[0]
@@ -304,7 +313,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             ],
         ) from None
     took = time.perf_counter() - started
-    policy = f", policy {says['policy']}" if "policy" in says else ""
+    run, says = outcome.run, outcome.info
+    policy = f", policy {says.policy}" if says.policy else ""
     heading = [
         f"{dataset.name}: live against {gateway} at speed {speed:g}{policy}, {len(dataset.requests)} requests"
         f" in {took:.0f}s"
@@ -316,21 +326,27 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             f"schedule time at speed {speed:g}: CreateSlot + Init (and waits for executions) in trace time, the"
             f" scaler's own latency unscaled (as measured, not x{speed:g}); idle time unscaled too"
         )
-    for message, count in errors.most_common(3):
+    if outcome.retried:
+        calls = ", ".join(f"{n:,} x {what}" for what, n in outcome.retried.most_common())
+        heading.append(f"retried, each with the same request, as a platform does: {calls}")
+    for message, count in outcome.errors.most_common(3):
         heading.append(f"failed: {count} x {message}")
     recorded = None
     if drawing:
         title = f"{dataset.name}: live{policy}, speed {speed:g}"
-        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), report.DRAWN)
-        recorded = asyncio.run(_from_stream(title, args, [f.key for f in worst]))
+        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), _drawing().DRAWN)
+        recorded = asyncio.run(_from_stream(title, args, args.nats or says.nats, gateway, [f.key for f in worst]))
     return run, heading, recorded
 
 
-async def _from_stream(title: str, args: argparse.Namespace, keys: list[str]) -> Recorded:
-    """The timelines of `keys` read back from the scaler's EVENTS stream: the reasons are only there."""
+async def _from_stream(title: str, args: argparse.Namespace, url: str, gateway: str, keys: list[str]) -> Recorded:
+    """The timelines of `keys` read back from the scaler's EVENTS stream (at `url`, the NATS the scaler at
+    `gateway` said it uses, or --nats; with this command's NATS access): the reasons are only there."""
     try:
-        timelines = await replay.timelines(service.nats_access(args, args.nats or replay.running_nats()), keys)
-    except (ValueError, replay.stream.UnreadableStream, replay.rebuild.Uncovered) as e:
+        if not url:
+            raise ValueError(f"the scaler at {gateway} does not say where its NATS is")
+        timelines = await replay.timelines(service.nats_access(args, url), keys)
+    except (ValueError, replay.UnreadableStream, replay.rebuild.Uncovered) as e:
         note = f"no timelines: the scaler's events could not be read ({e}); pass --nats URL"
         print(f"scaler simulate: {note}", file=sys.stderr)
         return Recorded(title, [], 0, 0, note)
@@ -338,11 +354,22 @@ async def _from_stream(title: str, args: argparse.Namespace, keys: list[str]) ->
     return Recorded(title, timelines, 0, end, "times are the scaler's clock (trace time under --speed)")
 
 
-def _write(path: Path, data: bytes) -> None:
+def _drawing():
+    """scaler/simulator/report.py: it needs plotly, which an image running only the scaler lacks (compose's)."""
+    try:
+        from scaler.simulator import report
+    except ImportError as e:
+        raise Failure(f"--report, --save-run and --compare need plotly ({e}): pip install plotly") from None
+    return report
+
+
+def _write(path: Path, data: bytes, what: str) -> str:
+    """Write `data` to `path`; the line that says where `what` went."""
     try:
         path.write_bytes(data)
     except OSError as e:
         raise Failure(f"{path}: cannot write: {e.strerror}") from None
+    return f"scaler simulate: {what} written to {path.resolve()}"
 
 
 def render(stats: Stats, functions: list[FunctionRow]) -> str:

@@ -8,6 +8,7 @@ import argparse
 
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
+from scaler.runtime.ports import peer
 from scaler.store import config
 from scaler.workers.effects import ACK_WAIT_S
 from scaler.workers.gc import GcWorker
@@ -25,7 +26,9 @@ def _kind(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = service.parser("python -m scaler.workers", __doc__)
     p.add_argument("kinds", nargs="*", type=_kind, metavar="{platform,gc}", help="which workers (default: both)")
-    p.add_argument("--platform", default=service.env("PLATFORM", "127.0.0.1:50051"), help="[SCALER_PLATFORM]")
+    p.add_argument(
+        "--platform", type=peer, default=service.env("PLATFORM", "127.0.0.1:50051"), help="HOST:PORT [SCALER_PLATFORM]"
+    )
     p.add_argument(
         "--concurrency",
         type=int,

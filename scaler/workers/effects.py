@@ -73,7 +73,22 @@ MAX_MESSAGE = 512  # characters of a platform's error message kept in a report (
 
 
 class PlatformError(Exception):
-    """A platform call failed for good; the message says which call and why."""
+    """A platform call failed for good; the message says which call and why. `away`: the platform did not
+    answer at all (nothing listens there: a simulator's platform after its run), as opposed to refusing."""
+
+    def __init__(self, message: str, away: bool = False, why: str = "") -> None:
+        super().__init__(message)
+        self.away = away
+        self.why = why  # in a few words, when away: "Connection refused"
+
+
+# The platform away is one fault however many workers of a process find it so (the platform and gc
+# workers share one), said once with the platform's address, then only in LastingFault's summaries.
+_AWAY: dict[str, LastingFault] = {}
+
+
+def away(platform: str) -> LastingFault:
+    return _AWAY.setdefault(platform, LastingFault(log, f"platform {platform}"))
 
 
 def brief(text: str) -> str:
@@ -81,12 +96,12 @@ def brief(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
 
 
-async def call_platform(method, request, what: str, patience_s: float = PATIENCE_S):
+async def call_platform(method, request, what: str, patience_s: float = PATIENCE_S, platform: str = ""):
     """Call a Platform RPC; an answer of Throttle, RESOURCE_EXHAUSTED or UNAVAILABLE is retried with backoff.
 
     The challenge zeroes a run whose calls fail too often: a platform that is busy for a moment
     must cost the waiting request time, not its answer. What still fails after `patience_s`
-    raises PlatformError with the platform's last word.
+    raises PlatformError with the platform's last word. An answer from `platform` ends its being away.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + patience_s
@@ -94,6 +109,7 @@ async def call_platform(method, request, what: str, patience_s: float = PATIENCE
     while True:
         try:
             reply = await method(request, timeout=CALL_TIMEOUT_S)
+            away(platform).ended()
             if reply.status != pb.Throttle:
                 return reply
             why = f"Throttle: {brief(reply.error_message)}" if reply.error_message else "Throttle"
@@ -102,7 +118,8 @@ async def call_platform(method, request, what: str, patience_s: float = PATIENCE
                 raise PlatformError(f"{what}: {e.code().name}: {brief(e.details() or '')}") from None
             why = f"{e.code().name}: {brief(e.details() or '')}"
         if loop.time() + delay > deadline:
-            raise PlatformError(f"{what}: still {why} after {patience_s:g}s")
+            gone = why.startswith(grpc.StatusCode.UNAVAILABLE.name)
+            raise PlatformError(f"{what}: still {why} after {patience_s:g}s", gone, why.rsplit(": ", 1)[-1])
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
 
@@ -245,7 +262,14 @@ class EffectWorker:
         try:
             await asyncio.gather(*(self._one(key, e, delivery) for e in events))
         except PlatformError as e:  # expected while the platform is away: one line, no traceback, then rarely
-            self._fault.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
+            if e.away:
+                away(self.platform_addr).occurred(
+                    f"the platform at {self.platform_addr} does not answer ({e.why}): what the scaler asks of it"
+                    " (CreateSlot, Init, DestroySlot) waits and is tried again until it is back. A simulator's"
+                    " platform goes when its run ends: then stop this scaler, or start the next run against it"
+                )
+            else:
+                self._fault.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
             await msg.nak(delay=retry_s)
             return
         except Exception:

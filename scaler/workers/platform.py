@@ -110,7 +110,8 @@ class PlatformWorker(EffectWorker):
         config = pb.ResourceConfig(memory_in_megabytes=event.meta.memory_mb)
         request = pb.CreateSlotRequest(request_id=request_id, resource_config=config)
         try:
-            created = await call_platform(self.platform.CreateSlot, request, "CreateSlot", self.patience_s)
+            create = self.platform.CreateSlot
+            created = await call_platform(create, request, "CreateSlot", self.patience_s, self.platform_addr)
         except PlatformError as e:
             return SlotFailed(key=key, instance_id=i, reason=str(e))
         if created.status != pb.Ok or not created.HasField("slot"):
@@ -141,7 +142,7 @@ class PlatformWorker(EffectWorker):
         call = f"{_call_id(event)}/{slot.id}"
         request = pb.InitRequest(request_id=call, slot_id=slot.id, instance_id=i, meta_data=meta)
         try:
-            init = await call_platform(self.platform.Init, request, "Init", self.patience_s)
+            init = await call_platform(self.platform.Init, request, "Init", self.patience_s, self.platform_addr)
         except PlatformError as e:
             return SlotFailed(key=key, instance_id=i, reason=str(e), slot_id=slot.id)
         if init.status != pb.Ok:

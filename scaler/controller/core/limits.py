@@ -11,26 +11,35 @@ goes) and is forgotten after `forget_after_ms` (its whole state goes): memory ho
 functions of the last day, each small.
 """
 
+from typing import Annotated
+
 import msgspec
 
 from scaler.controller.core.state import FnState, Phase, Totals
 
+Count = Annotated[int, msgspec.Meta(ge=0)]  # a cap or a reserve: 0 or more (a cap of 0: none)
+Wait = Annotated[int, msgspec.Meta(gt=0)]  # a time in ms: more than 0
+
 
 class FunctionLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    max_instances: int = 0  # 0: no cap
-    max_memory_mb: int = 0
-    min_warm: int = 0
+    max_instances: Count = 0  # 0: no cap
+    max_memory_mb: Count = 0
+    min_warm: Count = 0
+
+    def __post_init__(self) -> None:
+        if self.max_instances and self.min_warm > self.max_instances:
+            raise ValueError(f"min_warm {self.min_warm} is more than max_instances {self.max_instances}")
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     default: FunctionLimits = FunctionLimits()
     functions: dict[str, FunctionLimits] = {}
-    max_instances: int = 0  # over all functions (0: no cap)
-    max_memory_mb: int = 0
-    throttle_after_ms: int = 10_000  # how long a request waits at a cap before it is answered Throttle
-    rest_after_ms: int = 10 * 60_000  # idle this long (nothing in flight, no instance): a function rests
-    forget_after_ms: int = 24 * 3_600_000  # idle this long: it is forgotten, what was learned of it too
-    session_idle_ms: int = 60_000  # a session unused this long loses its instance (openYuanRong's reaper: 60 s)
+    max_instances: Count = 0  # over all functions (0: no cap)
+    max_memory_mb: Count = 0
+    throttle_after_ms: Wait = 10_000  # how long a request waits at a cap before it is answered Throttle
+    rest_after_ms: Wait = 10 * 60_000  # idle this long (nothing in flight, no instance): a function rests
+    forget_after_ms: Wait = 24 * 3_600_000  # idle this long: it is forgotten, what was learned of it too
+    session_idle_ms: Wait = 60_000  # a session unused this long loses its instance (openYuanRong's reaper: 60 s)
 
     def of(self, key: str) -> FunctionLimits:
         return self.functions.get(key, self.default)
