@@ -8,6 +8,7 @@ import asyncio
 import fcntl
 import json
 import logging
+import os
 import shutil
 import sysconfig
 import tempfile
@@ -33,20 +34,38 @@ class StoreBusy(RuntimeError):
     """Another process uses this data dir: two nats-servers on one store would corrupt it."""
 
 
-def claim(data_dir: str | Path):
-    """Hold `data_dir` for this process (released when it exits, however it exits); raise StoreBusy if taken.
+class Claim:
+    """A data dir held by this process, and by every process it hands `fileno()` to (`pass_fds`)."""
 
-    nats-server itself happily starts a second server on a store already in use.
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def claim(data_dir: str | Path) -> Claim:
+    """Hold `data_dir` for this process (released when the last process holding it exits, however it exits);
+    raise StoreBusy if taken.
+
+    nats-server itself happily starts a second server on a store already in use. The lock is an flock
+    on the directory's own descriptor, not on a file in it: a file can be deleted under a running
+    scaler, and the next claim would lock a new one and start a second nats-server on the same store.
     """
     path = Path(data_dir)
     path.mkdir(parents=True, exist_ok=True)
-    lock = open(path / "scaler.lock", "w")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.close()
+        os.close(fd)
         raise StoreBusy(f"{path} is in use by a running scaler") from None
-    return lock
+    return Claim(fd)
 
 
 class NatsServer:
