@@ -34,8 +34,15 @@ from scaler.proto.events import (
 )
 from scaler.proto.subjects import function_events
 from scaler.runtime import stream
-from scaler.runtime.bus import send
-from scaler.workers.effects import REPORT_PATIENCE_S, Delivery, EffectWorker, PlatformError, brief, call_platform
+from scaler.workers.effects import (
+    REPORT_PATIENCE_S,
+    Delivery,
+    EffectWorker,
+    PlatformError,
+    brief,
+    call_platform,
+    report,
+)
 
 log = logging.getLogger("scaler.platform_worker")
 
@@ -121,8 +128,8 @@ class PlatformWorker(EffectWorker):
     async def _report_and_init(self, key: str, event: SlotWanted, slot: SlotMade) -> AnyCommand | None:
         """Init only once the slot is stored in the function's state, and only if it is still wanted."""
         i = event.instance_id
-        report = SlotCreated(key=key, instance_id=i, slot_id=slot.id, create_ms=slot.create_ms)
-        answer = await send(self._nc, report, patience_s=REPORT_PATIENCE_S)
+        created = SlotCreated(key=key, instance_id=i, slot_id=slot.id, create_ms=slot.create_ms)
+        answer = await report(self._nc, created, patience_s=REPORT_PATIENCE_S)
         self._made.pop(i, None)
         if answer.code is not Code.OK:
             log.info("%s: not initialising %s: %s", i, slot.id, answer.message)  # the controller destroys it
