@@ -20,6 +20,7 @@ import pytest
 
 from scaler.controller import replay
 from scaler.controller.core.state import Phase
+from scaler.controller.leases import LEASES, bucket, holders
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
@@ -325,3 +326,24 @@ async def test_smoke_test_callers_retrying_through_a_nats_restart_mid_burst_are_
     finally:
         await nats.stop()
         await stub.stop()
+
+
+async def test_a_node_killed_and_started_again_under_its_name_serves_before_its_leases_could_lapse(tmp_path, stub):
+    """With `--node-dir` (as `scaler up --data-dir` gives it) a restarted node takes its dead incarnation's leases
+    back at once. The leases here last 60 s, so a node that waited for them to lapse would serve nothing for that
+    long."""
+    async with NatsServer(tmp_path / "nats") as nats:
+        async with connected(nats.url, "test") as nc:
+            await bucket(nc.jetstream(), LEASES, ttl_s=60, replicas=1)
+        args = ("--node-dir", str(tmp_path / "node"))
+        async with Parts(nats.url, f"127.0.0.1:{stub.port}", node_args=args) as parts:
+            name = (tmp_path / "node" / "name").read_text().strip()
+            await assign(parts.gateway, "r1", attempts=20)
+            await parts.kill("node")
+            await parts.start("node")
+            reply = await assign(parts.gateway, "r2", attempts=40)  # served within the 10 s of its repeats
+            async with connected(nats.url, "test") as nc:
+                assert set((await holders(nc.jetstream())).values()) == {name}
+            await settled(nats.url, stub)
+            calls = [Call("r1", "fa"), Call("r2", "fa", reply.assigment.instance_id)]
+            await check_the_log(nats.url, Driver(parts.gateway, calls=calls))

@@ -19,7 +19,7 @@ from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.gateway import __main__ as gateway_main
 from scaler.gateway.server import Gateway
-from scaler.runtime import metrics, service
+from scaler.runtime import identity, metrics, service
 from scaler.runtime.ports import port
 
 log = logging.getLogger("scaler.node")
@@ -39,16 +39,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics on http://0.0.0.0:N/metrics (0: any free port; default: none)"
         " [SCALER_METRICS_PORT]",
     )
+    p.add_argument(
+        "--node-dir",
+        default=service.env("NODE_DIR", ""),
+        metavar="DIR",
+        help="a folder of this node's own, where its name is kept (DIR/name, locked while it runs): restarted"
+        " with the same folder, the node takes its partitions' leases back at once instead of waiting for"
+        " them to lapse (default: a new name at each start) [SCALER_NODE_DIR]",
+    )
 
 
 class Node(service.Together):
     """The controller, the gateway and metrics; a stop drains the controller first, the gateway still serving,
     and, once another node decides for its partitions, still answers the Idle of each request it assigned."""
 
-    def __init__(self, controller: Controller, gateway: Gateway, parts: list[service.Component]) -> None:
+    def __init__(
+        self, controller: Controller, gateway: Gateway, parts: list[service.Component], node_dir: str = ""
+    ) -> None:
         super().__init__(parts)
         self.controller = controller
         self.gateway = gateway
+        self.node_dir = node_dir  # where its name is kept and held (runtime/identity.py)
+
+    async def start(self) -> str:
+        if self.node_dir:  # its earlier incarnation, if any, is dead: its leases are this one's to take back
+            self.controller.node = await identity.claim_name(self.node_dir)
+            self.controller.reclaim_leases = True
+        return await super().start()
 
     async def stop(self) -> None:
         try:
@@ -74,7 +91,7 @@ def make(a: argparse.Namespace) -> service.Component:
     parts = [controller, gateway]
     if a.metrics_port is not None:
         parts.append(metrics.endpoint(f"0.0.0.0:{a.metrics_port}", [ControllerCollector(controller)]))
-    node = Node(controller, gateway, parts)
+    node = Node(controller, gateway, parts, a.node_dir)
     gateway.drain = node.drain_and_stop
     return node
 

@@ -174,6 +174,7 @@ class Supervisor:
         monitor = self.nats.monitor_url if self.nats else a.nats_monitor
         node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(replicas)]
         node_args += ["--nats-monitor", monitor] if monitor else []
+        node_args += ["--node-dir", str(Path(a.data_dir) / "node")] if a.data_dir else []  # a name kept: see node.py
         node_args += ["--nats-unsynced"] if a.nats_unsynced else []
         node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
         node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []

@@ -115,6 +115,7 @@ class Controller:
         self.nats_unsynced = nats_unsynced  # ... and not syncing is intended: no warning
         self.sync = durability.Sync.UNKNOWN
         self.node = node or f"{socket.gethostname()}-{secrets.token_hex(3)}"
+        self.reclaim_leases = False  # `node` is held by this process alone: take its earlier incarnation's leases
         self.lease_ttl_s = lease_ttl_s
         self.lease_every_s = lease_every_s
         self.limits = limits
@@ -228,6 +229,7 @@ class Controller:
             self.lease_ttl_s,
             self.lease_every_s,
             self.replicas,
+            reclaim=self.reclaim_leases,
         )
         self.shared = SharedTotals(
             self._js, self.node, self.ledger, self.lease_ttl_s, self.lease_every_s, self.replicas
