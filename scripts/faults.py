@@ -25,6 +25,7 @@ import io
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tarfile
 import tempfile
@@ -253,8 +254,42 @@ async def torn(tmp: Path, stub: PlatformStub) -> Row:
     return row
 
 
+async def crash_loop(tmp: Path, stub: PlatformStub, cycles: int = 10, node_dir: bool = True) -> Row:
+    """The node killed -9 and started again, `cycles` times, each once its callers are served again. With its
+    `--node-dir` (as `scaler up --data-dir` gives it) it comes back under its name and takes its leases back at
+    once; without (`node_dir=False`, for a measure of what that saves) it waits for them to lapse."""
+    named = "under its name (--node-dir)" if node_dir else "under a new name"
+    row = Row("crash loop", f"the node kill -9, started again {named} at once; {cycles} times")
+    args = ("--node-dir", str(tmp / "node")) if node_dir else ()
+    async with NatsServer(tmp / "nats") as nats, Parts(nats.url, f"127.0.0.1:{stub.port}", node_args=args) as parts:
+        drivers = callers(parts)
+        loads = [asyncio.create_task(d.run()) for d in drivers]
+        await running(drivers)
+        gaps, starts, first_fault = [], [], 0.0
+        for _ in range(cycles):
+            await parts.kill("node")
+            fault_at = time.monotonic()
+            first_fault = first_fault or fault_at
+            starts.append(await parts.start("node"))
+            await running(drivers, calls=10)
+            gaps.append(min(c.got_at for d in drivers for c in d.calls if c.got_at > fault_at) - fault_at)
+        await finish(row, nats.url, stub, drivers, first_fault)
+        await asyncio.gather(*loads)
+    row.recovered_s = statistics.median(gaps)
+    row.notes.append(f"answering again after each kill (median in the table): {', '.join(f'{g:.1f}' for g in gaps)} s")
+    row.notes.append(f"the node ready after each start: {', '.join(f'{g:.1f}' for g in starts)} s")
+    return row
+
+
 LISTING = {"lost-tail"}  # faults run against the stub's listing mode (see lost_tail)
-FAULTS = {"pause": pause, "leader": leader, "lost-tail": lost_tail, "upgrade": upgrade, "torn": torn}
+FAULTS = {
+    "pause": pause,
+    "leader": leader,
+    "lost-tail": lost_tail,
+    "upgrade": upgrade,
+    "torn": torn,
+    "crash-loop": crash_loop,
+}
 
 
 def table(rows: list[Row]) -> str:
