@@ -41,6 +41,7 @@ class Parts:
         replicas: int = 1,
         node_args: tuple[str, ...] = (),
         policy: str = "",
+        worker_args: tuple[str, ...] = (),
     ) -> None:
         self.platform = platform
         self.reply_timeout_s = reply_timeout_s
@@ -48,6 +49,7 @@ class Parts:
         self.front = front  # a front gateway forwarding to the node, and the clients call it
         self.replicas = replicas
         self.node_args = node_args  # more flags for every node
+        self.worker_args = worker_args  # ... and for both workers
         self.nodes = ["node", *(f"node-{n}" for n in range(1, nodes))]
         # kept across restarts, as a platform expects
         self.ports = {name: free_port() for name in (*self.nodes, "gateway")}
@@ -60,7 +62,7 @@ class Parts:
     def argv(self, part: str) -> list[str]:
         """`python -m` and the arguments that start `part`."""
         timeout = ["--reply-timeout", str(self.reply_timeout_s)]
-        workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s)]
+        workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s), *self.worker_args]
         if part in self.nodes:
             listen = f"127.0.0.1:{self.ports[part]}"
             return ["scaler", "node", "--listen", listen, "--replicas", str(self.replicas), *timeout, *self.node_args]
