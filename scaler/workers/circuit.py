@@ -3,7 +3,7 @@
 While the platform fails every start (Init answering InternalError, CreateSlot refused), each
 failed start fails a request, and the next Assign starts another: measured before this, 2,840 slots
 in 15 s for 8 callers. A circuit counts failures in a row; at `trip` it opens: starts are refused at
-once, with no platform call, for `open_s` (1 s, doubled at each failed try, at most 30 s). Then it
+once, with no platform call, for `open_s` (1 s, doubled at each failed try, at most 10 s). Then it
 is half-open: one start goes through as a probe while the others are still refused; the probe's
 success closes the circuit, its failure opens it again, for longer. Any success closes it.
 
@@ -25,7 +25,7 @@ log = logging.getLogger("scaler.platform_worker")
 
 TRIP = 5  # failures in a row that open a circuit
 FIRST_OPEN_S = 1.0
-LONGEST_OPEN_S = 30.0
+LONGEST_OPEN_S = 10.0  # a function's next start waits this long at most once the platform works again
 
 
 @dataclass
