@@ -21,17 +21,21 @@ the batches it claims. It exits 1 if any check failed.
 
 import argparse
 import asyncio
+import contextlib
+import errno
 import io
 import os
+import re
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +47,7 @@ from scaler.controller.leases import holders  # noqa: E402
 from scaler.platform_stub.server import PlatformStub  # noqa: E402
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
 from scaler.runtime.bus import connected  # noqa: E402
+from scaler.runtime.durability import monitor_get  # noqa: E402
 from scaler.runtime.natsd import NatsCluster, NatsServer  # noqa: E402
 from tests.invariants import Assignments, snapshots_hold_what_they_claim  # noqa: E402
 from tests.nemesis import tear_snapshot  # noqa: E402
@@ -281,6 +286,142 @@ async def crash_loop(tmp: Path, stub: PlatformStub, cycles: int = 10, node_dir: 
     return row
 
 
+class Up:
+    """`scaler up` as a user runs it (its own embedded NATS, here on `data_dir`), against this script's platform
+    stub; its stderr kept line by line."""
+
+    READY = re.compile(r"scaler ready: gRPC (\S+), .* nats (nats://\S+) .*, metrics (http://\S+)/metrics")
+
+    def __init__(self, data_dir: Path, stub: PlatformStub) -> None:
+        self.args = ["--data-dir", str(data_dir), "--platform", f"127.0.0.1:{stub.port}"]
+        self.args += ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--store-limit-gb", "0.01"]
+        # A call waits 10 s for its answer (60 by default): calls made while the disk is full are refused in the run
+        self.env = {**os.environ, "SCALER_REPLY_TIMEOUT": "10"}
+        self.lines: list[str] = []
+        self.address = self.nats_url = self.http = ""
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reading: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "Up":
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scaler", "up", *self.args, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=self.env
+        )
+        async with asyncio.timeout(60):
+            while not self.address:
+                line = (await self._proc.stderr.readline()).decode()
+                if not line:
+                    raise RuntimeError(f"scaler up exited: {''.join(self.lines)}")
+                self.lines.append(line)
+                if m := self.READY.search(line):
+                    self.address, self.nats_url, self.http = m.groups()
+        self._reading = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        while line := await self._proc.stderr.readline():
+            self.lines.append(line.decode())
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def said(self, text: str) -> int:
+        return sum(text in line for line in self.lines)
+
+    async def get(self, path: str) -> tuple[int, str]:
+        status, body = await monitor_get(self.http, path)
+        return status, body.decode(errors="replace")
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._proc.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(self._proc.wait(), 60)
+        except TimeoutError:
+            self._proc.kill()
+            await self._proc.wait()
+        await self._reading
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, mb: int) -> Iterator[None]:
+    """A filesystem of `mb` MB (tmpfs; this needs root) mounted on `folder` for the time of the block."""
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(folder)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """A file that takes every byte left on `folder`'s filesystem."""
+    filler = folder / "filler"
+    chunk = b"\0" * (1 << 20)
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(chunk)
+                f.flush()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+    return filler
+
+
+async def full_disk(tmp: Path, stub: PlatformStub, hold_s: float = 20) -> Row:
+    """The store of `scaler up --data-dir` on a 32 MB filesystem, filled, held full, freed. While it is full no call
+    can be stored, so calls fail (excused: refused while the disk was full, or just after); each refusal should
+    name the cause. Once the space is back, `scaler up` restarts its nats-server (a stream that had a write error
+    takes none until then), and the callers are served again: the table's "answering again after" counts from
+    the moment the space was freed."""
+    row = Row("full disk", f"`scaler up`'s store on a 32 MB filesystem, filled for {hold_s:g} s, then freed")
+    disk = tmp / "disk"
+    window = [0.0, 0.0]  # filled, freed (+ the callers' patience: what fails then was refused while full)
+
+    def refused_while_full(call: Call, fault_at: float) -> bool:
+        """refused (UNAVAILABLE, DEADLINE_EXCEEDED) while the disk was full, or within 10 s of its freeing"""
+        retried = call.error.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+        return retried and window[0] <= call.failed_at <= window[1] + 10
+
+    row.excused = refused_while_full
+    with small_disk(disk, 32):
+        async with Up(disk, stub) as up:
+            drivers = [Driver(up.address, keys=KEYS, clients=6, tag="d-", retry_assign=True)]
+            loads = [asyncio.create_task(d.run()) for d in drivers]
+            await running(drivers)
+            filler = await asyncio.to_thread(fill, disk)
+            window[0] = time.monotonic()
+            said: dict[str, float] = {}
+            while time.monotonic() - window[0] < hold_s:
+                metrics = (await up.get("/metrics"))[1]
+                if 'scaler_store_refusing{cause="disk_full"} 1.0' in metrics:
+                    said.setdefault("metric", time.monotonic() - window[0])
+                if (await up.get("/healthz"))[0] == 503:
+                    said.setdefault("health", time.monotonic() - window[0])
+                await asyncio.sleep(0.5)
+            filler.unlink()
+            fault_at = window[1] = time.monotonic()
+            await running(drivers, seconds=120)
+            await finish(row, up.nats_url, stub, drivers, fault_at)
+            await asyncio.gather(*loads)
+            refusals = [r for d in drivers for c in d.calls for r in [c.error, *(r for _, r in c.refusals)] if r]
+            named = sum("disk full" in r for r in refusals)
+            row.notes.append(
+                f"while full: the metric said disk_full after {said.get('metric', -1):.1f} s, /healthz 503 after"
+                f" {said.get('health', -1):.1f} s (-1: never); {named} of {len(refusals)} refusals named the full disk"
+            )
+            relayed = [line.split(" scaler.natsd: ")[1].strip() for line in up.lines if "scaler.natsd: nats-s" in line]
+            row.notes.append(
+                f"scaler up relayed {len(relayed)} lines of nats-server's log"
+                f" ({sum('no space left on device' in r for r in relayed)} naming the full disk; the first: "
+                f"{next((r for r in relayed if 'no space' in r), '-')[:160]}), restarted it"
+                f" {up.said('nats-server restarted')} time(s)"
+            )
+            if not up.said("nats-server restarted"):
+                row.failed += 1
+                row.notes.append("nats-server was not restarted once space was back")
+    return row
+
+
 LISTING = {"lost-tail"}  # faults run against the stub's listing mode (see lost_tail)
 FAULTS = {
     "pause": pause,
@@ -289,6 +430,7 @@ FAULTS = {
     "upgrade": upgrade,
     "torn": torn,
     "crash-loop": crash_loop,
+    "full-disk": full_disk,
 }
 
 

@@ -42,6 +42,7 @@ class Parts:
         node_args: tuple[str, ...] = (),
         policy: str = "",
         worker_args: tuple[str, ...] = (),
+        env: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.platform = platform
         self.reply_timeout_s = reply_timeout_s
@@ -50,6 +51,7 @@ class Parts:
         self.replicas = replicas
         self.node_args = node_args  # more flags for every node
         self.worker_args = worker_args  # ... and for both workers
+        self.env = env or {}  # more environment for some parts, by name
         self.nodes = ["node", *(f"node-{n}" for n in range(1, nodes))]
         # kept across restarts, as a platform expects
         self.ports = {name: free_port() for name in (*self.nodes, "gateway")}
@@ -75,7 +77,7 @@ class Parts:
     async def start(self, part: str) -> float:
         """Start one part; returns how long it took to be ready (seconds)."""
         began = time.monotonic()
-        self.running[part] = await self.supervisor.spawn(*self.argv(part), name=part)
+        self.running[part] = await self.supervisor.spawn(*self.argv(part), name=part, env_extra=self.env.get(part))
         return time.monotonic() - began
 
     async def __aenter__(self) -> "Parts":
@@ -109,7 +111,9 @@ class Call:
     got_at: float = 0.0  # monotonic: answer received
     idle_at: float = 0.0  # monotonic: Idle sent
     error: str = ""
+    failed_at: float = 0.0  # monotonic: the error received
     retries: int = 0  # calls repeated because the scaler was unavailable
+    refusals: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, "CODE: details") of each
 
 
 # What a platform repeats, with the same request id: the scaler away, too slow, or overloaded for a moment.
@@ -127,6 +131,7 @@ class Driver:
     hold_s: float = 0.05
     timeout_s: float = 60
     retry_assign: bool = False  # repeat an Assign refused as unavailable, with the same request id
+    function_timeout_s: int = 0  # the functions' timeout (their Meta's timeout_in_secs; 0: none given)
     tag: str = ""  # prefix of request ids: drivers side by side must not share them
     calls: list[Call] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -148,7 +153,7 @@ class Driver:
             i += 1
 
     async def one(self, scaler: pb_grpc.ScalerStub, call: Call) -> None:
-        meta = pb.Meta(key=call.key, runtime="python", memory_in_mb=128)
+        meta = pb.Meta(key=call.key, runtime="python", memory_in_mb=128, timeout_in_secs=self.function_timeout_s)
         try:
             assign = pb.AssignRequest(request_id=call.request_id, meta_data=meta)
             reply = await self._retried(call, lambda: scaler.Assign(assign, timeout=self.timeout_s), self.retry_assign)
@@ -159,7 +164,7 @@ class Driver:
             idle = pb.IdleRequest(assigment=reply.assigment, result=result)
             await self._retried(call, lambda: scaler.Idle(idle, timeout=self.timeout_s), True)
         except grpc.aio.AioRpcError as e:
-            call.error = f"{e.code().name}: {e.details()}"
+            call.error, call.failed_at = f"{e.code().name}: {e.details()}", time.monotonic()
 
     @staticmethod
     async def _retried(call: Call, attempt, retry: bool):
@@ -171,6 +176,7 @@ class Driver:
                 if e.code() not in RETRY or n == ATTEMPTS - 1 or not retry:
                     raise
                 call.retries += 1
+                call.refusals.append((time.monotonic(), f"{e.code().name}: {e.details()}"))
                 await asyncio.sleep(0.25)
 
     async def one_on(self, call: Call) -> None:

@@ -19,8 +19,9 @@ from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.gateway import __main__ as gateway_main
 from scaler.gateway.server import Gateway
-from scaler.runtime import identity, metrics, service
+from scaler.runtime import durability, identity, metrics, service
 from scaler.runtime.ports import port
+from scaler.runtime.storehealth import StoreWatch
 
 log = logging.getLogger("scaler.node")
 
@@ -54,20 +55,29 @@ class Node(service.Together):
     and, once another node decides for its partitions, still answers the Idle of each request it assigned."""
 
     def __init__(
-        self, controller: Controller, gateway: Gateway, parts: list[service.Component], node_dir: str = ""
+        self,
+        controller: Controller,
+        gateway: Gateway,
+        parts: list[service.Component],
+        store: StoreWatch,
+        node_dir: str = "",
     ) -> None:
         super().__init__(parts)
         self.controller = controller
         self.gateway = gateway
+        self.store = store  # what NATS's health checks say of the event store
         self.node_dir = node_dir  # where its name is kept and held (runtime/identity.py)
 
     async def start(self) -> str:
         if self.node_dir:  # its earlier incarnation, if any, is dead: its leases are this one's to take back
             self.controller.node = await identity.claim_name(self.node_dir)
             self.controller.reclaim_leases = True
-        return await super().start()
+        said = await super().start()
+        self.store.start()
+        return said
 
     async def stop(self) -> None:
+        await self.store.stop()
         try:
             await self.controller.drain()
         except Exception as e:  # the stop goes on: what was not handed over is given back or lapses
@@ -88,10 +98,13 @@ def make(a: argparse.Namespace) -> service.Component:
     controller = controller_main.make(a)
     says = {"speed": a.speed, "policy": a.policy}  # checked by `scaler simulate` before it begins
     gateway = Gateway(controller, a.listen, a.reply_timeout, says)
+    store = StoreWatch(durability.monitor_urls(a.nats, a.nats_monitor), progress=lambda: controller.ledger.seq)
+    gateway.store = store
     parts = [controller, gateway]
     if a.metrics_port is not None:
-        parts.append(metrics.endpoint(f"0.0.0.0:{a.metrics_port}", [ControllerCollector(controller)]))
-    node = Node(controller, gateway, parts, a.node_dir)
+        collectors = [ControllerCollector(controller), store]
+        parts.append(metrics.endpoint(f"0.0.0.0:{a.metrics_port}", collectors, {"/healthz": store.health}))
+    node = Node(controller, gateway, parts, store, a.node_dir)
     gateway.drain = node.drain_and_stop
     return node
 
