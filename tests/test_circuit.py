@@ -3,6 +3,7 @@
 import asyncio
 
 import grpc
+import pytest
 
 from scaler.platform_stub.server import Faults
 from scaler.workers.circuit import Circuit, Circuits
@@ -88,7 +89,7 @@ async def test_a_platform_failing_every_init_is_not_hammered_and_other_functions
         return "the runtime is broken" if request.meta_data.key == "broken" else None
 
     async with Stack(nats_url, faults=Faults(init=failing_init)) as stack:
-        stack.platform_worker.circuits = Circuits(trip=5, first_open_s=600)
+        stack.platform_worker.circuits = Circuits(trip=5, first_open_s=600, hold_s=0)  # refused at once
         errors = await callers(stack, "broken", failures=60)
         # Not one Init per refused request: the 5 that opened it, and those already under way meanwhile (8 callers)
         assert 5 <= inits["broken"] <= 5 + 7, inits
@@ -106,7 +107,7 @@ async def test_a_platform_failing_create_slot_is_tried_again_and_the_circuit_clo
         return "out of capacity" if failing else None
 
     async with Stack(nats_url, faults=Faults(create=create)) as stack:
-        stack.platform_worker.circuits = Circuits(trip=3, first_open_s=0.2, longest_open_s=0.5)
+        stack.platform_worker.circuits = Circuits(trip=3, first_open_s=0.2, longest_open_s=0.5, hold_s=0)
         errors = await callers(stack, "fa", failures=30)
         assert "CreateSlot failed" in errors[-1] and "out of capacity): not tried" in errors[-1], errors[-1]
         failing = False
@@ -121,3 +122,26 @@ async def test_a_platform_failing_create_slot_is_tried_again_and_the_circuit_clo
         while not served:  # a start refused while the circuit is still open fails; the probe after it works
             await again()
         await eventually(lambda: stack.platform_worker.circuits.create.closed)
+
+
+async def test_a_start_waits_for_an_open_circuit_and_goes_through_once_the_platform_works(nats_url):
+    """While a circuit is open a start waits (up to `hold_s`) rather than fail its request at once: when the
+    platform works again within that, the request is served. (The start let through as the probe serves a request
+    too: its failure fails that request.)"""
+    failing = True
+
+    def init(_) -> str | None:
+        return "the runtime is broken" if failing else None
+
+    async with Stack(nats_url, faults=Faults(init=init)) as stack:
+        stack.platform_worker.circuits = Circuits(trip=3, first_open_s=2, hold_s=60)
+        for n in range(3):  # three failed starts in a row: open
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stack.assign(f"r{n}", key="fa")
+        assert not stack.platform_worker.circuits.init("fa").closed
+        waiting = asyncio.create_task(stack.assign("held", key="fa"))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # held: no Init was tried for it, and it was not failed
+        failing = False
+        reply = await waiting
+        assert reply.assigment.instance_id

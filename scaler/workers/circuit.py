@@ -26,6 +26,8 @@ log = logging.getLogger("scaler.platform_worker")
 TRIP = 5  # failures in a row that open a circuit
 FIRST_OPEN_S = 1.0
 LONGEST_OPEN_S = 10.0  # a function's next start waits this long at most once the platform works again
+HOLD_S = 10.0  # how long a start waits for an open circuit to let it through before it is refused
+HOLD_POLL_S = 0.25  # how often a waiting start looks again
 
 
 @dataclass
@@ -48,14 +50,13 @@ class Circuit:
 
     def refuses(self) -> float:
         """0 if a call may go now (closed, or it is the half-open circuit's one probe); else seconds until the next
-        try, and the refusal is counted."""
+        try."""
         if self.closed:
             return 0.0
         now = self.clock()
         if now >= self._until and not self._probing:
             self._probing = True
             return 0.0
-        self.refused += 1
         return max(self._until - now, 0.0) or self.open_s  # a probe under way: say a whole period
 
     def succeeded(self) -> None:
@@ -97,6 +98,7 @@ class Circuits:
     trip: int = TRIP
     first_open_s: float = FIRST_OPEN_S
     longest_open_s: float = LONGEST_OPEN_S
+    hold_s: float = HOLD_S
     clock: Callable[[], float] = time.monotonic
     create: Circuit = field(init=False)
     _init: dict[str, Circuit] = field(default_factory=dict)

@@ -34,7 +34,7 @@ from scaler.proto.events import (
 )
 from scaler.proto.subjects import function_events
 from scaler.runtime import stream
-from scaler.workers.circuit import Circuits
+from scaler.workers.circuit import HOLD_POLL_S, Circuits
 from scaler.workers.effects import (
     REPORT_PATIENCE_S,
     Delivery,
@@ -120,7 +120,7 @@ class PlatformWorker(EffectWorker):
 
     async def _create_and_init(self, key: str, event: SlotWanted, request_id: str) -> AnyCommand | None:
         i = event.instance_id
-        if (refused := self._refused(key, i)) is not None:
+        if (refused := await self._let_through(key, i)) is not None:
             return refused
         config = pb.ResourceConfig(memory_in_megabytes=event.meta.memory_mb)
         request = pb.CreateSlotRequest(request_id=request_id, resource_config=config)
@@ -143,18 +143,27 @@ class PlatformWorker(EffectWorker):
         made = self._made[i] = SlotMade(created.slot.id, created.slot.create_duration_in_ms)
         return await self._report_and_init(key, event, made)
 
-    def _refused(self, key: str, instance_id: str) -> SlotFailed | None:
-        """A start refused without a platform call while CreateSlot's or the function's Init circuit is open."""
-        create, init = self.circuits.create, self.circuits.init(key)
-        wait, circuit = create.refuses(), create
-        if not wait:
-            wait, circuit = init.refuses(), init
-            if wait:
-                create.abandoned()  # it may have let this start through as its probe
-        if not wait:
-            return None
-        reason = f"{circuit.what} failed {circuit.failures} times in a row (the latest: {circuit.last}): not tried"
-        return SlotFailed(key=key, instance_id=instance_id, reason=reason, retry_after_ms=max(1, round(wait * 1000)))
+    async def _let_through(self, key: str, instance_id: str) -> SlotFailed | None:
+        """None once CreateSlot's and the function's Init circuits let this start through (closed, or it is their
+        probe); while one is open the start waits, up to the circuits' `hold_s`, then is refused without a platform
+        call. Waiting, its request stays queued: an instance of the function that frees up meanwhile serves it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.circuits.hold_s
+        while True:
+            create, init = self.circuits.create, self.circuits.init(key)
+            wait, circuit = create.refuses(), create
+            if not wait:
+                wait, circuit = init.refuses(), init
+                if wait:
+                    create.abandoned()  # it may have let this start through as its probe
+            if not wait:
+                return None
+            if loop.time() >= deadline:
+                circuit.refused += 1
+                why = f"{circuit.what} failed {circuit.failures} times in a row (the latest: {circuit.last}): not tried"
+                after_ms = max(1, round(wait * 1000))
+                return SlotFailed(key=key, instance_id=instance_id, reason=why, retry_after_ms=after_ms)
+            await asyncio.sleep(min(wait, HOLD_POLL_S, max(deadline - loop.time(), 0.0)))
 
     async def _report_and_init(self, key: str, event: SlotWanted, slot: SlotMade) -> AnyCommand | None:
         """Init only once the slot is stored in the function's state, and only if it is still wanted."""
