@@ -1,6 +1,6 @@
 """The fault suite: each fault done to a scaler serving real callers, then the same checks, printed as a table.
 
-    .venv/bin/python scripts/faults.py                 # every fault (a few minutes)
+    .venv/bin/python scripts/faults.py                 # every fault (about 12 minutes)
     .venv/bin/python scripts/faults.py pause torn      # some of them
 
 Real processes throughout: nats-server (syncing every write), the nodes and workers as `scaler up` runs
@@ -12,7 +12,15 @@ CreateSlot, a second Init refused, no list of its slots). The faults:
 - lost tail: an older copy of the NATS store put under a running node (its last batches lost);
 - upgrade: a node started on a store an earlier version wrote (tests/fixtures/upgrade), retention having
   emptied its stream, then serving;
-- torn: a node stopped, one partition's snapshot cut short, the node started again.
+- torn: a node stopped, one partition's snapshot cut short, the node started again;
+- crash-loop: the node killed -9 and started again at once under its name, ten times (time to serve again each);
+- full-disk: `scaler up`'s store on a 32 MB filesystem (tmpfs: run as root) filled, held full, freed: the
+  refusals name the cause, the metric and /healthz say it, and nats-server is restarted once space is back;
+- stalled-nats: nats-server stopped (SIGSTOP) under callers with 10 s deadlines, then woken: every call
+  refused within 3 s rather than held to its deadline;
+- skew, skew-ahead: a node's wall clock 120 s behind (600 s ahead: libfaketime, Debian's `faketime`) killed
+  while its requests are held; the node taking over must not release them as timed out;
+- failing-platform: Init, then CreateSlot, failing 15 s under warm callers and callers of new functions.
 Each run ends with the same checks: no request assigned twice (in the stored log), no instance held by two
 requests at once (as the callers saw it), replay equal to the running state (`scaler replay --verify`),
 no slot leaked (the platform's live slots are exactly the state's), and every snapshot holding exactly
