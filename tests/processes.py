@@ -132,6 +132,7 @@ class Driver:
     timeout_s: float = 60
     retry_assign: bool = False  # repeat an Assign refused as unavailable, with the same request id
     function_timeout_s: int = 0  # the functions' timeout (their Meta's timeout_in_secs; 0: none given)
+    attempts: int = ATTEMPTS  # tries of a call refused as unavailable, 0.25 s apart
     tag: str = ""  # prefix of request ids: drivers side by side must not share them
     calls: list[Call] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -166,14 +167,14 @@ class Driver:
         except grpc.aio.AioRpcError as e:
             call.error, call.failed_at = f"{e.code().name}: {e.details()}", time.monotonic()
 
-    @staticmethod
-    async def _retried(call: Call, attempt, retry: bool):
+    async def _retried(self, call: Call, attempt, retry: bool):
         """As a platform would: the same call again (same request id) while the scaler is unavailable."""
-        for n in range(ATTEMPTS if retry else 1):
+        attempts = self.attempts if retry else 1
+        for n in range(attempts):
             try:
                 return await attempt()
             except grpc.aio.AioRpcError as e:
-                if e.code() not in RETRY or n == ATTEMPTS - 1 or not retry:
+                if e.code() not in RETRY or n == attempts - 1:
                     raise
                 call.retries += 1
                 call.refusals.append((time.monotonic(), f"{e.code().name}: {e.details()}"))
