@@ -367,7 +367,7 @@ def test_the_tls_overlay_sets_only_variables_each_part_reads_and_names_files_scr
         unread = set(service.get("environment", {})) - parsed.reads
         assert not unread, f"{name} sets {sorted(unread)}, which `{' '.join(service['command'])}` never reads"
         for var, value in service.get("environment", {}).items():
-            if value.startswith("/certs/"):
+            if str(value).startswith("/certs/"):
                 assert "./certs:/certs:ro" in service["volumes"] and value.removeprefix("/certs/") in made, (name, var)
     nats = TLS_SETUP["services"]["nats"]
     assert nats["env_file"] == "./certs/nats.env" and "./certs:/etc/nats/certs:ro" in nats["volumes"]
@@ -410,7 +410,7 @@ async def test_the_tls_overlay_as_local_processes_serves_over_tls_with_nats_user
                         service, loopback.command(name, service["healthcheck"]["test"][1:]), tmp_path
                     )
                     assert await run(probe) == 0, name
-            (port,) = c.listen_ports("node", services["node"])
+            port = c.port_of(c.parse("node", services["node"]).args.listen)  # the Scaler service's, not the metrics'
             node = loopback.addresses[("node", port)]
             operator = ClientTls(str(folder / "ca.pem"), str(folder / "operator.pem"), str(folder / "operator.key"))
             async with channel(node, operator) as ch:

@@ -17,6 +17,7 @@ from scaler.runtime.faults import LastingFault
 from scaler.runtime.ports import free_port
 from scaler.simulator.dataset import FunctionMeta
 from scaler.workers import effects
+from scaler.workers import platform as platform_worker
 from tests.stack import Stack, eventually
 from tests.test_up import Log, start_up
 
@@ -154,3 +155,26 @@ def test_a_lasting_fault_is_summed_up_ever_more_rarely(caplog):
     now[0] = 3600
     fault.ended()
     assert caplog.records[-1].getMessage() == "gc worker: working again after 720 failures over 60 min"
+
+
+async def test_reports_nobody_stores_are_one_line_per_outage_not_a_traceback_per_batch(nats_url, caplog, monkeypatch):
+    """No controller serves a function's partition (all nodes down, or a take-over that takes long): the platform
+    worker's report of a slot finds nobody, batch after batch. That is an expected condition: one line, no
+    traceback, and a line when reports are stored again."""
+    monkeypatch.setattr(effects, "REPORT_PATIENCE_S", 0.3)
+    monkeypatch.setattr(platform_worker, "REPORT_PATIENCE_S", 0.3)
+    monkeypatch.setattr(effects, "RETRY_S", 0.1)
+    caplog.set_level(logging.WARNING)
+    async with Stack(nats_url, create_latency_ms=1500) as stack:
+        assigning = asyncio.create_task(stack.assign("r1"))
+        await eventually(lambda: stack.stub.accounting.live)  # CreateSlot under way: its report comes next
+        await stack.controller.stop()
+        stack.parts.remove(stack.controller)
+        tries = lambda: sum("no answer on cmd." in r.getMessage() for r in caplog.records)  # noqa: E731
+        await eventually(lambda: tries() >= 4, seconds=30)  # the batch failed and came back three times
+        assigning.cancel()
+        await asyncio.gather(assigning, return_exceptions=True)
+    worker = [r for r in caplog.records if r.name.startswith(("scaler.effects", "scaler.platform_worker"))]
+    assert [r.getMessage() for r in worker if r.exc_info] == []
+    assert len([r for r in worker if r.levelno >= logging.ERROR]) == 1, [r.getMessage() for r in worker]
+    assert "nobody stored its report" in worker[0].getMessage(), worker[0].getMessage()

@@ -404,6 +404,22 @@ async def test_the_data_dir_stays_locked_while_any_part_lives(tmp_path):
         reap(parts)
 
 
+def test_the_data_dir_stays_locked_whatever_is_deleted_in_it(tmp_path):
+    """The lock is the directory's own, not a file a cleanup could delete (a second `scaler up` would then
+    start a second nats-server on the same store)."""
+    held = claim(tmp_path)
+    try:
+        (tmp_path / "nats").mkdir()
+        for leftover in tmp_path.iterdir():
+            if leftover.is_file():
+                leftover.unlink()
+        with pytest.raises(StoreBusy):
+            claim(tmp_path).close()
+    finally:
+        held.close()
+    claim(tmp_path).close()  # free again once its holder let go
+
+
 async def test_an_unreachable_nats_is_one_clear_line_and_exit_1():
     port = free_port()
     code, err = await run_cli("up", "--port", "0", "--nats", f"nats://127.0.0.1:{port}", seconds=60)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaler.controller import __main__ as controller_main
-from scaler.runtime import durability, lifeline, service
+from scaler.runtime import durability, lifeline, service, storehealth
 from scaler.runtime.bus import close, connect
 from scaler.runtime.natsd import NatsServer, claim
 from scaler.runtime.ports import nats_url, peer, port
@@ -39,6 +39,8 @@ log = logging.getLogger("scaler.up")
 QUICK_S = 30.0  # a part that dies sooner than this after its start died quickly
 GIVE_UP_AFTER = 5  # quick deaths in a row
 BACKOFF_S = (0.0, 0.5, 1.0, 2.0)  # wait before the 1st, 2nd, ... restart in a row of quick deaths
+MEND_EVERY_S = 1.0  # how often a store that had a write error is looked at for room to write again
+MEND_FREE_BYTES = 1 << 30  # room enough: 1 GB free, or a quarter of a smaller disk
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,6 +128,7 @@ class Child:
     launch: Callable[[], Awaitable[None]] | None = None  # starts it again in place (sets proc, address)
     ready_at: float = 0.0
     quick_deaths: int = 0
+    planned: str = ""  # set when it is stopped on purpose, to be started again: said instead of a death
 
 
 class StartFailed(RuntimeError):
@@ -140,6 +143,7 @@ class Supervisor:
     nats: NatsServer | None = None
     _tmp: str | None = None
     _claim: object = None  # the data dir's lock: held here and by every child
+    _store_error: str = ""  # the embedded nats-server's word on a write error of its store, until it is restarted
 
     @property
     def _keep_fds(self) -> tuple[int, ...]:
@@ -210,6 +214,7 @@ class Supervisor:
         monitor = self.nats.monitor_url if self.nats else a.nats_monitor
         node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(replicas)]
         node_args += ["--nats-monitor", monitor] if monitor else []
+        node_args += ["--node-dir", str(Path(a.data_dir) / "node")] if a.data_dir else []  # a name kept: see node.py
         node_args += ["--nats-unsynced"] if a.nats_unsynced else []
         node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
         node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []
@@ -252,7 +257,7 @@ class Supervisor:
     async def _start_nats(self, data_dir: Path | None) -> str:
         store = data_dir if data_dir else Path(self._make_tmp())
         wrap = lifeline.command(os.getpid(), remove=self._tmp or "")
-        self.nats = NatsServer(store / "nats", wrap=tuple(wrap), pass_fds=self._keep_fds)
+        self.nats = NatsServer(store / "nats", wrap=tuple(wrap), pass_fds=self._keep_fds, heard=self._heard)
         child = Child("nats-server", proc=None)  # type: ignore[arg-type]
         self.children.append(child)
 
@@ -268,6 +273,38 @@ class Supervisor:
         await launch()
         return self.nats.url
 
+    def _heard(self, level: int, text: str) -> None:
+        """nats-server's own log: a write error of its store (a full disk) is noted, for `_mend_store`."""
+        if level >= logging.ERROR and storehealth.breaks_stream(text) and not self._store_error:
+            self._store_error = text
+
+    async def _mend_store(self, nats: Child) -> None:
+        """Restart the embedded nats-server once its store had a write error and there is room again: a stream
+        that had one takes no write until its server restarts (scaler/runtime/storehealth.py)."""
+        assert self.nats is not None
+        waiting_said = False
+        while True:
+            await asyncio.sleep(MEND_EVERY_S)
+            if not self._store_error or nats.planned:
+                continue
+            disk = shutil.disk_usage(self.nats.store_dir)
+            need = min(MEND_FREE_BYTES, disk.total // 4)
+            if disk.free < need:
+                if not waiting_said:
+                    log.error(
+                        "the store's disk is full (%s free of %s in %s): the scaler answers no call that must be"
+                        " stored; free space there (%s at least) and nats-server is restarted",
+                        _mb(disk.free), _mb(disk.total), self.nats.store_dir, _mb(need),
+                    )  # fmt: skip
+                    waiting_said = True
+                continue
+            nats.planned = (
+                f"nats-server's store had a write error ({self._store_error}); {_mb(disk.free)} free again:"
+                " nats-server restarted, as a stream that had one takes no write until then"
+            )
+            self._store_error, waiting_said = "", False
+            await self.nats.stop()  # its keeper starts it again
+
     def _make_tmp(self) -> str:
         self._tmp = tempfile.mkdtemp(prefix="scaler-")
         return self._tmp
@@ -275,11 +312,13 @@ class Supervisor:
     async def watch(self, stop: asyncio.Event) -> int:
         """Until a stop signal (exit 0), start again any part that dies; give up (exit 1) on one that keeps dying."""
         keepers = [asyncio.create_task(self._keep(c)) for c in self.children]
+        nats = next((c for c in self.children if self.nats is not None and c.name == "nats-server"), None)
+        menders = [asyncio.create_task(self._mend_store(nats))] if nats is not None else []
         stopping = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([stopping, *keepers], return_when=asyncio.FIRST_COMPLETED)
-        for task in [stopping, *keepers]:
+        for task in [stopping, *keepers, *menders]:
             task.cancel()
-        await asyncio.gather(*keepers, return_exceptions=True)
+        await asyncio.gather(*keepers, *menders, return_exceptions=True)
         return 0 if stopping in done else 1
 
     async def _keep(self, child: Child) -> None:
@@ -288,6 +327,14 @@ class Supervisor:
         while True:
             code = await child.proc.wait()
             why = _exit(code)
+            if child.planned:  # stopped on purpose: started again at once, not counted as a death
+                log.warning("%s", child.planned)
+                child.planned, child.ready_at = "", loop.time()
+                try:
+                    await child.launch()
+                    continue
+                except (StartFailed, RuntimeError) as e:
+                    why = f"did not start again ({e})"
             while True:
                 quick = loop.time() - child.ready_at < QUICK_S
                 child.quick_deaths = child.quick_deaths + 1 if quick else 1
@@ -345,6 +392,10 @@ class Supervisor:
             log.warning("%s did not stop in 10s; killing it", child.name)
             child.proc.kill()
             await child.proc.wait()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f} MB"
 
 
 def _exit(code: int) -> str:

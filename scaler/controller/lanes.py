@@ -101,9 +101,13 @@ class Lanes:
         for cue in cues:
             self.spawn(self._cued(cue))
 
-    async def stop(self) -> None:
-        if self._tasks:
+    async def stop(self, connected: bool = True) -> None:
+        """Let what is under way finish (10 s at most); with NATS away nothing can, and it is cancelled."""
+        if self._tasks and connected:
             await asyncio.wait(self._tasks, timeout=10)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _cued(self, cue: Cue) -> None:
         try:

@@ -80,6 +80,7 @@ class Controller:
         self.settings = Settings(**settings)
         self.replicas = self.settings.replicas
         self.sync = durability.Sync.UNKNOWN
+        self.reclaim_leases = False  # `node` is held by this process alone: take its earlier incarnation's leases
         self.admission = Admission(max_backlog, max_behind_s)
         self.ledger = Ledger()
         self.timers = Timers(self.clock, lambda key, due: self.lanes.tick(key, due))
@@ -172,7 +173,7 @@ class Controller:
         self.partitions = Partitions(
             self._nc, events, self.ledger, store, self.snapshots, serving, self._on_request,
             self.recovery.served, self.recovery.released, self.node, s.limits, s.lease_ttl_s, s.lease_every_s,
-            self.replicas,
+            self.replicas, reclaim=self.reclaim_leases,
         )  # fmt: skip
         self.recovery.partitions = self.partitions
         returns = Returns(self._nc, self.node, self.ledger, self.clock, lambda cues: self.lanes.cue(cues))
@@ -238,7 +239,7 @@ class Controller:
         if self.door is not None:
             await self.door.forwarder.stop()
         if self.lanes is not None:
-            await self.lanes.stop()
+            await self.lanes.stop(connected=self._nc is not None and self._nc.is_connected)
         await close(self._nc)
 
     async def _give_back(self) -> None:

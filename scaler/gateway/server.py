@@ -32,6 +32,7 @@ from scaler.proto.subjects import MAX_INSTANCE_ID_BYTES, key_problem
 from scaler.runtime import metrics
 from scaler.runtime.bus import Unavailable
 from scaler.runtime.ports import bind, grpc_server, is_loopback
+from scaler.runtime.storehealth import StoreWatch
 from scaler.runtime.tls import ServerTls
 
 log = logging.getLogger("scaler.gateway")
@@ -169,6 +170,7 @@ class Gateway(pb_grpc.ScalerServicer):
         self.max_calls = max_calls
         self.port = 0
         self.owed = Owed()  # what a node leaving after a drain still answers (scaler/cli/node.py)
+        self.store: StoreWatch | None = None  # the node's: names the cause when the event store refuses writes
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
@@ -252,11 +254,17 @@ class Gateway(pb_grpc.ScalerServicer):
         try:
             reply = await self.router.call(cmd, timeout)
         except Unavailable as e:
-            raise Refused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+            raise Refused(grpc.StatusCode.UNAVAILABLE, self._why(str(e))) from None
         except TimeoutError:
-            raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:g}s") from None
+            raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, self._why(f"no answer within {timeout:g}s")) from None
         if reply.code is Code.THROTTLED:
             raise Throttled(reply.message)
         if reply.code is not Code.OK:
-            raise Refused(GRPC_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message)
+            code = GRPC_CODES.get(reply.code, grpc.StatusCode.UNKNOWN)
+            raise Refused(code, self._why(reply.message) if code in RETRIED else reply.message)
         return reply
+
+    def _why(self, message: str) -> str:
+        """A refusal for want of the event store says what the store's own health check says of it."""
+        said = self.store.describe() if self.store is not None else ""
+        return f"{message}; {said}" if said else message

@@ -19,17 +19,18 @@ from typing import ClassVar
 
 import grpc
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.proto.commands import AnyCommand
+from scaler.proto.commands import AnyCommand, Reply, command_id
 from scaler.proto.events import Event, decode_batch
-from scaler.proto.subjects import EVENTS, EVT, worker_subjects
+from scaler.proto.subjects import EVENTS, EVT, command_subject, worker_subjects
 from scaler.runtime import tls
 from scaler.runtime.access import Nats
-from scaler.runtime.bus import close, connect, send
+from scaler.runtime.bus import Unavailable, close, connect, send
 from scaler.runtime.faults import LastingFault
 from scaler.store.config import Retention, ensure_stream
 
@@ -89,6 +90,23 @@ _AWAY: dict[str, LastingFault] = {}
 
 def away(platform: str) -> LastingFault:
     return _AWAY.setdefault(platform, LastingFault(log, f"platform {platform}"))
+
+
+class NotStored(Exception):
+    """A report nobody stored within its patience: NATS away, or no controller serves the function's partition
+    (every node down, or a take-over under way). The batch is left for redelivery."""
+
+
+async def report(nc, cmd: AnyCommand, patience_s: float) -> Reply:
+    """Send a report to its function's controller and return the answer; NotStored if nobody answers in time."""
+    try:
+        return await send(nc, cmd, patience_s=patience_s)
+    except (Unavailable, NatsError, TimeoutError) as e:
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise NotStored(
+            f"nobody stored its report {command_id(cmd)} on {command_subject(cmd.key)} within {patience_s:g}s"
+            f" (no controller serves that partition, or NATS is away; last: {why})"
+        ) from None
 
 
 def brief(text: str) -> str:
@@ -160,6 +178,7 @@ class EffectWorker:
         self._max_pending = concurrency * 4
         self._tasks: set[asyncio.Task] = set()
         self._fault = LastingFault(log, self.name)  # the platform failing batch after batch
+        self._unstored = LastingFault(log, f"{self.name} reports")  # ... or nobody storing the reports
         self._nc = None
         self._js = None
         self._sub = None
@@ -272,6 +291,10 @@ class EffectWorker:
                 self._fault.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
             await msg.nak(delay=retry_s)
             return
+        except NotStored as e:  # expected while no controller serves the partition: as above
+            self._unstored.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
+            await msg.nak(delay=retry_s)
+            return
         except Exception:
             log.exception("%s: batch %s failed; it will be redelivered", self.name, meta.sequence.stream)
             await msg.nak(delay=retry_s)
@@ -279,11 +302,12 @@ class EffectWorker:
         finally:
             alive.cancel()
         self._fault.ended()
+        self._unstored.ended()
         await msg.ack()
         self.forget(events)
 
     async def _one(self, key: str, event: Event, delivery: Delivery) -> None:
         async with self._limit:
-            report = await self.act(key, event, delivery)
-        if report is not None:
-            await send(self._nc, report, patience_s=REPORT_PATIENCE_S)
+            answer = await self.act(key, event, delivery)
+        if answer is not None:
+            await report(self._nc, answer, patience_s=REPORT_PATIENCE_S)
