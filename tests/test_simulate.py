@@ -38,6 +38,11 @@ STATS_FIELDS = {
     "resourceUsageScore",
     "coldStartScore",
     "score",
+    "coldStartRate",
+    "wastedMemoryTimeInGBs",
+    "waitP50InMs",
+    "waitP99InMs",
+    "waitMaxInMs",
 }
 
 

@@ -40,6 +40,7 @@ DEFAULT_GATEWAY = "127.0.0.1:9001"
 DEFAULT_PLATFORM_LISTEN = "0.0.0.0:50051"
 CREATE_LATENCY_MS = 100  # the platform's CreateSlot latency, in both modes
 WORST = 10  # functions listed as the worst offenders
+PAPERS_FIRST = "coldStartRate"  # the papers' metrics start here in the printed statistics, after a blank line
 T = TypeVar("T")
 
 
@@ -335,22 +336,42 @@ def _write(path: Path, data: bytes) -> None:
 
 def render(stats: Stats, functions: list[FunctionRow]) -> str:
     """The statistics as a two-column table, then the worst functions."""
-    fields: list[tuple[str, float | int]] = []
+    fields: list[tuple[str, float | int | str]] = []
     for name, value in msgspec.to_builtins(stats).items():
         if name == "failuresByCause":  # one line each, under failedRequestsCount
             fields += [(f"  {cause}", count) for cause, count in value.items()]
+        elif name == PAPERS_FIRST:
+            fields += [("", ""), (name, f"{value:.2%}")]  # the papers' metrics, apart from the challenge's
         else:
             fields.append((name, value))
     width = max(len(name) for name, _ in fields)
-    lines = [f"  {name:<{width}}  {_number(value)}" for name, value in fields]
+    lines = [f"  {name:<{width}}  {_number(value)}".rstrip() for name, value in fields]
     if stats.success_rate < SUCCESS_THRESHOLD:
         why = f"success rate {stats.success_rate:.2%} is below {SUCCESS_THRESHOLD:.2%}"
         lines.append(f"  score 0: {why} (the sub-scores are what the run would have scored)")
     if functions:
         lines += ["", "worst functions (score lost to idle slots and waiting):"]
-        header = ("metaKey", "requests", "coldStarts", "scheduleSecs", "executionGBs", "slotGBs", "lostScore")
+        header = (
+            "metaKey",
+            "requests",
+            "coldStarts",
+            "scheduleSecs",
+            "waitP99Ms",
+            "executionGBs",
+            "slotGBs",
+            "lostScore",
+        )
         rows = [
-            (f.key, f.requests, f.cold_starts, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, f.lost_score)
+            (
+                f.key,
+                f.requests,
+                f.cold_starts,
+                f.schedule_secs,
+                f.wait_p99_ms,
+                f.execution_g_bs,
+                f.slot_g_bs,
+                f.lost_score,
+            )
             for f in functions
         ]
         key_width = max(len(header[0]), *(len(r[0]) for r in rows))
@@ -359,7 +380,9 @@ def render(stats: Stats, functions: list[FunctionRow]) -> str:
     return "\n".join(lines)
 
 
-def _number(value: float | int) -> str:
+def _number(value: float | int | str) -> str:
+    if isinstance(value, str):
+        return value
     if isinstance(value, int):
         return f"{value:,}"
     return f"{value:,.4f}" if abs(value) < 1 else f"{value:,.2f}"
