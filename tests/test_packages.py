@@ -21,6 +21,7 @@ LAYERS = {
     "scaler.workers": 3,
     "scaler.platform_stub": 4,
     "scaler.simulator": 4,
+    "scaler.traces": 4,
     "scaler.cli": 4,
     "scaler.__main__": 4,
     "bench": 4,
