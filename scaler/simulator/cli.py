@@ -29,7 +29,7 @@ from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime.ports import port
 from scaler.runtime.service import positive
-from scaler.simulator import report
+from scaler.simulator import report, runs
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
 from scaler.simulator.live import LiveError, LiveRun, run_live
 from scaler.simulator.offline import Simulation
@@ -53,6 +53,7 @@ class Recorded:
     origin_ms: int  # add to the timelines' times for epoch ms
     end_ms: int  # the end of the run, in the timelines' times
     note: str = ""
+    policy: str = ""  # as the runs store names it: the offline policy, or the one the live scaler said it runs
 
     def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> report.SavedRun:
         return report.SavedRun(
@@ -134,8 +135,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--save-run",
-        metavar="PATH.json",
-        help="write the run (statistics, every function's figures and timeline) for a later --compare",
+        metavar="PATH",
+        help="write the run (statistics, every function's figures and timeline) for a later --compare: PATH.json,"
+        " or PATH.sqlite to add it to a runs store that SQL can query (docs/simulation.md)",
     )
     p.add_argument(
         "--nats",
@@ -145,8 +147,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--compare",
-        metavar="OTHER.json",
-        help="with --report: put a run saved with --save-run beside this one, on this run's worst functions",
+        metavar="OTHER",
+        help="with --report: put a run saved with --save-run beside this one, on this run's worst functions:"
+        " OTHER.json, or STORE.sqlite[:ID] (by default its newest run saved with --save-run)",
     )
     p.add_argument(
         "--stats-port",
@@ -187,10 +190,10 @@ def run(args: argparse.Namespace) -> int:
             every = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, len(dataset.metas))
             saved = recorded.saved(heading, stats, every)
             if args.save_run:
-                _write(Path(args.save_run), report.save(saved))
+                _save(Path(args.save_run), dataset.name, recorded.policy, "offline" if args.offline else "live", saved)
             if args.report:
                 _write(Path(args.report), report.page(saved, other).encode())
-    except (DatasetError, LiveError, Failure) as e:
+    except (DatasetError, LiveError, Failure, runs.RunsError) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
     except Interrupted as e:  # the statistics so far, said to be partial
@@ -210,12 +213,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _save(path: Path, trace: str, policy: str, mode: str, saved: report.SavedRun) -> None:
+    """--save-run: to a JSON file, or into a runs store, page data included."""
+    if not runs.is_store(path):
+        _write(path, report.save(saved))
+        return
+    record = runs.Record(trace, policy, saved.stats, saved.functions, mode=mode, title=saved.title, saved=saved)
+    [run_id] = asyncio.run(runs.record(path, [record]))
+    print(f"scaler simulate: kept as run {run_id} in {path}", file=sys.stderr)
+
+
 def _note(flags: list[str], why: str) -> None:
     if flags:
         print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
 
 
 def _load_run(path: Path) -> report.SavedRun:
+    if runs.is_store(path):  # FILE.sqlite, or FILE.sqlite:ID
+        name, _, which = str(path).partition(":")
+        if which and not which.isdigit():
+            raise Failure(f"--compare {path}: after the store's name, a run's id (FILE.sqlite:ID)")
+        return asyncio.run(runs.saved_run(Path(name), int(which) if which else None))
     try:
         return report.load(path.read_bytes())
     except OSError as e:
@@ -244,6 +262,7 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
             [fold.done(sim.ledger_of(key).state(key).stats.gap_hist) for key, fold in sim.folds.by_key.items()],
             dataset.start_ms,
             sim.end_ms,
+            policy=name,
         )
     return (
         run,
@@ -312,6 +331,7 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
         title = f"{dataset.name}: live{policy}, speed {speed:g}"
         worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), report.DRAWN)
         recorded = asyncio.run(_from_stream(title, args.nats, [f.key for f in worst]))
+        recorded.policy = says.get("policy", "")
     return run, heading, recorded
 
 
