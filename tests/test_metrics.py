@@ -16,11 +16,13 @@ START_MS = 100 + 900
 RUNS = [(0, 100), (5_000, 100), (6_000, 100), (400_000, 100)]
 
 
+def by_hand_trace(folder):
+    return write_dataset(folder, [meta("f", memory=1024, init=900)], [request(t, "f", d) for t, d in RUNS])
+
+
 @pytest.fixture
 def by_hand(tmp_path):
-    return write_dataset(
-        tmp_path / "by-hand", [meta("f", memory=1024, init=900)], [request(t, "f", d) for t, d in RUNS]
-    )
+    return by_hand_trace(tmp_path / "by-hand")
 
 
 def test_cold_start_rate_wasted_memory_and_waits_as_worked_out(by_hand):

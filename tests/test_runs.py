@@ -3,8 +3,15 @@
 import json
 import sqlite3
 
-from tests.test_metrics import START_MS, by_hand  # noqa: F401 (by_hand: the fixture)
+import pytest
+
+from tests.test_metrics import START_MS, by_hand_trace
 from tests.test_simulate import simulate_cli
+
+
+@pytest.fixture
+def by_hand(tmp_path):
+    return by_hand_trace(tmp_path / "by-hand")
 
 
 def test_a_saved_run_is_a_row_of_runs_and_one_per_function(by_hand, tmp_path, capsys):
