@@ -6,6 +6,7 @@ import sys
 from scaler.cli import admin, node, up
 from scaler.controller import replay
 from scaler.simulator import cli as simulate
+from scaler.simulator import sweep
 from scaler.traces import cli as trace
 
 SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-line help)
@@ -13,6 +14,7 @@ SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-li
     "node": (node, "serve the gRPC Scaler service with the controller, in one process"),
     "replay": (replay, "rebuild the state from the event stream, show it or verify it"),
     "simulate": (simulate, "replay a dataset against the scaler and score it"),
+    "sweep": (sweep, "simulate a policy as its knobs move, on every core: the trade-off curve and its page"),
     "trace": (trace, "convert the field's public traces (Azure 2019, 2021, Huawei) to datasets"),
     "functions": (admin.List, "list the functions the running nodes hold, with their instances by phase"),
     "restart": (admin.Restart, "restart a function's instances (idle ones now, busy ones when released)"),
