@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiosqlite
 import msgspec
 import nats
 from nats.js.errors import NotFoundError
 
-from scaler.controller import explain, rebuild, state_service
+from scaler.controller import explain, export, rebuild, state_service
 from scaler.controller.core.state import FnState
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
@@ -58,6 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
+    )
+    p.add_argument(
+        "--sqlite",
+        metavar="FILE",
+        help="also write every decision replayed, one row per event with its reason, to the table `decisions` of"
+        " this SQLite file (docs/reports.md)",
     )
 
 
@@ -274,6 +281,17 @@ async def show(
     return 0
 
 
+async def export_decisions(js, args: argparse.Namespace, until_ms: int | None, source: str) -> None:
+    """--sqlite: the decisions replayed (of --key, up to --until...) as rows of the file's `decisions` table."""
+    rows = export.Decisions(source)
+    await replay(js, args.key, args.until_seq, until_ms, seen=rows)
+    try:
+        await export.write(args.sqlite, rows.rows)
+    except aiosqlite.Error as e:
+        raise ValueError(f"{args.sqlite}: cannot write the decisions: {e}") from None
+    print(f"wrote {plural(len(rows.rows), 'event')} of the decisions replayed to {args.sqlite}", file=sys.stderr)
+
+
 def _write(path: Path, page: str) -> None:
     try:
         path.write_text(page)
@@ -329,6 +347,8 @@ async def _connect(url: str):
 async def _main(args: argparse.Namespace) -> int:
     if args.html and (not args.key or args.verify):
         raise ValueError("--html draws one function's timeline: give --key, and not --verify")
+    if args.sqlite and args.verify:
+        raise ValueError("--sqlite writes the decisions replayed; --verify compares states: one or the other")
     until_ms = parse_time(args.until) if args.until else None
     server = held = None
     if args.data_dir:
@@ -353,6 +373,8 @@ async def _main(args: argparse.Namespace) -> int:
                 if args.verify:
                     return await verify(nc, js, args.key)
                 html = Path(args.html) if args.html else None
+                if args.sqlite:
+                    await export_decisions(js, args, until_ms, args.data_dir or url)
                 return await show(js, args.key, args.until_seq, until_ms, html=html)
             except NotFoundError:
                 raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None
