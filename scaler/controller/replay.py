@@ -34,6 +34,7 @@ from scaler.controller.replay_page import replay_page
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto.events import Batch
 from scaler.proto.subjects import PARTITIONS, function_events, partition
+from scaler.report import draw
 from scaler.report.timeline import Fold, Timeline
 from scaler.runtime import running, stream
 from scaler.runtime.bus import servers
@@ -294,7 +295,7 @@ async def export_decisions(js, args: argparse.Namespace, until_ms: int | None, s
 
 def _write(path: Path, page: str) -> None:
     try:
-        path.write_text(page)
+        draw.write(path, page)
     except OSError as e:
         raise ValueError(f"{path}: cannot write: {e.strerror}") from None
 

@@ -26,6 +26,7 @@ import msgspec
 
 from scaler.controller import replay
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.report import draw
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime.ports import port
 from scaler.runtime.service import positive
@@ -131,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--report",
         metavar="PATH.html",
         help="write the run as a page to look at: its score, and the functions that lost the most on a time axis"
-        " (one self-contained HTML file; see docs/reports.md)",
+        " (an HTML file, plotly.js written beside it; see docs/reports.md)",
     )
     p.add_argument(
         "--save-run",
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             if args.save_run:
                 _save(Path(args.save_run), dataset.name, recorded.policy, "offline" if args.offline else "live", saved)
             if args.report:
-                _write(Path(args.report), report.page(saved, other).encode())
+                _write_page(Path(args.report), report.page(saved, other))
     except (DatasetError, LiveError, Failure, runs.RunsError) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
@@ -345,6 +346,13 @@ async def _from_stream(title: str, url: str | None, keys: list[str]) -> Recorded
         return Recorded(title, [], 0, 0, note)
     end = max((t.last_ms for t in timelines), default=0)
     return Recorded(title, timelines, 0, end, "times are the scaler's clock (trace time under --speed)")
+
+
+def _write_page(path: Path, page: str) -> None:
+    try:
+        draw.write(path, page)
+    except OSError as e:
+        raise Failure(f"{path}: cannot write: {e.strerror}") from None
 
 
 def _write(path: Path, data: bytes) -> None:

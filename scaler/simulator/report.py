@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import msgspec
 import plotly.graph_objects as go
 
-from scaler.report.draw import Page, scatter, span, timeline_figure
+from scaler.report.draw import Page, lanes_figure, scatter, span, timeline_figure
 from scaler.report.draw import gaps_figure as _gaps_figure
 from scaler.report.timeline import Timeline
 from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Stats
@@ -153,14 +153,16 @@ def instances_figure(run: SavedRun) -> go.Figure:
     return fig
 
 
-def _row(f: FunctionRow) -> list:
-    return [f.key, f.requests, f.cold_starts, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, f.lost_score]
+def _row(f: FunctionRow, lost: float) -> list:
+    return [f.key, f.requests, f.cold_starts, f.wait_p99_ms, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, lost]
 
 
-HEADER = ["metaKey", "requests", "cold starts", "schedule s", "execution GB·s", "slot GB·s", "score lost"]
+HEADER = ["metaKey", "requests", "cold starts", "wait p99 ms", "schedule s", "execution GB·s", "slot GB·s"]
 
 
 def page(run: SavedRun, other: SavedRun | None = None, drawn: int = DRAWN) -> str:
+    """The run's page; with `other`, that run beside it, and every function's lost score measured against
+    the other run's totals (the baseline), so that the two columns compare."""
     title = run.title if other is None else f"{run.title} vs {other.title}"
     p = Page(title)
     p.lines(run.heading)
@@ -178,38 +180,67 @@ def page(run: SavedRun, other: SavedRun | None = None, drawn: int = DRAWN) -> st
     if run.timelines:
         p.add(instances_figure(run))
     p.heading(f"The {len(worst)} functions that lost the most")
-    theirs = {f.key: f for f in other.functions} if other is not None else {}
-    rows = [_row(f) for f in run.functions[:drawn]]
-    if other is not None:
-        rows = [[*r, theirs[r[0]].lost_score if r[0] in theirs else "-"] for r in rows]
-    p.table([*HEADER, *(["score lost there"] if other is not None else [])], rows)
+    if other is None:
+        p.table([*HEADER, "score lost"], [_row(f, f.lost_score) for f in run.functions[:drawn]])
+        p.text(COLD_STARTS, "note")
+    else:
+        theirs = {f.key: f for f in other.functions}
+        rows = [
+            [*_row(f, f.lost_against(other.stats)), theirs[f.key].lost_score if f.key in theirs else "-"]
+            for f in run.functions[:drawn]
+        ]
+        p.table([*HEADER, "score lost here", "score lost there"], rows)
+        p.text(
+            f"Score lost here and there are both measured against the totals of {other.title} (its slot GB·s and"
+            " its time waiting): what a function costs out of the same budget, so the two compare. " + COLD_STARTS,
+            "note",
+        )
     for f in run.functions[:drawn]:
-        _function(p, f, run, other, theirs.get(f.key))
+        _function(p, f, run, other)
     return p.html()
 
 
-def _function(p: Page, f: FunctionRow, run: SavedRun, other: SavedRun | None, their: FunctionRow | None) -> None:
-    p.heading(f"{f.key}: lost {f.lost_score:.3f} points")
-    said = f"{f.requests:,} requests, {f.cold_starts:,} cold starts, waited {span(f.schedule_secs * 1000)} in all"
-    if their is not None:
-        said += (
-            f"; in {other.title}: lost {their.lost_score:.3f}, {their.cold_starts:,} cold starts,"
-            f" waited {span(their.schedule_secs * 1000)}"
-        )
-    p.text(said, "note")
+COLD_STARTS = (
+    "Cold starts are requests that waited for an instance being started, everywhere on this page (the"
+    " papers' count); instances started for waiting requests are counted apart, as starts."
+)
+
+
+def _function(p: Page, f: FunctionRow, run: SavedRun, other: SavedRun | None) -> None:
+    their = next((o for o in other.functions if o.key == f.key), None) if other is not None else None
     mine = run.timeline(f.key)
+    lost = f.lost_score if other is None else f.lost_against(other.stats)
+    p.heading(f"{f.key}: lost {lost:.3f} points" + ("" if other is None else " against the baseline's totals"))
+    said = f"{f.requests:,} requests, {_said(f, mine)}"
+    if their is not None:
+        said += f"; in {other.title}: lost {their.lost_score:.3f}, {_said(their, other.timeline(f.key))}"
+    p.text(said, "note")
     if mine is not None:
         p.text(_reasons(mine), "note")
     if other is None:
         if mine is None:
             p.text("no timeline for this function (its events were not read)", "note")
             return
+        fig, rebin = lanes_figure(mine, run.end_ms, run.origin_ms)
+        p.add(fig, rebin, follow=p.ahead(2))
         p.add(timeline_figure(mine, run.end_ms, f"{f.key}: instances and waits", run.origin_ms))
         p.add(_gaps_figure(mine))
         return
     yours = other.timeline(f.key)
-    p.side_by_side(*(_drawn(p, r, t, f.key) for r, t in ((run, mine), (other, yours))))
-    p.side_by_side(*(p.figure(_gaps_figure(t, r.title)) if t else "" for r, t in ((run, mine), (other, yours))))
+    pairs = ((run, mine), (other, yours))
+    lanes = [lanes_figure(t, r.end_ms, r.origin_ms) if t else None for r, t in pairs]
+    p.side_by_side(*(p.figure(*drawn, follow=p.ahead(3)) if drawn else "" for drawn in lanes))
+    p.side_by_side(*(_drawn(p, r, t, f.key) for r, t in pairs))
+    p.side_by_side(*(p.figure(_gaps_figure(t, r.title)) if t else "" for r, t in pairs))
+
+
+def _said(f: FunctionRow, t: Timeline | None) -> str:
+    """Its cold starts (requests that waited for a start), and apart, the instances started and why."""
+    said = f"{f.cold_starts:,} cold starts ({f.cold_start_rate:.1%})"
+    if t is not None:
+        started = sum(life.cold for life in t.instances)
+        said += f"; {started:,} instances started for waiting requests, {len(t.instances) - started:,} pre-warmed"
+    return said + f"; waited {span(f.schedule_secs * 1000)} in all, p99 {span(f.wait_p99_ms)}"
 
 
 def _drawn(p: Page, run: SavedRun, t: Timeline | None, key: str) -> str:
@@ -223,16 +254,34 @@ def _reasons(t: Timeline) -> str:
     said = "; ".join(_counted(life.reason for life in t.instances))
     if t.keeps:
         said += " | kept alive: " + "; ".join(_counted(k.why for k in t.keeps))
-    return f"started: {said}"
+    return f"instances started: {said}"
+
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def _counted(reasons: Iterable[str], top: int = 4) -> list[str]:
     """The commonest kinds of reason, as `reason xN`; reasons differing only in numbers are one kind, said
-    with # for the numbers that vary."""
+    with each number's range over them (`keep-alive 12-310 s`)."""
     kinds: Counter[str] = Counter()
-    seen: dict[str, set[str]] = {}
+    numbers: dict[str, list[list[float]]] = {}
     for reason in reasons:
-        kind = re.sub(r"\d+(\.\d+)?", "#", reason or "(no reason given)")
+        reason = reason or "(no reason given)"
+        kind = NUMBER.sub("#", reason)
         kinds[kind] += 1
-        seen.setdefault(kind, set()).add(reason or "(no reason given)")
-    return [f"{next(iter(seen[k])) if len(seen[k]) == 1 else k} x{n:,}" for k, n in kinds.most_common(top)]
+        values = [float(v) for v in NUMBER.findall(reason)]
+        seen = numbers.setdefault(kind, [[] for _ in values])
+        for at, v in enumerate(values):
+            seen[at].append(v)
+    return [f"{_filled(k, numbers[k])} x{n:,}" for k, n in kinds.most_common(top)]
+
+
+def _filled(kind: str, numbers: list[list[float]]) -> str:
+    """The kind with its numbers put back: one value where they agree, their range where they differ."""
+    parts = kind.split("#")
+    out = [parts[0]]
+    for values, rest in zip(numbers, parts[1:], strict=True):
+        lo, hi = min(values), max(values)
+        out.append(f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}")
+        out.append(rest)
+    return "".join(out)

@@ -207,9 +207,10 @@ def run(args: argparse.Namespace) -> int:
         ids = asyncio.run(runs.record(Path(args.db), [_record(dataset.name, sweep_id, r) for r in results]))
         for r, run_id in zip(results, ids, strict=True):
             r.run_id = run_id
-        from scaler.simulator.sweep_page import page  # plotly is slow to import: only once there is a page to draw
+        from scaler.report import draw  # plotly is slow to import: only once there is a page to draw
+        from scaler.simulator.sweep_page import page
 
-        Path(args.page).write_text(asyncio.run(page(Path(args.db), sweep_id)))
+        draw.write(Path(args.page), asyncio.run(page(Path(args.db), sweep_id)))
     except (DatasetError, KnobError, runs.RunsError) as e:
         print(f"scaler sweep: error: {e}", file=sys.stderr)
         return 1
