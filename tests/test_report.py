@@ -288,3 +288,12 @@ def test_one_cold_start_count_on_the_page(tmp_path, capsys):
     worst = run.functions[0]
     assert f"{worst.cold_starts:,} cold starts ({worst.cold_start_rate:.1%})" in page
     assert "Cold starts are requests that waited for an instance being started" in page
+
+
+def test_the_page_shows_the_papers_metrics(tmp_path, capsys):
+    html, stats = tmp_path / "run.html", tmp_path / "stats.json"
+    assert simulate_cli(capsys, SMOKE, "--offline", "--policy", "demo", "--report", html, "--json", stats)[0] == 0
+    printed, page = json.loads(stats.read_text()), html.read_text()
+    assert f"cold-start rate<b>{printed['coldStartRate']:.2%}</b>" in page
+    assert f"wasted memory GB·s<b>{printed['wastedMemoryTimeInGBs']:,.0f}</b>" in page
+    assert "wait p50 / p99 / max<b>" in page

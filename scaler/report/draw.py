@@ -310,12 +310,12 @@ def lanes_figure(t: Timeline, end_ms: int, origin_ms: int = 0) -> tuple[go.Figur
             )
         )
     fig.update_layout(
-        title=f"{len(t.instances):,} instances by state, averaged per pixel column (zoom in: re-binned to the zoom)",
+        title=f"{len(t.instances):,} instances by state, per pixel column (zoom in: re-binned to the zoom)",
         height=260,
         xaxis={"type": "date"},
         yaxis={"title": "instances", "rangemode": "tozero"},
-        margin={"l": 60, "r": 20, "t": 50, "b": 40},
-        legend={"orientation": "h", "y": 1.15},
+        margin={"l": 60, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
         hovermode="x unified",
     )
     rebin = {"origin": origin_ms, "lo": lo, "hi": hi, "columns": COLUMNS, "states": by_state}

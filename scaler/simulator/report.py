@@ -62,7 +62,15 @@ def _score_figures(stats: Stats) -> list[tuple[str, str]]:
         ("cold starts", f"{stats.cold_starts:,}"),
         ("slots created", f"{stats.total_live_slot_count:,}"),
         ("slot GB·s", f"{stats.total_slot_time_in_g_bs:,.0f}"),
+        # the papers' metrics (docs/simulation.md)
+        ("cold-start rate", f"{stats.cold_start_rate:.2%}"),
+        ("wasted memory GB·s", f"{stats.wasted_memory_time_in_g_bs:,.0f}"),
+        ("wait p50 / p99 / max", " / ".join(span(ms) for ms in _waits(stats))),
     ]
+
+
+def _waits(stats: Stats) -> tuple[float, float, float]:
+    return stats.wait_p50_in_ms, stats.wait_p99_in_ms, stats.wait_max_in_ms
 
 
 def score_figure(runs: list[SavedRun]) -> go.Figure:
