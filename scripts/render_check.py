@@ -252,10 +252,13 @@ def main() -> None:
         scaler("simulate", SMOKE, "--offline", "--policy", "histogram", "--report", compared, "--compare", demo_run)
         check("compare", compared, height=2600)  # down to the first function, side by side
         swept = tmp / "sweep.html"
-        scaler(
+        started = time.perf_counter()
+        done = scaler(
             "sweep", args.sweep, "--policy", "demo", "--policy", "fixed10", "--vary", "keep_alive_ms=1min,10min,1h",
             "--compare", "--db", tmp / "runs.sqlite", "--page", swept, timeout=3600,
         )  # fmt: skip
+        print(done.stdout.rstrip())
+        print(f"sweep of {args.sweep}: {time.perf_counter() - started:.0f}s")
         check("sweep", swept, height=1400)
         if not args.no_live:
             live_page, replayed = live(tmp)
