@@ -11,10 +11,11 @@ with policy histogram, a sweep's page (`--sweep DATASET_DIR`: of demo and fixed1
 keep-alives, with every policy at its defaults), a live report (a `scaler up` started here, at speed
 5; `--no-live` leaves it out) and `scaler replay --key K --html` of that live run's worst function.
 Each page is opened from disk with the network off (it must fetch nothing but plotly.js, from the file
-beside it); it passes when every plot div holds a drawn plot and the screenshot is not blank (its
-pixels vary). It prints how long the first screen took to draw from navigation, and
-every figure (`#all`). One screenshot of each goes to docs/img/. With --big, it does the same for
-a dataset's offline page (its size, how long it takes to open).
+beside it); it passes when every plot div holds a drawn plot, the screenshot is not blank (its pixels
+vary) and, on a page with lanes, zooming them re-bins them to the zoom and the rows below follow.
+It prints how long the first screen took to draw from navigation, and every figure (`#all`). One
+screenshot of each goes to docs/img/. With --big, it does the same for a dataset's offline page (its
+size, how long it takes to open).
 """
 
 import argparse
@@ -105,10 +106,12 @@ class Browser:
                 assert "error" not in reply, f"{method}: {reply['error']}"
                 return reply["result"]
 
-    def evaluate(self, expression: str):
-        return self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)["result"].get(
-            "value"
+    def evaluate(self, expression: str, wait: bool = False):
+        """The expression's value (with `wait`, the value its promise resolves to)."""
+        result = self.call(
+            "Runtime.evaluate", session=True, expression=expression, returnByValue=True, awaitPromise=wait
         )
+        return result["result"].get("value")
 
     def open(self, url: str, timeout_s: float = 120) -> float:
         """Navigate and wait until the page says its figures are drawn (data-drawn-ms); the seconds it took."""
@@ -168,6 +171,23 @@ def pixels(png: Path) -> list[int]:
     return grey
 
 
+# Zoom the first lanes figure to a tenth of its span: its columns must be re-binned to the zoom (its first
+# column inside the span, as many columns as before) and the figure it leads must show the same span.
+ZOOM = """(async () => {
+  const d = document.querySelector('div.plot[data-rebin]');
+  if (!d) return null;
+  const r = JSON.parse(document.getElementById(d.id + '-rebin').textContent);
+  const lo = r.origin + r.lo, hi = lo + (r.hi - r.lo) / 10, width = (hi - lo) / r.columns;
+  await Plotly.relayout(d, {'xaxis.range': [lo, hi]});
+  await new Promise((done) => setTimeout(done, 200));
+  const x = d.data[0].x, follower = document.getElementById(d.dataset.follow);
+  if (!(x[0] >= lo && x[0] <= lo + width)) return `first column at ${x[0]}, not in [${lo}, ${lo + width}]`;
+  if (x.length < r.columns - 1) return `${x.length} columns after the zoom`;
+  if (!follower || follower.layout.xaxis.autorange) return 'the instances below did not follow the zoom';
+  return 'ok';
+})()"""
+
+
 def check(name: str, page: Path, height: int = HEIGHT) -> None:
     """The page draws: every plot div holds a drawn plot, and its screenshot is not blank."""
     browser = Browser(height)
@@ -182,10 +202,12 @@ def check(name: str, page: Path, height: int = HEIGHT) -> None:
         fetched = [url for url in fetched if url != (page.parent / PLOTLY_JS).as_uri()]  # plotly.js, beside it
         shot = IMG / f"{name}.png"  # of the page with every figure drawn (#all, as it is now)
         browser.screenshot(shot)
+        zoomed = browser.evaluate(ZOOM, wait=True)
     finally:
         browser.close()
     assert divs and drawn >= divs, f"{name}: {drawn} of {divs} plots drawn"
     assert not fetched, f"{name}: the page fetched {fetched} (only plotly.js beside it may be)"
+    assert zoomed in (None, "ok"), f"{name}: zooming the lanes: {zoomed}"
     spread = statistics.pstdev(pixels(shot))
     assert spread > 20, f"{name}: the screenshot is blank (grey level spread {spread:.1f})"
     print(

@@ -81,7 +81,7 @@ def test_a_sweep_runs_its_points_in_processes_keeps_them_and_draws_them(tmp_path
     assert [line.endswith("*") for line in lines[1:5]] == [True] * 4  # each trades one for the other
     assert "4 points in " in out
     html = page.read_text()
-    assert "Pareto front" in html and "keep_alive_ms=420000" in html
+    assert "Pareto front" in html and "keep_alive_ms=7 min" in html
 
 
 def test_a_sweep_refuses_an_unknown_knob_before_it_starts(tmp_path, capsys):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from scaler.report.draw import Page
+from scaler.report.draw import Page, span
 from scaler.simulator import runs
 from scaler.simulator.sweep import front
 
@@ -16,7 +16,7 @@ COLUMNS = "id, policy, knobs, title, cold_start_rate, wasted_memory_time_in_g_bs
 
 def _label(row: dict) -> str:
     knobs = json.loads(row["knobs"])
-    return ", ".join(f"{k}={v:g}" for k, v in knobs.items()) or "defaults"
+    return ", ".join(f"{k}={span(v) if k.endswith('_ms') else f'{v:g}'}" for k, v in knobs.items()) or "defaults"
 
 
 def curves_figure(rows: list[dict], on_front: list[bool]) -> go.Figure:
