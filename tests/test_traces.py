@@ -115,12 +115,18 @@ def test_a_sample_spans_the_popularity_of_the_trace():
 # --- Azure Functions 2021 -----------------------------------------------------------------------
 
 
-def test_azure2021_each_row_is_a_request_starting_at_its_end_less_its_duration(tmp_path, capsys):
-    src = write_csv(
-        tmp_path / "AzureFunctionsInvocationTraceForTwoWeeksJan2021.txt",
+def azure2021(folder: Path) -> Path:
+    rows = [[APP, F1, 5160.142570018768, 0.134], [APP2, F2, 5161.280997037888, 0.013], [APP, F1, 5241.567, 42.356]]
+    write_csv(
+        folder / "AzureFunctionsInvocationTraceForTwoWeeksJan2021.txt",
         ["app", "func", "end_timestamp", "duration"],
-        [[APP, F1, 5160.142570018768, 0.134], [APP2, F2, 5161.280997037888, 0.013], [APP, F1, 5241.567, 42.356]],
+        rows,
     )
+    return folder
+
+
+def test_azure2021_each_row_is_a_request_starting_at_its_end_less_its_duration(tmp_path, capsys):
+    src = azure2021(tmp_path) / "AzureFunctionsInvocationTraceForTwoWeeksJan2021.txt"
     out = tmp_path / "out"
     code, said, _ = trace_cli(capsys, "azure2021", tmp_path, out, "--memory-mb", 512)
     assert code == 0, said
@@ -195,10 +201,9 @@ def test_huawei_2025_cold_starts_set_the_inits(tmp_path, capsys):
 # --- Every format, end to end ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", ["azure2019", "huawei"])
-def test_a_converted_sample_simulates_with_the_papers_metrics(fmt, tmp_path, capsys):
-    src = azure2019(tmp_path / "src") if fmt == "azure2019" else huawei_private(tmp_path / "src")
-    assert trace_cli(capsys, fmt, src, tmp_path / "out", "--sample", 1)[0] == 0
+@pytest.mark.parametrize("fmt, make", [("azure2019", azure2019), ("azure2021", azure2021), ("huawei", huawei_private)])
+def test_a_converted_sample_simulates_with_the_papers_metrics(fmt, make, tmp_path, capsys):
+    assert trace_cli(capsys, fmt, make(tmp_path / "src"), tmp_path / "out", "--sample", 1)[0] == 0
     assert len(load_dataset(tmp_path / "out").metas) == 1
     code, out, _ = simulate_cli(capsys, tmp_path / "out", "--offline", "--policy", "fixed10")
     assert code == 0
