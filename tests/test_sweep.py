@@ -46,6 +46,10 @@ def test_points_are_every_combination_of_each_policys_knobs():
         "learned wait_gb=2 min_samples=6",
     ]
     assert points(["spes"], []) == [Point("spes")]  # nothing varied: its defaults
+    assert [p.label for p in points(["demo"], ["keep_alive_ms=1min,60s,60000,2min"])] == [
+        "demo keep_alive_ms=1min",
+        "demo keep_alive_ms=2min",
+    ]  # one value, however written, is one point
     with pytest.raises(KnobError, match=r"no policy swept has a knob 'keep_alive' .*demo: keep_alive_ms; spes: none"):
         points(["demo", "spes"], ["keep_alive=1"])
     with pytest.raises(KnobError, match="'cidre' is not one of the policies swept"):

@@ -31,6 +31,7 @@ from scaler.simulator.score import FunctionRow, Stats, worst_functions
 
 DEFAULT_DB = "runs.sqlite"
 DEFAULT_PAGE = "sweep.html"
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the values a knob takes (e.g. keep_alive_ms=5min,10min,20min); again for more knobs",
     )
     p.add_argument("--compare", action="store_true", help="also every policy at its defaults: the peers and ours")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="points simulated at once, each in a process")
+    p.add_argument("--jobs", type=int, default=CORES, help="points simulated at once, each in a process")
     p.add_argument("--db", default=DEFAULT_DB, metavar="FILE.sqlite", help="the runs store the points go into")
     p.add_argument("--page", default=DEFAULT_PAGE, metavar="PATH.html", help="the page drawn from them")
 
@@ -99,12 +100,14 @@ def points(policies: list[str], vary: list[str]) -> list[Point]:
         elif not any(knob in have[p] for p in policies):
             said = "; ".join(f"{p}: {', '.join(sorted(have[p])) or 'none'}" for p in policies)
             raise KnobError(f"no policy swept has a knob {knob!r} (their knobs: {said})")
-    out = []
+    out, seen = [], set()
     for policy in policies:
         mine = [(k, vs) for owner, k, vs in wanted if owner == policy or (owner is None and k in have[policy])]
         for combination in itertools.product(*([(k, v) for v in vs] for k, vs in mine)):
-            with_knobs(get_policy(policy), dict(combination))  # refuses a bad value now, not in a worker
-            out.append(Point(policy, tuple(combination)))
+            _, values = with_knobs(get_policy(policy), dict(combination))  # refuses a bad value now, not in a worker
+            if (policy, tuple(values.items())) not in seen:  # a value given twice (1min, 60s) is one point
+                seen.add((policy, tuple(values.items())))
+                out.append(Point(policy, tuple(combination)))
     return out
 
 
@@ -194,7 +197,7 @@ def table(results: list[Result]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     try:
         dataset = load_dataset(args.dataset)  # checked here, before any worker starts
-        policies = args.policy or [DEFAULT_POLICY]
+        policies = list(dict.fromkeys(args.policy or [DEFAULT_POLICY]))
         todo = points(policies, args.vary)
         if args.compare:
             todo += [Point(p, compared=True) for p in POLICIES if p not in policies]
