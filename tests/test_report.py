@@ -240,7 +240,8 @@ def test_lanes_are_the_instances_states_per_column_and_add_up_to_those_alive():
     assert spent["retiring"] == pytest.approx(500)
     alive = [sum(column) for column in zip(*by_state.values(), strict=True)]
     assert max(alive) == pytest.approx(2) and alive[-1] == pytest.approx(1)
-    assert rebin["states"]["busy"] == [1_000, 3_000, 6_000, 7_000]  # what the page re-bins on zoom
+    assert rebin["states"]["busy"] == [1_000, 2_000, 5_000, 1_000]  # what the page re-bins on zoom: by start,
+    assert rebin["states"]["retiring"] == [4_000, 500]  # each as (start - the one before, length)
 
 
 def test_binning_never_stalls_on_an_edge_a_float_cannot_hold():

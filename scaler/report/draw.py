@@ -318,8 +318,19 @@ def lanes_figure(t: Timeline, end_ms: int, origin_ms: int = 0) -> tuple[go.Figur
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
         hovermode="x unified",
     )
-    rebin = {"origin": origin_ms, "lo": lo, "hi": hi, "columns": COLUMNS, "states": by_state}
+    states = {name: packed(zip(flat[::2], flat[1::2], strict=True), lo) for name, flat in by_state.items()}
+    rebin = {"origin": origin_ms, "lo": lo, "hi": hi, "columns": COLUMNS, "states": states}
     return fig, rebin
+
+
+def packed(intervals: Iterable[tuple[int, int]], lo: int) -> list[int]:
+    """Intervals as the page reads them, small: by start, each as (start - the previous start, length);
+    the first start from `lo`. (The page's `unpack` undoes it.)"""
+    out, at = [], lo
+    for start, end in sorted(intervals):
+        out += [start - at, end - start]
+        at = start
+    return out
 
 
 def scatter(points: int) -> type:
@@ -417,10 +428,22 @@ const bin = (flat, lo, width, bins) => {
   }
   return out;
 };
+// draw.py's `packed` undone: [start, end, start, end, ...] in ms from the run's start.
+const unpack = (deltas, lo) => {
+  const flat = new Array(deltas.length);
+  let at = lo;
+  for (let i = 0; i < deltas.length; i += 2) {
+    at += deltas[i];
+    flat[i] = at;
+    flat[i + 1] = at + deltas[i + 1];
+  }
+  return flat;
+};
 // Lanes: re-binned to what the zoom shows, and the figure that follows (the instances' rows) zoomed alike.
 const rebin = (div) => {
   const r = JSON.parse(document.getElementById(div.id + '-rebin').textContent);
   const names = Object.keys(r.states);
+  names.forEach((name) => { r.states[name] = unpack(r.states[name], r.lo); });
   div.on('plotly_relayout', (ev) => {
     let lo = r.lo, hi = r.hi;
     if (ev['xaxis.range[0]'] !== undefined) {
