@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import msgspec
 import plotly.graph_objects as go
 
-from scaler.report.draw import Page, lanes_figure, scatter, span, timeline_figure
+from scaler.report.draw import Page, binned, lanes_figure, scatter, span, timeline_figure
 from scaler.report.draw import gaps_figure as _gaps_figure
 from scaler.report.timeline import Timeline
 from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Stats
@@ -125,19 +125,6 @@ def functions_figure(run: SavedRun, drawn: set[str]) -> go.Figure:
     return fig
 
 
-def _binned(intervals, start_ms: int, end_ms: int, bin_ms: int) -> list[float]:
-    """Average count of intervals alive in each bin_ms from start_ms, from (start, end) pairs."""
-    bins = [0.0] * ((end_ms - start_ms) // bin_ms + 1)
-    for start, stop in intervals:
-        start, stop = max(start, start_ms) - start_ms, min(stop, end_ms) - start_ms
-        while start < stop:
-            b = start // bin_ms
-            upto = min(stop, (b + 1) * bin_ms)
-            bins[b] += (upto - start) / bin_ms
-            start = upto
-    return bins
-
-
 def instances_figure(run: SavedRun) -> go.Figure:
     """The run's instances over time, summed over its functions: alive (paid for), and busy."""
     end = run.end_ms
@@ -145,10 +132,11 @@ def instances_figure(run: SavedRun) -> go.Figure:
     alive = ((i.wanted_ms, i.gone_ms or end) for t in run.timelines for i in t.instances)
     busy = ((s, e or end) for t in run.timelines for i in t.instances for s, e, _ in i.busy)
     bin_ms = max(1000, (end - start) // POINTS)
-    x = [run.origin_ms + start + b * bin_ms for b in range((end - start) // bin_ms + 1)]
+    bins = (end - start) // bin_ms + 1
+    x = [run.origin_ms + start + b * bin_ms for b in range(bins)]
     fig = go.Figure()
     for name, series, color in (("alive (slot paid)", alive, "#ff7f0e"), ("busy", busy, "#1f77b4")):
-        y = _binned(series, start, end, bin_ms)
+        y = binned(((s, min(e, end)) for s, e in series), start, bin_ms, bins)
         fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines", line={"color": color}))
     which = "all functions" if len(run.timelines) >= len(run.functions) else f"the {len(run.timelines)} drawn functions"
     fig.update_layout(
