@@ -55,10 +55,10 @@ from scaler.controller.leases import holders  # noqa: E402
 from scaler.platform_stub.server import PlatformStub  # noqa: E402
 from scaler.proto.events import Released  # noqa: E402
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
-from scaler.store import stream  # noqa: E402
 from scaler.runtime.bus import connected  # noqa: E402
 from scaler.runtime.durability import monitor_get  # noqa: E402
 from scaler.runtime.natsd import NatsCluster, NatsServer  # noqa: E402
+from scaler.store import stream  # noqa: E402
 from tests.invariants import Assignments, snapshots_hold_what_they_claim  # noqa: E402
 from tests.nemesis import tear_snapshot  # noqa: E402
 from tests.processes import Call, Driver, Parts, settled  # noqa: E402

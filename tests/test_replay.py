@@ -4,6 +4,7 @@ import asyncio
 import io
 import re
 import signal
+import sqlite3
 import sys
 
 import msgspec
@@ -45,6 +46,7 @@ async def scaler_replay(*args: str) -> tuple[int, str, str]:
 async def traffic(stack: Stack) -> None:
     first = await stack.assign("r1")
     await stack.idle(first)
+    await stack.settled()  # its release stored, and the plan after it: a keep-alive
     second = await stack.assign("r2")  # reuses fn-1
     third = await stack.assign("r3")  # cold-starts fn-2
     await stack.idle(third, need_destroy=True)
@@ -278,3 +280,28 @@ async def eventually_stored(js, count: int) -> None:
             if (await js.stream_info("EVENTS")).state.messages >= count:
                 return
             await asyncio.sleep(0.05)
+
+
+async def test_replay_writes_every_decision_with_its_reason_to_sqlite(nats_url, tmp_path):
+    async with Stack(nats_url) as stack:
+        await traffic(stack)
+        db = tmp_path / "runs.sqlite"
+        code, _, err = await scaler_replay("--nats", nats_url, "--sqlite", str(db))
+        assert code == 0, err
+        again, _, _ = await scaler_replay("--nats", nats_url, "--sqlite", str(db))  # replaces, does not double
+    assert again == 0 and "of the decisions replayed to" in err
+    rows = sqlite3.connect(db).execute(
+        "SELECT seq, key, cause, event, instance_id, request_id, reason, text FROM decisions ORDER BY seq, decision, n"
+    )
+    rows = rows.fetchall()
+    starts = [r for r in rows if r[3] == "SlotWanted"]
+    assert [(r[1], r[2], r[4], r[5]) for r in starts] == [
+        ("fn", "assign:r1", "fn-1", "r1"),
+        ("fn", "assign:r3", "fn-2", "r3"),
+    ]
+    assert all(r[6] and r[6] in r[7] for r in starts)  # the policy's reason, also in the words
+    kept = [r for r in rows if r[3] == "KeptAlive"]
+    assert kept and all(r[6] for r in kept)
+    retired = [r for r in rows if r[3] == "InstanceRetired"]
+    assert [(r[4], r[6]) for r in retired] == [("fn-2", "need_destroy")]
+    assert len(rows) == len(set((r[0], r[7]) for r in rows))  # one row per event, none doubled

@@ -7,12 +7,16 @@ from importlib.metadata import version
 from scaler import replay
 from scaler.cli import admin, node, up
 from scaler.simulator import cli as simulate
+from scaler.simulator import sweep
+from scaler.traces import cli as trace
 
 SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-line help)
     "up": (up, "run the whole scaler on this machine"),
     "node": (node, "serve the gRPC Scaler service with the controller, in one process"),
     "replay": (replay, "rebuild the state from the event stream, show it or verify it"),
     "simulate": (simulate, "replay a dataset against the scaler and score it"),
+    "sweep": (sweep, "simulate a policy as its knobs move, on every core: the trade-off curve and its page"),
+    "trace": (trace, "convert the field's public traces (Azure 2019, 2021, Huawei) to datasets"),
     "functions": (admin.List, "list the functions the running nodes hold, with their instances by phase"),
     "restart": (admin.Restart, "restart a function's instances (idle ones now, busy ones when released)"),
     "delete": (admin.Delete, "delete a function: destroy its instances and forget it"),

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiosqlite
 import msgspec
 import nats
 from nats.aio.client import Client
@@ -34,7 +35,7 @@ from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto import info
 from scaler.proto.events import Batch
 from scaler.proto.subjects import PARTITIONS, function_events, partition
-from scaler.replay import explain
+from scaler.replay import explain, export
 from scaler.report.timeline import Fold, Timeline
 from scaler.runtime import service
 from scaler.runtime.access import Nats, access
@@ -76,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
     )
     service.add_nats_access(p)  # reading needs no more than a read-only user (docs/operations.md: NATS permissions)
+    p.add_argument(
+        "--sqlite",
+        metavar="FILE",
+        help="also write every decision replayed, one row per event with its reason, to the table `decisions` of"
+        " this SQLite file (docs/reports.md)",
+    )
 
 
 def _sequence(text: str) -> int:
@@ -292,9 +299,22 @@ async def show(
     return 0
 
 
-def _write(path: Path, page: str) -> None:
+async def export_decisions(nc: Client, args: argparse.Namespace, until_ms: int | None, source: str) -> None:
+    """--sqlite: the decisions replayed (of --key, up to --until...) as rows of the file's `decisions` table."""
+    rows = export.Decisions(source)
+    await replay(nc, args.key, args.until_seq, until_ms, seen=rows)
     try:
-        path.write_text(page)
+        await export.write(args.sqlite, rows.rows)
+    except aiosqlite.Error as e:
+        raise ValueError(f"{args.sqlite}: cannot write the decisions: {e}") from None
+    print(f"wrote {plural(len(rows.rows), 'event')} of the decisions replayed to {args.sqlite}", file=sys.stderr)
+
+
+def _write(path: Path, page: str) -> None:
+    from scaler.report import draw  # plotly: only to draw
+
+    try:
+        draw.write(path, page)
     except OSError as e:
         raise ValueError(f"{path}: cannot write: {e.strerror}") from None
 
@@ -354,6 +374,8 @@ async def _connect(url: Nats):
 async def _main(args: argparse.Namespace) -> int:
     if args.html and (not args.key or args.verify):
         raise ValueError("--html draws one function's timeline: give --key, and not --verify")
+    if args.sqlite and args.verify:
+        raise ValueError("--sqlite writes the decisions replayed; --verify compares states: one or the other")
     until_ms = parse_time(args.until) if args.until else None
     server = held = None
     if args.data_dir:
@@ -383,6 +405,8 @@ async def _main(args: argparse.Namespace) -> int:
                 if args.verify:
                     return await verify(nc, args.key)
                 html = Path(args.html) if args.html else None
+                if args.sqlite:
+                    await export_decisions(nc, args, until_ms, args.data_dir or str(url))
                 return await show(nc, args.key, args.until_seq, until_ms, html=html)
             except NotFoundError:
                 raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import msgspec
 
@@ -30,20 +30,20 @@ from scaler.report.timeline import Folds, Timeline
 from scaler.runtime import service
 from scaler.runtime.ports import address, nats_url, peer, port
 from scaler.runtime.service import positive
+from scaler.simulator import runs
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
 from scaler.simulator.live import LiveError, LiveRun, run_live
 from scaler.simulator.offline import Simulation
 from scaler.simulator.progress import EVERY_S, Progress
+from scaler.simulator.saved import DRAWN, SavedRun, load, save
 from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
-
-if TYPE_CHECKING:
-    from scaler.simulator import report
 
 DEFAULT_GATEWAY = "127.0.0.1:9001"
 DEFAULT_HOST = "127.0.0.1"  # what the Platform API and /stats bind unless told: this machine only
 PLATFORM_PORT = 50051
 CREATE_LATENCY_MS = 100  # the platform's CreateSlot latency, in both modes
 WORST = 10  # functions listed as the worst offenders
+PAPERS_FIRST = "coldStartRate"  # the papers' metrics start here in the printed statistics, after a blank line
 T = TypeVar("T")
 
 
@@ -56,9 +56,10 @@ class Recorded:
     origin_ms: int  # add to the timelines' times for epoch ms
     end_ms: int  # the end of the run, in the timelines' times
     note: str = ""
+    policy: str = ""  # as the runs store names it: the offline policy, or the one the live scaler said it runs
 
-    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> "report.SavedRun":
-        return _drawing().SavedRun(
+    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> SavedRun:
+        return SavedRun(
             title=self.title,
             heading=heading,
             stats=stats,
@@ -139,12 +140,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--report",
         metavar="PATH.html",
         help="write the run as a page to look at: its score, and the functions that lost the most on a time axis"
-        " (one self-contained HTML file; see docs/reports.md)",
+        " (an HTML file, plotly.js written beside it; see docs/reports.md)",
     )
     p.add_argument(
         "--save-run",
-        metavar="PATH.json",
-        help="write the run (statistics, every function's figures and timeline) for a later --compare",
+        metavar="PATH",
+        help="write the run (statistics, every function's figures and timeline) for a later --compare: PATH.json,"
+        " or PATH.sqlite to add it to a runs store that SQL can query (docs/simulation.md)",
     )
     p.add_argument(
         "--nats",
@@ -155,8 +157,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--compare",
-        metavar="OTHER.json",
-        help="with --report: put a run saved with --save-run beside this one, on this run's worst functions",
+        metavar="OTHER",
+        help="with --report: put a run saved with --save-run beside this one, on this run's worst functions:"
+        " OTHER.json, or STORE.sqlite[:ID] (by default its newest run saved with --save-run)",
     )
     p.add_argument(
         "--stats-port",
@@ -201,9 +204,10 @@ def run(args: argparse.Namespace) -> int:
             every = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, len(dataset.metas))
             saved = recorded.saved(heading, stats, every)
             if args.save_run:
-                written.append(_write(Path(args.save_run), _drawing().save(saved), "the run (for --compare)"))
+                mode = "offline" if args.offline else "live"
+                written.append(_save(Path(args.save_run), dataset.name, recorded.policy, mode, saved))
             if args.report:
-                written.append(_write(Path(args.report), _drawing().page(saved, other).encode(), "the report"))
+                written.append(_write_page(Path(args.report), _drawing().page(saved, other)))
     except (DatasetError, LiveError, Failure) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
@@ -226,14 +230,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _save(path: Path, trace: str, policy: str, mode: str, saved: SavedRun) -> str:
+    """--save-run: to a JSON file, or into a runs store, page data included; the line that says where."""
+    if not runs.is_store(path):
+        return _write(path, save(saved), "the run (for --compare)")
+    record = runs.Record(trace, policy, saved.stats, saved.functions, mode=mode, title=saved.title, saved=saved)
+    [run_id] = _stored(lambda runs: asyncio.run(runs.record(path, [record])))
+    return f"scaler simulate: kept as run {run_id} in {path.resolve()}"
+
+
 def _note(flags: list[str], why: str) -> None:
     if flags:
         print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
 
 
-def _load_run(path: Path) -> "report.SavedRun":
+def _load_run(path: Path) -> SavedRun:
+    if runs.is_store(path):  # FILE.sqlite, or FILE.sqlite:ID
+        name, _, which = str(path).partition(":")
+        if which and not which.isdigit():
+            raise Failure(f"--compare {path}: after the store's name, a run's id (FILE.sqlite:ID)")
+        return _stored(lambda runs: asyncio.run(runs.saved_run(Path(name), int(which) if which else None)))
     try:
-        return _drawing().load(path.read_bytes())
+        return load(path.read_bytes())
     except OSError as e:
         raise Failure(f"{path}: cannot read: {e.strerror}") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -260,6 +278,7 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
             [fold.done(sim.ledger_of(key).state(key).stats.gap_hist) for key, fold in sim.folds.by_key.items()],
             dataset.start_ms,
             sim.end_ms,
+            policy=name,
         )
     return (
         run,
@@ -334,8 +353,9 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     recorded = None
     if drawing:
         title = f"{dataset.name}: live{policy}, speed {speed:g}"
-        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), _drawing().DRAWN)
+        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), DRAWN)
         recorded = asyncio.run(_from_stream(title, args, args.nats or says.nats, gateway, [f.key for f in worst]))
+        recorded.policy = says.policy or ""
     return run, heading, recorded
 
 
@@ -363,6 +383,25 @@ def _drawing():
     return report
 
 
+def _stored(work):
+    """`work(runs)`, a runs store's errors said as the command's."""
+    try:
+        return work(runs)
+    except runs.RunsError as e:
+        raise Failure(str(e)) from None
+
+
+def _write_page(path: Path, page: str) -> str:
+    """Write a page (and plotly.js beside it); the line that says where it went."""
+    from scaler.report import draw
+
+    try:
+        draw.write(path, page)
+    except OSError as e:
+        raise Failure(f"{path}: cannot write: {e.strerror}") from None
+    return f"scaler simulate: the report written to {path.resolve()}"
+
+
 def _write(path: Path, data: bytes, what: str) -> str:
     """Write `data` to `path`; the line that says where `what` went."""
     try:
@@ -374,22 +413,42 @@ def _write(path: Path, data: bytes, what: str) -> str:
 
 def render(stats: Stats, functions: list[FunctionRow]) -> str:
     """The statistics as a two-column table, then the worst functions."""
-    fields: list[tuple[str, float | int]] = []
+    fields: list[tuple[str, float | int | str]] = []
     for name, value in msgspec.to_builtins(stats).items():
         if name == "failuresByCause":  # one line each, under failedRequestsCount
             fields += [(f"  {cause}", count) for cause, count in value.items()]
+        elif name == PAPERS_FIRST:
+            fields += [("", ""), (name, f"{value:.2%}")]  # the papers' metrics, apart from the challenge's
         else:
             fields.append((name, value))
     width = max(len(name) for name, _ in fields)
-    lines = [f"  {name:<{width}}  {_number(value)}" for name, value in fields]
+    lines = [f"  {name:<{width}}  {_number(value)}".rstrip() for name, value in fields]
     if stats.success_rate < SUCCESS_THRESHOLD:
         why = f"success rate {stats.success_rate:.2%} is below {SUCCESS_THRESHOLD:.2%}"
         lines.append(f"  score 0: {why} (the sub-scores are what the run would have scored)")
     if functions:
         lines += ["", "worst functions (score lost to idle slots and waiting):"]
-        header = ("metaKey", "requests", "coldStarts", "scheduleSecs", "executionGBs", "slotGBs", "lostScore")
+        header = (
+            "metaKey",
+            "requests",
+            "coldStarts",
+            "scheduleSecs",
+            "waitP99Ms",
+            "executionGBs",
+            "slotGBs",
+            "lostScore",
+        )
         rows = [
-            (f.key, f.requests, f.cold_starts, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, f.lost_score)
+            (
+                f.key,
+                f.requests,
+                f.cold_starts,
+                f.schedule_secs,
+                f.wait_p99_ms,
+                f.execution_g_bs,
+                f.slot_g_bs,
+                f.lost_score,
+            )
             for f in functions
         ]
         key_width = max(len(header[0]), *(len(r[0]) for r in rows))
@@ -398,7 +457,9 @@ def render(stats: Stats, functions: list[FunctionRow]) -> str:
     return "\n".join(lines)
 
 
-def _number(value: float | int) -> str:
+def _number(value: float | int | str) -> str:
+    if isinstance(value, str):
+        return value
     if isinstance(value, int):
         return f"{value:,}"
     return f"{value:,.4f}" if abs(value) < 1 else f"{value:,.2f}"
