@@ -9,17 +9,47 @@ up, and one still waiting `throttle_after_ms` after it arrived is answered Throt
 with nothing in flight and no instance rests after `rest_after_ms` (its record of recent releases
 goes) and is forgotten after `forget_after_ms` (its whole state goes): memory holds only the
 functions of the last day, each small.
+
+Per tenant (a function's tenant: the limits file's `tenant`, else the one its Assigns name): at most
+`max_on_demand` instances started on demand and `max_reserved` kept as reserved ones, over all the
+tenant's functions on every node (the nodes' counts are shared as the run's totals are). Past the
+on-demand quota a request waits as at a cap, and is answered Throttle marked
+ReachMaxOnDemandInstancesPerTenant; past the reserved quota reserved instances are not started.
+
+An operator may set a function's limits while it runs (an event, FnState.limits: over the file's),
+and the tenants' quotas (scaler/controller/tenants.py: over the file's `tenants`).
 """
 
 import msgspec
 
-from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, Totals, held
 
 
 class FunctionLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     max_instances: int = 0  # 0: no cap
     max_memory_mb: int = 0
     min_warm: int = 0
+    tenant: str = ""  # whose quotas its instances count against (over what its Assigns name)
+    policy: str = ""  # the policy that decides it ("": the node's --policy)
+
+    def over(self, s: FnState) -> "FunctionLimits":
+        """These limits with what an operator set for the function while it runs (FnState.limits) over them."""
+        o = s.limits
+        if o is None:
+            return self
+        return msgspec.structs.replace(
+            self,
+            max_instances=self.max_instances if o.max_instances is None else o.max_instances,
+            max_memory_mb=self.max_memory_mb if o.max_memory_mb is None else o.max_memory_mb,
+            min_warm=self.min_warm if o.min_warm is None else o.min_warm,
+        )
+
+
+class TenantQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What all of a tenant's functions may hold at once, over every node (openYuanRong's tenant quota)."""
+
+    max_on_demand: int = 0  # instances started on demand (0: no quota)
+    max_reserved: int = 0  # instances kept as reserved ones (min_warm)
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -31,6 +61,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     rest_after_ms: int = 10 * 60_000  # idle this long (nothing in flight, no instance): a function rests
     forget_after_ms: int = 24 * 3_600_000  # idle this long: it is forgotten, what was learned of it too
     session_idle_ms: int = 60_000  # a session unused this long loses its instance (openYuanRong's reaper: 60 s)
+    tenants: dict[str, TenantQuota] = {}  # quotas by tenant
 
     def of(self, key: str) -> FunctionLimits:
         return self.functions.get(key, self.default)
@@ -52,26 +83,57 @@ NO_LIMITS = Limits()
 class Room(msgspec.Struct, frozen=True, kw_only=True):
     """What one function may still start, and how long its requests wait at a cap: a decision's input."""
 
-    limits: FunctionLimits = FunctionLimits()
+    limits: FunctionLimits = FunctionLimits()  # the function's: the file's, with what an operator set over them
+    file: FunctionLimits = FunctionLimits()  # ... as the limits file says
     instances_left: int | None = None  # under the caps over all functions; None: no cap
     memory_left_mb: int | None = None
     throttle_after_ms: int = NO_LIMITS.throttle_after_ms
     rest_after_ms: int = NO_LIMITS.rest_after_ms
     forget_after_ms: int = NO_LIMITS.forget_after_ms
     session_idle_ms: int = NO_LIMITS.session_idle_ms
+    tenant: str = ""  # the function's tenant: the limits file's, else the one its call names, else its state's
+    quota: TenantQuota | None = None  # that tenant's quota
+    tenant_held: Held = NOTHING_HELD  # ... and what the tenant's functions hold, on every node
 
     @staticmethod
-    def of(limits: Limits, key: str, totals: Totals) -> "Room":
-        """The room left for `key` given the instances all functions hold (`totals`, this node's)."""
+    def of(limits: Limits, s: FnState, totals: Totals, tenants: Totals | None = None, named: str = "") -> "Room":
+        """The room left for `s` given the instances all functions hold (`totals`, this node's), with what an
+        operator set for it over the file's limits. `tenants`: whose counts its tenant's quota is held to (the
+        run's, over every node; by default `totals`); `named`: the tenant its call names."""
+        own = limits.of(s.key)
+        tenant = own.tenant or named or s.tenant
+        quota = limits.tenants.get(tenant) if tenant and limits.tenants else None
+        tenant_held = NOTHING_HELD
+        if quota is not None:
+            tenant_held = (tenants or totals).held(tenant)
+            if tenant != s.tenant:  # its instances count for its tenant from now on
+                tenant_held = tenant_held.plus(held(s))
         return Room(
-            limits=limits.of(key),
+            limits=own.over(s),
+            file=own,
             instances_left=limits.max_instances - totals.instances if limits.max_instances else None,
             memory_left_mb=limits.max_memory_mb - totals.memory_mb if limits.max_memory_mb else None,
             throttle_after_ms=limits.throttle_after_ms,
             rest_after_ms=limits.rest_after_ms,
             forget_after_ms=limits.forget_after_ms,
             session_idle_ms=limits.session_idle_ms,
+            tenant=tenant,
+            quota=quota,
+            tenant_held=tenant_held,
         )
+
+    def over(self, s: FnState) -> "Room":
+        """This room once an operator changed the function's limits (`s` holds the change)."""
+        return msgspec.structs.replace(self, limits=self.file.over(s))
+
+    def tenant_left(self, reserved: bool) -> int | None:
+        """How many more instances of this kind the function's tenant may hold; None: no quota."""
+        q = self.quota
+        if q is None:
+            return None
+        if reserved:
+            return q.max_reserved - self.tenant_held.reserved if q.max_reserved else None
+        return q.max_on_demand - self.tenant_held.on_demand if q.max_on_demand else None
 
     def starts(self, s: FnState, started: int) -> int | None:
         """How many more instances of `s` may start, `started` having started in this decision; None: no cap."""
