@@ -19,6 +19,7 @@ from scaler.controller import needs
 from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.gateway import __main__ as gateway_main
+from scaler.gateway.admin import Precondition
 from scaler.gateway.server import Gateway
 from scaler.runtime import metrics, service
 from scaler.runtime.permissions import Preflight
@@ -62,7 +63,9 @@ class Node(service.Together):
 
     async def start(self) -> str:
         self.gateway.check()  # a certificate it cannot read, an Admin it may not serve: said before the controller
-        return await super().start()
+        said = await super().start()
+        self.controller.address = f"{self.gateway.listen.rpartition(':')[0]}:{self.gateway.port}"  # `scaler nodes`
+        return said
 
     async def stop(self) -> None:
         try:
@@ -74,8 +77,14 @@ class Node(service.Together):
                 log.warning("stopping with %d requests assigned here still out (after %g s)", owed, OWED_S)
         await super().stop()
 
-    async def drain_and_stop(self) -> str:
-        """scaler.Admin/Drain: drain now, answer, then stop as on SIGTERM."""
+    async def drain_and_stop(self, force: bool = False) -> str:
+        """scaler.Admin/Drain: drain now, answer, then stop as on SIGTERM. The only node refuses unless forced:
+        nobody would take its partitions, and under `scaler up` it would be started again at once."""
+        if not force and not await self.controller.others_up():
+            raise Precondition(
+                f"{self.controller.node} is the only node: nobody would take its partitions (and `scaler up` would"
+                " start it again); --force stops it all the same"
+            )
         said = await self.controller.drain()
         asyncio.get_running_loop().call_later(0.1, signal.raise_signal, signal.SIGTERM)
         return said

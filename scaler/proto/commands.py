@@ -249,6 +249,9 @@ class Code(enum.IntEnum):
     UNAVAILABLE = 14
 
 
+QUOTA_STATUS = "ReachMaxOnDemandInstancesPerTenant"  # openYuanRong's status for Code.QUOTA, said to the caller
+
+
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
     to: str  # the reply subject
     request_id: str

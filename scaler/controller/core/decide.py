@@ -48,6 +48,7 @@ from scaler.controller.core.operator import misfit, retire_past_max
 from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
 from scaler.proto.commands import (
+    QUOTA_STATUS,
     AnyCommand,
     Assign,
     Cancel,
@@ -705,9 +706,6 @@ def _caps(s: FnState, room: Room) -> str:
     if room.quota is not None and room.quota.max_on_demand:
         named.append(f"tenant {room.tenant}'s max_on_demand {room.quota.max_on_demand}")
     return ", ".join(n for n in named if n) or "no cap"
-
-
-QUOTA_STATUS = "ReachMaxOnDemandInstancesPerTenant"  # openYuanRong's status for a tenant's quota reached
 
 
 def _quota_holds(d: _Draft) -> bool:

@@ -20,8 +20,11 @@ An operator may set a function's limits while it runs (an event, FnState.limits:
 and the tenants' quotas (scaler/controller/tenants.py: over the file's `tenants`).
 """
 
+import re
+
 import msgspec
 
+from scaler.controller.core.policy import POLICIES
 from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, Totals, held
 
 
@@ -43,6 +46,19 @@ class FunctionLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             max_memory_mb=self.max_memory_mb if o.max_memory_mb is None else o.max_memory_mb,
             min_warm=self.min_warm if o.min_warm is None else o.min_warm,
         )
+
+
+MAX_TENANT_BYTES = 64
+_TENANT = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def tenant_problem(tenant: str) -> str | None:
+    """Why `tenant` is not an acceptable tenant name (a key of the quotas' bucket), or None when it is."""
+    if len(tenant.encode()) > MAX_TENANT_BYTES:
+        return f"a tenant is at most {MAX_TENANT_BYTES} bytes"
+    if not _TENANT.fullmatch(tenant):
+        return f"a tenant is letters, digits, '-' and '_', got {tenant!r}"
+    return None
 
 
 class TenantQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -78,6 +94,20 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 NO_LIMITS = Limits()
+
+
+def limits_problem(limits: Limits) -> str | None:
+    """What is wrong in a limits file's tenants and policies (unknown to msgspec's schema), or None."""
+    named = [("default", limits.default), *((f"functions.{k}", f) for k, f in limits.functions.items())]
+    for where, f in named:
+        if f.tenant and (problem := tenant_problem(f.tenant)):
+            return f"{where}.tenant: {problem}"
+        if f.policy and f.policy not in POLICIES:
+            return f"{where}.policy: unknown policy {f.policy!r}; choose one of {', '.join(POLICIES)}"
+    for tenant in limits.tenants:
+        if problem := tenant_problem(tenant):
+            return f"tenants: {problem}"
+    return None
 
 
 class Room(msgspec.Struct, frozen=True, kw_only=True):
