@@ -72,13 +72,16 @@ class Ledger:
         if after is not None:
             s, totals = after.state, totals.change(self.states.get(cmd.key), after.state)
         named = cmd.tenant if isinstance(cmd, Assign) else ""
-        policy = self.policy_of(s, policy)
+        if s.policy or self.limits is not NO_LIMITS:
+            policy = self.policy_of(s, policy)
         return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(s, totals, named))
 
     def plan(self, key: str, now: int, policy: Policy) -> Decision:
         """The core's plan for the function as stored: keep-alives, retirements, pre-warms, rest."""
         s = self.state(key)
-        return core.plan(s, now, self.policy_of(s, policy), self.run_totals(), self._room(s, self.totals))
+        if s.policy or self.limits is not NO_LIMITS:
+            policy = self.policy_of(s, policy)
+        return core.plan(s, now, policy, self.run_totals(), self._room(s, self.totals))
 
     def policy_of(self, s: FnState, default: Policy) -> Policy:
         """The policy that decides the function: the one an operator set for it, else the limits file's, else
@@ -93,9 +96,9 @@ class Ledger:
     def _room(self, s: FnState, totals: Totals, named: str = "") -> Room:
         """The function's room: the caps (those over all functions against this node's `totals`), and its tenant's
         quota against what the tenant holds on every node."""
-        limits = self._limits()
-        if limits is NO_LIMITS and s.limits is None and not named and not s.tenant:
+        if self.limits is NO_LIMITS and not self.quotas and s.limits is None and not named and not s.tenant:
             return NO_ROOM
+        limits = self._limits()
         tenants = totals.plus(self.others) if (s.tenant or named) and self.others.tenants else totals
         return Room.of(limits, s, totals, tenants, named)
 

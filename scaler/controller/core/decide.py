@@ -132,7 +132,7 @@ class _Draft:
     def may_start(self, wanted: int, reserved: bool = False) -> int:
         """As many of `wanted` new instances as the caps and the tenant's quota (on demand, or `reserved`) allow."""
         allowed = self.room.starts(self.s, self.started)
-        if (left := self.room.tenant_left(reserved)) is not None:
+        if self.room.quota is not None and (left := self.room.tenant_left(reserved)) is not None:
             left -= self.reserved_started if reserved else self.started - self.reserved_started
             allowed = max(0, left) if allowed is None else min(allowed, max(0, left))
         return wanted if allowed is None else min(wanted, allowed)
@@ -539,8 +539,11 @@ def _free_lost_leases(d: _Draft) -> None:
 
 def _fits(s: FnState, inst: Instance) -> bool:
     """Whether the instance may run the function's requests now: the memory it asks for (its meta may have grown
-    since), its runtime and its version (operator.misfit)."""
-    return not misfit(s, inst)
+    since), its runtime and its version (operator.misfit says why not; this is the same, on the hot path)."""
+    m = s.meta
+    if m is not None and (inst.memory_mb < m.memory_mb or (inst.runtime != m.runtime and inst.runtime)):
+        return False
+    return inst.version == s.version
 
 
 def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
@@ -555,7 +558,7 @@ def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
         waiting = next((p for p in free if p.request_id not in held), None)
         if waiting is None:
             return
-        bound = _own(d.s, waiting)
+        bound = _holding_state(d.s, waiting.state) if waiting.state else _bound(d.s, waiting.session)
         if bound is not None and bound.phase is Phase.IDLE and _fits(d.s, bound):
             inst = bound
         elif _holding(d.s, waiting, d.now):
@@ -598,11 +601,6 @@ def _assign(d: _Draft, waiting: Pending, inst: Instance) -> None:
         d.emit(SessionBound(at_ms=d.now, session=waiting.session, instance_id=inst.id, request_id=r, why=why))
     d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
     d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
-
-
-def _own(s: FnState, waiting: Pending) -> Instance | None:
-    """The instance a waiting request prefers: the one holding its state, or bound to its session."""
-    return _holding_state(s, waiting.state) if waiting.state else _bound(s, waiting.session)
 
 
 def _holding_state(s: FnState, state: str) -> Instance | None:
@@ -746,8 +744,11 @@ def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
     """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires, and
     so does one with less memory than the function asks for now (no request may run on it again)."""
-    operator.retire_misfits(d)
-    retire_past_max(d)
+    for inst in d.s.in_phase(Phase.IDLE):
+        if not _fits(d.s, inst):
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=misfit(d.s, inst)))
+    if d.room.limits.max_instances or d.room.limits.max_memory_mb:
+        retire_past_max(d)
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
             keep = policy.keep_alive(d.s, inst, d.now)

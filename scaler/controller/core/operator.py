@@ -180,7 +180,7 @@ def retire_misfits(d: Any) -> int:
     """Idle instances that may no longer run the function's requests (another version, runtime, or less memory
     than it asks for) retire; busy ones do as they become idle, never mid-request. How many retired."""
     retired = 0
-    for inst in d.s.in_phase(Phase.IDLE):
+    for inst in d.s.in_phase(Phase.IDLE) if d.s.meta is not None or d.s.version else ():
         if why := misfit(d.s, inst):
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
             retired += 1

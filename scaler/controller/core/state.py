@@ -341,19 +341,19 @@ def _released(s: FnState, e: Released) -> FnState:
     old = s.instances.get(e.instance_id)
     if old is None:
         return s
-    served = old if e.cancelled or old.phase is not Phase.BUSY else _counted(old, e)
-    s = _put(s, replace(served, phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0, session=""))
+    idle = dict(phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0, session="")
+    s = _put(s, replace(old, **idle) if e.cancelled or old.phase is not Phase.BUSY else _counted(old, e, idle))
     s = _used(s, old.session, old.id, e.at_ms)
     if e.cancelled:  # never served: a retry of the request is served anew
         return s if s.release_of(e.request_id) is None else replace(s, finished=_forget(s.finished, e.request_id))
     return replace(s, finished=_remember(s, e.request_id, Finished(e.instance_id, e.at_ms)))
 
 
-def _counted(inst: Instance, e: Released) -> Instance:
-    """The instance's counts once it ran a request to its release."""
+def _counted(inst: Instance, e: Released, idle: dict[str, Any]) -> Instance:
+    """The instance idle once it ran a request to its release, and that request counted."""
     failed = e.status_code >= 400 or e.status_code == 0
     busy = max(0, e.at_ms - inst.since_ms)
-    return replace(inst, served=inst.served + 1, errors=inst.errors + failed, busy_ms=inst.busy_ms + busy)
+    return replace(inst, served=inst.served + 1, errors=inst.errors + failed, busy_ms=inst.busy_ms + busy, **idle)
 
 
 Generations = tuple[dict[str, Finished], ...]
@@ -627,7 +627,7 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             early_gaps=early,
             early_open=_still_open(self.early_open, old, new),
             returns=_returned(self.returns, old, new),
-            tenants=_tenants(self.tenants, old, new),
+            tenants=_tenants(self.tenants, old, new) if (old and old.tenant) or (new and new.tenant) else self.tenants,
         )
 
     def with_returns(self, returns: tuple[tuple[str, int], ...]) -> "Totals":
