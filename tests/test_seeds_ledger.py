@@ -1,6 +1,6 @@
-"""The seed systems' rows in the pure core, through the ledger as a node decides: tenants' quotas, stateful
-routes, limits set while running, versions and tombstones, a policy per function, one instance restarted
-or stopped. Each decision is checked to equal its replayed events."""
+"""The seed systems' rows decided through the ledger as a node decides (pure: no NATS, no clock): tenants'
+quotas, stateful routes, limits set while running, versions and tombstones, a policy per function, one
+instance restarted or stopped. Each decision is checked to equal its replayed events."""
 
 import msgspec
 
