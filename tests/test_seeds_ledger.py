@@ -120,6 +120,15 @@ def test_the_limits_files_tenant_wins_over_the_callers_and_other_nodes_count():
     assert served(b, "d", 20, "f2", tenant="acme")
 
 
+def test_a_request_held_at_the_quota_starts_in_the_decision_that_frees_the_tenants_slot():
+    node = Node(Limits(tenants={"acme": TenantQuota(max_on_demand=1)}, throttle_after_ms=THROTTLE_MS))
+    first = served(node, "a", 0, tenant="acme")
+    node(idle("a", first, need_destroy=True), 10)  # retiring: its slot counts until destroyed
+    assert node(assign("b", tenant="acme"), 20) is None
+    node(c.SlotDestroyed(key="fn", instance_id=first, slot_id=f"slot-{first}"), 30)
+    assert [(x.for_request, x.at_ms) for x in node.of(e.SlotWanted)] == [("a", 0), ("b", 30)]
+
+
 def test_a_tenants_reserved_quota_caps_the_reserved_instances():
     keeps = FunctionLimits(tenant="acme", min_warm=3)
     node = Node(Limits(functions={"fn": keeps}, tenants={"acme": TenantQuota(max_reserved=1)}))

@@ -125,21 +125,18 @@ class _Draft:
         self.now = now
         self.room = room
         self.started = 0  # instances this decision starts: they count against caps over all functions
-        self.reserved_started = 0  # ... of which reserved ones (a tenant's quotas count them apart)
         self.events: list[Event] = []
         self.replies: list[Reply] = []
 
     def may_start(self, wanted: int, reserved: bool = False) -> int:
         """As many of `wanted` new instances as the caps and the tenant's quota (on demand, or `reserved`) allow."""
         allowed = self.room.starts(self.s, self.started)
-        if self.room.quota is not None and (left := self.room.tenant_left(reserved)) is not None:
-            left -= self.reserved_started if reserved else self.started - self.reserved_started
+        if self.room.quota is not None and (left := self.room.tenant_left(self.s, reserved)) is not None:
             allowed = max(0, left) if allowed is None else min(allowed, max(0, left))
         return wanted if allowed is None else min(wanted, allowed)
 
     def start(self, for_request: str = "", why: str = "", reserved: bool = False) -> None:
         self.started += 1
-        self.reserved_started += reserved
         self.emit(
             SlotWanted(
                 at_ms=self.now,
@@ -464,7 +461,9 @@ def _delete(d: _Draft, cmd: Delete) -> None:
     for inst in live:
         d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
     d.emit(FunctionDeleted(at_ms=d.now, reason=cmd.reason))
-    d.reply(cmd.reply_to, "", message=f"{len(live)} instance(s) retired, the function forgotten")
+    d.reply(
+        cmd.reply_to, "", message=f"{len(live)} instance(s) retired; its calls are refused until it is created again"
+    )
 
 
 def _known(s: FnState) -> bool:
@@ -708,8 +707,8 @@ def _caps(s: FnState, room: Room) -> str:
 
 def _quota_holds(d: _Draft) -> bool:
     """Whether the tenant's on-demand quota is what holds the function back (the caps may too)."""
-    left = d.room.tenant_left(False)
-    return left is not None and left - (d.started - d.reserved_started) <= 0
+    left = d.room.tenant_left(d.s, False)
+    return left is not None and left <= 0
 
 
 def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
@@ -730,7 +729,7 @@ def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
         code = Code.THROTTLED
         if _quota_holds(d):
             t, q = d.room.tenant, d.room.quota.max_on_demand
-            held = d.room.tenant_held.on_demand
+            held = d.room.tenant_held(d.s).on_demand
             message = (
                 f"{QUOTA_STATUS}: tenant {t} holds {held} on-demand instance(s), its quota max_on_demand {q};"
                 f" no instance freed up within {wait_ms} ms"

@@ -123,7 +123,7 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
     session_idle_ms: int = NO_LIMITS.session_idle_ms
     tenant: str = ""  # the function's tenant: the limits file's, else the one its call names, else its state's
     quota: TenantQuota | None = None  # that tenant's quota
-    tenant_held: Held = NOTHING_HELD  # ... and what the tenant's functions hold, on every node
+    tenant_others: Held = NOTHING_HELD  # ... and what the tenant's other functions hold, on every node
 
     @staticmethod
     def of(limits: Limits, s: FnState, totals: Totals, tenants: Totals | None = None, named: str = "") -> "Room":
@@ -133,11 +133,11 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
         own = limits.of(s.key)
         tenant = own.tenant or named or s.tenant
         quota = limits.tenants.get(tenant) if tenant and limits.tenants else None
-        tenant_held = NOTHING_HELD
+        others = NOTHING_HELD
         if quota is not None:
-            tenant_held = (tenants or totals).held(tenant)
-            if tenant != s.tenant:  # its instances count for its tenant from now on
-                tenant_held = tenant_held.plus(held(s))
+            others = (tenants or totals).held(tenant)
+            if tenant == s.tenant:  # its own instances are counted as the decision changes them (`tenant_held`)
+                others = others.plus(held(s), -1)
         return Room(
             limits=own.over(s),
             file=own,
@@ -149,21 +149,25 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
             session_idle_ms=limits.session_idle_ms,
             tenant=tenant,
             quota=quota,
-            tenant_held=tenant_held,
+            tenant_others=others,
         )
 
     def over(self, s: FnState) -> "Room":
         """This room once an operator changed the function's limits (`s` holds the change)."""
         return msgspec.structs.replace(self, limits=self.file.over(s))
 
-    def tenant_left(self, reserved: bool) -> int | None:
-        """How many more instances of this kind the function's tenant may hold; None: no quota."""
+    def tenant_held(self, s: FnState) -> Held:
+        """What the function's tenant holds on every node, the function being `s` (as a decision left it)."""
+        return self.tenant_others.plus(held(s))
+
+    def tenant_left(self, s: FnState, reserved: bool) -> int | None:
+        """How many more instances of this kind the function's tenant may hold, the function being `s` (its starts
+        so far in a decision, and its instances gone, counted); None: no quota."""
         q = self.quota
-        if q is None:
+        if q is None or not (q.max_reserved if reserved else q.max_on_demand):
             return None
-        if reserved:
-            return q.max_reserved - self.tenant_held.reserved if q.max_reserved else None
-        return q.max_on_demand - self.tenant_held.on_demand if q.max_on_demand else None
+        h = self.tenant_held(s)
+        return q.max_reserved - h.reserved if reserved else q.max_on_demand - h.on_demand
 
     def starts(self, s: FnState, started: int) -> int | None:
         """How many more instances of `s` may start, `started` having started in this decision; None: no cap."""
