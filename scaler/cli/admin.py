@@ -95,7 +95,11 @@ class List:
             phases = ", ".join(f"{len(ids)} {phase} ({' '.join(ids)})" for phase, ids in f.instances.items())
             extra = f"; {f.waiting} waiting" if f.waiting else ""
             extra += f"; {f.sessions} session(s)" if f.sessions else ""
-            extra += "".join(f"; state {state} on {i}" for state, i in f.states.items())
+            live = {i for ids in f.instances.values() for i in ids}
+            for state, i in f.states.items():
+                extra += (
+                    f"; state {state} on {i}" if i in live else f"; state {state} ({i} went: moves at its next call)"
+                )
             said = [f"tenant {f.tenant}" if f.tenant else "", f"version {f.version}" if f.version else ""]
             said += [f"policy {f.policy}" if f.policy else ""]
             said += [", ".join(f"{k} {v}" for k, v in f.limits.items())]
