@@ -92,10 +92,10 @@ async def live(dataset: Dataset, scaler: str) -> Run:
         while not (m := re.search(ready, (line := (await proc.stdout.readline()).decode()))):
             if not line:
                 raise SystemExit(f"{scaler} exited before it was ready")
-        run, failures, _ = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform)
-        if failures:
-            print(f"{dataset.name}, {scaler}: failed calls {dict(failures)}", file=sys.stderr)
-        return run
+        outcome = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform)
+        if outcome.errors:
+            print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}", file=sys.stderr)
+        return outcome.run
     finally:
         proc.send_signal(2)
         await proc.communicate()

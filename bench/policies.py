@@ -10,10 +10,13 @@ gen-burst --policies learned cidre --seeds 0` runs only those. `--jobs N` simula
 processes (for an idle machine).
 
 Prints a Markdown table: trace x policy -> success rate, cold starts, schedule s, slot GB·s, the
-two sub-scores, the score (0 below 99.95 % success), and the wall time of the simulation. The
-bound row is what a scaler that knew the trace could reach (scaler/simulator/bound.py): no waiting,
-minimal idle slot time. Then a summary: each trace's score per policy beside its bound, `learned`'s
-margin over the best peer, and each generated shape's mean over the seeds. `--summarize` prints that
+two sub-scores, the score (0 below 99.95 % success), the papers' metrics (cold-start rate, wasted
+memory GB·s, wait p50/p99/max: docs/simulation.md) and the wall time of the simulation. The bound
+row is what a scaler that knew the trace could reach (scaler/simulator/bound.py): no waiting, minimal
+idle slot time. Then a summary: each trace's score per policy beside its bound, `learned`'s margin
+over the best peer, and each generated shape's mean over the seeds; and every policy against fixed10
+in the papers' terms (the % change of its cold-start rate and of its wasted memory time, a shape's
+means over its seeds), the row "learned against fixed10" among them. `--summarize` prints that
 summary from tables printed before (several runs' rows, concatenated, make one).
 """
 
@@ -25,11 +28,14 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import msgspec
+
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.simulator import shapes
 from scaler.simulator.bound import clairvoyant_bound
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
 from scaler.simulator.offline import simulate
+from scaler.simulator.score import Stats, summarize
 
 DATASETS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 DATASETS = ["function_smoke_test", "dataSet_1", "dataSet_3"]
@@ -45,14 +51,35 @@ COLUMNS = (
     "resource",
     "cold-start",
     "score",
+    "cold-start rate %",
+    "wasted GB·s",
+    "wait p50 ms",
+    "wait p99 ms",
+    "wait max ms",
     "wall s",
 )
+BASELINE = "fixed10"  # what the papers' changes are measured against: a 10-minute keep-alive
 
 
-def row(trace: str, policy: str, success: float, cold: int, schedule_s: float, slot: float, *scores: float) -> str:
-    resource, cold_score, score, took = scores
-    cells = (trace, policy, f"{100 * success:.2f}", f"{cold:,}", f"{schedule_s:,.1f}", f"{slot:,.0f}")
-    return "| " + " | ".join((*cells, f"{resource:.2f}", f"{cold_score:.2f}", f"{score:.2f}", f"{took:.1f}")) + " |"
+def row(trace: str, policy: str, s: Stats, took: float) -> str:
+    cells = (
+        trace,
+        policy,
+        f"{100 * s.success_rate:.2f}",
+        f"{s.cold_starts:,}",
+        f"{s.invocation_schedule_time_in_secs:,.1f}",
+        f"{s.total_slot_time_in_g_bs:,.0f}",
+        f"{s.resource_usage_score:.2f}",
+        f"{s.cold_start_score:.2f}",
+        f"{s.score:.2f}",
+        f"{100 * s.cold_start_rate:.2f}",
+        f"{s.wasted_memory_time_in_g_bs:,.0f}",
+        f"{s.wait_p50_in_ms:,.0f}",
+        f"{s.wait_p99_in_ms:,.0f}",
+        f"{s.wait_max_in_ms:,.0f}",
+        f"{took:.1f}",
+    )
+    return "| " + " | ".join(cells) + " |"
 
 
 def trace_name(name: str, seed: int) -> str:
@@ -73,53 +100,97 @@ def measure(name: str, seed: int, policy: str, datasets_dir: Path) -> str:
     if policy == BOUND:
         b = clairvoyant_bound(dataset)
         took = time.perf_counter() - started
-        return row(trace, BOUND, 1.0, 0, 0.0, b.slot_gb_s, b.resource_usage_score, 50.0, b.score, took)
+        n = len(dataset.requests)
+        stats = summarize([], b.slot_gb_s, 0)  # no invocation waits; the bound's slot time
+        stats = msgspec.structs.replace(
+            stats,
+            total_requests_count=n,
+            success_rate=1.0,
+            resource_usage_score=b.resource_usage_score,
+            cold_start_score=50.0,
+            score=b.score,
+            wasted_memory_time_in_g_bs=b.idle_gb_s,
+        )
+        return row(trace, BOUND, stats, took)
     s = simulate(dataset, get_policy(policy)).stats()
-    took = time.perf_counter() - started
-    return row(
-        trace,
-        policy,
-        s.success_rate,
-        s.cold_starts,
-        s.invocation_schedule_time_in_secs,
-        s.total_slot_time_in_g_bs,
-        s.resource_usage_score,
-        s.cold_start_score,
-        s.score,
-        took,
-    )
+    return row(trace, policy, s, time.perf_counter() - started)
 
 
-def summary(lines: Iterable[str]) -> list[str]:
-    """Score per trace and policy beside the bound; `learned`'s margin over the best peer; per generated
-    shape, the mean over its seeds."""
-    scores: dict[str, dict[str, float]] = defaultdict(dict)
+def parse(lines: Iterable[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """The rows of tables printed before: trace -> policy -> column -> value (numbers only)."""
+    rows: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     for line in lines:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != len(COLUMNS) or cells[0] in ("trace", "---") or cells[0].startswith("-"):
             continue
-        scores[cells[0]][cells[1]] = float(cells[-2])
-    policies = [p for p in POLICIES if any(p in by for by in scores.values())]
-    peers = [p for p in policies if p != DEFAULT_POLICY]
-    means: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for trace, by in scores.items():
+        rows[cells[0]][cells[1]] = {c: float(v.replace(",", "")) for c, v in zip(COLUMNS[2:], cells[2:], strict=True)}
+    return rows
+
+
+def families(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each generated shape's mean over its seeds (`gen-burst mean of 6`), when every policy ran every seed."""
+    runs: dict[str, dict[str, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
+    for trace, by in rows.items():
         if "/" in trace:
-            for policy, score in by.items():
-                means[trace.split("/")[0]][policy].append(score)
-    table = dict(scores)
-    for shape, by in means.items():
-        if len({len(v) for v in by.values()}) == 1 and len(next(iter(by.values()))) > 1:
-            table[f"{shape} mean of {len(next(iter(by.values())))}"] = {p: sum(v) / len(v) for p, v in by.items()}
+            for policy, cells in by.items():
+                runs[trace.split("/")[0]][policy].append(cells)
+    means = {}
+    for shape, by in runs.items():
+        counts = {len(v) for v in by.values()}
+        if len(counts) == 1 and (n := counts.pop()) > 1:
+            means[f"{shape} mean of {n}"] = {
+                policy: {c: sum(r[c] for r in seeds) / n for c in COLUMNS[2:]} for policy, seeds in by.items()
+            }
+    return means
+
+
+def summary(lines: Iterable[str]) -> list[str]:
+    """Score per trace and policy beside the bound; `learned`'s margin over the best peer; per generated
+    shape, the mean over its seeds. Then each policy against fixed10 in the papers' terms."""
+    rows = parse(lines)
+    table = {**rows, **families(rows)}
+    policies = [p for p in POLICIES if any(p in by for by in rows.values())]
+    peers = [p for p in policies if p != DEFAULT_POLICY]
     head = ["trace", *policies, "bound", f"{DEFAULT_POLICY} - best peer"]
     out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for trace, by in table.items():
-        cells = [f"{by[p]:.2f}" if p in by else "" for p in policies]
+        score = {p: cells["score"] for p, cells in by.items()}
+        cells = [f"{score[p]:.2f}" if p in score else "" for p in policies]
         margin = ""
-        if DEFAULT_POLICY in by and any(p in by for p in peers):
-            best = max((p for p in peers if p in by), key=lambda p: by[p])
-            margin = f"{by[DEFAULT_POLICY] - by[best]:+.2f} ({best})"
-        bound = f"{by[BOUND]:.2f}" if BOUND in by else ""
+        if DEFAULT_POLICY in score and any(p in score for p in peers):
+            best = max((p for p in peers if p in score), key=lambda p: score[p])
+            margin = f"{score[DEFAULT_POLICY] - score[best]:+.2f} ({best})"
+        bound = f"{score[BOUND]:.2f}" if BOUND in score else ""
         out.append("| " + " | ".join([trace, *cells, bound, margin]) + " |")
+    return [*out, "", *papers(table, policies)]
+
+
+def change(new: float, old: float) -> str:
+    return f"{100 * (new - old) / old:+.0f} %" if old else ("±0 %" if not new else "new")
+
+
+def papers(table: dict[str, dict[str, dict[str, float]]], policies: list[str]) -> list[str]:
+    """Each policy against fixed10 as the papers put it: the change of its cold-start rate and of its wasted
+    memory time (GB·s of instances not running a request), on each trace (a shape's mean over its seeds)."""
+    traces = [t for t, by in table.items() if "/" not in t and BASELINE in by]
+    if not traces:
+        return []
+    out = [
+        f"Against {BASELINE}, in the papers' terms: cold-start rate change / wasted memory time change",
+        "",
+        "| | " + " | ".join(traces) + " |",
+        "|---|" + "---:|" * len(traces),
+    ]
+    for policy in [p for p in policies if p != BASELINE]:
+        cells = []
+        for trace in traces:
+            mine, base = table[trace].get(policy), table[trace][BASELINE]
+            if mine is None:
+                cells.append("")
+                continue
+            rate = change(mine["cold-start rate %"], base["cold-start rate %"])
+            cells.append(f"{rate} / {change(mine['wasted GB·s'], base['wasted GB·s'])}")
+        out.append(f"| {policy} against {BASELINE} | " + " | ".join(cells) + " |")
     return out
 
 

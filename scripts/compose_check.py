@@ -6,12 +6,15 @@
 
 Needs a Docker engine and Compose v2 (`docker compose`); docs/containers.md says how to get them.
 Steps, each must pass: build our image (`docker compose build`, the Dockerfile's PYTHON from
---python-image); `docker compose up` with every service running and healthy where it has a check;
+--python-image); tests/test_nats_container.py against compose's nats image (every test run, none
+skipped); `docker compose up` with every service running and healthy where it has a check;
 Assign and Idle from this host on the published gateway port; `scaler replay --verify` inside a
 service and from the host; a clean stop (every container exits 0); the `sim` profile on
-function_smoke_test twice in a row, each run's statistics read back from the `stats` volume; and a
-stop during a simulation (the simulator, PID 1, exits on SIGTERM, not killed). It runs as its own
-compose project and removes it (containers, network, volumes) at the end, whatever happened.
+function_smoke_test twice in a row, each run's statistics read back from the `stats` volume; the
+node's process killed mid-run (as a crash or the OOM killer would), which Docker restarts and the
+simulator rides out (0 failed requests, its retries said); and a stop during a simulation (the
+simulator, PID 1, exits on SIGTERM, not killed). It runs as a compose project and image of its own
+(scaler-check-PID: other checks may share the engine) and removes them at the end, whatever happened.
 
 The services are read from compose.yaml through `docker compose config`; the check names only
 what it needs: the service publishing the gateway port, the one publishing NATS, and the `sim`
@@ -37,7 +40,8 @@ from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = "scaler-check"
+PROJECT = f"scaler-check-{os.getpid()}"  # its own containers, network and volumes on a shared engine
+IMAGE = f"{PROJECT}:latest"  # and its own image (compose.yaml's SCALER_IMAGE): another check's build is not this one's
 GATEWAY_PORT = 9001  # the Scaler service's port inside its container
 NATS_PORT = 4222
 SIM_PROFILE = "sim"
@@ -181,6 +185,16 @@ def check_healthy(compose: Compose, config: dict) -> None:
         say(f"  {name}: {'healthy' if has_check else 'running (no health check)'}")
 
 
+def check_quiet(compose: Compose, config: dict) -> None:
+    """A clean start logs no WARNING or ERROR in our services (NATS's own log is its own)."""
+    ours = [name for name, service in config["services"].items() if service.get("image") == IMAGE]
+    said = compose("logs", "--no-color", *ours).stdout.splitlines()
+    alarming = [line for line in said if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+    if alarming:
+        raise CheckFailed(f"a clean start logged {len(alarming)} warnings or errors:\n" + "\n".join(alarming[:20]))
+    say(f"  nothing alarming in the logs of {', '.join(ours)}")
+
+
 def assign_and_idle(address: str) -> str:
     """One Assign and its Idle from this host, as a platform would call them; returns the instance."""
     meta = pb.Meta(key="compose-check", runtime="python", timeout_in_secs=30, memory_in_mb=128)
@@ -254,6 +268,51 @@ def simulate(compose: Compose, simulator: str, stats_path: str, run: int) -> dic
     return stats
 
 
+def container_tests(env: dict[str, str]) -> None:
+    """tests/test_nats_container.py on this engine, with compose's nats image: each test must run and pass."""
+    quiet = {"TESTCONTAINERS_RYUK_DISABLED": "true"}  # no registry to pull Ryuk from; the fixture stops its container
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/test_nats_container.py"]
+    done = sh(*pytest, env={**env, **quiet}, check=False)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()
+    if done.returncode != 0 or "passed" not in summary or "skipped" in summary:
+        raise CheckFailed(f"tests/test_nats_container.py: {summary}\n{done.stdout[-3000:]}")
+    say(f"  {summary}")
+
+
+def kill_node_mid_run(compose: Compose, node: str, simulator: str, stats_path: str) -> None:
+    """The node's process killed with -9 a few seconds into a simulation, as a crash or the OOM killer would
+    (`docker kill` is a stop Docker's restart policies leave alone): Docker starts it again, and the
+    simulator sends what was refused meanwhile again; no request fails."""
+    compose("run", "--rm", "--no-deps", "--entrypoint", "rm", simulator, "-f", stats_path, sim=True)
+    compose("up", "-d", sim=True)
+    sim_id = compose("ps", "-q", simulator, sim=True).stdout.strip()
+    node_id = compose("ps", "-q", node, sim=True).stdout.strip()
+    time.sleep(4)  # into the trace (11 s of requests, the first at once)
+    pid = sh("docker", "inspect", "--format", "{{.State.Pid}}", node_id).stdout.strip()
+    sh("kill", "-9", pid)
+    began = time.monotonic()
+    code = sh("docker", "wait", sim_id).stdout.strip()
+    restarts = sh("docker", "inspect", "--format", "{{.RestartCount}} {{.State.Status}}", node_id).stdout.split()
+    log = compose("logs", "--no-log-prefix", simulator, sim=True).stdout
+    if code != "0":
+        raise CheckFailed(f"the simulator exited {code} after the node was killed:\n{log[-3000:]}")
+    if restarts[0] == "0" or restarts[1] != "running":
+        raise CheckFailed(f"the killed node was not started again: {restarts}")
+    read = compose("run", "--rm", "--no-deps", "--entrypoint", "cat", simulator, stats_path, sim=True)
+    stats = json.loads(read.stdout)
+    requests, failed = stats["totalRequestsCount"], stats["failedRequestsCount"]
+    retried = next((line for line in log.splitlines() if line.startswith("retried")), "")
+    if (requests, failed) != (SMOKE_REQUESTS, 0):
+        raise CheckFailed(f"the node killed mid-run: {requests} requests, {failed} failed\n{log[-3000:]}")
+    if not retried:
+        raise CheckFailed(f"nothing was retried: the kill missed the trace (run it again)\n{log[-3000:]}")
+    took = time.monotonic() - began
+    say(f"  node (pid {pid}) killed 4 s in; restarted {restarts[0]}x; the run ended {took:.0f}s later")
+    say(f"  {requests} requests, {failed} failed, score {stats['score']:g}; {retried}")
+    compose("stop", sim=True)
+    check_stopped(compose, sim=True)
+
+
 def stop_during_simulation(compose: Compose, simulator: str) -> None:
     """`docker compose stop` while a simulation runs: the simulator, PID 1, must exit on SIGTERM (143)."""
     compose("up", "-d", "--wait", sim=True)
@@ -285,7 +344,9 @@ def check(args: argparse.Namespace) -> None:
 
     # Host ports free here, unless the shell sets them (a shared machine may run a scaler on 9001).
     env = {k: str(free_port()) for k in ("NODE_PORT", "NATS_PORT") if k not in os.environ}
-    env |= {"DATASETS": "./tests/fixtures", "DATASET": DATASET} | ({"NATS_IMAGE": nats_image} if nats_image else {})
+    env |= {k: str(free_port()) for k in ("METRICS_PORT",) if k not in os.environ}
+    env |= {"DATASETS": "./tests/fixtures", "DATASET": DATASET, "SCALER_IMAGE": IMAGE}
+    env |= {"NATS_IMAGE": nats_image} if nats_image else {}
     compose = Compose(env)
     config = compose.config()
 
@@ -295,11 +356,14 @@ def check(args: argparse.Namespace) -> None:
         images = sorted({s["image"] for s in config["services"].values() if "build" in s})
         base = python_image or "the Dockerfile's default"
         say(f"built {', '.join(images)} in {time.monotonic() - begin:.0f}s on {base}")
+        say("tests/test_nats_container.py against compose's nats image:")
+        container_tests(compose.env)
 
         begin = time.monotonic()
         compose("up", "-d", "--wait", "--wait-timeout", "180")
         say(f"`docker compose up`: {len(config['services'])} services up in {time.monotonic() - begin:.0f}s")
         check_healthy(compose, config)
+        check_quiet(compose, config)
 
         gateway = host_address(compose, publisher(config, GATEWAY_PORT), GATEWAY_PORT)
         say(f"Assign + Idle from the host on {gateway}: instance {assign_and_idle(gateway)}")
@@ -319,6 +383,9 @@ def check(args: argparse.Namespace) -> None:
         for run in (1, 2):
             simulate(compose, simulator, stats_path, run)
 
+        say("the node killed mid-run:")
+        kill_node_mid_run(compose, publisher(config, GATEWAY_PORT), simulator, stats_path)
+
         say("stop during a simulation:")
         stop_during_simulation(compose, simulator)
     finally:
@@ -326,7 +393,8 @@ def check(args: argparse.Namespace) -> None:
             say(f"left project {PROJECT} as it is (--keep): docker compose -p {PROJECT} --profile sim down -v")
         else:
             compose("down", "--volumes", "--remove-orphans", sim=True, check=False)
-            say(f"removed project {PROJECT}: containers, network, volumes")
+            sh("docker", "image", "rm", IMAGE, check=False)
+            say(f"removed project {PROJECT}: containers, network, volumes, its image")
 
 
 def main() -> None:

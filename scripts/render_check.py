@@ -7,12 +7,15 @@ changing scaler/report/, scaler/simulator/report.py or scaler/replay/page.py.
     .venv/bin/python scripts/render_check.py [--big ../shared/datasets/dataSet_3]
 
 It makes the pages from the smoke trace: an offline report (policy demo), the same run compared
-with policy histogram, a live report (a `scaler up` started here, at speed 5) and `scaler replay
---key K --html` of that live run's worst function. Each page is opened from disk with the network
-off (it must fetch nothing); it passes when every plot div holds a drawn plot and the screenshot is
-not blank (its pixels vary). It prints how long the first screen took to draw from navigation, and
-every figure (`#all`). One screenshot of each goes to docs/img/. With --big, it does the same for
-a dataset's offline page (its size, how long it takes to open).
+with policy histogram, a sweep's page (`--sweep DATASET_DIR`: of demo and fixed10 over three
+keep-alives, with every policy at its defaults), a live report (a `scaler up` started here, at speed
+5; `--no-live` leaves it out) and `scaler replay --key K --html` of that live run's worst function.
+Each page is opened from disk with the network off (it must fetch nothing but plotly.js, from the file
+beside it); it passes when every plot div holds a drawn plot, the screenshot is not blank (its pixels
+vary) and, on a page with lanes, zooming them re-bins them to the zoom and the rows below follow.
+It prints how long the first screen took to draw from navigation, and every figure (`#all`). One
+screenshot of each goes to docs/img/. With --big, it does the same for a dataset's offline page (its
+size, how long it takes to open).
 """
 
 import argparse
@@ -31,7 +34,10 @@ import time
 import zlib
 from pathlib import Path
 
+from scaler.report.draw import PLOTLY_JS
+
 ROOT = Path(__file__).resolve().parents[1]
+
 SMOKE = ROOT / "tests" / "fixtures" / "function_smoke_test"
 IMG = ROOT / "docs" / "img"
 SCALER = [sys.executable, "-m", "scaler"]
@@ -100,10 +106,12 @@ class Browser:
                 assert "error" not in reply, f"{method}: {reply['error']}"
                 return reply["result"]
 
-    def evaluate(self, expression: str):
-        return self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)["result"].get(
-            "value"
+    def evaluate(self, expression: str, wait: bool = False):
+        """The expression's value (with `wait`, the value its promise resolves to)."""
+        result = self.call(
+            "Runtime.evaluate", session=True, expression=expression, returnByValue=True, awaitPromise=wait
         )
+        return result["result"].get("value")
 
     def open(self, url: str, timeout_s: float = 120) -> float:
         """Navigate and wait until the page says its figures are drawn (data-drawn-ms); the seconds it took."""
@@ -163,6 +171,23 @@ def pixels(png: Path) -> list[int]:
     return grey
 
 
+# Zoom the first lanes figure to a tenth of its span: its columns must be re-binned to the zoom (its first
+# column inside the span, as many columns as before) and the figure it leads must show the same span.
+ZOOM = """(async () => {
+  const d = document.querySelector('div.plot[data-rebin]');
+  if (!d) return null;
+  const r = JSON.parse(document.getElementById(d.id + '-rebin').textContent);
+  const lo = r.origin + r.lo, hi = lo + (r.hi - r.lo) / 10, width = (hi - lo) / r.columns;
+  await Plotly.relayout(d, {'xaxis.range': [lo, hi]});
+  await new Promise((done) => setTimeout(done, 200));
+  const x = d.data[0].x, follower = document.getElementById(d.dataset.follow);
+  if (!(x[0] >= lo && x[0] <= lo + width)) return `first column at ${x[0]}, not in [${lo}, ${lo + width}]`;
+  if (x.length < r.columns - 1) return `${x.length} columns after the zoom`;
+  if (!follower || follower.layout.xaxis.autorange) return 'the instances below did not follow the zoom';
+  return 'ok';
+})()"""
+
+
 def check(name: str, page: Path, height: int = HEIGHT) -> None:
     """The page draws: every plot div holds a drawn plot, and its screenshot is not blank."""
     browser = Browser(height)
@@ -174,12 +199,15 @@ def check(name: str, page: Path, height: int = HEIGHT) -> None:
         fetched = browser.evaluate(
             "performance.getEntriesByType('resource').map((r) => r.name).filter((n) => !n.startsWith('data:'))"
         )
+        fetched = [url for url in fetched if url != (page.parent / PLOTLY_JS).as_uri()]  # plotly.js, beside it
         shot = IMG / f"{name}.png"  # of the page with every figure drawn (#all, as it is now)
         browser.screenshot(shot)
+        zoomed = browser.evaluate(ZOOM, wait=True)
     finally:
         browser.close()
     assert divs and drawn >= divs, f"{name}: {drawn} of {divs} plots drawn"
-    assert not fetched, f"{name}: the page fetched {fetched}"
+    assert not fetched, f"{name}: the page fetched {fetched} (only plotly.js beside it may be)"
+    assert zoomed in (None, "ok"), f"{name}: zooming the lanes: {zoomed}"
     spread = statistics.pstdev(pixels(shot))
     assert spread > 20, f"{name}: the screenshot is blank (grey level spread {spread:.1f})"
     print(
@@ -231,6 +259,8 @@ def live(tmp: Path) -> tuple[Path, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--big", metavar="DATASET_DIR", help="also measure this dataset's offline report")
+    parser.add_argument("--sweep", default=SMOKE, metavar="DATASET_DIR", help="the dataset of the sweep page")
+    parser.add_argument("--no-live", action="store_true", help="leave out the live run and its replay page")
     parser.add_argument("--policy", default="learned", help="the policy of the --big run (default learned)")
     args = parser.parse_args()
     IMG.mkdir(parents=True, exist_ok=True)
@@ -243,9 +273,19 @@ def main() -> None:
         compared = tmp / "compare.html"
         scaler("simulate", SMOKE, "--offline", "--policy", "histogram", "--report", compared, "--compare", demo_run)
         check("compare", compared, height=2600)  # down to the first function, side by side
-        live_page, replayed = live(tmp)
-        check("live", live_page)
-        check("replay", replayed)
+        swept = tmp / "sweep.html"
+        started = time.perf_counter()
+        done = scaler(
+            "sweep", args.sweep, "--policy", "demo", "--policy", "fixed10", "--vary", "keep_alive_ms=1min,10min,1h",
+            "--compare", "--db", tmp / "runs.sqlite", "--page", swept, timeout=3600,
+        )  # fmt: skip
+        print(done.stdout.rstrip())
+        print(f"sweep of {args.sweep}: {time.perf_counter() - started:.0f}s")
+        check("sweep", swept, height=1400)
+        if not args.no_live:
+            live_page, replayed = live(tmp)
+            check("live", live_page)
+            check("replay", replayed)
         if args.big:
             big = tmp / "big.html"
             started = time.perf_counter()

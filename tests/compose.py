@@ -189,8 +189,9 @@ def listen_ports(name: str, service: dict) -> set[int]:
     """Where a service accepts connections: its component's --listen, or what compose says it exposes."""
     exposed = {int(p) for p in service.get("expose", [])}
     if is_ours(service):
-        listen = getattr(parse(name, service).args, "listen", None)
-        return exposed | ({port_of(listen)} if listen else set())
+        args = parse(name, service).args
+        listen, metrics = getattr(args, "listen", None), getattr(args, "metrics_port", None)
+        return exposed | ({port_of(listen)} if listen else set()) | ({metrics} if metrics else set())
     return exposed
 
 

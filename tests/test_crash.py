@@ -20,7 +20,8 @@ import pytest
 
 from scaler import replay
 from scaler.controller.core.state import Phase
-from scaler.platform_stub.server import PlatformStub
+from scaler.controller.leases import LEASES, bucket, holders
+from scaler.platform_stub.server import MODES, PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.events import Assigned, Released
@@ -28,7 +29,7 @@ from scaler.runtime.bus import connected
 from scaler.runtime.natsd import NatsServer
 from scaler.simulator.dataset import FunctionMeta, load_dataset
 from tests.nemesis import Link
-from tests.processes import Call, Driver, Parts, TraceCallers, overlaps, settled
+from tests.processes import Call, Driver, Parts, TraceCallers, controller_state, overlaps, settled, slots_of
 from tests.stack import eventually
 
 
@@ -146,6 +147,37 @@ async def test_platform_worker_killed_mid_call(tmp_path, stub, during):
             # second would fail), was replaced and destroyed.
             assert stub.accounting.created == 2 and stub.accounting.inits == (2 if in_init else 1)
             await check_the_log(nats.url, Driver(parts.gateway, calls=[Call("r1", key, reply.assigment.instance_id)]))
+
+
+@pytest.mark.parametrize("mode", ["kind", "dedupe", "list", "bare"])
+async def test_a_worker_killed_during_create_slot_leaks_nothing_where_the_platform_promises_it(tmp_path, mode):
+    """docs/faults.md, "What the platform must do": a platform that dedupes request ids answers the repeated
+    CreateSlot with the slot the dead worker's call made; one that lists its slots has it reconciled and
+    destroyed; one that does neither (`bare`) keeps it, and nothing names it. (One that tears a vanished
+    CreateSlot down is the challenge's: test_platform_worker_killed_mid_call.)"""
+    stub = PlatformStub("127.0.0.1:0", create_latency_ms=1000, mode=MODES[mode])
+    await stub.start()
+    reconcile = ("--reconcile-every", "1", "--reconcile-grace", "3")  # above CreateSlot's 1 s
+    try:
+        async with NatsServer(tmp_path / "nats") as nats:
+            async with Parts(nats.url, f"127.0.0.1:{stub.port}", worker_args=reconcile) as parts:
+                pending = asyncio.create_task(assign(parts.gateway, "r1"))
+                await eventually(lambda: any(not r.created_done_ms for r in stub.accounting.live.values()))
+                await parts.kill("platform_worker")
+                await parts.start("platform_worker")
+                reply = await pending
+                assert stub.accounting.created == (1 if MODES[mode].dedupes else 2)
+                if mode == "bare":
+                    states = (await controller_state(nats.url)).states
+                    leaked = set(stub.accounting.live) - slots_of(states)
+                    assert [stub.accounting.live[s].request_id.split("@")[0] for s in leaked] == ["fa-1"], leaked
+                    return
+                states = await settled(nats.url, stub)  # no slot leaked: the platform's are exactly the state's
+                assert set(stub.accounting.live) == {states["fa"].instances["fa-1"].slot_id}
+                calls = [Call("r1", "fa", reply.assigment.instance_id)]
+                await check_the_log(nats.url, Driver(parts.gateway, calls=calls))
+    finally:
+        await stub.stop()
 
 
 class SlowDestroy(PlatformStub):
@@ -379,3 +411,24 @@ async def test_node_killed_between_an_idles_answer_and_its_storage(tmp_path, stu
             assert not any(t.startswith("idle:r1") for t in told), f"the lost release was stored after all: {told}"
             released = [t for t in told if t.endswith((": Released", ": InstanceRetired"))]
             assert len(released) == 2 and all(t.startswith(("tick", "plan", "reconcile")) for t in released), told
+
+
+async def test_a_node_killed_and_started_again_under_its_name_serves_before_its_leases_could_lapse(tmp_path, stub):
+    """With `--node-dir` (as `scaler up --data-dir` gives it) a restarted node takes its dead incarnation's leases
+    back at once. The leases here last 60 s, so a node that waited for them to lapse would serve nothing for that
+    long."""
+    async with NatsServer(tmp_path / "nats") as nats:
+        async with connected(nats.url, "test") as nc:
+            await bucket(nc.jetstream(), LEASES, ttl_s=60, replicas=1)
+        args = ("--node-dir", str(tmp_path / "node"))
+        async with Parts(nats.url, f"127.0.0.1:{stub.port}", node_args=args) as parts:
+            name = (tmp_path / "node" / "name").read_text().strip()
+            await assign(parts.gateway, "r1", attempts=20)
+            await parts.kill("node")
+            await parts.start("node")
+            reply = await assign(parts.gateway, "r2", attempts=40)  # served within the 10 s of its repeats
+            async with connected(nats.url, "test") as nc:
+                assert set((await holders(nc.jetstream())).values()) == {name}
+            await settled(nats.url, stub)
+            calls = [Call("r1", "fa"), Call("r2", "fa", reply.assigment.instance_id)]
+            await check_the_log(nats.url, Driver(parts.gateway, calls=calls))

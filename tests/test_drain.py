@@ -26,16 +26,20 @@ async def test_a_drained_node_hands_its_partitions_over_and_refuses_nothing(nats
         await leaving.start()
         await shared_between(nats_url, 2)
         staying_load = Driver(f"127.0.0.1:{stack.gateway.port}", keys=KEYS, clients=6, tag="s")
-        # The leaving node's callers hold each instance a while: at the stop some are mid-request, and their
-        # Idle goes to the leaving node during its drain, or after it handed every partition over.
-        leaving_load = Driver(f"127.0.0.1:{gateway.port}", keys=KEYS, clients=6, tag="l", hold_s=1.5)
+        # The leaving node's callers hold each instance a while: at the stop some are mid-request, and they
+        # hold it until the leaving node handed every partition over; their Idle then goes to it.
+        handed = asyncio.Event()
+        leaving_load = Driver(f"127.0.0.1:{gateway.port}", keys=KEYS, clients=6, tag="l", hold_s=0.5, release=handed)
         handed_at: list[float] = []
         drain = b.drain
 
         async def timed_drain() -> str:
-            said = await drain()
-            handed_at.append(time.monotonic())
-            return said
+            try:
+                said = await drain()
+                handed_at.append(time.monotonic())
+                return said
+            finally:
+                handed.set()
 
         b.drain = timed_drain
         loads = [asyncio.create_task(d.run()) for d in (staying_load, leaving_load)]
@@ -43,6 +47,8 @@ async def test_a_drained_node_hands_its_partitions_over_and_refuses_nothing(nats
             lambda: all({c.key for c in d.calls if c.idle_at} == set(KEYS) for d in (staying_load, leaving_load)), 30
         )
         loaded = a.loaded_batches
+        # Stopped while a caller holds an instance (no await in between: it still holds it at the stop).
+        await eventually(lambda: any(c.got_at and not c.idle_at for c in leaving_load.calls), 30)
         leaving_load.stop()  # its callers send no new Assign (as a load balancer stops routing to it)
         await leaving.stop()  # SIGTERM's way: drain, then the gateway and the controller stop
         await eventually(lambda: a.serving == set(range(PARTITIONS)), 30)

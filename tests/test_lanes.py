@@ -5,12 +5,18 @@ import asyncio
 
 import grpc
 
+from scaler.controller.admission import Admission
 from scaler.controller.core.state import Phase
-from scaler.controller.ledger import PLAN
+from scaler.controller.lanes import Lanes, Told
+from scaler.controller.ledger import PLAN, Ledger
+from scaler.controller.replies import Replies
+from scaler.controller.timers import Timers
 from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto.commands import Idle, SlotDestroyed, Tick
 from scaler.proto.events import Assigned, Released, decode_batch
 from scaler.proto.subjects import function_events
 from scaler.runtime.bus import Unavailable, connected
+from scaler.runtime.clock import Clock
 from scaler.store import stream
 from tests.stack import Stack, eventually
 
@@ -133,3 +139,47 @@ async def test_a_call_the_node_cannot_store_is_refused_unavailable_and_nothing_i
             assert e.code() is grpc.StatusCode.UNAVAILABLE
         else:
             raise AssertionError("an Assign was answered although nothing could be stored")
+
+
+class Unstorable:
+    """A lane that answers its group's Idles at once, then can store nothing: the store away."""
+
+    def __init__(self) -> None:
+        self.ledger = Ledger()
+        self.clock = Clock()
+
+    async def commit(self, key, cmds, told):
+        told.update(c.reply_to for c in cmds if isinstance(c, Idle))
+        raise Unavailable("event store unavailable: held by the test")
+
+    async def plan(self, key):
+        pass
+
+
+class Everything:
+    """Partitions that serve every function, always."""
+
+    def check(self, p):
+        pass
+
+    def serves(self, key):
+        return True
+
+    def entered(self, p):
+        pass
+
+    def left(self, p):
+        pass
+
+
+async def test_in_a_group_nothing_of_which_was_stored_an_idle_already_answered_is_told_so():
+    """The Idle's caller was answered: its outcome says so (Told: stored behind it by the door), whatever else is in
+    its group (the node's own Tick, a worker's report: commands with no caller to tell)."""
+    lane = Unstorable()
+    lanes = Lanes(lane, Replies(), Timers(lane.clock, lambda key, due: None), Admission(), Everything(), None, None)
+    idle = lanes.submit(Idle(key="fn", request_id="r1", instance_id="fn-1", reply_to="caller"))
+    tick = lanes.submit(Tick(key="fn", due_ms=0))
+    report = lanes.submit(SlotDestroyed(key="fn", instance_id="fn-2", slot_id="s-2"))
+    await asyncio.wait({idle, tick, report})
+    assert isinstance(idle.exception(), Told)
+    assert type(tick.exception()) is Unavailable and type(report.exception()) is Unavailable

@@ -47,3 +47,52 @@ async def test_a_partition_dropped_and_taken_again_is_loaded_only_once_its_relea
         await dropping
         await eventually(lambda: p in c.serving and not c.partitions.loading, 10)
         assert c.ledger.states.get("fn") == before, "the partition is served with its function's state"
+
+
+async def test_a_node_restarted_under_its_name_takes_its_leases_back_and_fences_its_earlier_self(nats_url):
+    """An incarnation that died holding leases (no stop, no release) leaves them until they lapse; the next one
+    under the same name, which holds the name alone (runtime/identity.py), takes them back in its first round,
+    by a compare-and-set on their revision: the earlier one, were it somehow alive, can renew none of them and
+    confirms none for a snapshot. A lease another node holds is left to it."""
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        other = Leases(js, "n2", nothing, nothing, ttl_s=60)
+        await other.start()  # alone: all 32
+        await other.give_back(list(range(PARTITIONS // 2, PARTITIONS)))
+        dead = Leases(js, "n1", nothing, nothing, ttl_s=60, reclaim=True)
+        await dead.start()
+        assert sorted(dead.held) == list(range(PARTITIONS // 2, PARTITIONS))
+        await dead._stop_rounds()  # it dies: its leases stay until their TTL (60 s here)
+        gained: list[int] = []
+
+        async def loaded(partitions: list[int]) -> None:
+            gained.extend(partitions)
+
+        again = Leases(js, "n1", loaded, nothing, ttl_s=60, reclaim=True)
+        await again.start()
+        try:
+            assert sorted(again.held) == sorted(gained) == list(range(PARTITIONS // 2, PARTITIONS))
+            held = await holders(js)
+            assert {p for p, n in held.items() if n == "n2"} == set(range(PARTITIONS // 2))
+            p = PARTITIONS - 1
+            assert not await dead.confirm(p), "the earlier incarnation's revision is stale"
+            assert not await dead._renew_one(p)
+            assert await again.confirm(p)
+        finally:
+            await again.stop()
+            await other.stop()
+
+
+async def test_without_its_name_held_a_node_waits_for_its_leases_to_lapse(nats_url):
+    """The same restart without `reclaim` (a name not known to be held by this process alone) takes nothing."""
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        dead = Leases(js, "n1", nothing, nothing, ttl_s=60)
+        await dead.start()
+        await dead._stop_rounds()
+        again = Leases(js, "n1", nothing, nothing, ttl_s=60)
+        await again.start()
+        try:
+            assert again.held == {}
+        finally:
+            await again.stop()

@@ -10,6 +10,7 @@ import os
 import re
 import time
 import urllib.request
+from pathlib import Path
 
 import nats
 import pytest
@@ -50,14 +51,27 @@ def image_problem(image: str) -> str | None:
     return None
 
 
+def with_configs(container, compose: dict, service: dict, folder: Path):
+    """The files compose mounts from its `configs` (an inline `content`, or a `file`), bind-mounted read-only
+    where the service reads them: a local engine sees this machine's folders."""
+    for ref in service.get("configs", []):
+        config = compose["configs"][ref["source"]]
+        host = folder / ref["source"]
+        host.write_bytes(config["content"].encode() if "content" in config else Path(config["file"]).read_bytes())
+        host.chmod(0o644)
+        container = container.with_volume_mapping(str(host), ref["target"], "ro")
+    return container
+
+
 @pytest.fixture(scope="module")
-def nats_container():
+def nats_container(tmp_path_factory):
     if problem := docker_problem():
         pytest.skip(f"no Docker engine reachable ({problem}): these rules run only on the embedded nats-server")
     from testcontainers.core.config import testcontainers_config
     from testcontainers.core.container import DockerContainer
 
-    service = c.load(os.environ)["services"]["nats"]  # the image compose would run here
+    compose = c.load(os.environ)
+    service = compose["services"]["nats"]  # the image and command compose would run here, with its config
     images = [service["image"]] + ([] if testcontainers_config.ryuk_disabled else [testcontainers_config.ryuk_image])
     if problems := [p for p in map(image_problem, images) if p]:
         pytest.skip(f"{'; '.join(problems)}: these rules run only on the embedded nats-server")
@@ -65,6 +79,7 @@ def nats_container():
     monitor = int(re.search(r":(\d+)/", url).group(1))
     (client,) = c.listen_ports("nats", service)
     container = DockerContainer(service["image"]).with_command(service["command"])
+    container = with_configs(container, compose, service, tmp_path_factory.mktemp("nats-configs"))
     try:  # stopped (and removed) even when it fails to start or to become healthy
         container.with_exposed_ports(client, monitor).start()
         host = container.get_container_host_ip()

@@ -24,6 +24,7 @@ LAYERS = {
     "scaler.simulator": 4,
     "scaler.report": 4,
     "scaler.replay": 4,
+    "scaler.traces": 4,
     "scaler.cli": 4,
     "scaler.__main__": 4,
     "bench": 4,

@@ -16,7 +16,9 @@ from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.runtime.faults import LastingFault
 from scaler.runtime.ports import free_port
 from scaler.simulator.dataset import FunctionMeta
-from tests.stack import eventually
+from scaler.workers import effects
+from scaler.workers import platform as platform_worker
+from tests.stack import Stack, eventually
 from tests.test_up import Log, start_up
 
 
@@ -94,7 +96,9 @@ async def test_a_platform_refusing_every_destroy_is_one_line_not_one_per_retry()
 
 
 async def test_ctrl_c_while_the_platform_is_at_work_is_prompt_and_quiet():
-    slow = FunctionMeta(key="slow", runtime="python", memory_in_mb=128, init_duration_in_ms=30_000)
+    # An Init that never ends: a part waiting for it would wait out stopped()'s 30 s, one killed at its stop
+    # timeout is a WARNING.
+    slow = FunctionMeta(key="slow", runtime="python", memory_in_mb=128, init_duration_in_ms=3_600_000)
     platform = Platform("127.0.0.1:0", {"slow": slow})
     await platform.start()
     proc, address, lines = await start_up("--platform", f"127.0.0.1:{platform.port}")
@@ -103,14 +107,39 @@ async def test_ctrl_c_while_the_platform_is_at_work_is_prompt_and_quiet():
     try:
         await eventually(lambda: platform.accounting.live, seconds=20)  # CreateSlot done, Init under way
         await asyncio.sleep(0.5)
-        code, err, took = await stopped(proc, log)
+        code, err, _ = await stopped(proc, log)
+        initialising = [s for s in platform.accounting.slots.values() if not s.ready_ms]
     finally:
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
         await platform.stop()
     assert code == 0, err
     assert "ERROR" not in err and "WARNING" not in err and "Traceback" not in err, err
-    assert took < 8, err  # no part waited out its stop timeout
+    assert len(initialising) == 1, "stopped while the Init was still under way"
+
+
+async def test_a_platform_gone_is_one_line_for_both_workers_saying_what_to_do(nats_url, caplog, monkeypatch):
+    """A simulator's platform goes when its run ends, and the scaler left running still has calls for it: the
+    platform worker's CreateSlot, the gc worker's DestroySlot, each batch redelivered. One line says so."""
+    monkeypatch.setattr(effects, "RETRY_S", 0.2)  # a failed batch comes back soon, for more failures
+    caplog.set_level(logging.WARNING, logger="scaler.effects")
+    async with Stack(nats_url) as stack:
+        for worker in (stack.platform_worker, stack.gc_worker):
+            worker.patience_s = 0.3
+        first = await stack.assign("r1", key="a")
+        platform = f"127.0.0.1:{stack.stub.port}"
+        await stack.stub.stop()
+        await stack.idle(first, need_destroy=True)  # DestroySlot, for the gc worker
+        creating = asyncio.create_task(stack.assign("r2", key="b"))  # CreateSlot, for the platform worker
+        try:
+            await eventually(lambda: effects.away(platform).count >= 6, 30)
+        finally:
+            creating.cancel()
+            await asyncio.gather(creating, return_exceptions=True)
+    said = [r.getMessage() for r in caplog.records if r.name == "scaler.effects"]
+    assert len(said) == 1, "\n".join(said)
+    assert said[0].startswith(f"the platform at {platform} does not answer (Connection refused): "), said
+    assert "A simulator's platform goes when its run ends: then stop this scaler" in said[0]
 
 
 def test_a_lasting_fault_is_summed_up_ever_more_rarely(caplog):
@@ -126,3 +155,26 @@ def test_a_lasting_fault_is_summed_up_ever_more_rarely(caplog):
     now[0] = 3600
     fault.ended()
     assert caplog.records[-1].getMessage() == "gc worker: working again after 720 failures over 60 min"
+
+
+async def test_reports_nobody_stores_are_one_line_per_outage_not_a_traceback_per_batch(nats_url, caplog, monkeypatch):
+    """No controller serves a function's partition (all nodes down, or a take-over that takes long): the platform
+    worker's report of a slot finds nobody, batch after batch. That is an expected condition: one line, no
+    traceback, and a line when reports are stored again."""
+    monkeypatch.setattr(effects, "REPORT_PATIENCE_S", 0.3)
+    monkeypatch.setattr(platform_worker, "REPORT_PATIENCE_S", 0.3)
+    monkeypatch.setattr(effects, "RETRY_S", 0.1)
+    caplog.set_level(logging.WARNING)
+    async with Stack(nats_url, create_latency_ms=1500) as stack:
+        assigning = asyncio.create_task(stack.assign("r1"))
+        await eventually(lambda: stack.stub.accounting.live)  # CreateSlot under way: its report comes next
+        await stack.controller.stop()
+        stack.parts.remove(stack.controller)
+        tries = lambda: sum("no answer on cmd." in r.getMessage() for r in caplog.records)  # noqa: E731
+        await eventually(lambda: tries() >= 4, seconds=30)  # the batch failed and came back three times
+        assigning.cancel()
+        await asyncio.gather(assigning, return_exceptions=True)
+    worker = [r for r in caplog.records if r.name.startswith(("scaler.effects", "scaler.platform_worker"))]
+    assert [r.getMessage() for r in worker if r.exc_info] == []
+    assert len([r for r in worker if r.levelno >= logging.ERROR]) == 1, [r.getMessage() for r in worker]
+    assert "nobody stored its report" in worker[0].getMessage(), worker[0].getMessage()

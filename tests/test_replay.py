@@ -4,6 +4,7 @@ import asyncio
 import io
 import re
 import signal
+import sqlite3
 import sys
 
 import msgspec
@@ -20,6 +21,7 @@ from scaler.proto.subjects import event_subject, partition
 from scaler.replay import explain
 from scaler.runtime.bus import Unavailable, connected
 from scaler.runtime.natsd import NatsServer
+from scaler.runtime.ports import free_port
 from scaler.store import stream
 from scaler.store.config import ensure_stream
 from tests.stack import Stack
@@ -44,6 +46,7 @@ async def scaler_replay(*args: str) -> tuple[int, str, str]:
 async def traffic(stack: Stack) -> None:
     first = await stack.assign("r1")
     await stack.idle(first)
+    await stack.settled()  # its release stored, and the plan after it: a keep-alive
     second = await stack.assign("r2")  # reuses fn-1
     third = await stack.assign("r3")  # cold-starts fn-2
     await stack.idle(third, need_destroy=True)
@@ -219,27 +222,29 @@ def test_a_request_left_waiting_reads_as_words():
     assert explain.event(waiting) == f"r1 waits for a busy instance, served about 00:00:00.123 ({why})"
 
 
-async def test_replay_finds_the_nats_of_the_running_scaler_up(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # this test's scaler ups alone, not the machine's
-    code, _, err = await scaler_replay()
-    assert code == 2 and "no running `scaler up` found" in err and "pass --nats URL" in err
-    proc, address, _ = await start_up()
+async def test_replay_reads_the_nats_the_node_it_is_given_says_it_uses():
+    """Two `scaler up`s side by side: each replay reads the one whose gateway it names."""
+    first, first_address, _ = await start_up()
+    second, second_address, _ = await start_up()
     try:
-        await assign_and_idle(address, "r1")
-        code, out, err = await scaler_replay("--key", "hello")
+        await assign_and_idle(first_address, "r1")
+        code, out, err = await scaler_replay("--gateway", first_address, "--key", "hello")
         assert code == 0, err
         assert "assign:r1 → function seen: 128 MB python" in out
         assert re.search(r"\n1 function from \d+ batches, ", out), out  # not "1 functions"
+        code, out, err = await scaler_replay("--gateway", second_address)
+        assert code == 0, err
+        assert "assign:r1" not in out and "0 functions" in out, out
     finally:
-        code, rest = await stop(proc)
-    assert code == 0, rest
-    assert list((tmp_path / "scaler").iterdir()) == []  # its record went with it
-    killed, _, _ = await start_up()
-    killed.kill()  # leaves its record behind, naming a process that is gone
-    await killed.wait()
-    code, _, err = await scaler_replay()
-    assert code == 2 and "no running `scaler up` found" in err
-    assert list((tmp_path / "scaler").iterdir()) == []
+        for proc in (first, second):
+            code, rest = await stop(proc)
+            assert code == 0, rest
+    nobody = f"127.0.0.1:{free_port()}"
+    code, _, err = await scaler_replay("--gateway", nobody)
+    assert code == 2 and err == (
+        f"scaler replay: no scaler answers at {nobody} (waited 5s): pass --gateway HOST:PORT (the gRPC address"
+        " `scaler up` said), or --nats URL\n"
+    ), err
 
 
 async def test_a_read_that_hears_nothing_more_gives_up_instead_of_waiting_forever(tmp_path, monkeypatch):
@@ -275,3 +280,28 @@ async def eventually_stored(js, count: int) -> None:
             if (await js.stream_info("EVENTS")).state.messages >= count:
                 return
             await asyncio.sleep(0.05)
+
+
+async def test_replay_writes_every_decision_with_its_reason_to_sqlite(nats_url, tmp_path):
+    async with Stack(nats_url) as stack:
+        await traffic(stack)
+        db = tmp_path / "runs.sqlite"
+        code, _, err = await scaler_replay("--nats", nats_url, "--sqlite", str(db))
+        assert code == 0, err
+        again, _, _ = await scaler_replay("--nats", nats_url, "--sqlite", str(db))  # replaces, does not double
+    assert again == 0 and "of the decisions replayed to" in err
+    rows = sqlite3.connect(db).execute(
+        "SELECT seq, key, cause, event, instance_id, request_id, reason, text FROM decisions ORDER BY seq, decision, n"
+    )
+    rows = rows.fetchall()
+    starts = [r for r in rows if r[3] == "SlotWanted"]
+    assert [(r[1], r[2], r[4], r[5]) for r in starts] == [
+        ("fn", "assign:r1", "fn-1", "r1"),
+        ("fn", "assign:r3", "fn-2", "r3"),
+    ]
+    assert all(r[6] and r[6] in r[7] for r in starts)  # the policy's reason, also in the words
+    kept = [r for r in rows if r[3] == "KeptAlive"]
+    assert kept and all(r[6] for r in kept)
+    retired = [r for r in rows if r[3] == "InstanceRetired"]
+    assert [(r[4], r[6]) for r in retired] == [("fn-2", "need_destroy")]
+    assert len(rows) == len(set((r[0], r[7]) for r in rows))  # one row per event, none doubled

@@ -17,6 +17,7 @@ import pytest
 
 from scaler import replay
 from scaler.report import draw
+from scaler.report.draw import PLOTLY_JS
 from scaler.report.timeline import Life, Timeline
 from scaler.runtime.bus import connected
 from scaler.runtime.ports import free_port
@@ -60,10 +61,13 @@ def figures(page: str) -> list[dict]:
     return [json.loads(f)["data"] for f in found]
 
 
-def assert_self_contained(page: str) -> Resources:
+def assert_self_contained(page: str, folder: Path | None = None) -> Resources:
+    """It fetches nothing but plotly.js, from the file beside it (which `folder` holds, whole)."""
     r = parsed(page)
-    assert r.fetched == [], f"the page fetches {r.fetched}"
-    assert page.count(plotly.offline.get_plotlyjs()) == 1  # plotly.js inlined, once
+    assert r.fetched == [PLOTLY_JS], f"the page fetches {r.fetched}"
+    assert plotly.offline.get_plotlyjs()[:2000] not in page  # not inlined
+    if folder is not None:
+        assert (folder / PLOTLY_JS).read_text() == plotly.offline.get_plotlyjs()
     assert r.plots and len(figures(page)) == len(r.plots), "a figure without its data, or none"
     return r
 
@@ -74,8 +78,13 @@ def test_an_offline_report_is_self_contained_and_holds_the_run(tmp_path, capsys)
         capsys, SMOKE, "--offline", "--policy", "demo", "--report", html, "--save-run", saved, "--json", stats
     )
     assert code == 0, err
+    assert err.splitlines() == [
+        f"scaler simulate: the statistics written to {stats}",
+        f"scaler simulate: the run (for --compare) written to {saved}",
+        f"scaler simulate: the report written to {html}",
+    ]
     page, run, printed = html.read_text(), report.load(saved.read_bytes()), json.loads(stats.read_text())
-    r = assert_self_contained(page)
+    r = assert_self_contained(page, tmp_path)
     # The score and its two halves, as the statistics say them.
     for name in ("score", "resourceUsageScore", "coldStartScore"):
         assert f"{printed[name]:.2f}" in page
@@ -85,8 +94,8 @@ def test_an_offline_report_is_self_contained_and_holds_the_run(tmp_path, capsys)
     assert worst == [f["key"] for f in printed["functions"][: report.DRAWN]]
     for key in worst:
         assert f"{key}: instances and waits" in page and f"{key}: gaps against keep-alives" in page
-    # Overview (2) + score + per function: timeline and gaps.
-    assert len(r.plots) == 3 + 2 * len(worst)
+    # Overview (2) + score + per function: lanes, timeline and gaps.
+    assert len(r.plots) == 3 + 3 * len(worst)
     # What the timelines hold is what the run counted: one instance per slot, one busy spell per request.
     lives = [i for t in run.timelines for i in t.instances]
     assert len(lives) == run.stats.total_live_slot_count
@@ -94,8 +103,9 @@ def test_an_offline_report_is_self_contained_and_holds_the_run(tmp_path, capsys)
     assert sum(w.cold for t in run.timelines for w in t.waits) == run.stats.cold_starts  # demo: one per miss
     # The worst function's cold starts are drawn where they happened, with the policy's reason.
     first = run.timeline(worst[0])
-    drawn = next(fig for fig in figures(page) if any(t.get("name") == "cold start (reason on hover)" for t in fig))
-    cold = next(t for t in drawn if t["name"] == "cold start (reason on hover)")
+    started = "started for a waiting request (reason on hover)"
+    drawn = next(fig for fig in figures(page) if any(t.get("name") == started for t in fig))
+    cold = next(t for t in drawn if t["name"] == started)
     assert len(cold["x"]) == sum(i.cold for i in first.instances)
     assert "fixed keep-alive 300s" in page and all(i.reason in page for i in first.instances)
 
@@ -112,7 +122,7 @@ def test_a_report_compares_two_runs_on_the_same_functions(tmp_path, capsys):
     assert "function_smoke_test: offline, policy histogram vs function_smoke_test: offline, policy demo" in page
     assert f"{other.stats.score:.2f}" in page
     # Each function drawn twice, side by side: this run's timeline and the other's.
-    assert page.count('<div class="side">') == 2 * report.DRAWN
+    assert page.count('<div class="side">') == 3 * report.DRAWN  # lanes, timeline, gaps: each side by side
     assert page.count("function_smoke_test: offline, policy demo: gaps") == 0  # titled by run, not by function
     assert "has no timeline of" not in page
 
@@ -166,12 +176,11 @@ async def test_a_live_report_reads_the_reasons_back_from_the_scalers_stream(tmp_
     folder, page_path, saved = gentle(tmp_path / "g"), tmp_path / "live.html", tmp_path / "live.json"
     platform = f"127.0.0.1:{free_port()}"
     up = ("--platform", platform, "--speed", "100", "--policy", "demo", "--data-dir", str(tmp_path / "up"))
-    proc, gateway, lines = await start_up(*up)
-    nats = re.search(r" nats (nats://\S+)", lines[-1]).group(1)
-    try:
+    proc, gateway, _ = await start_up(*up)
+    try:  # its events read on the NATS the scaler it drove says it uses
         simulator = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "scaler", "simulate", str(folder), "--gateway", gateway),
-            *("--platform-listen", platform, "--speed", "100", "--nats", nats),
+            *("--platform-listen", platform, "--speed", "100"),
             *("--report", str(page_path), "--save-run", str(saved)),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -217,3 +226,78 @@ async def test_a_replay_from_a_snapshot_draws_the_instances_the_snapshot_held(na
     assert {i.id for i in t.instances} == set(held)  # the one it has had all along, from the snapshot
     life = next(i for i in t.instances if i.reason == "alive at the snapshot")
     assert [r for _, _, r in life.busy][-2:] == ["late0", "late1"] and all(end for _, end, _ in life.busy)
+
+
+def test_lanes_are_the_instances_states_per_column_and_add_up_to_those_alive():
+    life = Life(id="i", wanted_ms=0, created_ms=100, ready_ms=1_000, busy=[(1_000, 3_000, "r1"), (6_000, 7_000, "r2")])
+    gone = Life(id="j", wanted_ms=2_000, created_ms=2_100, ready_ms=2_500, retired_ms=4_000, gone_ms=4_500)
+    t = Timeline(key="f", instances=[life, gone])
+    fig, rebin = draw.lanes_figure(t, end_ms=10_000)
+    by_state = {trace.name: list(trace.y) for trace in fig.data}
+    width = 10_000 / draw.COLUMNS
+    # Over the whole run each state's counts, times the column width, are its instance-ms.
+    spent = {name: sum(y) * width for name, y in by_state.items()}
+    assert spent["starting"] == pytest.approx(1_000 + 500)
+    assert spent["busy"] == pytest.approx(2_000 + 1_000)
+    assert spent["idle"] == pytest.approx(3_000 + 3_000 + 1_500)  # i: 3-6 s and 7-10 s; j: 2.5-4 s
+    assert spent["retiring"] == pytest.approx(500)
+    alive = [sum(column) for column in zip(*by_state.values(), strict=True)]
+    assert max(alive) == pytest.approx(2) and alive[-1] == pytest.approx(1)
+    assert rebin["states"]["busy"] == [1_000, 2_000, 5_000, 1_000]  # what the page re-bins on zoom: by start,
+    assert rebin["states"]["retiring"] == [4_000, 500]  # each as (start - the one before, length)
+
+
+def test_binning_never_stalls_on_an_edge_a_float_cannot_hold():
+    width = 10_000 / 3  # 3333.33...: a bin's edge is not a float the interval's end meets exactly
+    assert draw.binned([(0, 10_000), (3_333, 6_667)], 0, width, 3) == pytest.approx(
+        [1.0 + 0.0003, 2.0, 1.0 + 0.0001], abs=1e-3
+    )
+
+
+def test_reasons_keep_their_numbers_as_ranges():
+    counted = report._counted(
+        ["keep-alive 12s (p99 30 s)", "keep-alive 310s (p99 30 s)", "fixed 5s", "keep-alive 40s (p99 30 s)"]
+    )
+    assert counted == ["keep-alive 12-310s (p99 30 s) x3", "fixed 5s x1"]
+    assert report._counted(["", ""]) == ["(no reason given) x2"]
+
+
+def test_a_comparison_measures_both_runs_lost_score_against_one_baseline(tmp_path, capsys):
+    demo, page_path = tmp_path / "demo.json", tmp_path / "learned.html"
+    assert simulate_cli(capsys, SMOKE, "--offline", "--policy", "demo", "--save-run", demo)[0] == 0
+    mine = tmp_path / "learned.json"
+    code, _, _ = simulate_cli(
+        capsys, SMOKE, "--offline", "--policy", "learned", "--report", page_path, "--compare", demo, "--save-run", mine
+    )
+    assert code == 0
+    base, run, page = report.load(demo.read_bytes()), report.load(mine.read_bytes()), page_path.read_text()
+    assert "both measured against the totals of function_smoke_test: offline, policy demo" in page
+    worst = run.functions[0]
+    against = worst.lost_against(base.stats)
+    assert against != pytest.approx(worst.lost_score)  # its own totals would say another figure
+    assert f"{worst.key}: lost {against:.3f} points against the baseline" in page
+    theirs = next(f for f in base.functions if f.key == worst.key)
+    assert theirs.lost_against(base.stats) == pytest.approx(theirs.lost_score)  # the baseline's own, unchanged
+
+
+def test_one_cold_start_count_on_the_page(tmp_path, capsys):
+    html, saved = tmp_path / "run.html", tmp_path / "run.json"
+    assert (
+        simulate_cli(capsys, SMOKE, "--offline", "--policy", "learned", "--report", html, "--save-run", saved)[0] == 0
+    )
+    run, page = report.load(saved.read_bytes()), html.read_text()
+    for f in run.functions:  # the function's cold starts, its timeline's waits for a start: the same requests
+        t = run.timeline(f.key)
+        assert sum(w.cold for w in t.waits) == f.cold_starts
+    worst = run.functions[0]
+    assert f"{worst.cold_starts:,} cold starts ({worst.cold_start_rate:.1%})" in page
+    assert "Cold starts are requests that waited for an instance being started" in page
+
+
+def test_the_page_shows_the_papers_metrics(tmp_path, capsys):
+    html, stats = tmp_path / "run.html", tmp_path / "stats.json"
+    assert simulate_cli(capsys, SMOKE, "--offline", "--policy", "demo", "--report", html, "--json", stats)[0] == 0
+    printed, page = json.loads(stats.read_text()), html.read_text()
+    assert f"cold-start rate<b>{printed['coldStartRate']:.2%}</b>" in page
+    assert f"wasted memory GB·s<b>{printed['wastedMemoryTimeInGBs']:,.0f}</b>" in page
+    assert "wait p50 / p99 / max<b>" in page

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.policies import COLUMNS
 from scaler.cli import main
 from scaler.controller.core.policy import POLICIES, get_policy
 from scaler.platform_stub.server import PlatformStub, SlotRecord
@@ -38,6 +40,11 @@ STATS_FIELDS = {
     "resourceUsageScore",
     "coldStartScore",
     "score",
+    "coldStartRate",
+    "wastedMemoryTimeInGBs",
+    "waitP50InMs",
+    "waitP99InMs",
+    "waitMaxInMs",
 }
 
 
@@ -195,7 +202,10 @@ def test_offline_prints_and_writes_the_challenges_statistics(tmp_path, capsys):
     out_json = tmp_path / "stats.json"
     code, out, err = simulate_cli(capsys, SMOKE, "--offline", "--speed", "5", "--json", out_json)
     assert code == 0
-    assert err == "note: --speed is ignored: offline mode runs no scaler and no clock\n"
+    assert err == (
+        "note: --speed is ignored: offline mode runs no scaler and no clock\n"
+        f"scaler simulate: the statistics written to {out_json}\n"
+    )
     stats = json.loads(out_json.read_text())
     assert set(stats) == STATS_FIELDS | {"functions"}
     assert stats["totalRequestsCount"] == 980
@@ -262,15 +272,16 @@ def test_the_policy_bench_prints_a_row_per_policy_and_the_bound():
     args = ["--datasets-dir", str(SMOKE.parent), "--traces", SMOKE.name, "gen-oneoff", "--seeds", "0", "1"]
     result = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    table, summary = result.stdout.split("\n\n")
+    table, summary, papers = result.stdout.split("\n\n", 2)
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    score = COLUMNS.index("score")
     assert [(r[0].strip("| "), r[1]) for r in rows] == [
         (trace, policy)
         for trace in (SMOKE.name, "gen-oneoff/0", "gen-oneoff/1")
         for policy in (*POLICIES, "clairvoyant bound")
     ]
     assert {r[2] for r in rows} == {"100.00"}  # success %
-    assert rows[len(POLICIES)][-2] == "57.42"  # the bound of the smoke test
+    assert rows[len(POLICIES)][score] == "57.42"  # the bound of the smoke test
     # The summary: a row per trace and one for the shape's mean over its seeds, the bound beside each.
     lines = summary.splitlines()
     assert [line.split(" | ")[0].strip("| ") for line in lines[2:]] == [
@@ -280,3 +291,10 @@ def test_the_policy_bench_prints_a_row_per_policy_and_the_bound():
         "gen-oneoff mean of 2",
     ]
     assert lines[2].split(" | ")[len(POLICIES) + 1] == "57.42"
+    # Then each policy against fixed10 in the papers' terms, on each trace and the shape's mean.
+    heading, against = papers.split("\n\n")
+    assert heading == "Against fixed10, in the papers' terms: cold-start rate change / wasted memory time change"
+    learned = next(line for line in against.splitlines() if line.startswith("| learned against fixed10 |"))
+    smoke, mean = learned.strip("| \n").split(" | ")[1:]
+    assert re.fullmatch(r"[+-]\d+ % / [+-]\d+ %", smoke) and re.fullmatch(r"[+-]\d+ % / [+-]\d+ %", mean)
+    assert "fixed10 against fixed10" not in against

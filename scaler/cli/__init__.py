@@ -2,16 +2,21 @@
 
 import argparse
 import sys
+from importlib.metadata import version
 
 from scaler import replay
 from scaler.cli import admin, node, up
 from scaler.simulator import cli as simulate
+from scaler.simulator import sweep
+from scaler.traces import cli as trace
 
 SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-line help)
     "up": (up, "run the whole scaler on this machine"),
     "node": (node, "serve the gRPC Scaler service with the controller, in one process"),
     "replay": (replay, "rebuild the state from the event stream, show it or verify it"),
     "simulate": (simulate, "replay a dataset against the scaler and score it"),
+    "sweep": (sweep, "simulate a policy as its knobs move, on every core: the trade-off curve and its page"),
+    "trace": (trace, "convert the field's public traces (Azure 2019, 2021, Huawei) to datasets"),
     "functions": (admin.List, "list the functions the running nodes hold, with their instances by phase"),
     "instances": (admin.Instances, "a function's instances with their stats, from the node that owns it"),
     "restart": (admin.Restart, "restart a function's instances (idle ones now, busy ones when released), or one"),
@@ -39,6 +44,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scaler", description="An event-sourced autoscaler for serverless functions")
+    parser.add_argument("--version", action="version", version=f"scaler {version('scaler')}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help) in SUBCOMMANDS.items():
         module.add_arguments(sub.add_parser(name, help=help, description=module.__doc__, formatter_class=HelpFormatter))

@@ -21,13 +21,14 @@ from scaler.controller.leases import ranges
 from scaler.gateway import admin_key
 from scaler.gateway.admin import SERVICE, Answer, Ask
 from scaler.runtime import service, tls
+from scaler.runtime.ports import peer
 
 DEFAULT_GATEWAY = "127.0.0.1:9001"
 TIMEOUT_S = 60.0
 
 
 def add_gateway(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gateway", metavar="HOST:PORT", default=DEFAULT_GATEWAY, help="a node's gRPC address")
+    p.add_argument("--gateway", metavar="HOST:PORT", type=peer, default=DEFAULT_GATEWAY, help="a node's gRPC address")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     p.add_argument(
         "--admin-token-file",

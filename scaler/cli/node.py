@@ -19,11 +19,14 @@ from scaler.controller import needs
 from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.gateway import __main__ as gateway_main
+from scaler.gateway import info
 from scaler.gateway.admin import Precondition
 from scaler.gateway.server import Gateway
-from scaler.runtime import metrics, service
+from scaler.proto.info import Info
+from scaler.runtime import durability, identity, metrics, service
 from scaler.runtime.permissions import Preflight
 from scaler.runtime.ports import port
+from scaler.runtime.storehealth import StoreWatch
 
 log = logging.getLogger("scaler.node")
 
@@ -50,24 +53,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         " if the file does not exist. Without it Admin serves only a --listen on loopback, and a node listening"
         " beyond refuses to start (docs/security.md) [SCALER_ADMIN_TOKEN_FILE]",
     )
+    p.add_argument(
+        "--node-dir",
+        default=service.env("NODE_DIR", ""),
+        metavar="DIR",
+        help="a folder of this node's own, where its name is kept (DIR/name, locked while it runs): restarted"
+        " with the same folder, the node takes its partitions' leases back at once instead of waiting for"
+        " them to lapse (default: a new name at each start) [SCALER_NODE_DIR]",
+    )
 
 
 class Node(service.Together):
     """The controller, the gateway and metrics; a stop drains the controller first, the gateway still serving,
     and, once another node decides for its partitions, still answers the Idle of each request it assigned."""
 
-    def __init__(self, controller: Controller, gateway: Gateway, parts: list[service.Component]) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        gateway: Gateway,
+        parts: list[service.Component],
+        store: StoreWatch | None = None,
+        node_dir: str = "",
+    ) -> None:
         super().__init__(parts)
         self.controller = controller
         self.gateway = gateway
+        self.store = store  # what NATS's health checks say of the event store
+        self.node_dir = node_dir  # where its name is kept and held (runtime/identity.py)
 
     async def start(self) -> str:
         self.gateway.check()  # a certificate it cannot read, an Admin it may not serve: said before the controller
+        if self.node_dir:  # its earlier incarnation, if any, is dead: its leases are this one's to take back
+            self.controller.node = await identity.claim_name(self.node_dir)
+            self.controller.reclaim_leases = True
         said = await super().start()
         self.controller.address = f"{self.gateway.listen.rpartition(':')[0]}:{self.gateway.port}"  # `scaler nodes`
+        if self.store is not None:
+            self.store.start()
         return said
 
     async def stop(self) -> None:
+        if self.store is not None:
+            await self.store.stop()
         try:
             await self.controller.drain()
         except Exception as e:  # the stop goes on: what was not handed over is given back or lapses
@@ -92,15 +119,23 @@ class Node(service.Together):
 
 def make(a: argparse.Namespace) -> service.Component:
     controller = controller_main.make(a)
-    says = {"speed": a.speed, "policy": a.policy}  # checked by `scaler simulate` before it begins
+    nats = info.without_credentials(a.nats)
+
+    def says() -> Info:  # `scaler simulate` checks these before it begins; `scaler replay` finds the stream here
+        instances = sum(len(s.instances) for s in controller.ledger.states.values())
+        return Info(speed=float(a.speed), policy=a.policy, instances=instances, nats=nats)
+
     gateway = Gateway(
         controller, a.listen, a.reply_timeout, says, tls=service.server_tls(a), admin_token_file=a.admin_token_file
     )
+    store = StoreWatch(durability.monitor_urls(a.nats, a.nats_monitor), progress=lambda: controller.ledger.seq)
+    gateway.store = store
     parts = [Preflight(controller.nats_url, "node", needs.NODE), controller, gateway]
     if a.metrics_port is not None:
         host = a.listen.rpartition(":")[0]
-        parts.append(metrics.endpoint(f"{host}:{a.metrics_port}", [ControllerCollector(controller)]))
-    node = Node(controller, gateway, parts)
+        collectors = [ControllerCollector(controller), store]
+        parts.append(metrics.endpoint(f"{host}:{a.metrics_port}", collectors, {"/healthz": store.health}))
+    node = Node(controller, gateway, parts, store, a.node_dir)
     gateway.drain = node.drain_and_stop
     return node
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaler.controller import __main__ as controller_main
-from scaler.runtime import durability, lifeline, running, service
+from scaler.runtime import durability, lifeline, service, storehealth
 from scaler.runtime.bus import close, connect
 from scaler.runtime.natsd import NatsServer, claim
-from scaler.runtime.ports import port
+from scaler.runtime.ports import nats_url, peer, port
 from scaler.runtime.service import READY_FD, add_log_level, env, positive, setup_logging, stop_on_signals
 from scaler.simulator.dataset import metas_argument
 from scaler.workers import effects
@@ -39,14 +39,13 @@ log = logging.getLogger("scaler.up")
 QUICK_S = 30.0  # a part that dies sooner than this after its start died quickly
 GIVE_UP_AFTER = 5  # quick deaths in a row
 BACKOFF_S = (0.0, 0.5, 1.0, 2.0)  # wait before the 1st, 2nd, ... restart in a row of quick deaths
-# gRPC's own C-core lines (a failed bind: "E1122 ... add_port.cc ...") repeat what a part says in
-# its own words; they are back with GRPC_VERBOSITY set in the environment.
-QUIET_GRPC = {"GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "NONE")}
+MEND_EVERY_S = 1.0  # how often a store that had a write error is looked at for room to write again
+MEND_FREE_BYTES = 1 << 30  # room enough: 1 GB free, or a quarter of a smaller disk
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats", help="use this NATS (with JetStream) instead of starting an embedded one")
-    p.add_argument("--platform", help="HOST:PORT of a real platform; the bundled stub is then not started")
+    p.add_argument("--nats", type=nats_url, help="use this NATS (with JetStream) instead of starting an embedded one")
+    p.add_argument("--platform", type=peer, help="HOST:PORT of a real platform; the bundled stub is then not started")
     p.add_argument("--port", type=port, default=9001, help="gRPC port of the Scaler service (0: any free port)")
     p.add_argument(
         "--host",
@@ -129,6 +128,7 @@ class Child:
     launch: Callable[[], Awaitable[None]] | None = None  # starts it again in place (sets proc, address)
     ready_at: float = 0.0
     quick_deaths: int = 0
+    planned: str = ""  # set when it is stopped on purpose, to be started again: said instead of a death
 
 
 class StartFailed(RuntimeError):
@@ -141,9 +141,9 @@ class Supervisor:
     env: dict[str, str] = field(default_factory=dict)  # given to every child
     children: list[Child] = field(default_factory=list)
     nats: NatsServer | None = None
-    record: Path | None = None  # where replay finds us (scaler/runtime/running.py)
     _tmp: str | None = None
     _claim: object = None  # the data dir's lock: held here and by every child
+    _store_error: str = ""  # the embedded nats-server's word on a write error of its store, until it is restarted
 
     @property
     def _keep_fds(self) -> tuple[int, ...]:
@@ -201,7 +201,7 @@ class Supervisor:
         else:
             url = await self._start_nats(Path(a.data_dir) if a.data_dir else None)
             replicas = a.replicas or 1
-        self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING", **QUIET_GRPC}
+        self.env = {"SCALER_NATS_URL": url, "SCALER_SPEED": str(a.speed), "SCALER_LOG_LEVEL": "WARNING"}
         self.env |= {f"SCALER_{var}": getattr(a, dest) or "" for dest, var in service.NATS_ACCESS_VARS.items()}
         self.env |= {f"SCALER_{v}": "" for v in FROM_FLAGS}  # a part gets these as flags, from this command's own
         platform = a.platform
@@ -214,6 +214,7 @@ class Supervisor:
         monitor = self.nats.monitor_url if self.nats else a.nats_monitor
         node_args = ["node", "--listen", f"{a.host}:{a.port}", "--policy", a.policy, "--replicas", str(replicas)]
         node_args += ["--nats-monitor", monitor] if monitor else []
+        node_args += ["--node-dir", str(Path(a.data_dir) / "node")] if a.data_dir else []  # a name kept: see node.py
         node_args += ["--nats-unsynced"] if a.nats_unsynced else []
         node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
         node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []
@@ -225,9 +226,6 @@ class Supervisor:
         platform_tls = given(a, PLATFORM_TLS_FLAGS) if a.platform else []  # the bundled stub serves in clear
         await self._part("workers", "scaler.workers", "--platform", platform, *platform_tls)
         metrics_url = f"http://{node.addresses[1]}/metrics" if metrics else ""
-        self.record = running.record(
-            {"nats": url, "grpc": node.address, "metrics": metrics_url, "data_dir": a.data_dir or ""}
-        )
         stub_note = "" if a.platform else " (bundled stub)"
         nats = f"{url} (embedded, store {self.nats.store_dir})" if self.nats else url
         metrics_note = f", metrics {metrics_url}" if metrics else ""
@@ -259,7 +257,7 @@ class Supervisor:
     async def _start_nats(self, data_dir: Path | None) -> str:
         store = data_dir if data_dir else Path(self._make_tmp())
         wrap = lifeline.command(os.getpid(), remove=self._tmp or "")
-        self.nats = NatsServer(store / "nats", wrap=tuple(wrap), pass_fds=self._keep_fds)
+        self.nats = NatsServer(store / "nats", wrap=tuple(wrap), pass_fds=self._keep_fds, heard=self._heard)
         child = Child("nats-server", proc=None)  # type: ignore[arg-type]
         self.children.append(child)
 
@@ -275,6 +273,38 @@ class Supervisor:
         await launch()
         return self.nats.url
 
+    def _heard(self, level: int, text: str) -> None:
+        """nats-server's own log: a write error of its store (a full disk) is noted, for `_mend_store`."""
+        if level >= logging.ERROR and storehealth.breaks_stream(text) and not self._store_error:
+            self._store_error = text
+
+    async def _mend_store(self, nats: Child) -> None:
+        """Restart the embedded nats-server once its store had a write error and there is room again: a stream
+        that had one takes no write until its server restarts (scaler/runtime/storehealth.py)."""
+        assert self.nats is not None
+        waiting_said = False
+        while True:
+            await asyncio.sleep(MEND_EVERY_S)
+            if not self._store_error or nats.planned:
+                continue
+            disk = shutil.disk_usage(self.nats.store_dir)
+            need = min(MEND_FREE_BYTES, disk.total // 4)
+            if disk.free < need:
+                if not waiting_said:
+                    log.error(
+                        "the store's disk is full (%s free of %s in %s): the scaler answers no call that must be"
+                        " stored; free space there (%s at least) and nats-server is restarted",
+                        _mb(disk.free), _mb(disk.total), self.nats.store_dir, _mb(need),
+                    )  # fmt: skip
+                    waiting_said = True
+                continue
+            nats.planned = (
+                f"nats-server's store had a write error ({self._store_error}); {_mb(disk.free)} free again:"
+                " nats-server restarted, as a stream that had one takes no write until then"
+            )
+            self._store_error, waiting_said = "", False
+            await self.nats.stop()  # its keeper starts it again
+
     def _make_tmp(self) -> str:
         self._tmp = tempfile.mkdtemp(prefix="scaler-")
         return self._tmp
@@ -282,11 +312,13 @@ class Supervisor:
     async def watch(self, stop: asyncio.Event) -> int:
         """Until a stop signal (exit 0), start again any part that dies; give up (exit 1) on one that keeps dying."""
         keepers = [asyncio.create_task(self._keep(c)) for c in self.children]
+        nats = next((c for c in self.children if self.nats is not None and c.name == "nats-server"), None)
+        menders = [asyncio.create_task(self._mend_store(nats))] if nats is not None else []
         stopping = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([stopping, *keepers], return_when=asyncio.FIRST_COMPLETED)
-        for task in [stopping, *keepers]:
+        for task in [stopping, *keepers, *menders]:
             task.cancel()
-        await asyncio.gather(*keepers, return_exceptions=True)
+        await asyncio.gather(*keepers, *menders, return_exceptions=True)
         return 0 if stopping in done else 1
 
     async def _keep(self, child: Child) -> None:
@@ -295,6 +327,14 @@ class Supervisor:
         while True:
             code = await child.proc.wait()
             why = _exit(code)
+            if child.planned:  # stopped on purpose: started again at once, not counted as a death
+                log.warning("%s", child.planned)
+                child.planned, child.ready_at = "", loop.time()
+                try:
+                    await child.launch()
+                    continue
+                except (StartFailed, RuntimeError) as e:
+                    why = f"did not start again ({e})"
             while True:
                 quick = loop.time() - child.ready_at < QUICK_S
                 child.quick_deaths = child.quick_deaths + 1 if quick else 1
@@ -326,7 +366,6 @@ class Supervisor:
         if self.nats is not None:
             log.info("stopping nats-server")
             await self.nats.stop()
-        running.forget(self.record)
         if self._claim is not None:
             self._claim.close()
         if self._tmp:
@@ -353,6 +392,10 @@ class Supervisor:
             log.warning("%s did not stop in 10s; killing it", child.name)
             child.proc.kill()
             await child.proc.wait()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f} MB"
 
 
 def _exit(code: int) -> str:

@@ -101,9 +101,13 @@ class Lanes:
         for cue in cues:
             self.spawn(self._cued(cue))
 
-    async def stop(self) -> None:
-        if self._tasks:
+    async def stop(self, connected: bool = True) -> None:
+        """Let what is under way finish (10 s at most); with NATS away nothing can, and it is cancelled."""
+        if self._tasks and connected:
             await asyncio.wait(self._tasks, timeout=10)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _cued(self, cue: Cue) -> None:
         try:
@@ -141,7 +145,7 @@ class Lanes:
             if outcomes:  # decided and stored, but an answer could not go out (NATS away): it is kept
                 log.warning("%s: could not answer: %s", key, e)
             else:  # the partition went, or the store did: nothing of the group decided
-                outcomes = [Told(str(e)) if q.cmd.reply_to in told else e for q in group]
+                outcomes = [Told(str(e)) if getattr(q.cmd, "reply_to", "") in told else e for q in group]
         finally:
             for i, q in enumerate(taken):  # short of outcomes only when cancelled
                 self._done(q, outcomes[i] if i < len(outcomes) else NotServing(f"{key}: its queue stopped"))

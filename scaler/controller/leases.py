@@ -13,8 +13,11 @@ got it), with a margin for a paused process and clock drift. A partition past it
 dropped at once (`lost`), and a paused node (SIGSTOP) that wakes past its lease says so, once,
 before it decides anything: the check is made by every command, whichever runs first on waking.
 A lease that lapsed is never quietly taken back: another node may have written meanwhile, so it
-is dropped and loaded anew. What a snapshot claims is checked atomically by the lease's revision
-(`confirm`: a compare-and-set renewal just before the snapshot is taken). Appends need no lease:
+is dropped and loaded anew. A node restarted under its name (`reclaim`: a name held by one live
+process, scaler/runtime/identity.py) takes back the leases its dead incarnation held at once, by a
+compare-and-set on their revision, and loads them anew, rather than waiting for them to lapse.
+What a snapshot claims is checked atomically by the lease's revision (`confirm`: a compare-and-set
+renewal just before the snapshot is taken). Appends need no lease:
 the expected-sequence check of every append (scaler/store/stream.py) makes a stale writer fail.
 """
 
@@ -80,6 +83,7 @@ class Leases:
         ttl_s: float = TTL_S,
         every_s: float = EVERY_S,
         replicas: int = 1,
+        reclaim: bool = False,
     ) -> None:
         self.js = js
         self.node = node
@@ -88,6 +92,7 @@ class Leases:
         self.ttl_s = ttl_s
         self.every_s = every_s
         self.replicas = replicas
+        self.reclaim = reclaim  # `node` is held by this process alone (runtime/identity.py): take its leases back
         self.deadline_s = renew_deadline(ttl_s)
         self.about: Callable[[], bytes] = lambda: b""  # what its heartbeat says of the node (`scaler nodes`)
         self.held: dict[int, int] = {}  # partition -> revision of our lease entry
@@ -267,7 +272,7 @@ class Leases:
         return self._locks.setdefault(p, asyncio.Lock())
 
     async def _take(self, wanted: int) -> None:
-        taken = []
+        taken, reclaimed = [], []
         for p in range(PARTITIONS):
             if len(taken) == wanted:
                 break
@@ -276,13 +281,32 @@ class Leases:
             sent = time.monotonic()
             try:
                 self.held[p] = await self._leases.create(f"p{p}", self.node.encode())
-                self.renewed[p] = sent
-                taken.append(p)
-            except KeyWrongLastSequenceError:
-                continue  # someone holds it
+            except KeyWrongLastSequenceError:  # someone holds it: an earlier incarnation of this node, maybe
+                if (revision := await self._reclaimed(p)) is None:
+                    continue
+                self.held[p] = revision
+                reclaimed.append(p)
+            self.renewed[p] = sent
+            taken.append(p)
+        if reclaimed:
+            log.info("%s took back partitions %s from its earlier incarnation", self.node, ranges(reclaimed))
         if taken:
             log.info("%s leased partitions %s", self.node, ranges(taken))
             await self.gained(taken)
+
+    async def _reclaimed(self, p: int) -> int | None:
+        """Take `p`'s lease back from this node's earlier incarnation, which is dead (the name is held by this
+        process alone): a compare-and-set on the revision read, so a lease another node took meanwhile, or one
+        renewed since, stays theirs. The new revision, or None."""
+        if not self.reclaim:
+            return None
+        try:
+            entry = await self._leases.get(f"p{p}")
+            if entry.value != self.node.encode():
+                return None
+            return await self._leases.update(f"p{p}", self.node.encode(), last=entry.revision)
+        except (KeyNotFoundError, KeyWrongLastSequenceError):  # lapsed or taken meanwhile: the next round sees
+            return None
 
     async def give_back(self, partitions: list[int]) -> None:
         """Stop serving them, then free their leases for another node."""

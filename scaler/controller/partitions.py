@@ -60,6 +60,7 @@ class Partitions:
         lease_every_s: float = EVERY_S,
         replicas: int = 1,
         drain_s: float = DRAIN_S,
+        reclaim: bool = False,
     ) -> None:
         self.nc = nc
         self.events = events
@@ -72,7 +73,7 @@ class Partitions:
         self.released = released  # (served, all) given up, their commands done: snapshot and forget them
         self.limits = limits  # the operator's caps; those over all functions are split by partitions held
         self.drain_s = drain_s
-        self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas)
+        self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas, reclaim)
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.loading: dict[int, asyncio.Task] = {}
         self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told

@@ -6,7 +6,7 @@ dropped the oldest batches, a partition's snapshot is what those batches left be
 partition whose snapshot does not reach the stream's first kept batch (or that has none usable)
 may have lost batches nobody holds any more, and its state cannot be rebuilt exactly. That is
 refused (`Uncovered`), never guessed: the controller keeps its snapshots ahead of retention
-(scaler/controller/shell.py), so in normal operation it does not happen.
+(scaler/controller/snapshotter.py), so in normal operation it does not happen.
 """
 
 import asyncio

@@ -82,6 +82,7 @@ class Controller:
         self.settings = Settings(**settings)
         self.replicas = self.settings.replicas
         self.sync = durability.Sync.UNKNOWN
+        self.reclaim_leases = False  # `node` is held by this process alone: take its earlier incarnation's leases
         self.admission = Admission(max_backlog, max_behind_s)
         self.ledger = Ledger()
         self.timers = Timers(self.clock, lambda key, due: self.lanes.tick(key, due))
@@ -197,7 +198,7 @@ class Controller:
         self.partitions = Partitions(
             self._nc, events, self.ledger, store, self.snapshots, serving, self._on_request,
             self.recovery.served, self.recovery.released, self.node, s.limits, s.lease_ttl_s, s.lease_every_s,
-            self.replicas,
+            self.replicas, reclaim=self.reclaim_leases,
         )  # fmt: skip
         self.recovery.partitions = self.partitions
         self.started_ms = time.time_ns() // 1_000_000
@@ -266,7 +267,7 @@ class Controller:
         if self.door is not None:
             await self.door.forwarder.stop()
         if self.lanes is not None:
-            await self.lanes.stop()
+            await self.lanes.stop(connected=self._nc is not None and self._nc.is_connected)
         await close(self._nc)
 
     async def _give_back(self) -> None:

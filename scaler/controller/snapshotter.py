@@ -23,6 +23,7 @@ from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition
 from scaler.runtime.clock import Clock
+from scaler.runtime.faults import LastingFault
 from scaler.runtime.tasks import cancelled
 from scaler.store import EventStore, Kept, Retention
 
@@ -74,6 +75,7 @@ class Snapshotter:
         self._retention_set = False  # the stream's limits are ours (see _apply_retention)
         self._behind = 0  # looks in a row that found the stream behind this node
         self._guard: asyncio.Task | None = None
+        self._failing = LastingFault(log, "snapshots", level=logging.WARNING)  # the store away or full: one line
 
     def start(self) -> None:
         self._guard = asyncio.create_task(self._keep_ahead())
@@ -154,7 +156,9 @@ class Snapshotter:
             self.saved_s = time.time()
             log.debug("snapshot of partition %d at seq %d: %d functions, %d bytes", p, snap.seq, len(snap.states), size)
         except Exception as e:  # a snapshot is an optimisation: never let it stop command handling
-            log.warning("could not write the snapshot of partition %d: %s", p, e)
+            self._failing.occurred(f"could not write the snapshot of partition {p}: {e}")
+            return
+        self._failing.ended()
 
     async def _keep_ahead(self) -> None:
         """Every second: snapshot the partitions whose snapshot retention is about to overtake (see _due)."""

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from scaler.runtime.clock import Clock
+from scaler.runtime.faults import LastingFault
 from scaler.runtime.tasks import cancelled
 
 log = logging.getLogger("scaler.controller.timers")
@@ -25,10 +26,14 @@ class Timers:
         self._changed = asyncio.Event()
         self._firing: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
+        # The event store away, or the partitions not decided here for a while: one line, not one per tick a second
+        self._failing = LastingFault(log, "ticks", level=logging.WARNING)
+        self._failed: set[str] = set()  # functions whose last tick failed: working again once none is left
 
     def set(self, key: str, wake_ms: int | None) -> None:
         if wake_ms is None:
             self.due.pop(key, None)
+            self._failed.discard(key)
             return
         if self.due.get(key) == wake_ms:
             return
@@ -66,7 +71,12 @@ class Timers:
         try:
             await self.fire(key, due)
         except Exception as e:  # the event store is away: try again soon rather than never
-            log.warning("tick for %s failed (%s); retrying in 1s", key, e)
+            self._failed.add(key)
+            self._failing.occurred(f"tick for {key} failed ({e}); each failed tick is tried again every 1s")
             await asyncio.sleep(1)
             if key not in self.due:  # nothing newer was decided meanwhile
                 self.set(key, due)
+            return
+        self._failed.discard(key)
+        if not self._failed:
+            self._failing.ended()

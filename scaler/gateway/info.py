@@ -1,22 +1,26 @@
-"""`scaler.Info/Get`: what a node says of itself (its speed, its policy), so a simulator checks its setup first.
+"""`scaler.Info/Get` served (scaler/proto/info.py): a node's speed, policy, instances held and NATS, read when asked."""
 
-A method served beside the challenge's Scaler service, on the same port, whose answer is a JSON
-object: no .proto to share for three fields, and a scaler without it (the challenge's own, a
-front gateway) answers UNIMPLEMENTED, which a caller takes as "it does not say".
-"""
-
-import json
+from collections.abc import Callable
+from urllib.parse import urlsplit, urlunsplit
 
 import grpc
+import msgspec
 
-SERVICE = "scaler.Info"
-METHOD = f"/{SERVICE}/Get"
+from scaler.proto.info import SERVICE, Info
 
 
-def handler(info: dict) -> grpc.GenericRpcHandler:
-    body = json.dumps(info).encode()
-
+def handler(info: Callable[[], Info]) -> grpc.GenericRpcHandler:
     async def get(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return body
+        return msgspec.json.encode(info())
 
     return grpc.method_handlers_generic_handler(SERVICE, {"Get": grpc.unary_unary_rpc_method_handler(get)})
+
+
+def without_credentials(url: str) -> str:
+    """A NATS URL (or a comma-separated list of them) as anyone may be told it: no user, password or token."""
+
+    def bare(one: str) -> str:
+        parts = urlsplit(one.strip())
+        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+    return ",".join(bare(one) for one in url.split(","))

@@ -19,6 +19,7 @@ in its trailing metadata.
 """
 
 import logging
+from collections.abc import Callable
 from time import perf_counter
 from typing import Protocol
 
@@ -32,10 +33,12 @@ from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.commands import QUOTA_STATUS, Assign, Code, Idle, Reply
 from scaler.proto.events import Meta
+from scaler.proto.info import Info
 from scaler.proto.subjects import MAX_INSTANCE_ID_BYTES, key_problem
 from scaler.runtime import metrics
 from scaler.runtime.bus import Unavailable
 from scaler.runtime.ports import bind, grpc_server, is_loopback
+from scaler.runtime.storehealth import StoreWatch
 from scaler.runtime.tls import ServerTls
 
 log = logging.getLogger("scaler.gateway")
@@ -176,7 +179,7 @@ class Gateway(pb_grpc.ScalerServicer):
         router: Router,
         listen: str = "127.0.0.1:9001",
         reply_timeout_s: float = 60.0,
-        info: dict | None = None,
+        info: Callable[[], Info] | None = None,
         max_calls: int = MAX_CALLS,
         drain=None,
         tls: ServerTls | None = None,
@@ -186,12 +189,13 @@ class Gateway(pb_grpc.ScalerServicer):
         self.tls = tls  # serve TLS (and, with its client CA, only callers with a certificate it signed)
         self.admin_token_file = admin_token_file  # the key Admin calls must carry (scaler/gateway/admin_key.py)
         self.drain = drain  # scaler.Admin/Drain: hand the node's partitions over and stop (scaler/cli/node.py)
-        self.info = info  # what it says of itself on scaler.Info (scaler/gateway/info.py); None: nothing
+        self.info = info  # what it says of itself on scaler.Info, when asked (scaler/gateway/info.py); None: nothing
         self.listen = listen
         self.reply_timeout_s = reply_timeout_s
         self.max_calls = max_calls
         self.port = 0
         self.owed = Owed()  # what a node leaving after a drain still answers (scaler/cli/node.py)
+        self.store: StoreWatch | None = None  # the node's: names the cause when the event store refuses writes
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> str:
@@ -278,13 +282,19 @@ class Gateway(pb_grpc.ScalerServicer):
         try:
             reply = await self.router.call(cmd, timeout)
         except Unavailable as e:
-            raise Refused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+            raise Refused(grpc.StatusCode.UNAVAILABLE, self._why(str(e))) from None
         except TimeoutError:
-            raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:g}s") from None
+            raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, self._why(f"no answer within {timeout:g}s")) from None
         if reply.code is Code.THROTTLED:
             raise Throttled(reply.message)
         if reply.code is Code.QUOTA:
             raise Throttled(reply.message, QUOTA_STATUS)
         if reply.code is not Code.OK:
-            raise Refused(GRPC_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message)
+            code = GRPC_CODES.get(reply.code, grpc.StatusCode.UNKNOWN)
+            raise Refused(code, self._why(reply.message) if code in RETRIED else reply.message)
         return reply
+
+    def _why(self, message: str) -> str:
+        """A refusal for want of the event store says what the store's own health check says of it."""
+        said = self.store.describe() if self.store is not None else ""
+        return f"{message}; {said}" if said else message

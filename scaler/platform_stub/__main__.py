@@ -2,7 +2,7 @@
 
 import argparse
 
-from scaler.platform_stub.server import PlatformStub
+from scaler.platform_stub.server import MODES, PlatformStub
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
 from scaler.runtime.ports import address
@@ -25,11 +25,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="CreateSlot latency [SCALER_CREATE_LATENCY_MS]",
     )
     p.add_argument(
+        "--mode",
+        choices=sorted(MODES),
+        default=service.env("PLATFORM_MODE", "kind"),
+        help="what the platform does that keeps a slot of a vanished CreateSlot from leaking: kind (dedupes request"
+        " ids and lists its slots), challenge (as the challenge's platform: a new slot per CreateSlot, a second"
+        " Init fails, no list; a CreateSlot whose caller went away torn down), dedupe or list (that one"
+        " alone), bare (none: such a slot leaks) [SCALER_PLATFORM_MODE]",
+    )
+    p.add_argument(
         "--like-challenge",
-        action="store_true",
-        default=service.env("PLATFORM_LIKE_CHALLENGE", "") not in ("", "0"),
-        help="behave as the challenge's platform: a new slot on every CreateSlot, a second Init on a slot fails,"
-        " no ListSlots [SCALER_PLATFORM_LIKE_CHALLENGE]",
+        action="store_const",
+        const="challenge",
+        dest="mode",
+        help="the same as --mode challenge",
     )
     service.add_server_tls(p, "the Platform service")
     return p
@@ -44,12 +53,7 @@ def main() -> None:
         p.error(str(e))
     service.main(
         lambda a: PlatformStub(
-            a.listen,
-            metas,
-            a.create_latency_ms,
-            Clock(a.speed),
-            like_challenge=a.like_challenge,
-            tls=service.server_tls(a),
+            a.listen, metas, a.create_latency_ms, Clock(a.speed), mode=MODES[a.mode], tls=service.server_tls(a)
         ),
         args,
     )

@@ -4,18 +4,21 @@ CreateSlot takes a fixed latency, Init the function's initDurationInMs from the 
 Init request carries no init time), both on the component clock so a simulation can run them
 faster. Accounting (live slots, slot GB·s) is served by the PlatformAdmin service.
 
-Two modes:
-- the default is a kind platform: calls are idempotent per request_id (a retried CreateSlot gets
-  the same slot back, a retried Init joins the one under way), and ListSlots lets the gc worker
-  reconcile on start;
-- `like_challenge` behaves as the challenge's platform did, which is what the scaler must survive:
-  every CreateSlot creates a new slot, a second Init on a slot fails, and there is no
-  PlatformAdmin (no list, so no reconcile). A CreateSlot whose caller goes away before the answer
-  (a worker killed, its connection reset) is torn down: the slot is billed from the call to that
-  moment and never handed to anyone. A platform whose only record of a slot is the answer to its
-  CreateSlot must do that, or every dropped connection would leak a slot that nobody can name,
-  list or destroy; the challenge's ran CreateSlot within the call, so a cancelled call created
-  nothing. An Init whose caller goes away runs to its end (the slot exists and is billed anyway).
+A worker killed during CreateSlot (or its connection reset) leaves a slot the scaler never heard
+of. A platform keeps that from leaking in one of three ways, and the stub's modes (`MODES`) play
+each, alone or together, so each can be tested (docs/faults.md, "What the platform must do"):
+- `dedupes`: calls are idempotent per request id: the worker's repeated CreateSlot (same request
+  id) gets the same slot back, a repeated Init joins the one under way;
+- `tears_down`: a CreateSlot whose caller goes away before the answer is torn down: the slot is
+  billed from the call to that moment and never handed to anyone (the challenge's platform ran
+  CreateSlot within the call, so a cancelled call created nothing: mode `challenge`);
+- `lists`: PlatformAdmin.ListSlots lets the gc worker reconcile: it finds the slot and destroys it.
+`kind` (the default) dedupes and lists; `challenge` behaves as the challenge's platform did, which
+is what the scaler must survive: every CreateSlot creates a new slot, a second Init on a slot fails,
+no PlatformAdmin, and a cancelled CreateSlot torn down; `dedupe` and `list` do that one alone; `bare`
+does none of the three: there a killed worker's slot leaks, and nothing can name it. Without
+`dedupes` a second Init on a slot fails.
+An Init whose caller goes away runs to its end (the slot exists and is billed anyway).
 """
 
 import asyncio
@@ -90,6 +93,24 @@ def _refusal(fault: str | Refusal | None) -> Refusal | None:
     return Refusal(fault) if isinstance(fault, str) else fault
 
 
+@dataclass(frozen=True)
+class Mode:
+    """What the platform does that keeps a slot made for a vanished caller from leaking (see the module's doc)."""
+
+    dedupes: bool
+    tears_down: bool
+    lists: bool
+
+
+MODES = {
+    "kind": Mode(dedupes=True, tears_down=False, lists=True),
+    "challenge": Mode(dedupes=False, tears_down=True, lists=False),
+    "dedupe": Mode(dedupes=True, tears_down=False, lists=False),
+    "list": Mode(dedupes=False, tears_down=False, lists=True),
+    "bare": Mode(dedupes=False, tears_down=False, lists=False),
+}
+
+
 @dataclass
 class Accounting:
     slots: dict[str, SlotRecord] = field(default_factory=dict)  # every slot ever created
@@ -123,6 +144,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         clock: Clock | None = None,
         faults: Faults | None = None,
         like_challenge: bool = False,
+        mode: Mode | None = None,
         tls: ServerTls | None = None,
     ) -> None:
         self.listen = listen
@@ -131,7 +153,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         self.create_latency_ms = create_latency_ms
         self.clock = clock or Clock()
         self.faults = faults or Faults()
-        self.like_challenge = like_challenge
+        self.mode = mode or MODES["challenge" if like_challenge else "kind"]  # like_challenge: the same as "challenge"
         self.accounting = Accounting()
         self.port = 0
         self._by_request: dict[str, SlotRecord] = {}
@@ -142,12 +164,12 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
     async def start(self) -> str:
         self._server = grpc_server()
         pb_grpc.add_PlatformServicer_to_server(self, self._server)
-        if not self.like_challenge:
+        if self.mode.lists:
             admin_grpc.add_PlatformAdminServicer_to_server(self, self._server)
         self.port = bind(self._server, self.listen, self.tls)
         await self._server.start()
         host = self.listen.rsplit(":", 1)[0]
-        mode = ", like the challenge's" if self.like_challenge else ""
+        mode = next((f", mode {name}" for name, m in MODES.items() if m == self.mode and name != "kind"), "")
         mode += ", TLS" if self.tls is not None else ""
         return f"platform stub on {host}:{self.port} ({plural(len(self.metas), 'function')} in metas{mode})"
 
@@ -159,7 +181,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         memory = request.resource_config.memory_in_megabytes
         if memory == 0:
             return pb.CreateSlotReply(status=pb.InvalidArgument, error_message="memory_in_megabytes must be positive")
-        known = self._by_request.get(request.request_id) if request.request_id and not self.like_challenge else None
+        known = self._by_request.get(request.request_id) if request.request_id and self.mode.dedupes else None
         if known is not None and known.id in self.accounting.live:
             return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(known))
         if refused := _refusal(self.faults.create(request)):
@@ -179,7 +201,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         try:
             await self.clock.sleep_ms(self.create_latency_ms)
         except asyncio.CancelledError:
-            if self.like_challenge:  # its caller went away: nobody will ever know this slot
+            if self.mode.tears_down:  # its caller went away: without this, nobody would ever know this slot
                 self._tear_down(record)
             raise
         record.created_done_ms = self.clock.now_ms()
@@ -197,7 +219,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         record = self.accounting.live.get(request.slot_id)
         if record is None:
             return pb.InitReply(status=pb.NotFound, error_message=f"no slot {request.slot_id!r}")
-        if record.instance_id == request.instance_id and record.init_done is not None and not self.like_challenge:
+        if record.instance_id == request.instance_id and record.init_done is not None and self.mode.dedupes:
             return await asyncio.shield(record.init_done)  # a retried Init, finished or still running
         if record.instance_id:
             message = f"slot {record.id} already runs instance {record.instance_id}"

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiosqlite
 import msgspec
 import nats
 from nats.aio.client import Client
@@ -31,25 +32,36 @@ from scaler.controller.core.state import FnState
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import Snapshot, SnapshotStore
+from scaler.proto import info
 from scaler.proto.events import Batch
 from scaler.proto.subjects import PARTITIONS, function_events, partition
-from scaler.replay import explain
-from scaler.replay.page import replay_page
+from scaler.replay import explain, export
 from scaler.report.timeline import Fold, Timeline
-from scaler.runtime import running, service
+from scaler.runtime import service
 from scaler.runtime.access import Nats, access
 from scaler.runtime.bus import refusal
 from scaler.runtime.natsd import NatsServer, StoreBusy, claim
 from scaler.runtime.permissions import VIOLATION
+from scaler.runtime.ports import nats_url, peer
 from scaler.runtime.text import plural
 from scaler.store import EventStore, UnreadableStream
 
 SERVE_S = 30.0  # how long --verify waits for a node to load the partitions it holds (a take-over under way)
 
 
+GATEWAY = "127.0.0.1:9001"  # where `scaler up` serves unless told
+GATEWAY_WAIT_S = 5.0
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--nats", help="NATS URL of a running scaler (default: the running `scaler up`'s)")
+    source.add_argument(
+        "--gateway",
+        metavar="HOST:PORT",
+        type=peer,
+        help=f"a running node's gRPC address: its events are read on the NATS it says it uses (default {GATEWAY})",
+    )
+    source.add_argument("--nats", type=nats_url, help="NATS URL of a running scaler (instead of asking its node)")
     source.add_argument("--data-dir", help="the --data-dir of a stopped `scaler up`: its store is read offline")
     p.add_argument("--key", help="only this function, with the timeline of its decisions")
     until = p.add_mutually_exclusive_group()
@@ -65,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--verify", action="store_true", help="compare with the running controller's state; exit 1 if not equal"
     )
     service.add_nats_access(p)  # reading needs no more than a read-only user (docs/operations.md: NATS permissions)
+    p.add_argument(
+        "--sqlite",
+        metavar="FILE",
+        help="also write every decision replayed, one row per event with its reason, to the table `decisions` of"
+        " this SQLite file (docs/reports.md)",
+    )
 
 
 def _sequence(text: str) -> int:
@@ -269,6 +287,8 @@ async def show(
         if html is not None:
             upto = f" up to {explain.moment(until_ms)}" if until_ms is not None else ""
             upto = f" up to seq {until_seq:,}" if until_seq is not None else upto
+            from scaler.replay.page import replay_page  # plotly: only to draw
+
             _write(html, replay_page(t, replayed.states[key], f"{key}: replayed{upto}", since))
             print(f"wrote {html}", file=out)
     for k in sorted(replayed.states):
@@ -279,9 +299,22 @@ async def show(
     return 0
 
 
-def _write(path: Path, page: str) -> None:
+async def export_decisions(nc: Client, args: argparse.Namespace, until_ms: int | None, source: str) -> None:
+    """--sqlite: the decisions replayed (of --key, up to --until...) as rows of the file's `decisions` table."""
+    rows = export.Decisions(source)
+    await replay(nc, args.key, args.until_seq, until_ms, seen=rows)
     try:
-        path.write_text(page)
+        await export.write(args.sqlite, rows.rows)
+    except aiosqlite.Error as e:
+        raise ValueError(f"{args.sqlite}: cannot write the decisions: {e}") from None
+    print(f"wrote {plural(len(rows.rows), 'event')} of the decisions replayed to {args.sqlite}", file=sys.stderr)
+
+
+def _write(path: Path, page: str) -> None:
+    from scaler.report import draw  # plotly: only to draw
+
+    try:
+        draw.write(path, page)
     except OSError as e:
         raise ValueError(f"{path}: cannot write: {e.strerror}") from None
 
@@ -306,18 +339,15 @@ def _since(start: Origin | None) -> str:
     return f" (from {which} seq {newest.seq:,}: retention dropped EVENTS before seq {start.kept.first_seq:,})"
 
 
-def running_nats() -> str:
-    """The NATS of the `scaler up` running on this machine, from the record it leaves (scaler/runtime/running.py)."""
-    found = running.running()
-    if not found:
-        raise ValueError(
-            f"no running `scaler up` found (it records its NATS in {running.folder()}): pass --nats URL"
-            " (compose publishes NATS on nats://127.0.0.1:4222)"
-        )
-    if len(found) > 1:
-        which = ", ".join(f"{r['nats']} (pid {r['pid']})" for r in found)
-        raise ValueError(f"{len(found)} `scaler up`s are running: pass --nats with one of {which}")
-    return found[0]["nats"]
+async def nats_of(gateway: str) -> str:
+    """The NATS the node at `gateway` says it uses (scaler.Info)."""
+    try:
+        said = await info.ask(gateway, GATEWAY_WAIT_S)
+    except info.NoAnswer as e:
+        raise ValueError(f"{e}: pass --gateway HOST:PORT (the gRPC address `scaler up` said), or --nats URL") from None
+    if not said.nats:
+        raise ValueError(f"the scaler at {gateway} does not say where its NATS is: pass --nats URL")
+    return said.nats
 
 
 async def _connect(url: Nats):
@@ -344,6 +374,8 @@ async def _connect(url: Nats):
 async def _main(args: argparse.Namespace) -> int:
     if args.html and (not args.key or args.verify):
         raise ValueError("--html draws one function's timeline: give --key, and not --verify")
+    if args.sqlite and args.verify:
+        raise ValueError("--sqlite writes the decisions replayed; --verify compares states: one or the other")
     until_ms = parse_time(args.until) if args.until else None
     server = held = None
     if args.data_dir:
@@ -359,14 +391,22 @@ async def _main(args: argparse.Namespace) -> int:
         server = NatsServer(store)
         url = await server.start()
     else:
-        url = service.nats_access(args, args.nats or running_nats())
+        url = service.nats_access(args, args.nats or await nats_of(args.gateway or GATEWAY))
     try:
-        nc = await _connect(url)
+        try:
+            nc = await _connect(url)
+        except ValueError as e:
+            if args.nats or args.data_dir:
+                raise
+            whose = f"the NATS the scaler at {args.gateway or GATEWAY} says it uses"
+            raise ValueError(f"{e} ({whose}): pass --nats URL") from None
         try:
             try:
                 if args.verify:
                     return await verify(nc, args.key)
                 html = Path(args.html) if args.html else None
+                if args.sqlite:
+                    await export_decisions(nc, args, until_ms, args.data_dir or str(url))
                 return await show(nc, args.key, args.until_seq, until_ms, html=html)
             except NotFoundError:
                 raise ValueError(f"no EVENTS stream at {url}: nothing was recorded there") from None

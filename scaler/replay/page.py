@@ -6,7 +6,7 @@ decision in words, as `scaler replay --key K` prints them.
 """
 
 from scaler.controller.core.state import FnState
-from scaler.report.draw import Page, gaps_figure, timeline_figure
+from scaler.report.draw import Page, gaps_figure, lanes_figure, timeline_figure
 from scaler.report.timeline import Timeline
 
 LISTED = 5_000  # decisions listed in words; the newest, when there are more
@@ -18,7 +18,8 @@ def replay_page(t: Timeline, s: FnState, title: str, since: str = "") -> str:
     p.scores(
         [
             ("arrivals", f"{st.arrivals:,}"),
-            ("cold starts", f"{st.cold_starts:,}"),
+            ("cold starts", f"{sum(w.cold for w in t.waits):,}"),  # requests that waited for a start, as simulate
+            ("started for requests", f"{st.cold_starts:,}"),
             ("pre-warms", f"{st.prewarms:,}"),
             ("failures", f"{st.failures:,}"),
             ("waited", f"{st.wait_ms / 1000:,.1f} s"),
@@ -29,7 +30,9 @@ def replay_page(t: Timeline, s: FnState, title: str, since: str = "") -> str:
     if since:
         p.text(f"replayed{since}: what came before is not shown", "note")
     end = t.steps[-1].at_ms if t.steps else t.last_ms
-    p.add(timeline_figure(t, end, f"{t.key}: instances and waits (hover a cold start or an idle spell for its reason)"))
+    fig, rebin = lanes_figure(t, end)
+    p.add(fig, rebin, follow=p.ahead(2))
+    p.add(timeline_figure(t, end, f"{t.key}: instances and waits (hover a start or an idle spell for its reason)"))
     p.add(gaps_figure(t))
     steps = t.steps[-LISTED:]
     p.heading(f"{len(t.steps):,} decisions" + (f", the last {LISTED:,}" if len(t.steps) > LISTED else ""))

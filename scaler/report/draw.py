@@ -1,14 +1,20 @@
-"""Figures of timelines and one self-contained HTML page to hold them, drawn with Plotly.
+"""Figures of timelines and the HTML page to hold them, drawn with Plotly.
 
-The page embeds plotly.js once, so it opens from disk with no network. Timelines are one trace per
-kind of segment, the segments separated by gaps, drawn with WebGL (`scattergl`) once they are
-many, so a function with thousands of instances and requests still draws at once.
+A page loads plotly.js from a file beside it (`write` puts it there once per folder), so a folder of
+pages holds it once and opens from disk with no network. Timelines are one trace per kind of segment,
+the segments separated by gaps, drawn with WebGL (`scattergl`) once they are many, so a function with
+thousands of instances and requests still draws at once. Above them, the same instances as shares per
+pixel column (`lanes_figure`): what a run of hours shows at its default zoom, re-binned in the page to
+whatever the zoom shows.
 """
 
 import datetime
 import html
-from collections.abc import Iterable
+import json
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import plotly.graph_objects as go
 import plotly.io
@@ -29,6 +35,7 @@ MIN_WINDOW_MS = 60_000  # ... over a minute at least
 MAX_SPELLS = 2_500  # ... and busy spells: a function busy with thousands of requests is cut shorter
 WEBGL_FROM = 5_000  # points in a figure from which it is drawn with WebGL
 KINDS = {"create": CREATE, "init": INIT, "idle": IDLE, "busy": BUSY, "retiring": RETIRING}
+PLOTLY_JS = f"plotly-{plotly.offline.get_plotlyjs_version()}.min.js"  # beside every page: the figures' code
 COLD = "#d62728"
 PREWARM = "#9467bd"
 WARM_WAIT = "#17becf"
@@ -115,27 +122,44 @@ class Window:
         return cls(shown, lo, hi, f"{len(shown):,} of {len(lives):,} instances, {note} ({span(hi - lo)})")
 
 
-def _lives(keeps: dict[tuple[str, int], str], end_ms: int, segments: dict[str, Segments], row: int, life: Life) -> None:
-    """One instance's row: creating, Init, idle and busy spells, retiring."""
+def spans(life: Life, end_ms: int) -> Iterator[tuple[str, int, int, str]]:
+    """An instance's life as (kind of KINDS, start, end, the request for busy spells), in order."""
     gone = life.gone_ms or end_ms
     created = life.created_ms or life.ready_ms or gone
-    why = f"{life.id}: started {'for ' + life.for_request if life.for_request else 'ahead of demand'} ({life.reason})"
-    segments["create"].add(life.wanted_ms, created, row, f"{why}<br>CreateSlot {span(created - life.wanted_ms)}")
+    yield "create", life.wanted_ms, created, ""
     if life.ready_ms:
-        segments["init"].add(created, life.ready_ms, row, f"{life.id}: Init {span(life.ready_ms - created)}")
+        yield "init", created, life.ready_ms, ""
     serving_until = life.retired_ms or gone
     free_from = life.ready_ms
     for start, end, request in life.busy:
         end = end or serving_until
         if free_from and start > free_from:
-            segments["idle"].add(free_from, start, row, _idle(life, free_from, start, keeps))
-        segments["busy"].add(start, end, row, f"{life.id}: {request} ran {span(end - start)}")
+            yield "idle", free_from, start, ""
+        yield "busy", start, end, request
         free_from = end
     if free_from and serving_until > free_from:
-        segments["idle"].add(free_from, serving_until, row, _idle(life, free_from, serving_until, keeps))
+        yield "idle", free_from, serving_until, ""
     if life.retired_ms:
-        said = f" ({html.escape(life.retire_reason)})" if life.retire_reason else ""
-        segments["retiring"].add(life.retired_ms, gone, row, f"{life.id}: retired{said}")
+        yield "retiring", life.retired_ms, gone, ""
+
+
+def _lives(keeps: dict[tuple[str, int], str], end_ms: int, segments: dict[str, Segments], row: int, life: Life) -> None:
+    """One instance's row: creating, Init, idle and busy spells, retiring."""
+    for kind, start, end, request in spans(life, end_ms):
+        match kind:
+            case "create":
+                why = f"{life.id}: started {'for ' + life.for_request if life.for_request else 'ahead of demand'}"
+                text = f"{why} ({life.reason})<br>CreateSlot {span(end - start)}"
+            case "init":
+                text = f"{life.id}: Init {span(end - start)}"
+            case "busy":
+                text = f"{life.id}: {request} ran {span(end - start)}"
+            case "idle":
+                text = _idle(life, start, end, keeps)
+            case _:
+                said = f" ({html.escape(life.retire_reason)})" if life.retire_reason else ""
+                text = f"{life.id}: retired{said}"
+        segments[kind].add(start, end, row, text)
 
 
 def _idle(life: Life, start: int, end: int, keeps: dict[tuple[str, int], str]) -> str:
@@ -168,7 +192,7 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
         fig.add_trace(_shifted(seg.trace(width, kind), origin_ms), row=1, col=1)
     starts = [(row, life) for row, life in enumerate(lives) if w.lo <= life.wanted_ms <= w.hi]
     for cold, name, color, symbol in (
-        (True, "cold start", COLD, "triangle-right"),
+        (True, "started for a waiting request", COLD, "triangle-right"),
         (False, "pre-warm", PREWARM, "diamond"),
     ):
         picked = [(row, life) for row, life in starts if life.cold == cold]
@@ -229,6 +253,84 @@ def timeline_figure(t: Timeline, end_ms: int, title: str = "", origin_ms: int = 
         hovermode="closest",
     )
     return fig
+
+
+COLUMNS = 1_000  # about the pixel columns of a figure's plot area: lanes are binned to this many spans
+STATES = (  # an instance's state in the lanes' shares, the kinds of segment it covers, and its colour
+    ("starting", ("create", "init"), INIT[1]),
+    ("busy", ("busy",), BUSY[1]),
+    ("idle", ("idle",), IDLE[1]),
+    ("retiring", ("retiring",), RETIRING[1]),
+)
+
+
+def binned(intervals: Iterable[tuple[int, int]], lo: float, width: float, bins: int) -> list[float]:
+    """How many intervals were alive in each of `bins` spans of `width` ms from `lo`, on average over the span.
+    (The page's LOADER re-bins the same way, in `bin`, for what a zoom shows.)"""
+    out = [0.0] * bins
+    hi = lo + width * bins
+    for start, end in intervals:
+        start, end = max(start, lo), min(end, hi)
+        if start >= end:
+            continue
+        first, last = int((start - lo) // width), min(int((end - lo) // width), bins - 1)
+        for b in range(first, last + 1):
+            overlap = min(end, lo + (b + 1) * width) - max(start, lo + b * width)
+            if overlap > 0:
+                out[b] += overlap / width
+    return out
+
+
+def lanes_figure(t: Timeline, end_ms: int, origin_ms: int = 0) -> tuple[go.Figure, dict]:
+    """The function's instances as counts per state (starting, busy, idle, retiring), stacked, per pixel
+    column of the run: every instance at once, where one row each would be thinner than a pixel. With the
+    intervals the page re-bins on zoom, so the columns stay a pixel wide whatever the zoom."""
+    by_state: dict[str, list[int]] = {name: [] for name, _, _ in STATES}
+    state_of = {kind: name for name, kinds, _ in STATES for kind in kinds}
+    for life in t.instances:
+        for kind, start, end, _ in spans(life, end_ms):
+            if end > start:
+                by_state[state_of[kind]] += [start, end]
+    lo = min((life.wanted_ms for life in t.instances), default=t.first_ms)
+    hi = max(end_ms, lo + 1)
+    width = (hi - lo) / COLUMNS
+    x = [origin_ms + lo + (i + 0.5) * width for i in range(COLUMNS)]
+    fig = go.Figure()
+    for name, _, color in STATES:
+        pairs = zip(by_state[name][::2], by_state[name][1::2], strict=True)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=binned(pairs, lo, width, COLUMNS),
+                name=name,
+                mode="lines",
+                stackgroup="lanes",
+                line={"width": 0, "color": color},
+                hovertemplate="%{y:.2f} instances " + name + "<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=f"{len(t.instances):,} instances by state, per pixel column (zoom in: re-binned to the zoom)",
+        height=260,
+        xaxis={"type": "date"},
+        yaxis={"title": "instances", "rangemode": "tozero"},
+        margin={"l": 60, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
+        hovermode="x unified",
+    )
+    states = {name: packed(zip(flat[::2], flat[1::2], strict=True), lo) for name, flat in by_state.items()}
+    rebin = {"origin": origin_ms, "lo": lo, "hi": hi, "columns": COLUMNS, "states": states}
+    return fig, rebin
+
+
+def packed(intervals: Iterable[tuple[int, int]], lo: int) -> list[int]:
+    """Intervals as the page reads them, small: by start, each as (start - the previous start, length);
+    the first start from `lo`. (The page's `unpack` undoes it.)"""
+    out, at = [], lo
+    for start, end in sorted(intervals):
+        out += [start - at, end - start]
+        at = start
+    return out
 
 
 def scatter(points: int) -> type:
@@ -294,7 +396,8 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 
 .side { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
 table { border-collapse: collapse; font-size: .9em; } td, th { padding: .2em .6em; text-align: right; }
 td:first-child, th:first-child { text-align: left; } tr:nth-child(even) { background: #f6f6f6; }
-.note { color: #666; font-size: .9em; } pre { font-size: .8em; overflow-x: auto; max-height: 30em; }
+.note { color: #666; font-size: .9em; } .missing { color: #b00; font-weight: bold; }
+pre { font-size: .8em; overflow-x: auto; max-height: 30em; }
 """
 
 
@@ -303,12 +406,69 @@ td:first-child, th:first-child { text-align: left; } tr:nth-child(even) { backgr
 # all at once. `data-drawn-ms` on <body> says when the first screen (or, with #all, every figure)
 # was drawn, in ms since navigation: what scripts/render_check.py reports.
 LOADER = """
+if (typeof Plotly === 'undefined') {
+  const said = document.createElement('p');
+  said.className = 'missing';
+  said.textContent = `${PLOTLY_JS} is not beside this page: copy it with the page (scaler writes it there)`;
+  document.body.prepend(said);
+}
 const plots = [...document.querySelectorAll('div.plot')];
+const toMs = (v) => typeof v === 'number' ? v : Date.parse(String(v).replace(' ', 'T') + 'Z');
+// Counts alive per span, as draw.py's `binned`: intervals are [start, end, start, end, ...] in ms.
+const bin = (flat, lo, width, bins) => {
+  const out = new Array(bins).fill(0), hi = lo + width * bins;
+  for (let i = 0; i < flat.length; i += 2) {
+    const start = Math.max(flat[i], lo), end = Math.min(flat[i + 1], hi);
+    if (start >= end) continue;
+    const last = Math.min(Math.floor((end - lo) / width), bins - 1);
+    for (let b = Math.floor((start - lo) / width); b <= last; b++) {
+      const overlap = Math.min(end, lo + (b + 1) * width) - Math.max(start, lo + b * width);
+      if (overlap > 0) out[b] += overlap / width;
+    }
+  }
+  return out;
+};
+// draw.py's `packed` undone: [start, end, start, end, ...] in ms from the run's start.
+const unpack = (deltas, lo) => {
+  const flat = new Array(deltas.length);
+  let at = lo;
+  for (let i = 0; i < deltas.length; i += 2) {
+    at += deltas[i];
+    flat[i] = at;
+    flat[i + 1] = at + deltas[i + 1];
+  }
+  return flat;
+};
+// Lanes: re-binned to what the zoom shows, and the figure that follows (the instances' rows) zoomed alike.
+const rebin = (div) => {
+  const r = JSON.parse(document.getElementById(div.id + '-rebin').textContent);
+  const names = Object.keys(r.states);
+  names.forEach((name) => { r.states[name] = unpack(r.states[name], r.lo); });
+  div.on('plotly_relayout', (ev) => {
+    let lo = r.lo, hi = r.hi;
+    if (ev['xaxis.range[0]'] !== undefined) {
+      lo = toMs(ev['xaxis.range[0]']) - r.origin; hi = toMs(ev['xaxis.range[1]']) - r.origin;
+    } else if (ev['xaxis.range']) {
+      lo = toMs(ev['xaxis.range'][0]) - r.origin; hi = toMs(ev['xaxis.range'][1]) - r.origin;
+    } else if (!ev['xaxis.autorange']) return;
+    const width = Math.max((hi - lo) / r.columns, 1), n = Math.ceil((hi - lo) / width);
+    const x = Array.from({length: n}, (_, i) => r.origin + lo + (i + 0.5) * width);
+    const y = names.map((name) => bin(r.states[name], lo, width, n));
+    Plotly.restyle(div, {x: names.map(() => x), y: y}, names.map((_, i) => i));
+    const next = document.getElementById(div.dataset.follow || '');
+    if (next && next.dataset.drawn) {
+      const range = ev['xaxis.autorange'] ? {'xaxis.autorange': true, 'xaxis2.autorange': true}
+        : {'xaxis.range': [r.origin + lo, r.origin + hi], 'xaxis2.range': [r.origin + lo, r.origin + hi]};
+      Plotly.relayout(next, range);
+    }
+  });
+};
 const draw = (div) => {
   if (div.dataset.drawn) return Promise.resolve();
   div.dataset.drawn = '1';
   const fig = JSON.parse(document.getElementById(div.id + '-data').textContent);
-  return Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, responsive: true});
+  const drawing = Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, responsive: true});
+  return div.dataset.rebin ? drawing.then(() => rebin(div)) : drawing;
 };
 const drawn = (promises) => Promise.all(promises).then(() => {
   document.body.dataset.drawnMs = performance.now().toFixed(0);
@@ -330,7 +490,7 @@ if (location.hash === '#all') {
 
 
 class Page:
-    """A self-contained HTML page: headings, text, tables and Plotly figures, plotly.js inlined once."""
+    """An HTML page: headings, text, tables and Plotly figures, plotly.js loaded from the file beside it."""
 
     def __init__(self, title: str) -> None:
         self.title = title
@@ -353,19 +513,30 @@ class Page:
         body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in rows)
         self.parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
-    def figure(self, fig: go.Figure) -> str:
-        """A place for the figure, its height kept, and its data; LOADER draws it when it comes into view."""
+    def ahead(self, n: int) -> str:
+        """The id the n-th figure made from now will have (1: the next)."""
+        return f"fig{self._figures + n}"
+
+    def figure(self, fig: go.Figure, rebin: dict | None = None, follow: str = "") -> str:
+        """A place for the figure, its height kept, and its data; LOADER draws it when it comes into view.
+        With `rebin` (lanes_figure's), it is re-binned on zoom, and zooms the figure `follow` alike."""
         self._figures += 1
         div = f"fig{self._figures}"
         data = plotly.io.to_json(fig, validate=False).replace("</", "<\\/")
         height = fig.layout.height or 450
+        attrs, extra = "", ""
+        if rebin is not None:
+            attrs = f' data-rebin="1" data-follow="{follow}"'
+            extra = (
+                f'<script type="application/json" id="{div}-rebin">{json.dumps(rebin, separators=(",", ":"))}</script>'
+            )
         return (
-            f'<div class="plot" id="{div}" style="height:{height}px"></div>'
-            f'<script type="application/json" id="{div}-data">{data}</script>'
+            f'<div class="plot" id="{div}" style="height:{height}px"{attrs}></div>'
+            f'<script type="application/json" id="{div}-data">{data}</script>{extra}'
         )
 
-    def add(self, fig: go.Figure) -> None:
-        self.parts.append(self.figure(fig))
+    def add(self, fig: go.Figure, rebin: dict | None = None, follow: str = "") -> None:
+        self.parts.append(self.figure(fig, rebin, follow))
 
     def side_by_side(self, left: str, right: str) -> None:
         self.parts.append(f'<div class="side"><div>{left}</div><div>{right}</div></div>')
@@ -377,9 +548,20 @@ class Page:
         return (
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{html.escape(self.title)}</title><style>{STYLE}</style>"
-            f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>'
-            f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.parts)}<script>{LOADER}</script></body></html>\n"
+            f'<script type="text/javascript" src="{PLOTLY_JS}"></script></head>'
+            f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.parts)}"
+            f"<script>const PLOTLY_JS = {json.dumps(PLOTLY_JS)};\n{LOADER}</script></body></html>\n"
         )
+
+
+def write(path: Path, page: str) -> None:
+    """The page, and plotly.js beside it unless it is there already: once per folder of pages (OSError as is)."""
+    path.write_text(page)
+    js = path.parent / PLOTLY_JS
+    if not js.exists():
+        part = js.with_name(f".{js.name}.{os.getpid()}")
+        part.write_text(plotly.offline.get_plotlyjs())
+        os.replace(part, js)  # whole or not at all, even with two writers
 
 
 def _cell(v: object) -> str:

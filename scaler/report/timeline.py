@@ -134,8 +134,8 @@ class Fold:
                 life = self._lives.get(i)
                 if life is not None:
                     life.busy.append((at, 0, r))
-                if at > arrived:
-                    cold = life is not None and life.ready_ms >= arrived
+                if at > arrived:  # cold as the score counts it: the instance became ready after the arrival
+                    cold = life is not None and life.ready_ms > arrived
                     t.waits.append(Wait(r, arrived, at, i, cold))
             case Released(instance_id=i, request_id=r, at_ms=at) if i in self._lives:
                 busy = self._lives[i].busy

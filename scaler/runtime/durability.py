@@ -45,19 +45,28 @@ def monitor_urls(nats_url: Nats, monitor: str = "") -> list[str]:
     return [f"http://{h}:{MONITOR_PORT}" for h in dict.fromkeys(hosts)]
 
 
-async def _varz(url: str) -> dict:
-    """GET <url>/varz with the standard library (a few hundred bytes, once at start)."""
+async def monitor_get(url: str, path: str) -> tuple[int, bytes]:
+    """GET <url><path> from a nats-server's monitoring endpoint with the standard library: status and body."""
     parts = urlsplit(url)
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
     try:
-        writer.write(f"GET /varz HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
         await writer.drain()
         raw = await reader.read()
     finally:
         writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0]:
-        raise ValueError(head.split(b"\r\n", 1)[0].decode(errors="replace"))
+    status = head.split(b"\r\n", 1)[0]
+    if not status.startswith(b"HTTP/1.") or len(status.split()) < 2 or not status.split()[1].isdigit():
+        raise ValueError(status.decode(errors="replace"))
+    return int(status.split()[1]), body
+
+
+async def _varz(url: str) -> dict:
+    """GET <url>/varz (a few hundred bytes, once at start)."""
+    status, body = await monitor_get(url, "/varz")
+    if status != 200:
+        raise ValueError(f"/varz answered {status}")
     return json.loads(body)
 
 

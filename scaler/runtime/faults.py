@@ -14,10 +14,17 @@ LONGEST_GAP_S = 3600.0
 
 
 class LastingFault:
-    def __init__(self, log: logging.Logger, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        log: logging.Logger,
+        what: str,
+        clock: Callable[[], float] = time.monotonic,
+        level: int = logging.ERROR,
+    ) -> None:
         self.log = log
         self.what = what  # who fails, for the lines that sum up: "gc worker"
         self.clock = clock
+        self.level = level  # of the lines while it fails (WARNING: an outage of something else, ridden out)
         self.count = 0  # occurrences since it began
         self._since = 0.0
         self._unsaid = 0  # occurrences not yet summed up
@@ -29,11 +36,12 @@ class LastingFault:
         self.count += 1
         if self.count == 1:
             self._since, self._next, self._gap = now, now + FIRST_GAP_S, FIRST_GAP_S
-            self.log.error("%s", message)
+            self.log.log(self.level, "%s", message)
             return
         self._unsaid += 1
         if now >= self._next:
-            self.log.error(
+            self.log.log(
+                self.level,
                 "%s: %d more failures in the last %s, still failing; the latest: %s",
                 self.what, self._unsaid, _span(self._gap), message,
             )  # fmt: skip

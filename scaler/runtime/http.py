@@ -15,7 +15,8 @@ from scaler.runtime.ports import CannotListen
 
 log = logging.getLogger("scaler.http")
 
-Page = Callable[[], tuple[str, bytes]]  # content type and body, made when asked for
+# Content type and body, made when asked for; or a status line ("503 Service Unavailable") before them.
+Page = Callable[[], tuple[str, bytes] | tuple[str, str, bytes]]
 READ_TIMEOUT_S = 10.0
 
 
@@ -57,7 +58,8 @@ class HttpEndpoint:
             elif page is None:
                 status, kind, body = "404 Not Found", "text/plain", f"try {', '.join(self.pages)}\n".encode()
             else:
-                status, (kind, body) = "200 OK", page()
+                made = page()
+                status, kind, body = made if len(made) == 3 else ("200 OK", *made)
             head = f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
             writer.write(head.encode() + b"\r\n" + body)
             await writer.drain()

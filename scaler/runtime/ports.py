@@ -12,6 +12,7 @@ import ipaddress
 import random
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 
@@ -65,6 +66,33 @@ def address(text: str) -> str:
     if not sep:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     port(number)
+    return text
+
+
+def peer(text: str) -> str:
+    """An argparse type: HOST:PORT of a server to call (a host, and a port from 1)."""
+    host, _, number = address(text).rpartition(":")
+    if not host.strip("[]"):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}: no host")
+    if port(number) == 0:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}: port 0 is no server's")
+    return text
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def nats_url(text: str) -> str:
+    """An argparse type: a NATS URL, or several separated by commas (nats://HOST:PORT, tls://..., ws://...; a bare
+    HOST:PORT is nats://, as nats-py takes it)."""
+    for one in text.split(","):
+        parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
+        if parts.scheme not in NATS_SCHEMES or not parts.hostname:
+            raise argparse.ArgumentTypeError(f"not a NATS URL: {one.strip()!r} (e.g. nats://127.0.0.1:4222)")
+        try:
+            parts.port  # noqa: B018 (out of range raises)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a NATS URL: {one.strip()!r}: port out of range (1-65535)") from None
     return text
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from scaler.runtime.access import NatsAccess
+from scaler.runtime.ports import nats_url
 from scaler.runtime.tls import ClientTls, ServerTls
 
 log = logging.getLogger("scaler")
@@ -76,6 +77,7 @@ def add_common(p: argparse.ArgumentParser, uses_nats: bool = True, uses_clock: b
     if uses_nats:
         p.add_argument(
             "--nats",
+            type=nats_url,
             default=env("NATS_URL", "nats://127.0.0.1:4222"),
             help="NATS URL(s), comma-separated; tls://HOST:PORT speaks TLS [SCALER_NATS_URL]",
         )

@@ -28,13 +28,14 @@ from scaler import replay
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime import service
-from scaler.runtime.ports import port
+from scaler.runtime.ports import address, nats_url, peer, port
 from scaler.runtime.service import positive
-from scaler.simulator import report
+from scaler.simulator import runs
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
 from scaler.simulator.live import LiveError, LiveRun, run_live
 from scaler.simulator.offline import Simulation
 from scaler.simulator.progress import EVERY_S, Progress
+from scaler.simulator.saved import DRAWN, SavedRun, load, save
 from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Run, Stats, worst_functions
 
 DEFAULT_GATEWAY = "127.0.0.1:9001"
@@ -42,6 +43,7 @@ DEFAULT_HOST = "127.0.0.1"  # what the Platform API and /stats bind unless told:
 PLATFORM_PORT = 50051
 CREATE_LATENCY_MS = 100  # the platform's CreateSlot latency, in both modes
 WORST = 10  # functions listed as the worst offenders
+PAPERS_FIRST = "coldStartRate"  # the papers' metrics start here in the printed statistics, after a blank line
 T = TypeVar("T")
 
 
@@ -54,9 +56,10 @@ class Recorded:
     origin_ms: int  # add to the timelines' times for epoch ms
     end_ms: int  # the end of the run, in the timelines' times
     note: str = ""
+    policy: str = ""  # as the runs store names it: the offline policy, or the one the live scaler said it runs
 
-    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> report.SavedRun:
-        return report.SavedRun(
+    def saved(self, heading: list[str], stats: Stats, functions: list[FunctionRow]) -> SavedRun:
+        return SavedRun(
             title=self.title,
             heading=heading,
             stats=stats,
@@ -119,11 +122,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--speed", type=positive, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
     )
     p.add_argument(
-        "--gateway", metavar="HOST:PORT", help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
+        "--gateway", metavar="HOST:PORT", type=peer, help=f"live: the scaler's gRPC address (default {DEFAULT_GATEWAY})"
     )
     p.add_argument(
         "--platform-listen",
         metavar="HOST:PORT",
+        type=address,
         help=f"live: where to serve the Platform API (default HOST:{PLATFORM_PORT}, HOST being --host)",
     )
     p.add_argument(
@@ -136,23 +140,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--report",
         metavar="PATH.html",
         help="write the run as a page to look at: its score, and the functions that lost the most on a time axis"
-        " (one self-contained HTML file; see docs/reports.md)",
+        " (an HTML file, plotly.js written beside it; see docs/reports.md)",
     )
     p.add_argument(
         "--save-run",
-        metavar="PATH.json",
-        help="write the run (statistics, every function's figures and timeline) for a later --compare",
+        metavar="PATH",
+        help="write the run (statistics, every function's figures and timeline) for a later --compare: PATH.json,"
+        " or PATH.sqlite to add it to a runs store that SQL can query (docs/simulation.md)",
     )
     p.add_argument(
         "--nats",
         metavar="URL",
+        type=nats_url,
         help="live, with --report or --save-run: the scaler's NATS, where its decisions and their reasons are read"
-        " (default: the running `scaler up`'s)",
+        " (default: the one the scaler at --gateway says it uses)",
     )
     p.add_argument(
         "--compare",
-        metavar="OTHER.json",
-        help="with --report: put a run saved with --save-run beside this one, on this run's worst functions",
+        metavar="OTHER",
+        help="with --report: put a run saved with --save-run beside this one, on this run's worst functions:"
+        " OTHER.json, or STORE.sqlite[:ID] (by default its newest run saved with --save-run)",
     )
     p.add_argument(
         "--stats-port",
@@ -165,7 +172,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive,
         default=EVERY_S,
         metavar="S",
-        help=f"progress: a bar on a terminal, else a line every S seconds (default {EVERY_S:g})",
+        help="progress: a bar on a terminal, else a line every S seconds",
     )
     service.add_client_tls(p, "gateway", "GATEWAY", "the scaler (live)")
     service.add_server_tls(p, "the Platform API (live)")
@@ -190,15 +197,17 @@ def run(args: argparse.Namespace) -> int:
         outcome, heading, recorded = _offline(dataset, args, drawing) if args.offline else _live(dataset, args, drawing)
         stats = outcome.stats()
         functions = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, WORST)
+        written: list[str] = []  # said once the statistics are printed
         if args.json:
-            _write(Path(args.json), to_json(stats, functions))
+            written.append(_write(Path(args.json), to_json(stats, functions), "the statistics"))
         if drawing:
             every = worst_functions(outcome.invocations, outcome.slot_gb_s_by_key, stats, len(dataset.metas))
             saved = recorded.saved(heading, stats, every)
             if args.save_run:
-                _write(Path(args.save_run), report.save(saved))
+                mode = "offline" if args.offline else "live"
+                written.append(_save(Path(args.save_run), dataset.name, recorded.policy, mode, saved))
             if args.report:
-                _write(Path(args.report), report.page(saved, other).encode())
+                written.append(_write_page(Path(args.report), _drawing().page(saved, other)))
     except (DatasetError, LiveError, Failure) as e:
         print(f"scaler simulate: error: {e}", file=sys.stderr)
         return 1
@@ -216,7 +225,18 @@ def run(args: argparse.Namespace) -> int:
         return 143
     print("\n".join(heading))
     print(render(stats, functions))
+    for line in written:
+        print(line, file=sys.stderr)
     return 0
+
+
+def _save(path: Path, trace: str, policy: str, mode: str, saved: SavedRun) -> str:
+    """--save-run: to a JSON file, or into a runs store, page data included; the line that says where."""
+    if not runs.is_store(path):
+        return _write(path, save(saved), "the run (for --compare)")
+    record = runs.Record(trace, policy, saved.stats, saved.functions, mode=mode, title=saved.title, saved=saved)
+    [run_id] = _stored(lambda runs: asyncio.run(runs.record(path, [record])))
+    return f"scaler simulate: kept as run {run_id} in {path.resolve()}"
 
 
 def _note(flags: list[str], why: str) -> None:
@@ -224,9 +244,14 @@ def _note(flags: list[str], why: str) -> None:
         print(f"note: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} ignored: {why}", file=sys.stderr)
 
 
-def _load_run(path: Path) -> report.SavedRun:
+def _load_run(path: Path) -> SavedRun:
+    if runs.is_store(path):  # FILE.sqlite, or FILE.sqlite:ID
+        name, _, which = str(path).partition(":")
+        if which and not which.isdigit():
+            raise Failure(f"--compare {path}: after the store's name, a run's id (FILE.sqlite:ID)")
+        return _stored(lambda runs: asyncio.run(runs.saved_run(Path(name), int(which) if which else None)))
     try:
-        return report.load(path.read_bytes())
+        return load(path.read_bytes())
     except OSError as e:
         raise Failure(f"{path}: cannot read: {e.strerror}") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -253,6 +278,7 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
             [fold.done(sim.ledger_of(key).state(key).stats.gap_hist) for key, fold in sim.folds.by_key.items()],
             dataset.start_ms,
             sim.end_ms,
+            policy=name,
         )
     return (
         run,
@@ -275,7 +301,7 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     stats = f"{args.host}:{args.stats_port}" if args.stats_port is not None else None
     drivers: list[LiveRun] = []
     try:
-        run, errors, says = asyncio.run(
+        outcome = asyncio.run(
             _until_terminated(
                 run_live(
                     dataset,
@@ -293,6 +319,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             )
         )
     except KeyboardInterrupt:
+        if drivers:
+            drivers[0].show_progress(final=True)  # the bar as it ends, on a line of its own
         if not drivers or not drivers[0].done:
             raise
         driver = drivers[0]
@@ -304,7 +332,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             ],
         ) from None
     took = time.perf_counter() - started
-    policy = f", policy {says['policy']}" if "policy" in says else ""
+    run, says = outcome.run, outcome.info
+    policy = f", policy {says.policy}" if says.policy else ""
     heading = [
         f"{dataset.name}: live against {gateway} at speed {speed:g}{policy}, {len(dataset.requests)} requests"
         f" in {took:.0f}s"
@@ -316,21 +345,28 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
             f"schedule time at speed {speed:g}: CreateSlot + Init (and waits for executions) in trace time, the"
             f" scaler's own latency unscaled (as measured, not x{speed:g}); idle time unscaled too"
         )
-    for message, count in errors.most_common(3):
+    if outcome.retried:
+        calls = ", ".join(f"{n:,} x {what}" for what, n in outcome.retried.most_common())
+        heading.append(f"retried, each with the same request, as a platform does: {calls}")
+    for message, count in outcome.errors.most_common(3):
         heading.append(f"failed: {count} x {message}")
     recorded = None
     if drawing:
         title = f"{dataset.name}: live{policy}, speed {speed:g}"
-        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), report.DRAWN)
-        recorded = asyncio.run(_from_stream(title, args, [f.key for f in worst]))
+        worst = worst_functions(run.invocations, run.slot_gb_s_by_key, run.stats(), DRAWN)
+        recorded = asyncio.run(_from_stream(title, args, args.nats or says.nats, gateway, [f.key for f in worst]))
+        recorded.policy = says.policy or ""
     return run, heading, recorded
 
 
-async def _from_stream(title: str, args: argparse.Namespace, keys: list[str]) -> Recorded:
-    """The timelines of `keys` read back from the scaler's EVENTS stream: the reasons are only there."""
+async def _from_stream(title: str, args: argparse.Namespace, url: str, gateway: str, keys: list[str]) -> Recorded:
+    """The timelines of `keys` read back from the scaler's EVENTS stream (at `url`, the NATS the scaler at
+    `gateway` said it uses, or --nats; with this command's NATS access): the reasons are only there."""
     try:
-        timelines = await replay.timelines(service.nats_access(args, args.nats or replay.running_nats()), keys)
-    except (ValueError, replay.stream.UnreadableStream, replay.rebuild.Uncovered) as e:
+        if not url:
+            raise ValueError(f"the scaler at {gateway} does not say where its NATS is")
+        timelines = await replay.timelines(service.nats_access(args, url), keys)
+    except (ValueError, replay.UnreadableStream, replay.rebuild.Uncovered) as e:
         note = f"no timelines: the scaler's events could not be read ({e}); pass --nats URL"
         print(f"scaler simulate: {note}", file=sys.stderr)
         return Recorded(title, [], 0, 0, note)
@@ -338,31 +374,81 @@ async def _from_stream(title: str, args: argparse.Namespace, keys: list[str]) ->
     return Recorded(title, timelines, 0, end, "times are the scaler's clock (trace time under --speed)")
 
 
-def _write(path: Path, data: bytes) -> None:
+def _drawing():
+    """scaler/simulator/report.py: it needs plotly, which an image running only the scaler lacks (compose's)."""
+    try:
+        from scaler.simulator import report
+    except ImportError as e:
+        raise Failure(f"--report, --save-run and --compare need plotly ({e}): pip install plotly") from None
+    return report
+
+
+def _stored(work):
+    """`work(runs)`, a runs store's errors said as the command's."""
+    try:
+        return work(runs)
+    except runs.RunsError as e:
+        raise Failure(str(e)) from None
+
+
+def _write_page(path: Path, page: str) -> str:
+    """Write a page (and plotly.js beside it); the line that says where it went."""
+    from scaler.report import draw
+
+    try:
+        draw.write(path, page)
+    except OSError as e:
+        raise Failure(f"{path}: cannot write: {e.strerror}") from None
+    return f"scaler simulate: the report written to {path.resolve()}"
+
+
+def _write(path: Path, data: bytes, what: str) -> str:
+    """Write `data` to `path`; the line that says where `what` went."""
     try:
         path.write_bytes(data)
     except OSError as e:
         raise Failure(f"{path}: cannot write: {e.strerror}") from None
+    return f"scaler simulate: {what} written to {path.resolve()}"
 
 
 def render(stats: Stats, functions: list[FunctionRow]) -> str:
     """The statistics as a two-column table, then the worst functions."""
-    fields: list[tuple[str, float | int]] = []
+    fields: list[tuple[str, float | int | str]] = []
     for name, value in msgspec.to_builtins(stats).items():
         if name == "failuresByCause":  # one line each, under failedRequestsCount
             fields += [(f"  {cause}", count) for cause, count in value.items()]
+        elif name == PAPERS_FIRST:
+            fields += [("", ""), (name, f"{value:.2%}")]  # the papers' metrics, apart from the challenge's
         else:
             fields.append((name, value))
     width = max(len(name) for name, _ in fields)
-    lines = [f"  {name:<{width}}  {_number(value)}" for name, value in fields]
+    lines = [f"  {name:<{width}}  {_number(value)}".rstrip() for name, value in fields]
     if stats.success_rate < SUCCESS_THRESHOLD:
         why = f"success rate {stats.success_rate:.2%} is below {SUCCESS_THRESHOLD:.2%}"
         lines.append(f"  score 0: {why} (the sub-scores are what the run would have scored)")
     if functions:
         lines += ["", "worst functions (score lost to idle slots and waiting):"]
-        header = ("metaKey", "requests", "coldStarts", "scheduleSecs", "executionGBs", "slotGBs", "lostScore")
+        header = (
+            "metaKey",
+            "requests",
+            "coldStarts",
+            "scheduleSecs",
+            "waitP99Ms",
+            "executionGBs",
+            "slotGBs",
+            "lostScore",
+        )
         rows = [
-            (f.key, f.requests, f.cold_starts, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, f.lost_score)
+            (
+                f.key,
+                f.requests,
+                f.cold_starts,
+                f.schedule_secs,
+                f.wait_p99_ms,
+                f.execution_g_bs,
+                f.slot_g_bs,
+                f.lost_score,
+            )
             for f in functions
         ]
         key_width = max(len(header[0]), *(len(r[0]) for r in rows))
@@ -371,7 +457,9 @@ def render(stats: Stats, functions: list[FunctionRow]) -> str:
     return "\n".join(lines)
 
 
-def _number(value: float | int) -> str:
+def _number(value: float | int | str) -> str:
+    if isinstance(value, str):
+        return value
     if isinstance(value, int):
         return f"{value:,}"
     return f"{value:,.4f}" if abs(value) < 1 else f"{value:,.2f}"

@@ -21,20 +21,20 @@ an Idle at once. After the last Idle the platform runs on for RUN_TAIL_MS (the e
 import asyncio
 import contextlib
 import itertools
-import json
 import secrets
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import msgspec
 
-from scaler.gateway import info
 from scaler.platform_stub.server import PlatformStub, SlotRecord
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+from scaler.proto.info import Info, NoAnswer, ask
 from scaler.runtime import tls
 from scaler.runtime.clock import Clock
 from scaler.runtime.http import HttpEndpoint
@@ -45,6 +45,20 @@ from scaler.simulator.progress import Progress
 from scaler.simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
 
 GATEWAY_WAIT_S = 5.0  # how long a gateway may take to accept the connection before we give up
+# As a platform does: a call the scaler refused as unavailable or overloaded (a node restarting, a node
+# away) is sent again, the same request, for up to RETRY_FOR_S of real time, waiting ever longer between.
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+RETRY_FOR_S = 60.0
+RETRY_WAIT_S = (0.05, 1.0)  # the first wait, and the longest
+# Reconnect within a second of a node coming back, not after gRPC's backoff of up to two minutes.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+T = TypeVar("T")
 
 
 class LiveError(Exception):
@@ -86,6 +100,7 @@ class LiveRun:
         self._indexed = 0  # slots of the platform's accounting looked at so far
         self._unnamed: list[SlotRecord] = []  # those no Init had reached then
         self.calls = [Call(r) for r in dataset.requests]
+        self.retried: Counter[str] = Counter()  # "Assign: UNAVAILABLE" -> calls sent again
         self.progress = progress
         self.done = self.failed = self.in_flight = 0  # requests
         self.begin_ms = clock.now_ms()
@@ -144,15 +159,15 @@ class LiveRun:
                 ticker.cancel()
         if crashed:
             raise crashed[0]
-        self._show(final=True)
+        self.show_progress(final=True)
         return self.result(self.clock.now_ms())
 
     async def _tick(self) -> None:
         while True:
-            self._show()
+            self.show_progress()
             await asyncio.sleep(0.25)
 
-    def _show(self, final: bool = False) -> None:
+    def show_progress(self, final: bool = False) -> None:
         if self.progress is not None:
             now = self.clock.now_ms()
             tail = None if self._tail_began is None else (min(now - self._tail_began, self.tail_ms), self.tail_ms)
@@ -163,49 +178,71 @@ class LiveRun:
             self._refused.set_result(why)
 
     async def _invoke(self, n: int, call: Call) -> None:
-        r = call.request
-        request_id = f"{self._tag}-{n}"
+        """One request, counted done once it completed: one cut short (Ctrl-C) is in no statistics."""
         self.in_flight += 1
         try:
-            call.assign_start = self.clock.now_ms()
-            request = pb.AssignRequest(request_id=request_id, timestamp=r.start_time, meta_data=self._metas[r.meta_key])
-            try:
-                reply = await self.scaler.Assign(request)
-            except grpc.aio.AioRpcError as e:
-                call.assign_end = self.clock.now_ms()
-                self._failed(call, Failure.ASSIGN_ERROR, f"{e.code().name}: {e.details()}")
-                return
-            call.assign_end = self.clock.now_ms()
-            if reply.status != pb.Ok:
-                self._failed(call, Failure.ASSIGN_ERROR, f"{pb.Status.Name(reply.status)}: {reply.error_message}")
-                return
-            call.instance_id = reply.assigment.instance_id
-            slot = self._slot_of(call.instance_id)
-            if slot is not None:
-                self._ours = True
-            elif not self._ours:  # said at once, not after hours of a run that cannot count
-                self._refuse(self._not_ours(call.instance_id))
-            live = slot is not None and slot.destroyed_ms is None
-            call.failure = self.holds.assign(call.instance_id, request_id, live=live, ready=live and slot.ready_ms > 0)
-            if call.failure is None:
-                await self.clock.sleep_ms(r.durations_in_ms)
-                call.failure = self.holds.finish(call.instance_id, request_id, live=slot.destroyed_ms is None)
-            result = pb.Result(
-                status_code=r.status_code, duration_in_ms=r.durations_in_ms, need_destroy=r.status_code != 200
-            )
-            call.idle_start = self.clock.now_ms()
-            try:
-                idle = await self.scaler.Idle(pb.IdleRequest(assigment=reply.assigment, result=result))
-                if idle.status != pb.Ok:
-                    self._failed(call, Failure.IDLE_ERROR, f"{pb.Status.Name(idle.status)}: {idle.error_message}")
-            except grpc.aio.AioRpcError as e:
-                self._failed(call, Failure.IDLE_ERROR, f"{e.code().name}: {e.details()}")
-            call.idle_end = self.clock.now_ms()
+            await self._request(n, call)
         finally:
-            self.failed += call.failure is not None
             self.in_flight -= 1
-            self.done += 1
-            call.done = True
+        call.done = True
+        self.done += 1
+        self.failed += call.failure is not None
+
+    async def _request(self, n: int, call: Call) -> None:
+        r = call.request
+        request_id = f"{self._tag}-{n}"
+        call.assign_start = self.clock.now_ms()
+        request = pb.AssignRequest(request_id=request_id, timestamp=r.start_time, meta_data=self._metas[r.meta_key])
+        try:
+            reply = await self._sent("Assign", lambda: self.scaler.Assign(request))
+        except grpc.aio.AioRpcError as e:
+            call.assign_end = self.clock.now_ms()
+            self._failed(call, Failure.ASSIGN_ERROR, f"{e.code().name}: {e.details()}")
+            return
+        call.assign_end = self.clock.now_ms()
+        if reply.status != pb.Ok:
+            self._failed(call, Failure.ASSIGN_ERROR, f"{pb.Status.Name(reply.status)}: {reply.error_message}")
+            return
+        call.instance_id = reply.assigment.instance_id
+        slot = self._slot_of(call.instance_id)
+        if slot is not None:
+            self._ours = True
+        elif not self._ours:  # said at once, not after hours of a run that cannot count
+            self._refuse(self._not_ours(call.instance_id))
+        live = slot is not None and slot.destroyed_ms is None
+        call.failure = self.holds.assign(call.instance_id, request_id, live=live, ready=live and slot.ready_ms > 0)
+        if call.failure is None:
+            await self.clock.sleep_ms(r.durations_in_ms)
+            call.failure = self.holds.finish(call.instance_id, request_id, live=slot.destroyed_ms is None)
+        result = pb.Result(
+            status_code=r.status_code, duration_in_ms=r.durations_in_ms, need_destroy=r.status_code != 200
+        )
+        call.idle_start = self.clock.now_ms()
+        try:
+            idle_request = pb.IdleRequest(assigment=reply.assigment, result=result)
+            idle = await self._sent("Idle", lambda: self.scaler.Idle(idle_request))
+            if idle.status != pb.Ok:
+                self._failed(call, Failure.IDLE_ERROR, f"{pb.Status.Name(idle.status)}: {idle.error_message}")
+        except grpc.aio.AioRpcError as e:
+            self._failed(call, Failure.IDLE_ERROR, f"{e.code().name}: {e.details()}")
+        call.idle_end = self.clock.now_ms()
+
+    async def _sent(self, method: str, send: Callable[[], Awaitable[T]]) -> T:
+        """`send()`, again while the scaler refuses it as unavailable (RETRIED), for up to RETRY_FOR_S."""
+        loop = asyncio.get_running_loop()
+        until = wait = None
+        while True:
+            try:
+                return await send()
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in RETRIED:
+                    raise
+                until = until or loop.time() + RETRY_FOR_S
+                wait = min(wait * 2, RETRY_WAIT_S[1]) if wait else RETRY_WAIT_S[0]
+                if loop.time() + wait > until:
+                    raise
+                self.retried[f"{method}: {e.code().name}"] += 1
+            await asyncio.sleep(wait)
 
     @staticmethod
     def _failed(call: Call, failure: Failure, error: str) -> None:
@@ -231,10 +268,8 @@ class LiveRun:
     def _not_ours(self, instance_id: str) -> str:
         return (
             f"the scaler's first answer is {instance_id}, an instance this simulator's platform never started: the"
-            " scaler uses another platform, or remembers an earlier platform's instances. Each run needs a scaler"
-            " using this platform, with an empty store: a fresh"
-            f" `scaler up --platform HOST:{self.stub.port} --speed {self.clock.speed:g}` (HOST being this machine),"
-            " or compose's sim profile with `--env-file sim.env` (NATS's store on a tmpfs)"
+            " scaler uses another platform, or remembers an earlier platform's instances. "
+            + fresh_scaler(self.stub.port, self.clock.speed)
         )
 
     def so_far(self) -> dict:
@@ -314,6 +349,15 @@ class LiveRun:
         )
 
 
+def fresh_scaler(platform_port: int, speed: float) -> str:
+    """What to do when the scaler cannot serve this run."""
+    return (
+        "Each run needs a scaler using this platform, with an empty store: stop that one and start a fresh"
+        f" `scaler up --platform HOST:{platform_port} --speed {speed:g}` (HOST being this machine; no --data-dir, or"
+        " an empty one), or run compose's sim profile with `--env-file sim.env` (NATS's store on a tmpfs)"
+    )
+
+
 def _ending_after(starts: list[int], runs: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
     """The runs (sorted, ends ascending) that overlap [start, end]."""
     hi = bisect_left(starts, end)
@@ -347,13 +391,12 @@ async def _platform_quiet(stub: PlatformStub, dataset: Dataset) -> None:
                 await asyncio.sleep(0.05)
 
 
-async def scaler_info(channel: grpc.aio.Channel) -> dict:
-    """What the scaler says of itself (its speed, its policy); {} when it does not say (another scaler)."""
-    try:
-        raw = await channel.unary_unary(info.METHOD)(b"", timeout=GATEWAY_WAIT_S)
-    except grpc.aio.AioRpcError:
-        return {}
-    return json.loads(raw)
+@dataclass
+class LiveOutcome:
+    run: Run
+    errors: Counter[str]  # how the failed calls failed: message -> count
+    retried: Counter[str]  # calls sent again: "Assign: UNAVAILABLE" -> count
+    info: Info  # what the scaler said of itself
 
 
 async def run_live(
@@ -368,7 +411,7 @@ async def run_live(
     began: Callable[[LiveRun], None] = lambda driver: None,
     gateway_tls: tls.ClientTls | None = None,
     platform_tls: tls.ServerTls | None = None,
-) -> tuple[Run, Counter[str], dict]:
+) -> "LiveOutcome":
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
 
     The setup is checked before the first request: the scaler's speed (when it says it) and, at
@@ -376,7 +419,6 @@ async def run_live(
     served there over HTTP (`/stats`, JSON) while the run goes on; `said` is told where. `gateway_tls` and
     `platform_tls` put the two hops on TLS (scaler/runtime/tls.py). `began` is given
     the run once it begins, so that a caller can report the requests done so far if it is interrupted.
-    Returns the run, how its failed calls failed (message -> count), and what the scaler said of itself.
     """
     clock = Clock(speed)
     stub = PlatformStub(platform_listen, dataset.metas, create_latency_ms, clock, tls=platform_tls)
@@ -387,18 +429,26 @@ async def run_live(
         raise LiveError(f"cannot serve the Platform API on {platform_listen}: {e.why}") from None
     stats: HttpEndpoint | None = None
     try:
-        async with tls.channel(gateway, gateway_tls) as channel:
+        async with tls.channel(gateway, gateway_tls, options=CHANNEL_OPTIONS) as channel:
             try:
                 await asyncio.wait_for(channel.channel_ready(), GATEWAY_WAIT_S)
             except TimeoutError:
                 raise LiveError(
                     f"no scaler gateway answers at {gateway} (waited {GATEWAY_WAIT_S:g}s); is `scaler up` running?"
                 ) from None
-            info = await scaler_info(channel)
-            if "speed" in info and float(info["speed"]) != speed:
+            try:
+                info = await ask(gateway, GATEWAY_WAIT_S, channel)
+            except NoAnswer as e:
+                raise LiveError(str(e)) from None
+            if info.speed is not None and info.speed != speed:
                 raise LiveError(
-                    f"the scaler at {gateway} runs at speed {float(info['speed']):g} and this simulation at {speed:g}:"
+                    f"the scaler at {gateway} runs at speed {info.speed:g} and this simulation at {speed:g}:"
                     " start both with the same --speed"
+                )
+            if held := info.instances:  # an earlier run's, interrupted or finished: its platform is gone
+                raise LiveError(
+                    f"the scaler at {gateway} holds {held:,} instance{'s' if held > 1 else ''} of an earlier run, whose"
+                    f" platform is gone. {fresh_scaler(stub.port, speed)}"
                 )
             driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), stub, clock, progress)
             began(driver)  # the caller can tell how far it came, should the run be cut short
@@ -415,7 +465,7 @@ async def run_live(
         if stats is not None:
             await stats.stop()
         await stub.stop()
-    return run, driver.errors(), info
+    return LiveOutcome(run, driver.errors(), driver.retried, info)
 
 
 def _reachable(listen: str) -> str:

@@ -15,40 +15,17 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-import msgspec
 import plotly.graph_objects as go
 
-from scaler.report.draw import Page, scatter, span, timeline_figure
+from scaler.report.draw import Page, binned, lanes_figure, scatter, span, timeline_figure
 from scaler.report.draw import gaps_figure as _gaps_figure
 from scaler.report.timeline import Timeline
+from scaler.simulator.saved import DRAWN, SavedRun, load, save
 from scaler.simulator.score import SUCCESS_THRESHOLD, FunctionRow, Stats
 
-DRAWN = 6  # functions drawn in full: those that lost the most
+__all__ = ["DRAWN", "SavedRun", "load", "page", "save"]
+
 POINTS = 600  # the run's instances over time: averages over this many spans of the run
-
-
-class SavedRun(msgspec.Struct, kw_only=True):
-    """What `--save-run` writes and `--compare` reads: one run, enough to draw it again."""
-
-    title: str  # e.g. "dataSet_3: offline, policy learned"
-    heading: list[str]  # what `scaler simulate` printed above the statistics
-    stats: Stats
-    functions: list[FunctionRow]  # every function, the one that lost the most first
-    timelines: list[Timeline]  # every function's that could be folded (live: those read from the stream)
-    origin_ms: int = 0  # add to a timeline's times for epoch ms (offline runs start at 0)
-    end_ms: int = 0  # the end of the run, in the timelines' times
-    note: str = ""  # what the page should say about what is missing, if anything
-
-    def timeline(self, key: str) -> Timeline | None:
-        return next((t for t in self.timelines if t.key == key), None)
-
-
-def save(run: SavedRun) -> bytes:
-    return msgspec.json.encode(run)
-
-
-def load(data: bytes) -> SavedRun:
-    return msgspec.json.decode(data, type=SavedRun)
 
 
 def _score_figures(stats: Stats) -> list[tuple[str, str]]:
@@ -62,7 +39,15 @@ def _score_figures(stats: Stats) -> list[tuple[str, str]]:
         ("cold starts", f"{stats.cold_starts:,}"),
         ("slots created", f"{stats.total_live_slot_count:,}"),
         ("slot GB·s", f"{stats.total_slot_time_in_g_bs:,.0f}"),
+        # the papers' metrics (docs/simulation.md)
+        ("cold-start rate", f"{stats.cold_start_rate:.2%}"),
+        ("wasted memory GB·s", f"{stats.wasted_memory_time_in_g_bs:,.0f}"),
+        ("wait p50 / p99 / max", " / ".join(span(ms) for ms in _waits(stats))),
     ]
+
+
+def _waits(stats: Stats) -> tuple[float, float, float]:
+    return stats.wait_p50_in_ms, stats.wait_p99_in_ms, stats.wait_max_in_ms
 
 
 def score_figure(runs: list[SavedRun]) -> go.Figure:
@@ -117,19 +102,6 @@ def functions_figure(run: SavedRun, drawn: set[str]) -> go.Figure:
     return fig
 
 
-def _binned(intervals, start_ms: int, end_ms: int, bin_ms: int) -> list[float]:
-    """Average count of intervals alive in each bin_ms from start_ms, from (start, end) pairs."""
-    bins = [0.0] * ((end_ms - start_ms) // bin_ms + 1)
-    for start, stop in intervals:
-        start, stop = max(start, start_ms) - start_ms, min(stop, end_ms) - start_ms
-        while start < stop:
-            b = start // bin_ms
-            upto = min(stop, (b + 1) * bin_ms)
-            bins[b] += (upto - start) / bin_ms
-            start = upto
-    return bins
-
-
 def instances_figure(run: SavedRun) -> go.Figure:
     """The run's instances over time, summed over its functions: alive (paid for), and busy."""
     end = run.end_ms
@@ -137,10 +109,11 @@ def instances_figure(run: SavedRun) -> go.Figure:
     alive = ((i.wanted_ms, i.gone_ms or end) for t in run.timelines for i in t.instances)
     busy = ((s, e or end) for t in run.timelines for i in t.instances for s, e, _ in i.busy)
     bin_ms = max(1000, (end - start) // POINTS)
-    x = [run.origin_ms + start + b * bin_ms for b in range((end - start) // bin_ms + 1)]
+    bins = (end - start) // bin_ms + 1
+    x = [run.origin_ms + start + b * bin_ms for b in range(bins)]
     fig = go.Figure()
     for name, series, color in (("alive (slot paid)", alive, "#ff7f0e"), ("busy", busy, "#1f77b4")):
-        y = _binned(series, start, end, bin_ms)
+        y = binned(((s, min(e, end)) for s, e in series), start, bin_ms, bins)
         fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines", line={"color": color}))
     which = "all functions" if len(run.timelines) >= len(run.functions) else f"the {len(run.timelines)} drawn functions"
     fig.update_layout(
@@ -153,14 +126,16 @@ def instances_figure(run: SavedRun) -> go.Figure:
     return fig
 
 
-def _row(f: FunctionRow) -> list:
-    return [f.key, f.requests, f.cold_starts, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, f.lost_score]
+def _row(f: FunctionRow, lost: float) -> list:
+    return [f.key, f.requests, f.cold_starts, f.wait_p99_ms, f.schedule_secs, f.execution_g_bs, f.slot_g_bs, lost]
 
 
-HEADER = ["metaKey", "requests", "cold starts", "schedule s", "execution GB·s", "slot GB·s", "score lost"]
+HEADER = ["metaKey", "requests", "cold starts", "wait p99 ms", "schedule s", "execution GB·s", "slot GB·s"]
 
 
 def page(run: SavedRun, other: SavedRun | None = None, drawn: int = DRAWN) -> str:
+    """The run's page; with `other`, that run beside it, and every function's lost score measured against
+    the other run's totals (the baseline), so that the two columns compare."""
     title = run.title if other is None else f"{run.title} vs {other.title}"
     p = Page(title)
     p.lines(run.heading)
@@ -178,38 +153,67 @@ def page(run: SavedRun, other: SavedRun | None = None, drawn: int = DRAWN) -> st
     if run.timelines:
         p.add(instances_figure(run))
     p.heading(f"The {len(worst)} functions that lost the most")
-    theirs = {f.key: f for f in other.functions} if other is not None else {}
-    rows = [_row(f) for f in run.functions[:drawn]]
-    if other is not None:
-        rows = [[*r, theirs[r[0]].lost_score if r[0] in theirs else "-"] for r in rows]
-    p.table([*HEADER, *(["score lost there"] if other is not None else [])], rows)
+    if other is None:
+        p.table([*HEADER, "score lost"], [_row(f, f.lost_score) for f in run.functions[:drawn]])
+        p.text(COLD_STARTS, "note")
+    else:
+        theirs = {f.key: f for f in other.functions}
+        rows = [
+            [*_row(f, f.lost_against(other.stats)), theirs[f.key].lost_score if f.key in theirs else "-"]
+            for f in run.functions[:drawn]
+        ]
+        p.table([*HEADER, "score lost here", "score lost there"], rows)
+        p.text(
+            f"Score lost here and there are both measured against the totals of {other.title} (its slot GB·s and"
+            " its time waiting): what a function costs out of the same budget, so the two compare. " + COLD_STARTS,
+            "note",
+        )
     for f in run.functions[:drawn]:
-        _function(p, f, run, other, theirs.get(f.key))
+        _function(p, f, run, other)
     return p.html()
 
 
-def _function(p: Page, f: FunctionRow, run: SavedRun, other: SavedRun | None, their: FunctionRow | None) -> None:
-    p.heading(f"{f.key}: lost {f.lost_score:.3f} points")
-    said = f"{f.requests:,} requests, {f.cold_starts:,} cold starts, waited {span(f.schedule_secs * 1000)} in all"
-    if their is not None:
-        said += (
-            f"; in {other.title}: lost {their.lost_score:.3f}, {their.cold_starts:,} cold starts,"
-            f" waited {span(their.schedule_secs * 1000)}"
-        )
-    p.text(said, "note")
+COLD_STARTS = (
+    "Cold starts are requests that waited for an instance being started, everywhere on this page (the"
+    " papers' count); instances started for waiting requests are counted apart, as starts."
+)
+
+
+def _function(p: Page, f: FunctionRow, run: SavedRun, other: SavedRun | None) -> None:
+    their = next((o for o in other.functions if o.key == f.key), None) if other is not None else None
     mine = run.timeline(f.key)
+    lost = f.lost_score if other is None else f.lost_against(other.stats)
+    p.heading(f"{f.key}: lost {lost:.3f} points" + ("" if other is None else " against the baseline's totals"))
+    said = f"{f.requests:,} requests, {_said(f, mine)}"
+    if their is not None:
+        said += f"; in {other.title}: lost {their.lost_score:.3f}, {_said(their, other.timeline(f.key))}"
+    p.text(said, "note")
     if mine is not None:
         p.text(_reasons(mine), "note")
     if other is None:
         if mine is None:
             p.text("no timeline for this function (its events were not read)", "note")
             return
+        fig, rebin = lanes_figure(mine, run.end_ms, run.origin_ms)
+        p.add(fig, rebin, follow=p.ahead(2))
         p.add(timeline_figure(mine, run.end_ms, f"{f.key}: instances and waits", run.origin_ms))
         p.add(_gaps_figure(mine))
         return
     yours = other.timeline(f.key)
-    p.side_by_side(*(_drawn(p, r, t, f.key) for r, t in ((run, mine), (other, yours))))
-    p.side_by_side(*(p.figure(_gaps_figure(t, r.title)) if t else "" for r, t in ((run, mine), (other, yours))))
+    pairs = ((run, mine), (other, yours))
+    lanes = [lanes_figure(t, r.end_ms, r.origin_ms) if t else None for r, t in pairs]
+    p.side_by_side(*(p.figure(*drawn, follow=p.ahead(3)) if drawn else "" for drawn in lanes))
+    p.side_by_side(*(_drawn(p, r, t, f.key) for r, t in pairs))
+    p.side_by_side(*(p.figure(_gaps_figure(t, r.title)) if t else "" for r, t in pairs))
+
+
+def _said(f: FunctionRow, t: Timeline | None) -> str:
+    """Its cold starts (requests that waited for a start), and apart, the instances started and why."""
+    said = f"{f.cold_starts:,} cold starts ({f.cold_start_rate:.1%})"
+    if t is not None:
+        started = sum(life.cold for life in t.instances)
+        said += f"; {started:,} instances started for waiting requests, {len(t.instances) - started:,} pre-warmed"
+    return said + f"; waited {span(f.schedule_secs * 1000)} in all, p99 {span(f.wait_p99_ms)}"
 
 
 def _drawn(p: Page, run: SavedRun, t: Timeline | None, key: str) -> str:
@@ -223,16 +227,34 @@ def _reasons(t: Timeline) -> str:
     said = "; ".join(_counted(life.reason for life in t.instances))
     if t.keeps:
         said += " | kept alive: " + "; ".join(_counted(k.why for k in t.keeps))
-    return f"started: {said}"
+    return f"instances started: {said}"
+
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def _counted(reasons: Iterable[str], top: int = 4) -> list[str]:
     """The commonest kinds of reason, as `reason xN`; reasons differing only in numbers are one kind, said
-    with # for the numbers that vary."""
+    with each number's range over them (`keep-alive 12-310 s`)."""
     kinds: Counter[str] = Counter()
-    seen: dict[str, set[str]] = {}
+    numbers: dict[str, list[list[float]]] = {}
     for reason in reasons:
-        kind = re.sub(r"\d+(\.\d+)?", "#", reason or "(no reason given)")
+        reason = reason or "(no reason given)"
+        kind = NUMBER.sub("#", reason)
         kinds[kind] += 1
-        seen.setdefault(kind, set()).add(reason or "(no reason given)")
-    return [f"{next(iter(seen[k])) if len(seen[k]) == 1 else k} x{n:,}" for k, n in kinds.most_common(top)]
+        values = [float(v) for v in NUMBER.findall(reason)]
+        seen = numbers.setdefault(kind, [[] for _ in values])
+        for at, v in enumerate(values):
+            seen[at].append(v)
+    return [f"{_filled(k, numbers[k])} x{n:,}" for k, n in kinds.most_common(top)]
+
+
+def _filled(kind: str, numbers: list[list[float]]) -> str:
+    """The kind with its numbers put back: one value where they agree, their range where they differ."""
+    parts = kind.split("#")
+    out = [parts[0]]
+    for values, rest in zip(numbers, parts[1:], strict=True):
+        lo, hi = min(values), max(values)
+        out.append(f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}")
+        out.append(rest)
+    return "".join(out)

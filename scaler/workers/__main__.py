@@ -8,9 +8,10 @@ import argparse
 
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
+from scaler.runtime.ports import peer
 from scaler.store import config
 from scaler.workers.effects import ACK_WAIT_S
-from scaler.workers.gc import GcWorker
+from scaler.workers.gc import RECONCILE_EVERY_S, RECONCILE_GRACE_S, GcWorker
 from scaler.workers.platform import PlatformWorker
 
 KINDS = ("platform", "gc")
@@ -25,7 +26,9 @@ def _kind(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = service.parser("python -m scaler.workers", __doc__)
     p.add_argument("kinds", nargs="*", type=_kind, metavar="{platform,gc}", help="which workers (default: both)")
-    p.add_argument("--platform", default=service.env("PLATFORM", "127.0.0.1:50051"), help="[SCALER_PLATFORM]")
+    p.add_argument(
+        "--platform", type=peer, default=service.env("PLATFORM", "127.0.0.1:50051"), help="HOST:PORT [SCALER_PLATFORM]"
+    )
     p.add_argument(
         "--concurrency",
         type=int,
@@ -39,6 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after which an event a dead worker was performing is redelivered [SCALER_ACK_WAIT]",
     )
     service.add_client_tls(p, "platform", "PLATFORM", "the platform")
+    p.add_argument(
+        "--reconcile-every",
+        type=service.positive,
+        default=service.env("RECONCILE_EVERY", str(RECONCILE_EVERY_S)),
+        metavar="S",
+        help="seconds between the gc worker's reconciles with a platform that lists its slots [SCALER_RECONCILE_EVERY]",
+    )
+    p.add_argument(
+        "--reconcile-grace",
+        type=service.at_least(0),
+        default=service.env("RECONCILE_GRACE", str(RECONCILE_GRACE_S)),
+        metavar="S",
+        help="a slot younger than this is left alone by a reconcile: it may be one being created right now (keep it"
+        " above the platform's longest CreateSlot) [SCALER_RECONCILE_GRACE]",
+    )
     config.add_retention(p)
     return p
 
@@ -50,7 +68,8 @@ def make(a: argparse.Namespace) -> service.Component:
     if "platform" in kinds:
         parts.append(PlatformWorker(nats, a.platform, a.concurrency, a.ack_wait))
     if "gc" in kinds:
-        parts.append(GcWorker(nats, a.platform, Clock(a.speed), a.concurrency, ack_wait_s=a.ack_wait))
+        reconcile = {"reconcile_grace_s": a.reconcile_grace, "reconcile_every_s": a.reconcile_every}
+        parts.append(GcWorker(nats, a.platform, Clock(a.speed), a.concurrency, ack_wait_s=a.ack_wait, **reconcile))
     for part in parts:  # should a worker be the first to need EVENTS, it creates it with these limits
         part.retention = config.retention(a)
         part.platform_tls = service.client_tls(a, "platform")

@@ -19,17 +19,18 @@ from typing import ClassVar
 
 import grpc
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.proto.commands import AnyCommand
+from scaler.proto.commands import AnyCommand, Reply, command_id
 from scaler.proto.events import Event, decode_batch
-from scaler.proto.subjects import EVENTS, EVT, worker_subjects
+from scaler.proto.subjects import EVENTS, EVT, command_subject, worker_subjects
 from scaler.runtime import tls
 from scaler.runtime.access import Nats
-from scaler.runtime.bus import close, connect, send
+from scaler.runtime.bus import Unavailable, close, connect, send
 from scaler.runtime.faults import LastingFault
 from scaler.store.config import Retention, ensure_stream
 
@@ -73,7 +74,39 @@ MAX_MESSAGE = 512  # characters of a platform's error message kept in a report (
 
 
 class PlatformError(Exception):
-    """A platform call failed for good; the message says which call and why."""
+    """A platform call failed for good; the message says which call and why. `away`: the platform did not
+    answer at all (nothing listens there: a simulator's platform after its run), as opposed to refusing."""
+
+    def __init__(self, message: str, away: bool = False, why: str = "") -> None:
+        super().__init__(message)
+        self.away = away
+        self.why = why  # in a few words, when away: "Connection refused"
+
+
+# The platform away is one fault however many workers of a process find it so (the platform and gc
+# workers share one), said once with the platform's address, then only in LastingFault's summaries.
+_AWAY: dict[str, LastingFault] = {}
+
+
+def away(platform: str) -> LastingFault:
+    return _AWAY.setdefault(platform, LastingFault(log, f"platform {platform}"))
+
+
+class NotStored(Exception):
+    """A report nobody stored within its patience: NATS away, or no controller serves the function's partition
+    (every node down, or a take-over under way). The batch is left for redelivery."""
+
+
+async def report(nc, cmd: AnyCommand, patience_s: float) -> Reply:
+    """Send a report to its function's controller and return the answer; NotStored if nobody answers in time."""
+    try:
+        return await send(nc, cmd, patience_s=patience_s)
+    except (Unavailable, NatsError, TimeoutError) as e:
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise NotStored(
+            f"nobody stored its report {command_id(cmd)} on {command_subject(cmd.key)} within {patience_s:g}s"
+            f" (no controller serves that partition, or NATS is away; last: {why})"
+        ) from None
 
 
 def brief(text: str) -> str:
@@ -81,12 +114,12 @@ def brief(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
 
 
-async def call_platform(method, request, what: str, patience_s: float = PATIENCE_S):
+async def call_platform(method, request, what: str, patience_s: float = PATIENCE_S, platform: str = ""):
     """Call a Platform RPC; an answer of Throttle, RESOURCE_EXHAUSTED or UNAVAILABLE is retried with backoff.
 
     The challenge zeroes a run whose calls fail too often: a platform that is busy for a moment
     must cost the waiting request time, not its answer. What still fails after `patience_s`
-    raises PlatformError with the platform's last word.
+    raises PlatformError with the platform's last word. An answer from `platform` ends its being away.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + patience_s
@@ -94,6 +127,7 @@ async def call_platform(method, request, what: str, patience_s: float = PATIENCE
     while True:
         try:
             reply = await method(request, timeout=CALL_TIMEOUT_S)
+            away(platform).ended()
             if reply.status != pb.Throttle:
                 return reply
             why = f"Throttle: {brief(reply.error_message)}" if reply.error_message else "Throttle"
@@ -102,7 +136,8 @@ async def call_platform(method, request, what: str, patience_s: float = PATIENCE
                 raise PlatformError(f"{what}: {e.code().name}: {brief(e.details() or '')}") from None
             why = f"{e.code().name}: {brief(e.details() or '')}"
         if loop.time() + delay > deadline:
-            raise PlatformError(f"{what}: still {why} after {patience_s:g}s")
+            gone = why.startswith(grpc.StatusCode.UNAVAILABLE.name)
+            raise PlatformError(f"{what}: still {why} after {patience_s:g}s", gone, why.rsplit(": ", 1)[-1])
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
 
@@ -143,6 +178,7 @@ class EffectWorker:
         self._max_pending = concurrency * 4
         self._tasks: set[asyncio.Task] = set()
         self._fault = LastingFault(log, self.name)  # the platform failing batch after batch
+        self._unstored = LastingFault(log, f"{self.name} reports")  # ... or nobody storing the reports
         self._nc = None
         self._js = None
         self._sub = None
@@ -245,7 +281,18 @@ class EffectWorker:
         try:
             await asyncio.gather(*(self._one(key, e, delivery) for e in events))
         except PlatformError as e:  # expected while the platform is away: one line, no traceback, then rarely
-            self._fault.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
+            if e.away:
+                away(self.platform_addr).occurred(
+                    f"the platform at {self.platform_addr} does not answer ({e.why}): what the scaler asks of it"
+                    " (CreateSlot, Init, DestroySlot) waits and is tried again until it is back. A simulator's"
+                    " platform goes when its run ends: then stop this scaler, or start the next run against it"
+                )
+            else:
+                self._fault.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
+            await msg.nak(delay=retry_s)
+            return
+        except NotStored as e:  # expected while no controller serves the partition: as above
+            self._unstored.occurred(f"{self.name}: batch {meta.sequence.stream} failed; it will be redelivered: {e}")
             await msg.nak(delay=retry_s)
             return
         except Exception:
@@ -255,11 +302,12 @@ class EffectWorker:
         finally:
             alive.cancel()
         self._fault.ended()
+        self._unstored.ended()
         await msg.ack()
         self.forget(events)
 
     async def _one(self, key: str, event: Event, delivery: Delivery) -> None:
         async with self._limit:
-            report = await self.act(key, event, delivery)
-        if report is not None:
-            await send(self._nc, report, patience_s=REPORT_PATIENCE_S)
+            answer = await self.act(key, event, delivery)
+        if answer is not None:
+            await report(self._nc, answer, patience_s=REPORT_PATIENCE_S)

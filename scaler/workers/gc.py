@@ -64,7 +64,8 @@ class GcWorker(EffectWorker):
     async def act(self, key: str, event: InstanceRetired, delivery: Delivery) -> AnyCommand:
         request_id = f"destroy:{event.instance_id}"
         request = pb.DestroySlotRequest(request_id=request_id, id=event.slot_id, reason=event.reason)
-        reply = await call_platform(self.platform.DestroySlot, request, "DestroySlot", self.patience_s)
+        destroy = self.platform.DestroySlot
+        reply = await call_platform(destroy, request, "DestroySlot", self.patience_s, self.platform_addr)
         if reply.status not in (pb.Ok, pb.NotFound):  # NotFound: already gone, which is what we want
             raise PlatformError(f"DestroySlot {event.slot_id}: {pb.Status.Name(reply.status)}: {reply.error_message}")
         return SlotDestroyed(key=key, instance_id=event.instance_id, slot_id=event.slot_id)

@@ -33,9 +33,17 @@ from scaler.proto.events import (
     creates,
 )
 from scaler.proto.subjects import function_events
-from scaler.runtime.bus import send
 from scaler.store import stream
-from scaler.workers.effects import REPORT_PATIENCE_S, Delivery, EffectWorker, PlatformError, brief, call_platform
+from scaler.workers.circuit import HOLD_POLL_S, Circuits
+from scaler.workers.effects import (
+    REPORT_PATIENCE_S,
+    Delivery,
+    EffectWorker,
+    PlatformError,
+    brief,
+    call_platform,
+    report,
+)
 
 log = logging.getLogger("scaler.platform_worker")
 
@@ -52,6 +60,7 @@ class PlatformWorker(EffectWorker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.circuits = Circuits()  # toward a platform failing start after start
         self._starts: dict[str, asyncio.Future[AnyCommand | None]] = {}  # by instance: under way or done here
         self._made: dict[str, SlotMade] = {}  # by instance: the slot this process created, not yet reported
 
@@ -71,6 +80,10 @@ class PlatformWorker(EffectWorker):
             self._made.pop(e.instance_id, None)
 
     async def _start(self, key: str, event: SlotWanted, delivery: Delivery) -> AnyCommand | None:
+        with self.circuits.starting(key):
+            return await self._resume_or_start(key, event, delivery)
+
+    async def _resume_or_start(self, key: str, event: SlotWanted, delivery: Delivery) -> AnyCommand | None:
         i = event.instance_id
         if (made := self._made.get(i)) is not None:  # made here, its report not stored: Init has not run on it
             return await self._report_and_init(key, event, made)
@@ -107,27 +120,73 @@ class PlatformWorker(EffectWorker):
 
     async def _create_and_init(self, key: str, event: SlotWanted, request_id: str) -> AnyCommand | None:
         i = event.instance_id
+        if (refused := await self._let_through(key, i)) is not None:
+            return refused
         config = pb.ResourceConfig(memory_in_megabytes=event.meta.memory_mb)
         request = pb.CreateSlotRequest(request_id=request_id, resource_config=config)
+        circuit = self.circuits.create
         try:
-            created = await call_platform(self.platform.CreateSlot, request, "CreateSlot", self.patience_s)
+            create = self.platform.CreateSlot
+            created = await call_platform(create, request, "CreateSlot", self.patience_s, self.platform_addr)
         except PlatformError as e:
+            circuit.failed(str(e))
+            self.circuits.init(key).abandoned()
             return SlotFailed(key=key, instance_id=i, reason=str(e))
+        except BaseException:
+            circuit.abandoned()
+            self.circuits.init(key).abandoned()
+            raise
         if created.status != pb.Ok or not created.HasField("slot"):
+            circuit.failed(f"CreateSlot: {_status(created)}")
+            self.circuits.init(key).abandoned()
             return SlotFailed(key=key, instance_id=i, reason=f"CreateSlot: {_status(created)}")
+        circuit.succeeded()
         made = self._made[i] = SlotMade(created.slot.id, created.slot.create_duration_in_ms)
         return await self._report_and_init(key, event, made)
+
+    async def _let_through(self, key: str, instance_id: str) -> SlotFailed | None:
+        """None once CreateSlot's and the function's Init circuits let this start through (closed, or it is their
+        probe); while one is open the start waits, up to the circuits' `hold_s`, then is refused without a platform
+        call. Waiting, its request stays queued: an instance of the function that frees up meanwhile serves it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.circuits.hold_s
+        while True:
+            create, init = self.circuits.create, self.circuits.init(key)
+            wait, circuit = create.refuses(), create
+            if not wait:
+                wait, circuit = init.refuses(), init
+                if wait:
+                    create.abandoned()  # it may have let this start through as its probe
+            if not wait:
+                return None
+            if loop.time() >= deadline:
+                circuit.refused += 1
+                why = f"{circuit.what} failed {circuit.failures} times in a row (the latest: {circuit.last}): not tried"
+                after_ms = max(1, round(wait * 1000))
+                return SlotFailed(key=key, instance_id=instance_id, reason=why, retry_after_ms=after_ms)
+            await asyncio.sleep(min(wait, HOLD_POLL_S, max(deadline - loop.time(), 0.0)))
 
     async def _report_and_init(self, key: str, event: SlotWanted, slot: SlotMade) -> AnyCommand | None:
         """Init only once the slot is stored in the function's state, and only if it is still wanted."""
         i = event.instance_id
-        report = SlotCreated(key=key, instance_id=i, slot_id=slot.id, create_ms=slot.create_ms)
-        answer = await send(self._nc, report, patience_s=REPORT_PATIENCE_S)
-        self._made.pop(i, None)
-        if answer.code is not Code.OK:
-            log.info("%s: not initialising %s: %s", i, slot.id, answer.message)  # the controller destroys it
-            return None
-        return await self._init(key, event, slot)
+        circuit = self.circuits.init(key)
+        try:
+            created = SlotCreated(key=key, instance_id=i, slot_id=slot.id, create_ms=slot.create_ms)
+            answer = await report(self._nc, created, patience_s=REPORT_PATIENCE_S)
+            self._made.pop(i, None)
+            if answer.code is not Code.OK:
+                log.info("%s: not initialising %s: %s", i, slot.id, answer.message)  # the controller destroys it
+                circuit.abandoned()
+                return None
+            done = await self._init(key, event, slot)
+        except BaseException:
+            circuit.abandoned()
+            raise
+        if isinstance(done, SlotReady):
+            circuit.succeeded()
+        else:
+            circuit.failed(done.reason)
+        return done
 
     async def _init(self, key: str, event: SlotWanted, slot: SlotMade) -> SlotReady | SlotFailed:
         """The instance id is Init's request id: a kind platform joins a repeated Init to the one under way."""
@@ -141,7 +200,7 @@ class PlatformWorker(EffectWorker):
         call = f"{_call_id(event)}/{slot.id}"
         request = pb.InitRequest(request_id=call, slot_id=slot.id, instance_id=i, meta_data=meta)
         try:
-            init = await call_platform(self.platform.Init, request, "Init", self.patience_s)
+            init = await call_platform(self.platform.Init, request, "Init", self.patience_s, self.platform_addr)
         except PlatformError as e:
             return SlotFailed(key=key, instance_id=i, reason=str(e), slot_id=slot.id)
         if init.status != pb.Ok:

@@ -7,7 +7,7 @@ figures), so nothing in the lifecycle depends on them.
 
 `VERSION` stamps what this fold computes, for snapshots (scaler/controller/snapshots.py): a snapshot
 taken under another version holds other features, so it is not used. Tidying this module keeps
-the version; changing what it computes must bump it, and `tests/test_features.py` fails until
+the version; changing what it computes must bump it, and `tests/core/test_features.py` fails until
 it does (it pins the features of a reference event log).
 """
 

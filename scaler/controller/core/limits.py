@@ -21,30 +21,41 @@ and the tenants' quotas (scaler/controller/tenants.py: over the file's `tenants`
 """
 
 import re
+from typing import Annotated
 
 import msgspec
 
 from scaler.controller.core.policy import POLICIES
 from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, Totals, held
 
+Count = Annotated[int, msgspec.Meta(ge=0)]  # a cap or a reserve: 0 or more (a cap of 0: none)
+Wait = Annotated[int, msgspec.Meta(gt=0)]  # a time in ms: more than 0
+
 
 class FunctionLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    max_instances: int = 0  # 0: no cap
-    max_memory_mb: int = 0
-    min_warm: int = 0
+    max_instances: Count = 0  # 0: no cap
+    max_memory_mb: Count = 0
+    min_warm: Count = 0
     tenant: str = ""  # whose quotas its instances count against (over what its Assigns name)
     policy: str = ""  # the policy that decides it ("": the node's --policy)
 
+    def __post_init__(self) -> None:
+        if self.max_instances and self.min_warm > self.max_instances:
+            raise ValueError(f"min_warm {self.min_warm} is more than max_instances {self.max_instances}")
+
     def over(self, s: FnState) -> "FunctionLimits":
-        """These limits with what an operator set for the function while it runs (FnState.limits) over them."""
+        """These limits with what an operator set for the function while it runs (FnState.limits) over them; a
+        max set below the file's min_warm (or a min_warm above its max) holds both to the max."""
         o = s.limits
         if o is None:
             return self
+        most = self.max_instances if o.max_instances is None else o.max_instances
+        least = self.min_warm if o.min_warm is None else o.min_warm
         return msgspec.structs.replace(
             self,
-            max_instances=self.max_instances if o.max_instances is None else o.max_instances,
+            max_instances=most,
             max_memory_mb=self.max_memory_mb if o.max_memory_mb is None else o.max_memory_mb,
-            min_warm=self.min_warm if o.min_warm is None else o.min_warm,
+            min_warm=min(least, most) if most else least,
         )
 
 
@@ -64,19 +75,19 @@ def tenant_problem(tenant: str) -> str | None:
 class TenantQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What all of a tenant's functions may hold at once, over every node (openYuanRong's tenant quota)."""
 
-    max_on_demand: int = 0  # instances started on demand (0: no quota)
-    max_reserved: int = 0  # instances kept as reserved ones (min_warm)
+    max_on_demand: Count = 0  # instances started on demand (0: no quota)
+    max_reserved: Count = 0  # instances kept as reserved ones (min_warm)
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     default: FunctionLimits = FunctionLimits()
     functions: dict[str, FunctionLimits] = {}
-    max_instances: int = 0  # over all functions (0: no cap)
-    max_memory_mb: int = 0
-    throttle_after_ms: int = 10_000  # how long a request waits at a cap before it is answered Throttle
-    rest_after_ms: int = 10 * 60_000  # idle this long (nothing in flight, no instance): a function rests
-    forget_after_ms: int = 24 * 3_600_000  # idle this long: it is forgotten, what was learned of it too
-    session_idle_ms: int = 60_000  # a session unused this long loses its instance (openYuanRong's reaper: 60 s)
+    max_instances: Count = 0  # over all functions (0: no cap)
+    max_memory_mb: Count = 0
+    throttle_after_ms: Wait = 10_000  # how long a request waits at a cap before it is answered Throttle
+    rest_after_ms: Wait = 10 * 60_000  # idle this long (nothing in flight, no instance): a function rests
+    forget_after_ms: Wait = 24 * 3_600_000  # idle this long: it is forgotten, what was learned of it too
+    session_idle_ms: Wait = 60_000  # a session unused this long loses its instance (openYuanRong's reaper: 60 s)
     tenants: dict[str, TenantQuota] = {}  # quotas by tenant
 
     def of(self, key: str) -> FunctionLimits:

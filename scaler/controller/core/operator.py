@@ -110,6 +110,11 @@ def configure(d: Any, cmd: Configure) -> None:
         return
     said = []
     limits = _limits(d.s, cmd)
+    most = d.room.file.max_instances if limits.max_instances is None else limits.max_instances
+    least = d.room.file.min_warm if limits.min_warm is None else limits.min_warm
+    if most and least > most:
+        d.reply(cmd.reply_to, "", Code.INVALID_ARGUMENT, message=f"min_warm {least} is more than max_instances {most}")
+        return
     if limits != (d.s.limits or Override()):
         d.emit(LimitsSet(at_ms=d.now, **_fields(limits), reason=cmd.reason))
         d.room = d.room.over(d.s)

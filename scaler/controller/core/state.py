@@ -6,7 +6,7 @@ function's history, `FnStats`), which read the lifecycle and never change it.
 
 `VERSION` stamps what this fold computes and the shape it stores, for snapshots
 (scaler/controller/snapshots.py): a change to either bumps it, with an upcast from the version before
-(scaler/controller/upcast.py), so that every snapshot an earlier version wrote still loads.
+(scaler/controller/upcasts.py), so that every snapshot an earlier version wrote still loads.
 """
 
 import enum

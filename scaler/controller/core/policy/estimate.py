@@ -13,15 +13,6 @@ def median(values: tuple[int, ...] | list[int]) -> float:
     return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def quantile(values: tuple[int, ...] | list[int], q: float) -> float:
-    """Nearest-rank quantile (0 < q <= 1)."""
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    rank = min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))
-    return float(ordered[rank])
-
-
 def start_ms(s: FnState) -> int:
     """How long a new instance takes to be ready, as last observed."""
     return s.stats.start_ms or UNKNOWN_START_MS

@@ -1,0 +1,234 @@
+"""`scaler sweep DATASET --policy P [--policy Q] --vary KNOB=a,b,c ...`: a policy's trade-off as a curve.
+
+Each point (a policy with its knobs set) is simulated offline in its own process, as many at once as
+there are cores (`--jobs`); the points go into a runs store (`--db`, SQLite: docs/simulation.md), and
+from there into a table and a page (`--page`): each policy's cold-start rate against its wasted memory
+time as its knob moves, the challenge's score on each point, and the Pareto front of them all marked.
+`--compare` adds the seven peers and ours at their defaults. A knob is a numeric field of the policy's
+dataclass (`demo`'s and `fixed10`'s `keep_alive_ms`, `learned`'s `wait_gb`); `--vary NAME=...` sets
+it on every given policy that has it, `--vary POLICY.NAME=...` on that one only. With several knobs
+a policy runs every combination.
+"""
+
+import argparse
+import asyncio
+import datetime
+import itertools
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.simulator import runs
+from scaler.simulator.cli import CREATE_LATENCY_MS
+from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
+from scaler.simulator.knobs import KnobError, knobs, with_knobs
+from scaler.simulator.offline import Simulation
+from scaler.simulator.score import FunctionRow, Stats, worst_functions
+
+DEFAULT_DB = "runs.sqlite"
+DEFAULT_PAGE = "sweep.html"
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """A policy with some of its knobs set (as given: `10min`), one run of the sweep."""
+
+    policy: str
+    settings: tuple[tuple[str, str], ...] = ()
+    compared: bool = False  # there for --compare: a policy at its defaults
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.policy, *(f"{k}={v}" for k, v in self.settings)])
+
+
+@dataclass
+class Result:
+    point: Point
+    stats: Stats
+    functions: list[FunctionRow]
+    knobs: dict[str, int | float]
+    took_s: float
+    pid: int  # the process that ran it
+    pareto: bool = False
+    run_id: int = 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", metavar="DATASET_DIR", help="a folder with `metas` and `requests` (JSON lines)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        choices=sorted(POLICIES),
+        metavar="NAME",
+        help=f"a policy to sweep (again for several; one of {', '.join(POLICIES)})",
+    )
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="[POLICY.]KNOB=A,B,C",
+        help="the values a knob takes (e.g. keep_alive_ms=5min,10min,20min); again for more knobs",
+    )
+    p.add_argument("--compare", action="store_true", help="also every policy at its defaults: the peers and ours")
+    p.add_argument("--jobs", type=int, default=CORES, help="points simulated at once, each in a process")
+    p.add_argument("--db", default=DEFAULT_DB, metavar="FILE.sqlite", help="the runs store the points go into")
+    p.add_argument("--page", default=DEFAULT_PAGE, metavar="PATH.html", help="the page drawn from them")
+
+
+def points(policies: list[str], vary: list[str]) -> list[Point]:
+    """Every combination of each policy's varied knobs; a policy none of them fits runs at its defaults.
+    Unknown knobs and bad values are refused (KnobError) before anything runs."""
+    wanted: list[tuple[str | None, str, list[str]]] = []
+    for text in vary:
+        name, eq, values = text.partition("=")
+        if not eq or not name or not values:
+            raise KnobError(f"--vary {text}: expected KNOB=A,B,C or POLICY.KNOB=A,B,C")
+        owner, dot, knob = name.rpartition(".")
+        if dot and owner not in policies:
+            raise KnobError(f"--vary {text}: {owner!r} is not one of the policies swept ({', '.join(policies)})")
+        wanted.append((owner or None, knob, [v for v in values.split(",") if v.strip()]))
+    have = {policy: knobs(get_policy(policy)) for policy in policies}
+    for owner, knob, _ in wanted:
+        if owner is not None:
+            with_knobs(get_policy(owner), {knob: "0"})  # refuses a knob the policy lacks, naming its knobs
+        elif not any(knob in have[p] for p in policies):
+            said = "; ".join(f"{p}: {', '.join(sorted(have[p])) or 'none'}" for p in policies)
+            raise KnobError(f"no policy swept has a knob {knob!r} (their knobs: {said})")
+    out, seen = [], set()
+    for policy in policies:
+        mine = [(k, vs) for owner, k, vs in wanted if owner == policy or (owner is None and k in have[policy])]
+        for combination in itertools.product(*([(k, v) for v in vs] for k, vs in mine)):
+            _, values = with_knobs(get_policy(policy), dict(combination))  # refuses a bad value now, not in a worker
+            if (policy, tuple(values.items())) not in seen:  # a value given twice (1min, 60s) is one point
+                seen.add((policy, tuple(values.items())))
+                out.append(Point(policy, tuple(combination)))
+    return out
+
+
+_dataset: Dataset | None = None  # each worker's, loaded once
+
+
+def _load(path: str) -> None:
+    global _dataset
+    _dataset = load_dataset(path)
+
+
+def simulate_point(point: Point) -> Result:
+    """One point, in a worker (the dataset loaded by `_load`)."""
+    assert _dataset is not None
+    started = time.perf_counter()
+    policy, values = with_knobs(get_policy(point.policy), dict(point.settings))
+    run = Simulation(_dataset, policy, CREATE_LATENCY_MS).run()
+    stats = run.stats()
+    functions = worst_functions(run.invocations, run.slot_gb_s_by_key, stats, len(_dataset.metas))
+    return Result(point, stats, functions, values, time.perf_counter() - started, os.getpid())
+
+
+def sweep(path: str, todo: list[Point], jobs: int, progress=None) -> list[Result]:
+    """Simulate every point, `jobs` processes at once; results in the order of `todo`."""
+    done: dict[Point, Result] = {}
+    with ProcessPoolExecutor(max(1, min(jobs, len(todo))), initializer=_load, initargs=(path,)) as pool:
+        futures = {pool.submit(simulate_point, point): point for point in todo}
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
+            if progress is not None:
+                progress(len(done), len(todo), futures[future])
+    return [done[point] for point in todo]
+
+
+def front(points: list[tuple[float, float]]) -> list[bool]:
+    """Which points are on the Pareto front: no other point is as low on both coordinates and lower on one."""
+    return [not any(o != mine and o[0] <= mine[0] and o[1] <= mine[1] for o in points) for mine in points]
+
+
+def pareto(results: list[Result]) -> None:
+    """Mark the points no other point beats on both cold-start rate and wasted memory time."""
+    on = front([(r.stats.cold_start_rate, r.stats.wasted_memory_time_in_g_bs) for r in results])
+    for r, yes in zip(results, on, strict=True):
+        r.pareto = yes
+
+
+class Bar:
+    """Points done, on stderr: a bar redrawn on a terminal, a line per point in a log."""
+
+    def __init__(self, out=None) -> None:
+        self.out, self.began = out or sys.stderr, time.monotonic()
+
+    def __call__(self, done: int, total: int, point: Point) -> None:
+        elapsed = time.monotonic() - self.began
+        if self.out.isatty():
+            filled = 30 * done // total
+            self.out.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} points, {elapsed:.0f}s\x1b[K")
+            self.out.write("\n" if done == total else "")
+        else:
+            self.out.write(f"sweep: {done}/{total} points, {elapsed:.0f}s: {point.label} done\n")
+        self.out.flush()
+
+
+def table(results: list[Result]) -> list[str]:
+    head = ("point", "cold-start rate", "wasted GB·s", "wait p99 ms", "slot GB·s", "score", "Pareto")
+    rows = [
+        (
+            r.point.label + (" (defaults)" if r.point.compared else ""),
+            f"{r.stats.cold_start_rate:.2%}",
+            f"{r.stats.wasted_memory_time_in_g_bs:,.0f}",
+            f"{r.stats.wait_p99_in_ms:,.0f}",
+            f"{r.stats.total_slot_time_in_g_bs:,.0f}",
+            f"{r.stats.score:.2f}",
+            "*" if r.pareto else "",
+        )
+        for r in results
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+
+    def line(cells: tuple[str, ...]) -> str:
+        first, *rest = zip(cells, widths, strict=True)
+        return "  ".join([first[0].ljust(first[1]), *(c.rjust(w) for c, w in rest)])
+
+    return [line(head), *(line(row) for row in rows)]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        dataset = load_dataset(args.dataset)  # checked here, before any worker starts
+        policies = list(dict.fromkeys(args.policy or [DEFAULT_POLICY]))
+        todo = points(policies, args.vary)
+        if args.compare:
+            todo += [Point(p, compared=True) for p in POLICIES if p not in policies]
+        if args.jobs < 1:
+            raise KnobError("--jobs must be 1 or more")
+        print(f"sweep: {len(todo)} points of {dataset.name}, {min(args.jobs, len(todo))} at once", file=sys.stderr)
+        results = sweep(args.dataset, todo, args.jobs, Bar())
+        pareto(results)
+        sweep_id = f"{dataset.name} {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}"
+        ids = asyncio.run(runs.record(Path(args.db), [_record(dataset.name, sweep_id, r) for r in results]))
+        for r, run_id in zip(results, ids, strict=True):
+            r.run_id = run_id
+        from scaler.report import draw  # plotly is slow to import: only once there is a page to draw
+        from scaler.simulator.sweep_page import page
+
+        draw.write(Path(args.page), asyncio.run(page(Path(args.db), sweep_id)))
+    except (DatasetError, KnobError, runs.RunsError) as e:
+        print(f"scaler sweep: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"scaler sweep: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("scaler sweep: interrupted", file=sys.stderr)
+        return 130
+    print("\n".join(table(results)))
+    processes = len({r.pid for r in results})
+    print(f"\n{len(results)} points in {processes} processes; kept in {args.db} (sweep {sweep_id!r}); page {args.page}")
+    return 0
+
+
+def _record(trace: str, sweep_id: str, r: Result) -> runs.Record:
+    title = f"{trace}: offline, {r.point.label}"
+    return runs.Record(trace, r.point.policy, r.stats, r.functions, r.knobs, title=title, sweep=sweep_id)

@@ -1,0 +1,107 @@
+"""`scaler trace import FORMAT SRC OUT`: convert a public trace to the dataset format `scaler simulate` reads.
+
+Formats: azure2019 (SRC: the folder of the Azure Functions 2019 CSVs), azure2021 (the invocation
+trace's file, or its folder) and huawei (Huawei Cloud 2023's private_dataset or public_dataset folder;
+with --cold-starts, the 2025 cold-start table for init times). The same seed gives the same dataset;
+--sample N takes N functions across the trace's popularity (stratified by invocations). Every
+assumption (arrival times within a minute or second, durations and memory drawn from percentiles,
+init times where the trace has none) is in docs/traces.md.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from scaler.runtime.service import positive
+from scaler.traces import azure2019, azure2021, huawei
+from scaler.traces.build import DEFAULT_INIT_MS, DEFAULT_MEMORY_MB, Fill, TraceError, convert, sample, write
+
+FORMATS = ("azure2019", "azure2021", "huawei")
+DEFAULT_DURATION_MS = 100  # huawei's public set, which has no execution times
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    i = sub.add_parser("import", help="convert a public trace to a dataset folder", description=__doc__)
+    i.formatter_class = p.formatter_class
+    i.add_argument("format", choices=FORMATS, help="the trace's format")
+    i.add_argument("src", metavar="SRC", type=Path, help="the trace's folder (or, for azure2021, its file)")
+    i.add_argument("out", metavar="OUT", type=Path, help="the dataset folder to write (`metas` and `requests`)")
+    i.add_argument("--seed", type=int, default=0, help="seeds every draw: the same seed, the same dataset")
+    i.add_argument("--sample", type=_count, metavar="N", help="take N functions, stratified by invocations")
+    i.add_argument("--day", type=int, metavar="N", help="azure2019, huawei: the day to read (default: the first)")
+    i.add_argument(
+        "--window",
+        type=_window,
+        metavar="FROM-TO",
+        help="only requests starting in these minutes from the start of the day (azure2021: of the trace), e.g. 0-60",
+    )
+    i.add_argument(
+        "--memory-mb", type=_count, default=DEFAULT_MEMORY_MB, metavar="MB", help="memory where the trace has none"
+    )
+    i.add_argument("--init-ms", type=_count, default=DEFAULT_INIT_MS, metavar="MS", help="init where none is known")
+    i.add_argument(
+        "--cold-starts",
+        type=Path,
+        metavar="CSV",
+        help="Huawei 2025's cold-start table: each function's init (and, where the trace has none, its memory)"
+        " drawn from its starts, instead of --init-ms",
+    )
+    i.add_argument(
+        "--duration-ms",
+        type=_count,
+        default=DEFAULT_DURATION_MS,
+        metavar="MS",
+        help="huawei: execution time where the trace has none (the public set)",
+    )
+
+
+def _count(text: str) -> int:
+    value = positive(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(value)
+
+
+def _window(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (float(part) for part in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not FROM-TO in minutes: {text!r}") from None
+    if not 0 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"FROM must be 0 or more and below TO: {text!r}")
+    return round(lo * 60_000), round(hi * 60_000)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        fill = Fill(args.memory_mb, args.init_ms, huawei.cold_starts(args.cold_starts) if args.cold_starts else None)
+        if args.format == "azure2019":
+            functions, base_ms, left_out = azure2019.read(args.src, args.day, args.window)
+            used = ", ".join(f"{n:,} functions {why} left out" for why, n in left_out.items() if n)
+        elif args.format == "azure2021":
+            if args.day is not None:
+                raise TraceError("--day: the 2021 trace is one file over two weeks; use --window")
+            functions, base_ms = azure2021.read(args.src, args.window)
+            used = ""
+        else:
+            functions, base_ms, used = huawei.read(args.src, args.day, args.window, args.duration_ms)
+        picked = sample(functions, args.sample, args.seed)
+        converted = convert(picked, base_ms, args.seed, fill)
+        if not converted.requests:
+            raise TraceError(f"{args.src}: no requests in what was asked (window, day)")
+        write(args.out, converted)
+    except TraceError as e:
+        print(f"scaler trace import: error: {e}", file=sys.stderr)
+        return 1
+    span_s = (converted.requests[-1].start_time - converted.requests[0].start_time) / 1000
+    print(
+        f"{args.out}: {len(converted.metas):,} functions (of {sum(1 for f in functions if f.invocations):,}),"
+        f" {len(converted.requests):,} requests over {span_s:,.0f} s, seed {args.seed}"
+    )
+    for what, n in converted.filled.items():
+        print(f"  {what}: {n:,} functions")
+    if used:
+        print(f"  {used}")
+    print(f"next: scaler simulate {args.out} --offline")
+    return 0

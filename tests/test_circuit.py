@@ -1,0 +1,147 @@
+"""The platform worker's circuit toward a failing platform (scaler/workers/circuit.py)."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from scaler.platform_stub.server import Faults
+from scaler.workers.circuit import Circuit, Circuits
+from tests.stack import Stack, eventually
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_it_opens_after_failures_in_a_row_and_half_opens_for_one_probe_at_a_time():
+    clock = Clock()
+    c = Circuit("Init of 'fn'", trip=3, first_open_s=1, longest_open_s=4, clock=clock)
+    for _ in range(2):
+        assert c.refuses() == 0
+        c.failed("InternalError")
+    c.succeeded()  # a success in between: the count starts again
+    for _ in range(3):
+        assert c.refuses() == 0
+        c.failed("InternalError")
+    assert c.refuses() == 1.0  # open: refused, and the next try is a second away
+    clock.now += 0.4
+    assert round(c.refuses(), 3) == 0.6
+    clock.now += 0.6
+    assert c.refuses() == 0  # half-open: this one is the probe ...
+    assert c.refuses() > 0  # ... and the others still wait for its verdict
+    c.failed("InternalError")  # the probe failed: open again, for twice as long
+    assert c.refuses() == 2.0
+    clock.now += 2
+    assert c.refuses() == 0
+    c.abandoned()  # the probe was cancelled: no verdict, the next call probes
+    assert c.refuses() == 0
+    c.failed("InternalError")
+    assert c.refuses() == 4.0
+    clock.now += 4
+    assert c.refuses() == 0
+    c.failed("InternalError")
+    assert c.refuses() == 4.0  # at most longest_open_s
+    clock.now += 4
+    assert c.refuses() == 0
+    c.succeeded()
+    assert c.closed and c.refuses() == 0 and c.refuses() == 0
+
+
+def test_a_function_whose_starts_work_costs_nothing():
+    circuits = Circuits(trip=2)
+    with circuits.starting("ok"):
+        circuits.init("ok").succeeded()
+    with circuits.starting("broken"):
+        circuits.init("broken").failed("InternalError")
+    assert list(circuits._init) == ["broken"]  # it remembers the failure, for the next start
+
+
+async def callers(stack: Stack, key: str, failures: int, clients: int = 8) -> list[str]:
+    """`clients` callers each repeating an Assign of `key` until `failures` were refused in all; their errors."""
+    errors: list[str] = []
+
+    async def one(n: int) -> None:
+        i = 0
+        while len(errors) < failures:
+            i += 1
+            try:
+                await stack.idle(await stack.assign(f"{key}-c{n}-{i}", key=key))
+            except grpc.aio.AioRpcError as e:
+                errors.append(f"{e.code().name}: {e.details()}")
+
+    await asyncio.gather(*(one(n) for n in range(clients)))
+    return errors
+
+
+async def test_a_platform_failing_every_init_is_not_hammered_and_other_functions_still_start(nats_url):
+    """Init answers InternalError for one function: after TRIP failures in a row the worker stops calling Init for
+    it (the circuit stays open the whole test here); each start after that is refused at once, its request
+    failed with a message that says so. Another function's starts go on."""
+    inits: dict[str, int] = {}
+
+    def failing_init(request) -> str | None:
+        inits[request.meta_data.key] = inits.get(request.meta_data.key, 0) + 1
+        return "the runtime is broken" if request.meta_data.key == "broken" else None
+
+    async with Stack(nats_url, faults=Faults(init=failing_init)) as stack:
+        stack.platform_worker.circuits = Circuits(trip=5, first_open_s=600, hold_s=0)  # refused at once
+        errors = await callers(stack, "broken", failures=60)
+        # Not one Init per refused request: the 5 that opened it, and those already under way meanwhile (8 callers)
+        assert 5 <= inits["broken"] <= 5 + 7, inits
+        assert stack.stub.accounting.created == inits["broken"]  # nor a slot
+        assert all(e.startswith("INTERNAL: the platform could not start an instance") for e in errors), errors[:3]
+        assert f"Init of 'broken' failed {inits['broken']} times in a row" in errors[-1], errors[-1]
+        await stack.idle(await stack.assign("ok-1", key="ok"))  # its own circuit is closed
+        assert inits["ok"] == 1
+
+
+async def test_a_platform_failing_create_slot_is_tried_again_and_the_circuit_closes_when_it_works(nats_url):
+    failing = True
+
+    def create(_) -> str | None:
+        return "out of capacity" if failing else None
+
+    async with Stack(nats_url, faults=Faults(create=create)) as stack:
+        stack.platform_worker.circuits = Circuits(trip=3, first_open_s=0.2, longest_open_s=0.5, hold_s=0)
+        errors = await callers(stack, "fa", failures=30)
+        assert "CreateSlot failed" in errors[-1] and "out of capacity): not tried" in errors[-1], errors[-1]
+        failing = False
+        served: list[str] = []
+
+        async def again() -> None:
+            try:
+                served.append((await stack.assign("again", key="fb")).assigment.instance_id)
+            except grpc.aio.AioRpcError:
+                pass
+
+        while not served:  # a start refused while the circuit is still open fails; the probe after it works
+            await again()
+        await eventually(lambda: stack.platform_worker.circuits.create.closed)
+
+
+async def test_a_start_waits_for_an_open_circuit_and_goes_through_once_the_platform_works(nats_url):
+    """While a circuit is open a start waits (up to `hold_s`) rather than fail its request at once: when the
+    platform works again within that, the request is served. (The start let through as the probe serves a request
+    too: its failure fails that request.)"""
+    failing = True
+
+    def init(_) -> str | None:
+        return "the runtime is broken" if failing else None
+
+    async with Stack(nats_url, faults=Faults(init=init)) as stack:
+        stack.platform_worker.circuits = Circuits(trip=3, first_open_s=2, hold_s=60)
+        for n in range(3):  # three failed starts in a row: open
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stack.assign(f"r{n}", key="fa")
+        assert not stack.platform_worker.circuits.init("fa").closed
+        waiting = asyncio.create_task(stack.assign("held", key="fa"))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # held: no Init was tried for it, and it was not failed
+        failing = False
+        reply = await waiting
+        assert reply.assigment.instance_id
