@@ -176,7 +176,10 @@ async def test_admin_of_one_function_goes_to_its_owner_and_nodes_lists_both(nats
             through_b = grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}")
             stats = (await admin_at(through_b, "Instances", key=key)).instances
             assert [(i.id, i.phase, i.request) for i in stats] == [(reply.assigment.instance_id, "busy", "r")]
+            said = await admin_at(through_b, "Stop", key=key, instance=reply.assigment.instance_id)
+            assert said.message == f"{reply.assigment.instance_id} retires when released"  # decided by node a
             await stack.idle(reply)
+            await eventually(lambda: not stack.controller.states[key].instances)
 
             def both(answer: Answer) -> bool:
                 return len(answer.nodes) == 2 and all(m.get("address") for m in answer.nodes)
