@@ -8,7 +8,6 @@ import json
 import grpc
 import pytest
 
-from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.subjects import partition
@@ -19,14 +18,6 @@ from tests.test_nodes import shared_between
 from tests.test_seeds import admin_at, assign, until
 
 QUOTA_STATUS = {"scaler-status": "ReachMaxOnDemandInstancesPerTenant"}
-
-
-@pytest.fixture
-async def stub():
-    platform = PlatformStub("127.0.0.1:0", create_latency_ms=20)
-    await platform.start()
-    yield platform
-    await platform.stop()
 
 
 def key_in(low: int, high: int, prefix: str) -> str:
