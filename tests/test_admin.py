@@ -60,16 +60,23 @@ async def test_restart_and_delete_leave_no_slot_behind(nats_url):
             lambda: any(i.phase.value == "creating" for i in stack.controller.states["fn"].instances.values())
         )
         said = await admin(stack, "Delete", key="fn", reason="retired app")
-        assert said.message == "2 instance(s) retired, the function forgotten"
+        assert said.message == "2 instance(s) retired; its calls are refused until it is created again"
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await pending
         assert (
             failed.value.code() is grpc.StatusCode.NOT_FOUND
             and "function deleted: retired app" in failed.value.details()
         )
-        await eventually(lambda: live_slots(stack) == 0 and "fn" not in stack.controller.states)
+        await eventually(lambda: live_slots(stack) == 0 and not stack.controller.states["fn"].instances)
         assert stack.stub.accounting.created == 5  # e's slot was made after the delete, and destroyed
 
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # a tombstone: refused until created again
+            await stack.assign("f")
+        assert (
+            refused.value.code() is grpc.StatusCode.NOT_FOUND and "was deleted: retired app" in refused.value.details()
+        )
+        said = await admin(stack, "Create", key="fn", reason="back again")
+        assert said.message == "created again: its calls are served"
         again = await stack.assign("f")  # starts afresh
         assert stack.controller.states["fn"].stats.arrivals == 1
         await stack.idle(again)
@@ -77,10 +84,11 @@ async def test_restart_and_delete_leave_no_slot_behind(nats_url):
         code, out, _ = await scaler("functions", *where)
         assert code == 0 and out == f"fn  256 MB: 1 idle ({again.assigment.instance_id})\n"
         code, out, err = await scaler("delete", "fn", "--reason", "gone for good", *where)
-        assert code == 0 and out == "fn: 1 instance(s) retired, the function forgotten\n", err
-        await eventually(lambda: live_slots(stack) == 0 and "fn" not in stack.controller.states)
+        assert code == 0 and out == "fn: 1 instance(s) retired; its calls are refused until it is created again\n", err
+        await eventually(lambda: live_slots(stack) == 0 and not stack.controller.states["fn"].instances)
         code, _, err = await scaler("restart", "fn", *where)
-        assert code == 1 and err == "scaler restart: NOT_FOUND: no function 'fn'\n"
+        assert code == 1 and err.startswith("scaler restart: NOT_FOUND: function 'fn' was deleted: gone for good;")
+        assert err.count("\n") == 1
 
         with pytest.raises(grpc.aio.AioRpcError) as bad:
             await admin(stack, "Delete", key="")

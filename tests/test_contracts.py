@@ -73,6 +73,14 @@ EVENT_TAGS = {
     "FunctionDeleted": "function-deleted",
     "Followed": "followed",
     "Cued": "cued",
+    "InstanceToRetire": "instance-to-retire",
+    "StateBound": "state-bound",
+    "StateDeleted": "state-deleted",
+    "LimitsSet": "limits-set",
+    "PolicySet": "policy-set",
+    "VersionSet": "version-set",
+    "TenantSet": "tenant-set",
+    "FunctionCreated": "function-created",
 }
 
 
@@ -90,6 +98,10 @@ COMMAND_TAGS = {
     "Reconcile": "reconcile",
     "Restart": "restart",
     "Delete": "delete",
+    "Stop": "stop",
+    "Configure": "configure",
+    "Create": "create",
+    "DeleteState": "delete-state",
 }
 
 

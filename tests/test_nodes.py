@@ -29,14 +29,6 @@ KEYS = tuple(f"fn{n}" for n in range(12))  # spread over the partitions, so over
 META = Meta(memory_mb=128, runtime="python", timeout_s=60)
 
 
-@pytest.fixture
-async def stub():
-    platform = PlatformStub("127.0.0.1:0", create_latency_ms=20)
-    await platform.start()
-    yield platform
-    await platform.stop()
-
-
 async def leases(nats_url: str) -> Counter[str]:
     """Partitions held, by node."""
     async with connected(nats_url, "test") as nc:

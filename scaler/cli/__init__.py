@@ -18,8 +18,16 @@ SUBCOMMANDS = {  # name: (module with add_arguments, run and a docstring, one-li
     "sweep": (sweep, "simulate a policy as its knobs move, on every core: the trade-off curve and its page"),
     "trace": (trace, "convert the field's public traces (Azure 2019, 2021, Huawei) to datasets"),
     "functions": (admin.List, "list the functions the running nodes hold, with their instances by phase"),
-    "restart": (admin.Restart, "restart a function's instances (idle ones now, busy ones when released)"),
-    "delete": (admin.Delete, "delete a function: destroy its instances and forget it"),
+    "instances": (admin.Instances, "a function's instances with their stats, from the node that owns it"),
+    "restart": (admin.Restart, "restart a function's instances (idle ones now, busy ones when released), or one"),
+    "stop": (admin.Stop, "stop one instance of a function (now, or once released)"),
+    "set": (admin.Set, "set a function's limits, policy or version while it runs"),
+    "delete": (admin.Delete, "delete a function: destroy its instances and refuse its calls until created again"),
+    "create": (admin.Create, "create a deleted function again"),
+    "delete-state": (admin.DeleteState, "delete a state: its route, and the instance that holds it"),
+    "tenants": (admin.Tenants, "the tenants' quotas and what their functions hold on every node"),
+    "quota": (admin.Quota, "set a tenant's quotas for every node"),
+    "nodes": (admin.Nodes, "the running nodes, their partitions and how long ago their leases were renewed"),
     "drain": (admin.Drain, "make a node hand its partitions to the other nodes, then stop"),
 }
 

@@ -20,6 +20,7 @@ from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.gateway import __main__ as gateway_main
 from scaler.gateway import info
+from scaler.gateway.admin import Precondition
 from scaler.gateway.server import Gateway
 from scaler.proto.info import Info
 from scaler.runtime import durability, identity, metrics, service
@@ -86,6 +87,7 @@ class Node(service.Together):
             self.controller.node = await identity.claim_name(self.node_dir)
             self.controller.reclaim_leases = True
         said = await super().start()
+        self.controller.address = f"{self.gateway.listen.rpartition(':')[0]}:{self.gateway.port}"  # `scaler nodes`
         if self.store is not None:
             self.store.start()
         return said
@@ -102,8 +104,14 @@ class Node(service.Together):
                 log.warning("stopping with %d requests assigned here still out (after %g s)", owed, OWED_S)
         await super().stop()
 
-    async def drain_and_stop(self) -> str:
-        """scaler.Admin/Drain: drain now, answer, then stop as on SIGTERM."""
+    async def drain_and_stop(self, force: bool = False) -> str:
+        """scaler.Admin/Drain: drain now, answer, then stop as on SIGTERM. The only node refuses unless forced:
+        nobody would take its partitions, and under `scaler up` it would be started again at once."""
+        if not force and not await self.controller.others_up():
+            raise Precondition(
+                f"{self.controller.node} is the only node: nobody would take its partitions (and `scaler up` would"
+                " start it again); --force stops it all the same"
+            )
         said = await self.controller.drain()
         asyncio.get_running_loop().call_later(0.1, signal.raise_signal, signal.SIGTERM)
         return said

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 from scaler.controller import needs
-from scaler.controller.core.limits import NO_LIMITS, Limits
+from scaler.controller.core.limits import NO_LIMITS, Limits, limits_problem
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.controller.shell import MAX_BEHIND_S, Controller
 from scaler.runtime import service
@@ -102,11 +102,14 @@ def load_limits(path: str) -> Limits:
     if not path:
         return NO_LIMITS
     try:
-        return msgspec.json.decode(Path(path).read_bytes(), type=Limits)
+        limits = msgspec.json.decode(Path(path).read_bytes(), type=Limits)
     except OSError as e:
         raise argparse.ArgumentTypeError(f"{path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
         raise argparse.ArgumentTypeError(f"{path}: {e}") from None
+    if problem := limits_problem(limits):
+        raise argparse.ArgumentTypeError(f"{path}: {problem}")
+    return limits
 
 
 def make(a: argparse.Namespace) -> Controller:

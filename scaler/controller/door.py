@@ -23,15 +23,15 @@ from scaler.controller.partitions import NotServing, Partitions
 from scaler.controller.replies import Replies
 from scaler.controller.writer import Writer
 from scaler.proto.commands import (
+    OPERATOR,
+    Admin,
     AnyCommand,
     Assign,
     Cancel,
     Code,
-    Delete,
     Idle,
     Reconcile,
     Reply,
-    Restart,
     SlotCreated,
     command_id,
     decode_command,
@@ -67,7 +67,7 @@ class Door:
         self.writer = writer
         self.forwarder = forwarder
 
-    async def call(self, cmd: Assign | Idle | Restart | Delete, timeout_s: float | None) -> Reply:
+    async def call(self, cmd: Assign | Idle | Admin, timeout_s: float | None) -> Reply:
         """Decide a call from this process and wait for its answer (an Assign may wait for an instance).
 
         An Assign whose caller stops waiting (timeout, cancellation, or the event store away when its
@@ -140,7 +140,7 @@ class Door:
     async def _serve(self, cmd: AnyCommand, msg: Msg) -> None:
         """Calls are answered by their decision (now or, for a waiting Assign, later); reports once stored (a
         SlotCreated by its decision too: it says whether to go on with Init)."""
-        is_call = isinstance(cmd, Assign | Idle | SlotCreated | Restart | Delete)
+        is_call = isinstance(cmd, Assign | Idle | SlotCreated) or isinstance(cmd, OPERATOR)
         if is_call:
             cmd = replace(cmd, reply_to=msg.reply)
             if (refused := self.overloaded(cmd)) is not None:

@@ -94,6 +94,7 @@ class Leases:
         self.replicas = replicas
         self.reclaim = reclaim  # `node` is held by this process alone (runtime/identity.py): take its leases back
         self.deadline_s = renew_deadline(ttl_s)
+        self.about: Callable[[], bytes] = lambda: b""  # what its heartbeat says of the node (`scaler nodes`)
         self.held: dict[int, int] = {}  # partition -> revision of our lease entry
         self.renewed: dict[int, float] = {}  # partition -> when its last renewal that succeeded was sent (monotonic)
         self._locks: dict[int, asyncio.Lock] = {}  # one renewal of a partition at a time
@@ -218,7 +219,7 @@ class Leases:
         return max(1, len(await entries(self.js, NODES)))
 
     async def round(self) -> None:
-        await self._nodes.put(self.node, b"")
+        await self._nodes.put(self.node, self.about())
         await self._renew()
         share = math.ceil(PARTITIONS / await self.live_nodes())
         if len(self.held) > share:

@@ -8,12 +8,14 @@ the running state" rest on this one piece of code, not on copies kept in sync. P
 the latest immutable state of each function.
 """
 
+import msgspec
+
 from scaler.controller.core import decide as core
 from scaler.controller.core.decide import Decision
-from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Room
-from scaler.controller.core.policy import Policy
+from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Limits, Room, TenantQuota
+from scaler.controller.core.policy import Policy, get_policy
 from scaler.controller.core.state import FnState, Totals, apply, newest_returns
-from scaler.proto.commands import AnyCommand, Cue, Tick, command_id
+from scaler.proto.commands import AnyCommand, Assign, Cue, Tick, command_id
 from scaler.proto.events import Batch, RequestArrived
 
 NO_TOTALS = Totals()
@@ -36,6 +38,9 @@ class Ledger:
         self.totals = Totals()  # the run so far, summed over these functions
         self.others = Totals()  # ... and over the functions other nodes hold, as they last said
         self.limits = NO_LIMITS  # the operator's caps, those over all functions scaled to this ledger's share
+        self.quotas: dict[str, TenantQuota] = {}  # tenants' quotas an operator set while running, over the file's
+        self._policies: dict[str, Policy] = {}  # the policies functions chose (FnState.policy, the file's), by name
+        self._merged: tuple[Limits, dict, Limits] = (NO_LIMITS, {}, NO_LIMITS)  # `_limits`, kept while they hold
         self.seq = 0  # the newest stream sequence folded or appended
         self.followers: dict[str, set[str]] = {}  # a function -> those that follow it (FnStats.leaders)
         self.heard: tuple[tuple[str, int], ...] = ()  # other nodes' functions that came back lately (`hear`)
@@ -66,14 +71,49 @@ class Ledger:
         s, totals = self.state(cmd.key), self.totals
         if after is not None:
             s, totals = after.state, totals.change(self.states.get(cmd.key), after.state)
-        return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(cmd.key, totals))
+        named = cmd.tenant if isinstance(cmd, Assign) else ""
+        if s.policy or self.limits is not NO_LIMITS:
+            policy = self.policy_of(s, policy)
+        return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(s, totals, named))
 
     def plan(self, key: str, now: int, policy: Policy) -> Decision:
         """The core's plan for the function as stored: keep-alives, retirements, pre-warms, rest."""
-        return core.plan(self.state(key), now, policy, self.run_totals(), self._room(key, self.totals))
+        s = self.state(key)
+        if s.policy or self.limits is not NO_LIMITS:
+            policy = self.policy_of(s, policy)
+        return core.plan(s, now, policy, self.run_totals(), self._room(s, self.totals))
 
-    def _room(self, key: str, totals: Totals) -> Room:
-        return Room.of(self.limits, key, totals) if self.limits is not NO_LIMITS else NO_ROOM
+    def policy_of(self, s: FnState, default: Policy) -> Policy:
+        """The policy that decides the function: the one an operator set for it, else the limits file's, else
+        `default` (the node's)."""
+        name = s.policy or self.limits.of(s.key).policy
+        if not name or name == default.name:
+            return default
+        if (chosen := self._policies.get(name)) is None:
+            chosen = self._policies[name] = get_policy(name)
+        return chosen
+
+    def _room(self, s: FnState, totals: Totals, named: str = "") -> Room:
+        """The function's room: the caps (those over all functions against this node's `totals`), and its tenant's
+        quota against what the tenant holds on every node."""
+        if self.limits is NO_LIMITS and not self.quotas and s.limits is None and not named and not s.tenant:
+            return NO_ROOM
+        limits = self._limits()
+        tenants = totals.plus(self.others) if (s.tenant or named) and self.others.tenants else totals
+        return Room.of(limits, s, totals, tenants, named)
+
+    def _limits(self) -> Limits:
+        """The limits file's, with the tenants' quotas an operator set while running over its own."""
+        if not self.quotas:
+            return self.limits
+        if self._merged[0] is not self.limits or self._merged[1] is not self.quotas:
+            tenants = {**self.limits.tenants, **self.quotas}
+            self._merged = (self.limits, self.quotas, msgspec.structs.replace(self.limits, tenants=tenants))
+        return self._merged[2]
+
+    def tenants(self) -> dict[str, TenantQuota]:
+        """Every tenant's quota: the limits file's, and those an operator set while running over them."""
+        return self._limits().tenants
 
     def run_totals(self, totals: Totals | None = None) -> Totals:
         totals = self.totals if totals is None else totals
@@ -168,7 +208,7 @@ class Ledger:
         is dropped, keeping only where its last batch is (the next append's order check needs it)."""
         if seq:
             self.last_seq[key] = seq
-        if s.meta is None and not s.instances and not s.queue:
+        if s.meta is None and not s.instances and not s.queue and not s.configured():
             self._follow(key, self.states.get(key), None)
             self.totals = self.totals.change(self.states.pop(key, None), None)
             return

@@ -1,8 +1,9 @@
 """A node's state as Prometheus metrics, read from the controller when scraped, never counted per call.
 
 Per function: instances by phase, requests waiting, arrivals, cold starts, pre-warms, failures,
-time requests waited, slot and execution GB·s; and the stream's sequence and the age of the last
-snapshot. The figures are the ones the controller already folds into each function's state, so
+time requests waited, slot and execution GB·s, sessions and states bound; per tenant: the instances
+its functions hold here and its quotas; the partitions the node serves; and the stream's sequence
+and the age of the last snapshot. The figures are the ones the controller already folds into each function's state, so
 the hot path does nothing for them, and they agree with `scaler replay`. Times and GB·s are in
 the scaler's clock: trace time under `--speed N`.
 """
@@ -16,9 +17,29 @@ from scaler.controller.core.state import Phase
 from scaler.controller.shell import Controller
 
 
+def _one(name: str, doc: str, label: str, value: str, n: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    family.add_metric([value], n)
+    return family
+
+
 class ControllerCollector:
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
+
+    def _tenants(self) -> Iterator[Metric]:
+        """What each tenant's functions hold on this node (summed over nodes: on all), and its quotas."""
+        kinds = ["tenant", "kind"]
+        held = GaugeMetricFamily("scaler_tenant_instances", "A tenant's instances on this node, by kind", labels=kinds)
+        quota = GaugeMetricFamily("scaler_tenant_quota", "A tenant's quota over every node, by kind", labels=kinds)
+        quotas = self.controller.ledger.tenants()
+        for tenant, h in sorted(self.controller.ledger.totals.tenants.items()):
+            held.add_metric([tenant, "on_demand"], h.on_demand)
+            held.add_metric([tenant, "reserved"], h.reserved)
+        for tenant, q in sorted(quotas.items()):
+            quota.add_metric([tenant, "on_demand"], q.max_on_demand)
+            quota.add_metric([tenant, "reserved"], q.max_reserved)
+        yield from (held, quota)
 
     def collect(self) -> Iterator[Metric]:
         c = self.controller
@@ -37,6 +58,8 @@ class ControllerCollector:
         waited = CounterMetricFamily("scaler_wait_seconds", "Time requests waited for an instance", labels=fn)
         slot = CounterMetricFamily("scaler_slot_gb_seconds", "Memory x life of the function's slots", labels=fn)
         run = CounterMetricFamily("scaler_execution_gb_seconds", "Memory x time instances ran requests", labels=fn)
+        sessions = GaugeMetricFamily("scaler_sessions", "Sessions bound to an instance of a function", labels=fn)
+        states = GaugeMetricFamily("scaler_states", "States a function's instances hold (stateful routes)", labels=fn)
         for key, s in c.ledger.states.items():
             by_phase = dict.fromkeys(Phase, 0)
             for instance in s.instances.values():
@@ -52,7 +75,17 @@ class ControllerCollector:
             waited.add_metric([key], st.wait_ms / 1000)
             slot.add_metric([key], s.slot_gb_ms_at(now) / 1000)
             run.add_metric([key], st.exec_gb_ms / 1000)
-        yield from (instances, waiting, arrivals, cold, prewarms, failures, waited, slot, run)
+            sessions.add_metric([key], len(s.sessions))
+            states.add_metric([key], len(s.states))
+        yield from (instances, waiting, arrivals, cold, prewarms, failures, waited, slot, run, sessions, states)
+        yield from self._tenants()
+        yield _one(
+            "scaler_partitions",
+            "Partitions the node serves (sum over nodes: all of them)",
+            "node",
+            c.node,
+            len(c.serving),
+        )
         yield GaugeMetricFamily("scaler_functions", "Functions the controller knows", value=len(c.ledger.states))
         yield GaugeMetricFamily(
             "scaler_stream_sequence", "Newest EVENTS stream sequence the controller folded or appended", c.ledger.seq

@@ -4,7 +4,7 @@ The operator's side of it, a NATS configuration granting exactly this, is in doc
 permissions"); tests/test_security.py runs a node under that configuration.
 """
 
-from scaler.controller import shared, snapshots, state_service
+from scaler.controller import shared, snapshots, state_service, tenants
 from scaler.controller.leases import LEASES, NODES
 from scaler.proto.subjects import CMD, EVENTS, EVT, RETURNED
 from scaler.runtime.permissions import PROBE, Need, publish, subscribe
@@ -25,6 +25,8 @@ NODE: list[Need] = [
     *_bucket(LEASES, "hold partition leases"),
     *_bucket(NODES, "say it is alive"),
     *_bucket(shared.BUCKET, "share the run's totals"),
+    *_bucket(tenants.BUCKET, "hold the tenants' quotas"),
+    publish(shared.HELD, "tell the other nodes what its tenants hold"),
     publish(f"{_API}.CREATE.OBJ_{snapshots.BUCKET}", "keep snapshots"),
     publish(f"$O.{snapshots.BUCKET}.M.{PROBE}", "keep snapshots", stored=True),
     publish(f"{CMD}.{PROBE}", "pass calls on to the node that owns their function"),
@@ -33,4 +35,5 @@ NODE: list[Need] = [
     subscribe(f"_INBOX.{PROBE}.*", "hear answers"),
     subscribe(state_service.SUBJECT, "say its state (`scaler functions`, `scaler replay --verify`)"),
     subscribe(RETURNED, "hear of functions back from a lull on other nodes"),
+    subscribe(shared.HELD, "hear what the tenants hold on other nodes"),
 ]

@@ -26,7 +26,7 @@ from scaler.controller.leases import EVERY_S, TTL_S, Leases, ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import SnapshotStore
 from scaler.controller.snapshotter import Snapshotter
-from scaler.proto.commands import Assign, Code, Delete, Idle, Reply, Restart, decode_command, encode
+from scaler.proto.commands import OPERATOR, Assign, Code, Idle, Reply, decode_command, encode
 from scaler.proto.subjects import CMD, PARTITIONS, partition
 from scaler.runtime.bus import Unavailable
 from scaler.store import EventStore
@@ -177,7 +177,8 @@ class Partitions:
         except Exception:
             return  # the node's own subscriptions say what is unreadable; this one only refuses
         why = self.refused.get(partition(cmd.key), "partition refused")
-        code = Code.FAILED_PRECONDITION if isinstance(cmd, Assign | Idle | Restart | Delete) else Code.UNAVAILABLE
+        calls = isinstance(cmd, Assign | Idle) or isinstance(cmd, OPERATOR)
+        code = Code.FAILED_PRECONDITION if calls else Code.UNAVAILABLE
         reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=code, message=why)
         await self.nc.publish(msg.reply, encode(reply))
 

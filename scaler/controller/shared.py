@@ -6,6 +6,14 @@ puts its totals in a KV bucket every second and adds up the others'. Measured of
 (`bench/nodes.py`): with the totals split over four nodes the learned policy lost 5 points on a
 mixed trace; shared, it decides as one node does. An entry expires with its node (the lease TTL),
 and a partition's totals move with it, so a dead node's are not counted twice for longer than that.
+
+What a tenant's functions hold (Totals.tenants, what its quotas count) cannot wait a second: two nodes
+would start past a quota meanwhile. So a node also tells the others its tenants' counts the moment they
+change, and again at each exchange (core NATS, `scaler.tenants.held`: in order from each node, so its
+last word is its newest; one missed is repaired by the next), and the others count them at once. Two
+nodes starting for one tenant within the same few milliseconds may still pass its quota by one instance
+each; a node dead or drained holds its count until its entry expires, so a quota is held too tightly for
+that while, never too loosely.
 """
 
 import asyncio
@@ -13,9 +21,10 @@ import contextlib
 import logging
 
 import msgspec
-from nats.js import JetStreamContext
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 
-from scaler.controller.core.state import Totals
+from scaler.controller.core.state import Held, Totals
 from scaler.controller.leases import bucket
 from scaler.controller.ledger import Ledger
 from scaler.runtime.kv import entries
@@ -24,13 +33,24 @@ from scaler.runtime.tasks import cancelled
 log = logging.getLogger("scaler.controller.shared")
 
 BUCKET = "scaler_totals"
+HELD = "scaler.tenants.held"  # a node's tenants' counts, told as they change
+WATCH_S = 0.02  # how often a node looks whether its tenants' counts changed (a Python attribute: free)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Totals)
 
 
+class TenantsHeld(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    tenants: dict[str, Held]
+
+
+_held_decoder = msgspec.msgpack.Decoder(TenantsHeld)
+
+
 class SharedTotals:
-    def __init__(self, js: JetStreamContext, node: str, ledger: Ledger, ttl_s: float, every_s: float, replicas: int):
-        self.js = js
+    def __init__(self, nc: Client, node: str, ledger: Ledger, ttl_s: float, every_s: float, replicas: int):
+        self.nc = nc
+        self.js = nc.jetstream()
         self.node = node
         self.ledger = ledger  # the node's ledger: its totals go out, the others' come in
         self.ttl_s = ttl_s
@@ -38,28 +58,65 @@ class SharedTotals:
         self.replicas = replicas
         self._kv = None
         self._task: asyncio.Task | None = None
+        self._sub = None
+        self._theirs: dict[str, Totals] = {}  # by node: the totals it last put in the bucket
+        self._told_held: dict[str, dict[str, Held]] = {}  # by node: its tenants' counts as it last told them
 
     async def start(self) -> None:
         self._kv = await bucket(self.js, BUCKET, self.ttl_s, self.replicas)
+        self._sub = await self.nc.subscribe(HELD, cb=self._told)
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
         await cancelled(self._task)
         with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+        with contextlib.suppress(Exception):
             await self._kv.delete(self.node)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             with contextlib.suppress(Exception):  # NATS away: the totals are a little older, that is all
                 await self.exchange()
-            await asyncio.sleep(self.every_s)
+            since, told = loop.time(), self.ledger.totals.tenants
+            while loop.time() - since < self.every_s:
+                await asyncio.sleep(WATCH_S)
+                if self.ledger.totals.tenants is not told:
+                    told = self.ledger.totals.tenants
+                    with contextlib.suppress(Exception):  # the next exchange tells it all the same
+                        await self._tell(told)
 
     async def exchange(self) -> None:
-        await self._kv.put(self.node, _encoder.encode(self.ledger.totals))
-        others = Totals()
+        totals = self.ledger.totals
+        await self._kv.put(self.node, _encoder.encode(totals))
+        await self._tell(totals.tenants)
+        theirs = {}
         for key, value in (await entries(self.js, BUCKET)).items():
             if key == self.node:
                 continue
             with contextlib.suppress(msgspec.DecodeError):
-                others = others.plus(_decoder.decode(value))
+                theirs[key] = _decoder.decode(value)
+        self._theirs = theirs
+        self._told_held = {node: held for node, held in self._told_held.items() if node in theirs}  # gone: forgotten
+        self._sum()
+
+    async def _tell(self, tenants: dict[str, Held]) -> None:
+        await self.nc.publish(HELD, _encoder.encode(TenantsHeld(node=self.node, tenants=tenants)))
+
+    async def _told(self, msg: Msg) -> None:
+        """Another node's tenants' counts: counted at once, over what its last put in the bucket says."""
+        with contextlib.suppress(msgspec.DecodeError):
+            told = _held_decoder.decode(msg.data)
+            if told.node != self.node and told.tenants != self._told_held.get(told.node):
+                self._told_held[told.node] = told.tenants
+                self._sum()
+
+    def _sum(self) -> None:
+        others = Totals()
+        for node in self._theirs.keys() | self._told_held.keys():
+            totals = self._theirs.get(node, Totals())
+            if (held := self._told_held.get(node)) is not None:
+                totals = msgspec.structs.replace(totals, tenants=held)
+            others = others.plus(totals)
         self.ledger.others = others

@@ -12,11 +12,12 @@ import asyncio
 import logging
 import secrets
 import socket
+import time
 from dataclasses import dataclass
 
-from scaler.controller import state_service
+from scaler.controller import membership, state_service
 from scaler.controller.admission import MAX_BACKLOG, MAX_BEHIND_S, Admission
-from scaler.controller.core.limits import NO_LIMITS, Limits
+from scaler.controller.core.limits import NO_LIMITS, Limits, TenantQuota
 from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import FnState, Totals
 from scaler.controller.door import Door
@@ -31,9 +32,10 @@ from scaler.controller.returns import Returns
 from scaler.controller.shared import SharedTotals
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.controller.snapshotter import GUARD_EVERY_S, SNAPSHOT_EVERY, SNAPSHOT_INTERVAL_S, Snapshotter
+from scaler.controller.tenants import TenantQuotas
 from scaler.controller.timers import Timers
 from scaler.controller.writer import Writer
-from scaler.proto.commands import AnyCommand, Assign, Delete, Idle, Reply, Restart
+from scaler.proto.commands import Admin, AnyCommand, Assign, Idle, Reply
 from scaler.proto.subjects import PARTITIONS, partition
 from scaler.runtime import durability
 from scaler.runtime.bus import close, connect, while_connected
@@ -90,6 +92,9 @@ class Controller:
         self.recovery: Recovery | None = None
         self.lanes: Lanes | None = None
         self.door: Door | None = None
+        self.address = ""  # where callers reach its gRPC port, when it has one (its heartbeat says it: `scaler nodes`)
+        self.started_ms = 0
+        self.tenants: TenantQuotas | None = None
         self._parts: list = []  # started after the partitions' first load, stopped before NATS closes
         self._lag_watch: asyncio.Task | None = None
         self._nc = None
@@ -133,7 +138,7 @@ class Controller:
     def snapshot(self, partitions: set[int] | None = None) -> Snapshot:
         return self.snapshots.snapshot(partitions)
 
-    async def call(self, cmd: Assign | Idle | Restart | Delete, timeout_s: float | None) -> Reply:
+    async def call(self, cmd: Assign | Idle | Admin, timeout_s: float | None) -> Reply:
         """Decide a call from this process and wait for its answer (the gateway's Router)."""
         return await self.door.call(cmd, timeout_s)
 
@@ -141,9 +146,29 @@ class Controller:
         """Decide one command and wait until it is stored."""
         return await self.door.handle(cmd)
 
-    async def functions(self) -> dict[str, FnState]:
-        """Every function the running controllers hold (scaler.Admin/List), asked of each over NATS."""
-        return (await state_service.fetch(self._nc)).states
+    async def functions(self, key: str = "") -> dict[str, FnState]:
+        """Every function the running controllers hold (scaler.Admin/List), asked of each over NATS; with `key`,
+        that one alone, asked of the node that owns it."""
+        if not key:
+            return (await state_service.fetch(self._nc)).states
+        running = await state_service.fetch(self._nc, serve_s=5.0, partitions={partition(key)})
+        return {k: s for k, s in running.states.items() if k == key}
+
+    async def nodes(self) -> list[membership.Member]:
+        """The running nodes, the partitions each holds and how long ago each lease was renewed (`scaler nodes`)."""
+        return await membership.members(self._nc.jetstream())
+
+    async def others_up(self) -> list[str]:
+        """The other nodes alive, by their heartbeats."""
+        return await self.partitions.leases.others()
+
+    def quotas(self) -> tuple[dict[str, TenantQuota], Totals]:
+        """The tenants' quotas, and the run's totals (what each tenant holds on every node, as last heard)."""
+        return self.ledger.tenants(), self.ledger.run_totals()
+
+    async def set_quota(self, tenant: str, quota: TenantQuota | None) -> None:
+        """Set a tenant's quota for every node (None: the limits file's again)."""
+        await self.tenants.set(tenant, quota)
 
     async def start(self) -> str:
         s = self.settings
@@ -176,6 +201,8 @@ class Controller:
             self.replicas, reclaim=self.reclaim_leases,
         )  # fmt: skip
         self.recovery.partitions = self.partitions
+        self.started_ms = time.time_ns() // 1_000_000
+        self.partitions.leases.about = lambda: membership.about(self.address, self.started_ms, self.policy.name)
         returns = Returns(self._nc, self.node, self.ledger, self.clock, lambda cues: self.lanes.cue(cues))
         returns = returns if self.policy.follows_leaders else None
         self.lanes = Lanes(lane, replies, self.timers, self.admission, self.partitions, returns, self.recovery.lost)
@@ -186,9 +213,10 @@ class Controller:
         await forwarder.start()
         self.timers.start()
         self._lag_watch = asyncio.create_task(self._watch_lag())
-        shared = SharedTotals(events.js, self.node, self.ledger, s.lease_ttl_s, s.lease_every_s, self.replicas)
+        shared = SharedTotals(self._nc, self.node, self.ledger, s.lease_ttl_s, s.lease_every_s, self.replicas)
         state = state_service.Serving(self._nc, self.node, self.snapshot, serving)
-        self._parts = [p for p in (shared, returns, state) if p is not None]
+        self.tenants = TenantQuotas(events.js, self.ledger, s.lease_every_s, self.replicas)
+        self._parts = [p for p in (shared, returns, state, self.tenants) if p is not None]
         for part in self._parts:
             await part.start()
         self.snapshots.start()

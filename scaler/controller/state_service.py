@@ -6,6 +6,10 @@ point-in-time view), in as many messages as the server's payload limit needs, th
 `more=False`, and which partitions those are. The asker knows whom to expect from the lease bucket:
 every node that holds a partition. A node may hold a partition it has not loaded yet (taken over a
 moment ago, or refused): the answer says so, rather than leaving its functions out unnoticed.
+
+A request may name partitions (a msgpack list): then only their holders are waited for, and each node
+answers with those it serves alone: how one function's state is read from its owner (scaler.Admin's
+per-instance stats), as a restart is passed on to it.
 """
 
 import asyncio
@@ -108,20 +112,25 @@ class Serving:
         if not msg.reply:
             return
         now = set(self.serving)
+        if msg.data:
+            now &= set(msgspec.msgpack.decode(msg.data, type=list[int]))
         for body in chunks(self.take(now), self.nc.max_payload, self.node, sorted(now)):
             await self.nc.publish(msg.reply, body)
 
 
-async def fetch(nc: Client, timeout_s: float = 10.0, serve_s: float = 0.0) -> Running:
+async def fetch(
+    nc: Client, timeout_s: float = 10.0, serve_s: float = 0.0, partitions: set[int] | None = None
+) -> Running:
     """Ask the running controllers for their state; TimeoutError when one holding partitions does not answer.
 
     Each node's functions are taken only from the partitions it both holds and serves; those held and not
     served by their holder are `unserved`. While some are, or a holder does not answer, ask again for up to
-    `serve_s` (a node taking over loads its partitions in a moment; one refused stays unserved)."""
+    `serve_s` (a node taking over loads its partitions in a moment; one refused stays unserved). `partitions`:
+    those alone (by default, all)."""
     until = asyncio.get_running_loop().time() + serve_s
     while True:
         try:
-            running = await _ask(nc, timeout_s)
+            running = await _ask(nc, timeout_s, partitions)
         except TimeoutError:
             if asyncio.get_running_loop().time() >= until:
                 raise
@@ -131,8 +140,10 @@ async def fetch(nc: Client, timeout_s: float = 10.0, serve_s: float = 0.0) -> Ru
         await asyncio.sleep(0.2)
 
 
-async def _ask(nc: Client, timeout_s: float) -> Running:
+async def _ask(nc: Client, timeout_s: float, partitions: set[int] | None = None) -> Running:
     held = await holders(nc.jetstream())
+    if partitions is not None:
+        held = {p: node for p, node in held.items() if p in partitions}
     expected = set(held.values())
     inbox = nc.new_inbox()
     parts: asyncio.Queue[Msg] = asyncio.Queue()
@@ -142,7 +153,8 @@ async def _ask(nc: Client, timeout_s: float) -> Running:
 
     sub = await nc.subscribe(inbox, cb=collect)
     try:
-        await nc.publish(SUBJECT, b"", reply=inbox)
+        asked = b"" if partitions is None else msgspec.msgpack.encode(sorted(partitions))
+        await nc.publish(SUBJECT, asked, reply=inbox)
         seqs, last_seq, states, served, done = [], {}, {}, set(), set()
         async with asyncio.timeout(timeout_s):
             while not expected or not expected <= done:

@@ -53,7 +53,21 @@ def _v5(snapshot: Data) -> Data:
     return snapshot
 
 
-STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}  # from version N to N+1
+def _v6(snapshot: Data) -> Data:
+    """Version 6 had no tenants, states, versions, tombstones, live limits or per-function policy (their defaults
+    say none); its instances had no runtime (the function's, when it had one: they were started with it), no
+    version, no counts (they start at 0), and `restarting` where version 7 says why it retires when released. A
+    function deleted under version 6 left nothing behind, so it has no tombstone: its next Assign serves it."""
+    for fn in snapshot.get("states", {}).values():
+        runtime = (fn.get("meta") or {}).get("runtime", "")
+        for inst in fn.get("instances", {}).values():
+            if inst.pop("restarting", False):
+                inst["retire_on_release"] = "restarted"
+            inst.setdefault("runtime", runtime)
+    return snapshot
+
+
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6}  # from version N to N+1
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
 # (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the

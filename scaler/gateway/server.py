@@ -9,9 +9,13 @@ NATS refuses (1 MB by default): with these limits the largest event is about 1.5
 reason, which a need_destroy release and retirement both carry), a command under 1 kB, and a
 decision's batch holds a few events per command plus one or two per instance it touches.
 
-An Assign may carry a session id in its gRPC metadata, under `scaler-session` (SESSION_KEY): the
-request then prefers the instance that served the session before (scaler/controller/core/decide.py). The
-challenge's protocol has no such field, so its callers never send one and nothing changes for them.
+An Assign may carry in its gRPC metadata a session id, under `scaler-session` (SESSION_KEY): the
+request then prefers the instance that served the session before (scaler/controller/core/decide.py); a
+state id, under `scaler-state`: it runs on the instance holding that state; its function's tenant,
+under `scaler-tenant`, and version, under `scaler-version`. The challenge's protocol has no such
+fields, so its callers never send them and nothing changes for them. An Assign its tenant's quota held
+back is answered as the challenge's Throttle, with `scaler-status: ReachMaxOnDemandInstancesPerTenant`
+in its trailing metadata.
 """
 
 import logging
@@ -21,11 +25,13 @@ from typing import Protocol
 
 import grpc
 
+from scaler.controller.core.limits import tenant_problem
+from scaler.controller.core.operator import MAX_VERSION_BYTES
 from scaler.gateway import admin, admin_key, info
 from scaler.gateway.owed import Owed
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.proto.commands import Assign, Code, Idle, Reply
+from scaler.proto.commands import QUOTA_STATUS, Assign, Code, Idle, Reply
 from scaler.proto.events import Meta
 from scaler.proto.info import Info
 from scaler.proto.subjects import MAX_INSTANCE_ID_BYTES, key_problem
@@ -53,7 +59,11 @@ MAX_MEMORY_MB = 1 << 20  # 1 TiB
 MAX_TIMEOUT_S = 86_400  # a day; 0 is "none given" (the lease then uses the default timeout)
 MAX_DURATION_MS = 86_400_000  # a day: no request holds an instance longer than its lease
 SESSION_KEY = "scaler-session"  # the gRPC metadata key of an Assign's session id
-MAX_SESSION_BYTES = 256
+STATE_KEY = "scaler-state"  # ... of the state it runs on (stateful routes)
+TENANT_KEY = "scaler-tenant"  # ... of its function's tenant
+VERSION_KEY = "scaler-version"  # ... of its function's version
+STATUS_KEY = "scaler-status"  # the trailing metadata key that says why an Assign was throttled, when a quota did
+MAX_SESSION_BYTES = 256  # a session's or a state's id
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # a call refused so may come again
 Call = Assign | Idle  # what the gateway passes on (named here: the servicer's methods shadow the commands)
 
@@ -66,7 +76,12 @@ class Router(Protocol):
 
 
 class Throttled(Exception):
-    """A cap held the request back: answered with the proto's Throttle status and the reason."""
+    """A cap held the request back: answered with the proto's Throttle status and the reason (`status`: the
+    trailing metadata's scaler-status, when its tenant's quota held it)."""
+
+    def __init__(self, message: str, status: str = "") -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Refused(Exception):
@@ -101,14 +116,24 @@ def _check_key(key: str) -> None:
         raise _invalid(problem)
 
 
-def session_of(metadata) -> str:
-    """The session id an Assign's metadata names ("" if none), checked."""
-    session = next((value for key, value in metadata or () if key == SESSION_KEY), "")
-    _check_text(SESSION_KEY, session, MAX_SESSION_BYTES)
-    return session
+def named(metadata) -> dict[str, str]:
+    """What an Assign's metadata names, checked: its session, state, tenant and version (those it names)."""
+    given = {key: value for key, value in metadata or () if key in _NAMED}
+    said = {_NAMED[key]: value for key, value in given.items()}
+    _check_text(SESSION_KEY, said.get("session", ""), MAX_SESSION_BYTES)
+    _check_text(STATE_KEY, said.get("state", ""), MAX_SESSION_BYTES)
+    _check_text(VERSION_KEY, said.get("version", ""), MAX_VERSION_BYTES)
+    if said.get("session") and said.get("state"):
+        raise _invalid(f"an Assign names a {SESSION_KEY} or a {STATE_KEY}, not both")
+    if (tenant := said.get("tenant")) and (problem := tenant_problem(tenant)):
+        raise _invalid(f"{TENANT_KEY}: {problem}")
+    return said
 
 
-def assign_command(request: pb.AssignRequest, session: str = "") -> Assign:
+_NAMED = {SESSION_KEY: "session", STATE_KEY: "state", TENANT_KEY: "tenant", VERSION_KEY: "version"}
+
+
+def assign_command(request: pb.AssignRequest, **named: str) -> Assign:
     if not request.HasField("meta_data"):
         raise _invalid("meta_data is missing")
     meta = request.meta_data
@@ -123,7 +148,7 @@ def assign_command(request: pb.AssignRequest, session: str = "") -> Assign:
         key=meta.key,
         request_id=request.request_id,
         meta=Meta(memory_mb=meta.memory_in_mb, runtime=meta.runtime, timeout_s=meta.timeout_in_secs),
-        session=session,
+        **named,
     )
 
 
@@ -222,9 +247,12 @@ class Gateway(pb_grpc.ScalerServicer):
     async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
         began = perf_counter()
         try:
-            cmd = assign_command(request, session_of(context.invocation_metadata()))
+            cmd = assign_command(request, **named(context.invocation_metadata()))
             reply = await self._call(cmd, context)
         except Throttled as e:  # the challenge's own answer for "not now": its Throttle status
+            metrics.THROTTLED.labels("tenant_quota" if e.status else "cap").inc()
+            if e.status:
+                context.set_trailing_metadata(((STATUS_KEY, e.status),))
             return pb.AssignReply(status=pb.Throttle, error_message=str(e))
         except Refused as e:
             await context.abort(e.code, e.message)
@@ -259,6 +287,8 @@ class Gateway(pb_grpc.ScalerServicer):
             raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, self._why(f"no answer within {timeout:g}s")) from None
         if reply.code is Code.THROTTLED:
             raise Throttled(reply.message)
+        if reply.code is Code.QUOTA:
+            raise Throttled(reply.message, QUOTA_STATUS)
         if reply.code is not Code.OK:
             code = GRPC_CODES.get(reply.code, grpc.StatusCode.UNKNOWN)
             raise Refused(code, self._why(reply.message) if code in RETRIED else reply.message)

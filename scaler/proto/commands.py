@@ -23,6 +23,9 @@ class Assign(Command, tag="assign"):
     meta: Meta
     reply_to: str = ""
     session: str = ""  # a session id: the request prefers the instance that served the session before
+    state: str = ""  # a state id: the request runs on the instance that holds the state (stateful routes)
+    tenant: str = ""  # the tenant the caller names (the limits file's, when it names one, wins)
+    version: str = ""  # the function's version the caller names: a new one retires the old instances
 
 
 class Idle(Command, tag="idle"):
@@ -88,16 +91,61 @@ class Cue(Command, tag="cue"):
 
 
 class Restart(Command, tag="restart"):
-    """An operator's: retire the function's instances, idle ones now and busy ones when released."""
+    """An operator's: retire the function's instances, idle ones now and busy ones when released; with
+    `instance_id`, that instance alone, and another one started in its place."""
 
     reason: str = ""
     reply_to: str = ""
     asked_ms: int = 0  # when the operator asked (tells two restarts apart)
+    instance_id: str = ""
 
 
 class Delete(Command, tag="delete"):
     """An operator's: destroy the function's instances and forget it; a later Assign starts afresh."""
 
+    reason: str = ""
+    reply_to: str = ""
+    asked_ms: int = 0
+
+
+class Stop(Command, tag="stop"):
+    """An operator's: retire one instance, now when idle, once released when busy; none starts in its place."""
+
+    instance_id: str
+    reason: str = ""
+    reply_to: str = ""
+    asked_ms: int = 0
+
+
+class Configure(Command, tag="configure"):
+    """An operator's: change a function's limits, policy or version while it runs (None: leave it as it is).
+
+    The limits go over the limits file's; `reset_limits` drops them (the file's again) before those given."""
+
+    max_instances: int | None = None
+    max_memory_mb: int | None = None
+    min_warm: int | None = None
+    reset_limits: bool = False
+    policy: str | None = None  # "": the node's (or the limits file's) policy again
+    version: str | None = None
+    reason: str = ""
+    reply_to: str = ""
+    asked_ms: int = 0
+
+
+class Create(Command, tag="create"):
+    """An operator's: create a deleted function again (its tombstone goes), at `version` if given."""
+
+    version: str = ""
+    reason: str = ""
+    reply_to: str = ""
+    asked_ms: int = 0
+
+
+class DeleteState(Command, tag="delete-state"):
+    """An operator's: delete a state, its route and the instance that holds it (openYuanRong's GetAndDeleteState)."""
+
+    state: str
     reason: str = ""
     reply_to: str = ""
     asked_ms: int = 0
@@ -143,8 +191,13 @@ AnyCommand = (
     | Reconcile
     | Restart
     | Delete
+    | Stop
+    | Configure
+    | Create
+    | DeleteState
 )
-Admin = Restart | Delete  # an operator's commands, answered once stored
+Admin = Restart | Delete | Stop | Configure | Create | DeleteState  # an operator's commands, answered once stored
+OPERATOR = (Restart, Delete, Stop, Configure, Create, DeleteState)  # the same, for isinstance
 
 
 def command_id(cmd: AnyCommand) -> str:
@@ -170,10 +223,18 @@ def command_id(cmd: AnyCommand) -> str:
             return f"cue:{k}:{leader}:{t}"
         case Reconcile(listed_ms=t):
             return f"reconcile:{t}"
-        case Restart(key=k, asked_ms=t):
-            return f"restart:{k}:{t}"
+        case Restart(key=k, asked_ms=t, instance_id=i):
+            return f"restart:{k}:{t}" + (f":{i}" if i else "")
         case Delete(key=k, asked_ms=t):
             return f"delete:{k}:{t}"
+        case Stop(key=k, asked_ms=t, instance_id=i):
+            return f"stop:{k}:{t}:{i}"
+        case Configure(key=k, asked_ms=t):
+            return f"configure:{k}:{t}"
+        case Create(key=k, asked_ms=t):
+            return f"create:{k}:{t}"
+        case DeleteState(key=k, asked_ms=t, state=state):
+            return f"delete-state:{k}:{t}:{state}"
     raise TypeError(f"not a command: {cmd!r}")
 
 
@@ -185,9 +246,13 @@ class Code(enum.IntEnum):
     NOT_FOUND = 5
     RESOURCE_EXHAUSTED = 8  # the node is overloaded: try again shortly
     THROTTLED = 100  # a cap held the request back past its time: the proto's Throttle status (gRPC OK)
+    QUOTA = 101  # its tenant's quota held it back past its time: Throttle, marked ReachMaxOnDemandInstancesPerTenant
     FAILED_PRECONDITION = 9
     INTERNAL = 13
     UNAVAILABLE = 14
+
+
+QUOTA_STATUS = "ReachMaxOnDemandInstancesPerTenant"  # openYuanRong's status for Code.QUOTA, said to the caller
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):

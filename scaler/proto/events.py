@@ -42,6 +42,7 @@ class RequestArrived(Event, tag="request-arrived"):
     request_id: str
     reply_to: str = ""
     session: str = ""  # the caller's session (gRPC metadata `scaler-session`): it prefers its bound instance
+    state: str = ""  # the state it names (gRPC metadata `scaler-state`): it runs on the instance holding it
 
 
 class RequestRetried(Event, tag="request-retried"):
@@ -73,6 +74,8 @@ class SlotWanted(Event, tag="slot-wanted"):
     meta: Meta
     for_request: str = ""  # the request whose miss caused it; empty for a pre-warm
     reason: str = ""
+    version: str = ""  # the function's version it runs (FnState.version when it was wanted)
+    reserved: bool = False  # started to keep the function's reserved instances (min_warm), not on demand
 
 
 class InstanceCreated(Event, tag="instance-created"):
@@ -168,8 +171,72 @@ class FunctionRestarted(Event, tag="function-restarted"):
 
 class FunctionDeleted(Event, tag="function-deleted"):
     """An operator deleted the function: its instances are retired (their own events, before this one) and
-    its state is forgotten but for the slots still being destroyed; its next Assign starts afresh."""
+    its state is forgotten but for the slots still being destroyed and a tombstone: its Assigns are refused
+    (NOT_FOUND) until it is created again (FunctionCreated)."""
 
+    reason: str = ""
+
+
+class InstanceToRetire(Event, tag="instance-to-retire"):
+    """An operator stopped or restarted one busy instance, or deleted the state it holds: it retires once
+    released, never mid-request."""
+
+    instance_id: str
+    reason: str = ""
+
+
+class StateBound(Event, tag="state-bound"):
+    """A state's request took an instance: the state's requests run there until the state is deleted (or the
+    instance goes: the state's next request binds it anew)."""
+
+    state: str
+    instance_id: str
+    request_id: str = ""
+    why: str = ""
+
+
+class StateDeleted(Event, tag="state-deleted"):
+    """An operator deleted a state: its route goes, and the instance holding it retires (now, or once released)."""
+
+    state: str
+    reason: str = ""
+
+
+class LimitsSet(Event, tag="limits-set"):
+    """An operator set the function's limits while it runs, over the limits file's (None: as the file says)."""
+
+    max_instances: int | None = None
+    max_memory_mb: int | None = None
+    min_warm: int | None = None
+    reason: str = ""
+
+
+class PolicySet(Event, tag="policy-set"):
+    """The policy that decides the function from now on ("": the node's, or the limits file's)."""
+
+    policy: str
+    reason: str = ""
+
+
+class VersionSet(Event, tag="version-set"):
+    """The function's version changed: instances of another version retire as they become idle."""
+
+    version: str
+    reason: str = ""
+
+
+class TenantSet(Event, tag="tenant-set"):
+    """The tenant the function belongs to: its instances count against that tenant's quotas."""
+
+    tenant: str
+    reason: str = ""
+
+
+class FunctionCreated(Event, tag="function-created"):
+    """A deleted function is created again (an operator's call, or an Assign naming a new version): its tombstone
+    goes, and it serves calls again."""
+
+    version: str = ""
     reason: str = ""
 
 
@@ -226,6 +293,14 @@ AnyEvent = (
     | FunctionDeleted
     | Followed
     | Cued
+    | InstanceToRetire
+    | StateBound
+    | StateDeleted
+    | LimitsSet
+    | PolicySet
+    | VersionSet
+    | TenantSet
+    | FunctionCreated
 )
 
 

@@ -13,6 +13,7 @@ from scaler.proto.events import (
     Cued,
     Event,
     Followed,
+    FunctionCreated,
     FunctionDeleted,
     FunctionForgotten,
     FunctionRestarted,
@@ -22,7 +23,10 @@ from scaler.proto.events import (
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
+    InstanceToRetire,
     KeptAlive,
+    LimitsSet,
+    PolicySet,
     Released,
     RequestArrived,
     RequestCancelled,
@@ -32,6 +36,10 @@ from scaler.proto.events import (
     SessionBound,
     SessionEnded,
     SlotWanted,
+    StateBound,
+    StateDeleted,
+    TenantSet,
+    VersionSet,
     WaiterLeft,
 )
 from scaler.proto.subjects import SYSTEM_KEY
@@ -55,7 +63,9 @@ def event(e: Event) -> str:
         case FunctionSeen(meta=m):
             runtime = f" {m.runtime}" if m.runtime else ""
             return f"function seen: {m.memory_mb} MB{runtime}, timeout {m.timeout_s}s"
-        case RequestArrived(request_id=r, session=session):
+        case RequestArrived(request_id=r, session=session, state=state):
+            if state:
+                return f"request {r} of state {state} queued"
             return f"request {r} of session {session} queued" if session else f"request {r} queued"
         case RequestRetried(request_id=r):
             return f"request {r} asked again: one more caller waits"
@@ -63,8 +73,9 @@ def event(e: Event) -> str:
             return f"a caller of {r} gave up; others still wait"
         case RequestWaiting(request_id=r, expected_ms=t, why=why):
             return f"{r} waits for a busy instance" + (f", served about {clock(t)}" if t else "") + _why(why)
-        case SlotWanted(instance_id=i, for_request=r, reason=why):
-            return f"start {i} for {r}{_why(why)}" if r else f"pre-warm {i}{_why(why)}"
+        case SlotWanted(instance_id=i, for_request=r, reason=why, version=v):
+            at = f" at version {v}" if v else ""
+            return f"start {i}{at} for {r}{_why(why)}" if r else f"pre-warm {i}{at}{_why(why)}"
         case InstanceCreated(instance_id=i, slot_id=slot, create_ms=c):
             return f"{i} has its slot {slot} (create {c} ms); Init next"
         case InstanceReady(instance_id=i, slot_id=slot, create_ms=c, init_ms=n):
@@ -90,7 +101,26 @@ def event(e: Event) -> str:
         case FunctionRestarted(reason=why):
             return f"function restarted by an operator{_why(why)}: busy instances retire when released"
         case FunctionDeleted(reason=why):
-            return f"function deleted by an operator{_why(why)}: its state forgotten"
+            return f"function deleted by an operator{_why(why)}: its state forgotten, its calls refused until created"
+        case InstanceToRetire(instance_id=i, reason=why):
+            return f"{i} retires once released{_why(why)}"
+        case StateBound(state=state, instance_id=i, request_id=r, why=why):
+            return f"state {state} bound to {i} by {r}{_why(why)}"
+        case StateDeleted(state=state, reason=why):
+            return f"state {state} deleted by an operator{_why(why)}"
+        case LimitsSet(max_instances=n, max_memory_mb=mb, min_warm=w, reason=why):
+            given = {"max_instances": n, "max_memory_mb": mb, "min_warm": w}
+            named = ", ".join(f"{k} {v}" for k, v in given.items() if v is not None) or "as the limits file says"
+            return f"limits set while running: {named}{_why(why)}"
+        case PolicySet(policy=p, reason=why):
+            return f"policy {p or 'of the node'} decides it from now on{_why(why)}"
+        case VersionSet(version=v, reason=why):
+            return f"version {v or '(none)'}: instances of another version retire as they become idle{_why(why)}"
+        case TenantSet(tenant=t, reason=why):
+            return f"tenant {t}: its instances count against the tenant's quotas{_why(why)}"
+        case FunctionCreated(version=v, reason=why):
+            at = f" at version {v}" if v else ""
+            return f"function created again{at}: its calls are served{_why(why)}"
         case FunctionRested():
             return "function at rest: its record of recent releases dropped"
         case FunctionForgotten():
@@ -123,7 +153,7 @@ def _instance(i: Instance) -> str:
             what = f"for {i.for_request}" if i.for_request else "pre-warm"
             return f"{i.id:<14} creating  {what}, wanted at {clock(i.wanted_ms)}"
         case Phase.BUSY:
-            restart = ", retires when released (restarted)" if i.restarting else ""
+            restart = f", retires when released ({i.retire_on_release})" if i.retire_on_release else ""
             return f"{i.id:<14} busy      {slot}, held by {i.request_id} since {clock(i.since_ms)}{restart}"
         case Phase.IDLE:
             keep = f", keep-alive until {clock(i.keep_until_ms)}" if i.keep_until_ms else ""
@@ -144,8 +174,25 @@ def state(s: FnState, last_seq: int = 0) -> Iterator[str]:
         yield "  " + _instance(i)
     for session, b in sorted(s.sessions.items()):
         yield f"  session {session} → {b.instance_id}, last used {clock(b.used_ms)}"
+    for name_, route in sorted(s.states.items()):
+        gone = "" if route.instance_id in s.instances else " (gone: its next request binds it anew)"
+        yield f"  state {name_} → {route.instance_id}{gone}, since {clock(route.bound_ms)}"
+    if settings := _settings(s):
+        yield "  " + settings
     if not s.instances and not s.queue:
         yield "  no instances"
+
+
+def _settings(s: FnState) -> str:
+    """What an operator (or the calls) set for the function, on one line ("" if nothing)."""
+    said = [f"tenant {s.tenant}" if s.tenant else "", f"version {s.version}" if s.version else ""]
+    said.append(f"policy {s.policy}" if s.policy else "")
+    if s.limits is not None:
+        given = msgspec.structs.asdict(s.limits)
+        said.append("limits " + ", ".join(f"{k} {v}" for k, v in given.items() if v is not None))
+    if s.deleted is not None:
+        said.append(f"DELETED at {clock(s.deleted.at_ms)}{_why(s.deleted.reason)}: its calls are refused")
+    return "; ".join(x for x in said if x)
 
 
 def differences(replayed: Any, running: Any, path: str = "") -> Iterator[str]:

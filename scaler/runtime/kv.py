@@ -32,6 +32,11 @@ async def entries(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
     """The bucket's keys and values, deleted ones left out; {} when it holds none. Raises NotFoundError when
     there is no such bucket, and TimeoutError (a failover: its consumer's server died) when the next entries
     do not come within LISTING_WAIT_S, refused pulls included."""
+    return {key: value for key, (value, _) in (await entries_at(js, bucket)).items()}
+
+
+async def entries_at(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes, float]]:
+    """As `entries`, each value with when it was written (Unix seconds, the server's clock): a lease's renewal."""
     stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
     config = api.ConsumerConfig(
         deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
@@ -44,7 +49,7 @@ async def entries(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
     expected = made.num_pending  # a pull consumer sends nothing before it is asked
     sub = await js.pull_subscribe_bind(consumer=made.name, stream=stream)
     try:
-        found: dict[str, bytes | None] = {}  # None: deleted
+        found: dict[str, tuple[bytes, float] | None] = {}  # None: deleted
         read, loop = 0, asyncio.get_running_loop()
         until = loop.time() + LISTING_WAIT_S  # moved on by every key that comes
         while read < expected:
@@ -60,7 +65,8 @@ async def entries(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
             read += len(msgs)
             for msg in msgs:
                 op = msg.headers.get(KV_OP) if msg.headers else None
-                found[msg.subject.removeprefix(prefix)] = None if op in (KV_DEL, KV_PURGE) else msg.data
+                written = msg.metadata.timestamp.timestamp()
+                found[msg.subject.removeprefix(prefix)] = None if op in (KV_DEL, KV_PURGE) else (msg.data, written)
             if msgs:
                 until = loop.time() + LISTING_WAIT_S
             if not msgs or msgs[-1].metadata.num_pending == 0:

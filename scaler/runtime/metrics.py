@@ -6,7 +6,7 @@ metrics pay only the observe. Everything else a node exports is read from its st
 scraped (scaler/controller/metrics.py).
 """
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.registry import Collector
 
 from scaler.runtime.http import HttpEndpoint, Page
@@ -31,10 +31,33 @@ APPEND = Histogram(
 )
 
 
+# Rare events, counted as they happen (a call answered Throttle, an operator's call): no cost on the hot path.
+THROTTLED = Counter(
+    "scaler_throttled",
+    "Assign calls answered Throttle: held back past their wait by a cap, or by their tenant's on-demand quota",
+    ["why"],
+    registry=None,
+)
+THROTTLE_WHYS = ("cap", "tenant_quota")
+ADMIN = Counter(
+    "scaler_admin_actions",
+    "Calls of the Admin service (scaler functions, restart, stop, set, quota, drain, ...), by method and gRPC outcome",
+    ["action", "outcome"],
+    registry=None,
+)
+for _why in THROTTLE_WHYS:  # every series exists from the start: a rate over it is 0, not missing
+    THROTTLED.labels(_why)
+
+
+def admin_action(action: str, outcome: str) -> None:
+    ADMIN.labels(action, outcome).inc()
+
+
 def endpoint(listen: str, collectors: list[Collector], pages: dict[str, Page] | None = None) -> HttpEndpoint:
-    """`/metrics` on `listen`: the call and append histograms, and `collectors`; and `pages` beside it."""
+    """`/metrics` on `listen`: the call and append histograms, the counters, and `collectors`; and `pages` beside
+    it."""
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (CALLS, APPEND, *collectors):
+    for collector in (CALLS, APPEND, THROTTLED, ADMIN, *collectors):
         registry.register(collector)
     served = {"/metrics": lambda: (CONTENT_TYPE_LATEST, generate_latest(registry)), **(pages or {})}
     return HttpEndpoint(listen, served, "metrics")

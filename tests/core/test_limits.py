@@ -67,7 +67,7 @@ def test_caps_over_all_functions_count_what_the_others_hold():
     s = FnState(key=KEY)
     for n, cmd in enumerate([assign("r1"), assign("r2")]):
         held = others.plus(Totals().change(None, s))  # as the ledger counts: every function's instances
-        s = decide(s, cmd, n * 10, DEMO, room=Room.of(limits, KEY, held)).state
+        s = decide(s, cmd, n * 10, DEMO, room=Room.of(limits, s, held)).state
     assert len(s.instances) == 1
     assert limits.share(0.5).max_instances == 1 and Limits().share(0.5) == Limits()
 

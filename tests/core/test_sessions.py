@@ -142,7 +142,11 @@ def test_delete_retires_everything_fails_the_waiting_and_forgets():
     assert isinstance(d.events[-1], e.FunctionDeleted)
     assert fn.s.meta is None and fn.s.sessions == {} and fn.s.queue == () and fn.s.stats.arrivals == 0
     assert {i.phase for i in fn.s.instances.values()} == {Phase.RETIRING}
-    d = fn(assign("again"), 600)
+    d = fn(assign("again"), 600)  # a tombstone: refused until created again
+    assert d.events == [] and d.replies[0].code is c.Code.NOT_FOUND and "was deleted: gone" in d.replies[0].message
+    d = fn(c.Create(key=KEY, reply_to="op"), 650)
+    assert [type(x) for x in d.events] == [e.FunctionCreated] and d.replies[0].code is c.Code.OK
+    d = fn(assign("again"), 700)
     assert isinstance(d.events[0], e.FunctionSeen)
     assert [x.instance_id for x in d.events if isinstance(x, e.SlotWanted)] == ["fn-3"]  # no id used twice
     unknown = decide(FnState(key="nope"), c.Delete(key="nope", reply_to="op"), 0, DEMO)

@@ -16,6 +16,18 @@ one that served it last). When that one is busy the request waits for it, up to 
 before it takes another instance like any request and the session moves there (`SessionBound`). A
 binding ends with its instance or after the session's idle time (`SessionEnded`).
 
+Stateful routes: an Assign may name a state; its request runs on the instance that holds the state,
+waiting for it while it is busy, however long. The state's first request takes an instance no state
+holds (or one starts for it) and binds the state there (`StateBound`) until an operator deletes it;
+if that instance goes, the state's next request binds it anew. An instance holding a state serves
+that state's requests alone and is kept alive while it holds it.
+
+Tenants, versions and tombstones: an Assign may name its tenant (the limits file's wins) and its
+version; a new version retires instances of other versions as they become idle, never mid-request.
+A deleted function's Assigns are refused (NOT_FOUND) until an operator creates it again, or an
+Assign names another version than the deleted one's. An operator's commands on one instance, a
+state or the function's settings are in operator.py.
+
 Leaders: a function called by another comes back from its lulls shortly after that other one does. For a
 policy that follows leaders, an Assign that brings a function back records the functions that came back
 within FOLLOW_MS before it (`Followed`, from the run's totals); the ledger then sends it a Cue when one of
@@ -29,18 +41,23 @@ produced, and `Decision.state` equals `replay(s, Decision.events)`.
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from scaler.controller.core import reconcile
+from scaler.controller.core import operator, reconcile
 from scaler.controller.core.features import FOLLOW_MS, UNKNOWN_START_MS, comes_back
 from scaler.controller.core.limits import NO_ROOM, Room
+from scaler.controller.core.operator import misfit, retire_past_max
 from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
 from scaler.proto.commands import (
+    QUOTA_STATUS,
     AnyCommand,
     Assign,
     Cancel,
     Code,
+    Configure,
+    Create,
     Cue,
     Delete,
+    DeleteState,
     Idle,
     Reconcile,
     Reply,
@@ -49,6 +66,7 @@ from scaler.proto.commands import (
     SlotDestroyed,
     SlotFailed,
     SlotReady,
+    Stop,
     Tick,
 )
 from scaler.proto.events import (
@@ -56,6 +74,7 @@ from scaler.proto.events import (
     Cued,
     Event,
     Followed,
+    FunctionCreated,
     FunctionDeleted,
     FunctionForgotten,
     FunctionRestarted,
@@ -75,6 +94,9 @@ from scaler.proto.events import (
     SessionBound,
     SessionEnded,
     SlotWanted,
+    StateBound,
+    TenantSet,
+    VersionSet,
     WaiterLeft,
 )
 
@@ -106,12 +128,14 @@ class _Draft:
         self.events: list[Event] = []
         self.replies: list[Reply] = []
 
-    def may_start(self, wanted: int) -> int:
-        """As many of `wanted` new instances as the caps allow."""
+    def may_start(self, wanted: int, reserved: bool = False) -> int:
+        """As many of `wanted` new instances as the caps and the tenant's quota (on demand, or `reserved`) allow."""
         allowed = self.room.starts(self.s, self.started)
+        if self.room.quota is not None and (left := self.room.tenant_left(self.s, reserved)) is not None:
+            allowed = max(0, left) if allowed is None else min(allowed, max(0, left))
         return wanted if allowed is None else min(wanted, allowed)
 
-    def start(self, for_request: str = "", why: str = "") -> None:
+    def start(self, for_request: str = "", why: str = "", reserved: bool = False) -> None:
         self.started += 1
         self.emit(
             SlotWanted(
@@ -120,6 +144,8 @@ class _Draft:
                 meta=self.s.meta,
                 for_request=for_request,
                 reason=why,
+                version=self.s.version,
+                reserved=reserved,
             )
         )
 
@@ -214,6 +240,9 @@ def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy
     if cmd.meta.memory_mb <= 0:
         d.reply(to, r, Code.INVALID_ARGUMENT, message=f"memory_in_mb must be positive, got {cmd.meta.memory_mb}")
         return
+    if d.s.deleted is not None and not _created_by(d, cmd):
+        d.reply(to, r, Code.NOT_FOUND, message=_tombstone(d.s))
+        return
     if (waiting := d.s.pending(r)) is not None:  # asked again while queued: answer this caller too
         if to and to not in waiting.waiters:
             d.emit(RequestRetried(at_ms=d.now, request_id=r, reply_to=to))
@@ -228,10 +257,36 @@ def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy
         return
     if d.s.meta != cmd.meta:
         d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
+    _named(d, cmd)
     if policy.follows_leaders and totals is not None and comes_back(d.s.stats, d.now):
         if leads := totals.leads(d.s.key, d.now):
             d.emit(Followed(at_ms=d.now, leads=leads))
-    d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to, session=cmd.session))
+    d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to, session=cmd.session, state=cmd.state))
+
+
+def _created_by(d: _Draft, cmd: Assign) -> bool:
+    """A deleted function is created again by an Assign that names another version than the deleted one's."""
+    if not cmd.version or cmd.version == d.s.deleted.version:
+        return False
+    d.emit(FunctionCreated(at_ms=d.now, version=cmd.version, reason=f"an Assign named version {cmd.version}"))
+    return True
+
+
+def _tombstone(s: FnState) -> str:
+    why = f": {s.deleted.reason}" if s.deleted.reason else ""
+    return (
+        f"function {s.key!r} was deleted{why}; it serves calls again once created"
+        " (`scaler create`) or called at another version"
+    )
+
+
+def _named(d: _Draft, cmd: Assign) -> None:
+    """What the call says of its function: its tenant (the limits file's wins) and its version."""
+    if d.room.tenant and d.room.tenant != d.s.tenant:
+        by = "the limits file's" if d.room.file.tenant else "named by the caller"
+        d.emit(TenantSet(at_ms=d.now, tenant=d.room.tenant, reason=by))
+    if cmd.version and cmd.version != d.s.version:
+        d.emit(VersionSet(at_ms=d.now, version=cmd.version, reason=f"{cmd.request_id} named it"))
 
 
 def _cued(d: _Draft, cmd: Cue) -> None:
@@ -271,8 +326,8 @@ def _release(d: _Draft, cmd: Idle) -> None:
         if cmd.need_destroy:
             why = f"need_destroy: {cmd.reason}" if cmd.reason else "need_destroy"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
-        elif inst.restarting:
-            why = "restarted: retired once released"
+        elif inst.retire_on_release:
+            why = f"{inst.retire_on_release}: retired once released"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
         d.reply(to, r, instance_id=inst.id)
 
@@ -334,7 +389,8 @@ def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
             )
         )
-        if policy.dedicated_starts and (own := d.s.pending(inst.for_request)) is not None and _fits(d.s, inst):
+        own = d.s.pending(inst.for_request) if policy.dedicated_starts else None
+        if own is not None and _fits(d.s, inst) and not _holding(d.s, own, d.now):
             _assign(d, own, inst)
     elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
         _retire_orphan(d, cmd.instance_id, cmd.slot_id, "ready for an instance no longer wanted")
@@ -366,12 +422,20 @@ def _reconcile(d: _Draft, cmd: Reconcile) -> None:
         d.emit(e)
 
 
-def _operator(d: _Draft, cmd: Restart | Delete) -> None:
+def _operator(d: _Draft, cmd: Restart | Delete | Stop | DeleteState) -> None:
     """An operator's command, about a function this node knows (one it never saw, or forgot, is NOT_FOUND)."""
-    if not _known(d.s):
+    if d.s.deleted is not None:
+        d.reply(cmd.reply_to, "", Code.NOT_FOUND, message=_tombstone(d.s))
+    elif not _known(d.s):
         d.reply(cmd.reply_to, "", Code.NOT_FOUND, message=f"no function {cmd.key!r}")
+    elif isinstance(cmd, Restart) and cmd.instance_id:
+        operator.restart_instance(d, cmd)
     elif isinstance(cmd, Restart):
         _restart(d, cmd)
+    elif isinstance(cmd, Stop):
+        operator.stop(d, cmd)
+    elif isinstance(cmd, DeleteState):
+        operator.delete_state(d, cmd)
     else:
         _delete(d, cmd)
 
@@ -397,7 +461,9 @@ def _delete(d: _Draft, cmd: Delete) -> None:
     for inst in live:
         d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
     d.emit(FunctionDeleted(at_ms=d.now, reason=cmd.reason))
-    d.reply(cmd.reply_to, "", message=f"{len(live)} instance(s) retired, the function forgotten")
+    d.reply(
+        cmd.reply_to, "", message=f"{len(live)} instance(s) retired; its calls are refused until it is created again"
+    )
 
 
 def _known(s: FnState) -> bool:
@@ -418,6 +484,10 @@ _CHANGES: dict[type, Callable[[_Draft, Any], None]] = {
     Reconcile: _reconcile,
     Restart: _operator,
     Delete: _operator,
+    Stop: _operator,
+    DeleteState: _operator,
+    Configure: operator.configure,
+    Create: operator.create,
     Tick: _tick,
     Cue: _cued,
 }
@@ -467,8 +537,12 @@ def _free_lost_leases(d: _Draft) -> None:
 
 
 def _fits(s: FnState, inst: Instance) -> bool:
-    """Whether the instance has the memory the function asks for now (its meta may have grown since)."""
-    return s.meta is None or inst.memory_mb >= s.meta.memory_mb
+    """Whether the instance may run the function's requests now: the memory it asks for (its meta may have grown
+    since), its runtime and its version (operator.misfit says why not; this is the same, on the hot path)."""
+    m = s.meta
+    if m is not None and (inst.memory_mb < m.memory_mb or (inst.runtime != m.runtime and inst.runtime)):
+        return False
+    return inst.version == s.version
 
 
 def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
@@ -483,20 +557,37 @@ def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
         waiting = next((p for p in free if p.request_id not in held), None)
         if waiting is None:
             return
-        bound = _bound(d.s, waiting.session)
+        bound = _holding_state(d.s, waiting.state) if waiting.state else _bound(d.s, waiting.session)
         if bound is not None and bound.phase is Phase.IDLE and _fits(d.s, bound):
             inst = bound
         elif _holding(d.s, waiting, d.now):
             held.add(waiting.request_id)
             continue
         else:
+            if d.s.states:  # an instance that holds a state serves that state's requests alone
+                idle = [i for i in idle if not d.s.holder(i.id)]
+                if not idle:
+                    held.add(waiting.request_id)
+                    continue
             taken = {b.instance_id for b in d.s.sessions.values()}
             inst = policy.pick(d.s, [i for i in idle if i.id not in taken] or idle, d.now)
         _assign(d, waiting, inst)
 
 
 def _assign(d: _Draft, waiting: Pending, inst: Instance) -> None:
-    """The request gets the instance, and its callers their answer; a session not bound to it moves to it."""
+    """The request gets the instance, and its callers their answer; a session or a state not bound to it moves
+    to it."""
+    route = d.s.states.get(waiting.state) if waiting.state else None
+    if waiting.state and (route is None or route.instance_id != inst.id):
+        was = d.s.instances.get(route.instance_id) if route else None
+        if route is None:
+            why = "the state's first request"
+        elif was is None or was.phase is Phase.RETIRING:
+            why = f"its instance {route.instance_id} went"
+        else:
+            why = f"its instance {was.id} may not serve it: " + (was.retire_on_release or misfit(d.s, was))
+        r = waiting.request_id
+        d.emit(StateBound(at_ms=d.now, state=waiting.state, instance_id=inst.id, request_id=r, why=why))
     was = d.s.sessions.get(waiting.session) if waiting.session else None
     if waiting.session and (was is None or was.instance_id != inst.id):
         if was is None:
@@ -509,6 +600,16 @@ def _assign(d: _Draft, waiting: Pending, inst: Instance) -> None:
         d.emit(SessionBound(at_ms=d.now, session=waiting.session, instance_id=inst.id, request_id=r, why=why))
     d.emit(Assigned(at_ms=d.now, request_id=waiting.request_id, instance_id=inst.id))
     d.reply_all(waiting.waiters, waiting.request_id, instance_id=inst.id)
+
+
+def _holding_state(s: FnState, state: str) -> Instance | None:
+    """The instance that holds the state, while it may serve it (not retiring nor to retire, of the function's
+    version): otherwise the state's next request binds it anew."""
+    route = s.states.get(state)
+    inst = s.instances.get(route.instance_id) if route is not None else None
+    if inst is None or inst.phase is Phase.RETIRING or inst.retire_on_release or not _fits(s, inst):
+        return None
+    return inst
 
 
 def _bound(s: FnState, session: str) -> Instance | None:
@@ -524,7 +625,11 @@ def session_wait_ms(s: FnState) -> int:
 
 
 def _holding(s: FnState, waiting: Pending, now: int) -> bool:
-    """Whether a session's request still waits for its bound instance, busy now, rather than take another."""
+    """Whether a session's request still waits for its bound instance, busy now, rather than take another; a
+    state's request waits for the instance holding its state as long as that one is busy."""
+    if waiting.state:
+        inst = _holding_state(s, waiting.state)
+        return inst is not None and inst.phase is Phase.BUSY
     bound = _bound(s, waiting.session)
     return (
         bound is not None
@@ -540,11 +645,14 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     Returns when the policy wants to look again at those left waiting. A session's request that waits
     for its own busy instance gets no start (and says so when it arrives).
     """
-    for waiting in d.s.queue if d.s.sessions else ():
+    for waiting in d.s.queue if d.s.sessions or d.s.states else ():
         if waiting.since_ms == d.now and _holding(d.s, waiting, d.now):
-            bound, wait_ms = d.s.sessions[waiting.session].instance_id, session_wait_ms(d.s)
-            why = f"waits up to {wait_ms} ms for its session's instance {bound}, busy"
-            d.emit(RequestWaiting(at_ms=d.now, request_id=waiting.request_id, expected_ms=d.now + wait_ms, why=why))
+            if waiting.state:
+                why, expected = f"waits for {d.s.states[waiting.state].instance_id}, busy, which holds its state", 0
+            else:
+                bound, wait_ms = d.s.sessions[waiting.session].instance_id, session_wait_ms(d.s)
+                why, expected = f"waits up to {wait_ms} ms for its session's instance {bound}, busy", d.now + wait_ms
+            d.emit(RequestWaiting(at_ms=d.now, request_id=waiting.request_id, expected_ms=expected, why=why))
     uncovered = _uncovered(d.s, policy, d.now)
     if not uncovered or d.s.meta is None:
         return None
@@ -574,7 +682,7 @@ def _uncovered(s: FnState, policy: Policy, now: int | None = None) -> tuple[Pend
     sessions' requests that still wait for their busy instance."""
     creating = [i for i in s.in_phase(Phase.CREATING) if _fits(s, i)]
     queue = s.queue
-    if now is not None and s.sessions:
+    if now is not None and (s.sessions or s.states):
         queue = tuple(p for p in queue if not _holding(s, p, now))
     if policy.dedicated_starts:
         own = {i.for_request for i in creating}
@@ -592,7 +700,15 @@ def _caps(s: FnState, room: Room) -> str:
     named += [
         "the caps over all functions" if room.instances_left is not None or room.memory_left_mb is not None else ""
     ]
+    if room.quota is not None and room.quota.max_on_demand:
+        named.append(f"tenant {room.tenant}'s max_on_demand {room.quota.max_on_demand}")
     return ", ".join(n for n in named if n) or "no cap"
+
+
+def _quota_holds(d: _Draft) -> bool:
+    """Whether the tenant's on-demand quota is what holds the function back (the caps may too)."""
+    left = d.room.tenant_left(d.s, False)
+    return left is not None and left <= 0
 
 
 def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
@@ -610,8 +726,17 @@ def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
             continue
         caps, wait_ms = _caps(d.s, d.room), d.room.throttle_after_ms
         message = f"throttled: at the cap ({caps}) and no instance freed up within {wait_ms} ms"
+        code = Code.THROTTLED
+        if _quota_holds(d):
+            t, q = d.room.tenant, d.room.quota.max_on_demand
+            held = d.room.tenant_held(d.s).on_demand
+            message = (
+                f"{QUOTA_STATUS}: tenant {t} holds {held} on-demand instance(s), its quota max_on_demand {q};"
+                f" no instance freed up within {wait_ms} ms"
+            )
+            code = Code.QUOTA
         d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
-        d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
+        d.reply_all(waiting.waiters, waiting.request_id, code=code, message=message)
     return min(due, default=None)
 
 
@@ -620,14 +745,19 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
     so does one with less memory than the function asks for now (no request may run on it again)."""
     for inst in d.s.in_phase(Phase.IDLE):
         if not _fits(d.s, inst):
-            why = f"{inst.memory_mb} MB, less than the function's {d.s.meta.memory_mb} MB now"
-            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=misfit(d.s, inst)))
+    if d.room.limits.max_instances or d.room.limits.max_memory_mb:
+        retire_past_max(d)
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
             keep = policy.keep_alive(d.s, inst, d.now)
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
+            continue
+        if d.s.states and (state := d.s.holder(inst.id)):
+            why = f"holds state {state} until it is deleted"
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=d.now + RESERVED_RECHECK_MS, why=why))
             continue
         if d.room.limits.min_warm and d.room.reserved(d.s) == 0 and _live(d.s) <= d.room.limits.min_warm:
             until = d.now + RESERVED_RECHECK_MS
@@ -660,9 +790,9 @@ def _prewarm(d: _Draft, policy: Policy) -> int | None:
     warm = policy.prewarm(d.s, d.now)
     for _ in range(d.may_start(warm.count)):
         d.start(why=warm.why)
-    if reserved := d.may_start(d.room.reserved(d.s)):
+    if reserved := d.may_start(d.room.reserved(d.s), reserved=True):
         for _ in range(reserved):
-            d.start(why=f"reserved: the function keeps {d.room.limits.min_warm} warm")
+            d.start(why=f"reserved: the function keeps {d.room.limits.min_warm} warm", reserved=True)
     return warm.next_ms
 
 
@@ -698,7 +828,7 @@ def _serving_deadlines(s: FnState, now: int) -> list[int]:
     """Leases of busy instances, and the waits of sessions' requests for their own busy instance."""
     wakes = [i.since_ms + s.lease_ms() for i in s.in_phase(Phase.BUSY)]
     if s.sessions:
-        wakes += [p.since_ms + session_wait_ms(s) for p in s.queue if _holding(s, p, now)]
+        wakes += [p.since_ms + session_wait_ms(s) for p in s.queue if not p.state and _holding(s, p, now)]
     return wakes
 
 

@@ -9,13 +9,24 @@ up, and one still waiting `throttle_after_ms` after it arrived is answered Throt
 with nothing in flight and no instance rests after `rest_after_ms` (its record of recent releases
 goes) and is forgotten after `forget_after_ms` (its whole state goes): memory holds only the
 functions of the last day, each small.
+
+Per tenant (a function's tenant: the limits file's `tenant`, else the one its Assigns name): at most
+`max_on_demand` instances started on demand and `max_reserved` kept as reserved ones, over all the
+tenant's functions on every node (the nodes' counts are shared as the run's totals are). Past the
+on-demand quota a request waits as at a cap, and is answered Throttle marked
+ReachMaxOnDemandInstancesPerTenant; past the reserved quota reserved instances are not started.
+
+An operator may set a function's limits while it runs (an event, FnState.limits: over the file's),
+and the tenants' quotas (scaler/controller/tenants.py: over the file's `tenants`).
 """
 
+import re
 from typing import Annotated
 
 import msgspec
 
-from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.controller.core.policy import POLICIES
+from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, Totals, held
 
 Count = Annotated[int, msgspec.Meta(ge=0)]  # a cap or a reserve: 0 or more (a cap of 0: none)
 Wait = Annotated[int, msgspec.Meta(gt=0)]  # a time in ms: more than 0
@@ -25,10 +36,47 @@ class FunctionLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     max_instances: Count = 0  # 0: no cap
     max_memory_mb: Count = 0
     min_warm: Count = 0
+    tenant: str = ""  # whose quotas its instances count against (over what its Assigns name)
+    policy: str = ""  # the policy that decides it ("": the node's --policy)
 
     def __post_init__(self) -> None:
         if self.max_instances and self.min_warm > self.max_instances:
             raise ValueError(f"min_warm {self.min_warm} is more than max_instances {self.max_instances}")
+
+    def over(self, s: FnState) -> "FunctionLimits":
+        """These limits with what an operator set for the function while it runs (FnState.limits) over them; a
+        max set below the file's min_warm (or a min_warm above its max) holds both to the max."""
+        o = s.limits
+        if o is None:
+            return self
+        most = self.max_instances if o.max_instances is None else o.max_instances
+        least = self.min_warm if o.min_warm is None else o.min_warm
+        return msgspec.structs.replace(
+            self,
+            max_instances=most,
+            max_memory_mb=self.max_memory_mb if o.max_memory_mb is None else o.max_memory_mb,
+            min_warm=min(least, most) if most else least,
+        )
+
+
+MAX_TENANT_BYTES = 64
+_TENANT = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def tenant_problem(tenant: str) -> str | None:
+    """Why `tenant` is not an acceptable tenant name (a key of the quotas' bucket), or None when it is."""
+    if len(tenant.encode()) > MAX_TENANT_BYTES:
+        return f"a tenant is at most {MAX_TENANT_BYTES} bytes"
+    if not _TENANT.fullmatch(tenant):
+        return f"a tenant is letters, digits, '-' and '_', got {tenant!r}"
+    return None
+
+
+class TenantQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What all of a tenant's functions may hold at once, over every node (openYuanRong's tenant quota)."""
+
+    max_on_demand: Count = 0  # instances started on demand (0: no quota)
+    max_reserved: Count = 0  # instances kept as reserved ones (min_warm)
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -40,6 +88,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     rest_after_ms: Wait = 10 * 60_000  # idle this long (nothing in flight, no instance): a function rests
     forget_after_ms: Wait = 24 * 3_600_000  # idle this long: it is forgotten, what was learned of it too
     session_idle_ms: Wait = 60_000  # a session unused this long loses its instance (openYuanRong's reaper: 60 s)
+    tenants: dict[str, TenantQuota] = {}  # quotas by tenant
 
     def of(self, key: str) -> FunctionLimits:
         return self.functions.get(key, self.default)
@@ -58,29 +107,78 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 NO_LIMITS = Limits()
 
 
+def limits_problem(limits: Limits) -> str | None:
+    """What is wrong in a limits file's tenants and policies (unknown to msgspec's schema), or None."""
+    named = [("default", limits.default), *((f"functions.{k}", f) for k, f in limits.functions.items())]
+    for where, f in named:
+        if f.tenant and (problem := tenant_problem(f.tenant)):
+            return f"{where}.tenant: {problem}"
+        if f.policy and f.policy not in POLICIES:
+            return f"{where}.policy: unknown policy {f.policy!r}; choose one of {', '.join(POLICIES)}"
+    for tenant in limits.tenants:
+        if problem := tenant_problem(tenant):
+            return f"tenants: {problem}"
+    return None
+
+
 class Room(msgspec.Struct, frozen=True, kw_only=True):
     """What one function may still start, and how long its requests wait at a cap: a decision's input."""
 
-    limits: FunctionLimits = FunctionLimits()
+    limits: FunctionLimits = FunctionLimits()  # the function's: the file's, with what an operator set over them
+    file: FunctionLimits = FunctionLimits()  # ... as the limits file says
     instances_left: int | None = None  # under the caps over all functions; None: no cap
     memory_left_mb: int | None = None
     throttle_after_ms: int = NO_LIMITS.throttle_after_ms
     rest_after_ms: int = NO_LIMITS.rest_after_ms
     forget_after_ms: int = NO_LIMITS.forget_after_ms
     session_idle_ms: int = NO_LIMITS.session_idle_ms
+    tenant: str = ""  # the function's tenant: the limits file's, else the one its call names, else its state's
+    quota: TenantQuota | None = None  # that tenant's quota
+    tenant_others: Held = NOTHING_HELD  # ... and what the tenant's other functions hold, on every node
 
     @staticmethod
-    def of(limits: Limits, key: str, totals: Totals) -> "Room":
-        """The room left for `key` given the instances all functions hold (`totals`, this node's)."""
+    def of(limits: Limits, s: FnState, totals: Totals, tenants: Totals | None = None, named: str = "") -> "Room":
+        """The room left for `s` given the instances all functions hold (`totals`, this node's), with what an
+        operator set for it over the file's limits. `tenants`: whose counts its tenant's quota is held to (the
+        run's, over every node; by default `totals`); `named`: the tenant its call names."""
+        own = limits.of(s.key)
+        tenant = own.tenant or named or s.tenant
+        quota = limits.tenants.get(tenant) if tenant and limits.tenants else None
+        others = NOTHING_HELD
+        if quota is not None:
+            others = (tenants or totals).held(tenant)
+            if tenant == s.tenant:  # its own instances are counted as the decision changes them (`tenant_held`)
+                others = others.plus(held(s), -1)
         return Room(
-            limits=limits.of(key),
+            limits=own.over(s),
+            file=own,
             instances_left=limits.max_instances - totals.instances if limits.max_instances else None,
             memory_left_mb=limits.max_memory_mb - totals.memory_mb if limits.max_memory_mb else None,
             throttle_after_ms=limits.throttle_after_ms,
             rest_after_ms=limits.rest_after_ms,
             forget_after_ms=limits.forget_after_ms,
             session_idle_ms=limits.session_idle_ms,
+            tenant=tenant,
+            quota=quota,
+            tenant_others=others,
         )
+
+    def over(self, s: FnState) -> "Room":
+        """This room once an operator changed the function's limits (`s` holds the change)."""
+        return msgspec.structs.replace(self, limits=self.file.over(s))
+
+    def tenant_held(self, s: FnState) -> Held:
+        """What the function's tenant holds on every node, the function being `s` (as a decision left it)."""
+        return self.tenant_others.plus(held(s))
+
+    def tenant_left(self, s: FnState, reserved: bool) -> int | None:
+        """How many more instances of this kind the function's tenant may hold, the function being `s` (its starts
+        so far in a decision, and its instances gone, counted); None: no quota."""
+        q = self.quota
+        if q is None or not (q.max_reserved if reserved else q.max_on_demand):
+            return None
+        h = self.tenant_held(s)
+        return q.max_reserved - h.reserved if reserved else q.max_on_demand - h.on_demand
 
     def starts(self, s: FnState, started: int) -> int | None:
         """How many more instances of `s` may start, `started` having started in this decision; None: no cap."""

@@ -24,6 +24,7 @@ from scaler.proto.events import (
     Cued,
     Event,
     Followed,
+    FunctionCreated,
     FunctionDeleted,
     FunctionForgotten,
     FunctionRestarted,
@@ -33,9 +34,12 @@ from scaler.proto.events import (
     InstanceDestroyed,
     InstanceReady,
     InstanceRetired,
+    InstanceToRetire,
     KeptAlive,
     Lead,
+    LimitsSet,
     Meta,
+    PolicySet,
     Released,
     RequestArrived,
     RequestCancelled,
@@ -45,6 +49,10 @@ from scaler.proto.events import (
     SessionBound,
     SessionEnded,
     SlotWanted,
+    StateBound,
+    StateDeleted,
+    TenantSet,
+    VersionSet,
     WaiterLeft,
 )
 
@@ -61,6 +69,8 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     phase: Phase
     since_ms: int  # when it entered its phase
     memory_mb: int
+    runtime: str = ""  # the function's runtime and version when it was wanted: another one retires it when idle
+    version: str = ""
     slot_id: str = ""
     request_id: str = ""  # the request it serves when busy, else the last one it served
     waiters: tuple[str, ...] = ()  # where that request's answer went: who may cancel it
@@ -68,7 +78,11 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     wanted_ms: int = 0
     for_request: str = ""  # the request whose miss started it ("": started ahead of demand, a pre-warm)
     session: str = ""  # when busy: the session of the request it serves
-    restarting: bool = False  # retires when released (an operator restarted the function while it was busy)
+    retire_on_release: str = ""  # why it retires once released (an operator restarted or stopped it while busy)
+    reserved: bool = False  # started to keep the function's reserved instances (min_warm), not on demand
+    served: int = 0  # requests it ran to their Idle
+    errors: int = 0  # ... of which answered with a status code of 400 or more
+    busy_ms: int = 0  # time it spent running them
 
     @property
     def busy(self) -> bool:
@@ -82,6 +96,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     waiters: tuple[str, ...]  # reply subjects of its callers (a retried call adds one)
     since_ms: int
     session: str = ""
+    state: str = ""
 
 
 class Binding(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,10 +106,34 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
     used_ms: int
 
 
+class Route(msgspec.Struct, frozen=True, kw_only=True):
+    """A state's instance (stateful routes): bound until the state is deleted, moved when the instance goes."""
+
+    instance_id: str
+    bound_ms: int
+
+
+class Override(msgspec.Struct, frozen=True, kw_only=True):
+    """Limits an operator set while the function runs, over the limits file's (None: as the file says)."""
+
+    max_instances: int | None = None
+    max_memory_mb: int | None = None
+    min_warm: int | None = None
+
+
+class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
+    """A deleted function: its Assigns are refused until it is created again (or called at another version)."""
+
+    at_ms: int
+    reason: str = ""
+    version: str = ""  # the version it had: an Assign naming another one creates it again
+
+
 # 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions;
 # 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them; 5: no
-# leaders in the stats
-VERSION = 6
+# leaders in the stats; 6: no tenants, states, versions, tombstones, live limits or policy; an instance
+# had no runtime, version or counts, and `restarting` for `retire_on_release`
+VERSION = 7
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
@@ -127,6 +166,25 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
     rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
     sessions: dict[str, Binding] = {}  # session -> the instance its requests prefer
+    states: dict[str, Route] = {}  # state -> the instance that holds it (stateful routes)
+    # What an operator (or the caller's metadata) set: kept when the function is forgotten.
+    tenant: str = ""  # whose quotas its instances count against
+    version: str = ""
+    policy: str = ""  # the policy that decides it ("": the node's, or the limits file's)
+    limits: Override | None = None  # over the limits file's
+    deleted: Tombstone | None = None  # deleted: its Assigns are refused until it is created again
+
+    def configured(self) -> bool:
+        """Whether it holds what an operator set, which outlives its instances (and its being forgotten)."""
+        return bool(self.tenant or self.version or self.policy or self.limits is not None or self.deleted is not None)
+
+    def holder(self, instance_id: str) -> str:
+        """The state an instance holds ("" if none)."""
+        if self.states:
+            for state, route in self.states.items():
+                if route.instance_id == instance_id:
+                    return state
+        return ""
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -192,12 +250,12 @@ def replay(s: FnState, events: Iterable[Event]) -> FnState:
 
 
 def _function_seen(s: FnState, e: FunctionSeen) -> FnState:
-    return replace(s, meta=e.meta)
+    return replace(s, meta=e.meta, deleted=None)  # seen again after a delete (before tombstones): it is back
 
 
 def _request_arrived(s: FnState, e: RequestArrived) -> FnState:
     waiters = (e.reply_to,) if e.reply_to else ()
-    waiting = Pending(request_id=e.request_id, waiters=waiters, since_ms=e.at_ms, session=e.session)
+    waiting = Pending(request_id=e.request_id, waiters=waiters, since_ms=e.at_ms, session=e.session, state=e.state)
     return replace(s, queue=(*s.queue, waiting), rested=False)
 
 
@@ -206,7 +264,14 @@ def _function_rested(s: FnState, e: FunctionRested) -> FnState:
 
 
 def _function_forgotten(s: FnState, e: FunctionForgotten) -> FnState:
-    return FnState(key=s.key)  # what holds nothing is dropped (scaler/controller/ledger.py)
+    return _configuration(s)  # what holds nothing is dropped (scaler/controller/ledger.py)
+
+
+def _configuration(s: FnState, **kept: Any) -> FnState:
+    """A fresh state of the function that keeps only what an operator set (and `kept`)."""
+    return FnState(
+        key=s.key, tenant=s.tenant, version=s.version, policy=s.policy, limits=s.limits, deleted=s.deleted, **kept
+    )
 
 
 def _request_retried(s: FnState, e: RequestRetried) -> FnState:
@@ -223,8 +288,11 @@ def _slot_wanted(s: FnState, e: SlotWanted) -> FnState:
         phase=Phase.CREATING,
         since_ms=e.at_ms,
         memory_mb=e.meta.memory_mb,
+        runtime=e.meta.runtime,
+        version=e.version,
         wanted_ms=e.at_ms,
         for_request=e.for_request,
+        reserved=e.reserved,
     )
     return replace(_put(s, inst), started=s.started + 1)
 
@@ -273,11 +341,19 @@ def _released(s: FnState, e: Released) -> FnState:
     old = s.instances.get(e.instance_id)
     if old is None:
         return s
-    s = _put(s, replace(old, phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0, session=""))
+    idle = dict(phase=Phase.IDLE, since_ms=e.at_ms, keep_until_ms=0, session="")
+    s = _put(s, replace(old, **idle) if e.cancelled or old.phase is not Phase.BUSY else _counted(old, e, idle))
     s = _used(s, old.session, old.id, e.at_ms)
     if e.cancelled:  # never served: a retry of the request is served anew
         return s if s.release_of(e.request_id) is None else replace(s, finished=_forget(s.finished, e.request_id))
     return replace(s, finished=_remember(s, e.request_id, Finished(e.instance_id, e.at_ms)))
+
+
+def _counted(inst: Instance, e: Released, idle: dict[str, Any]) -> Instance:
+    """The instance idle once it ran a request to its release, and that request counted."""
+    failed = e.status_code >= 400 or e.status_code == 0
+    busy = max(0, e.at_ms - inst.since_ms)
+    return replace(inst, served=inst.served + 1, errors=inst.errors + failed, busy_ms=inst.busy_ms + busy, **idle)
 
 
 Generations = tuple[dict[str, Finished], ...]
@@ -346,15 +422,51 @@ def _session_ended(s: FnState, e: SessionEnded) -> FnState:
 
 
 def _function_restarted(s: FnState, e: FunctionRestarted) -> FnState:
-    busy = {i.id: replace(i, restarting=True) for i in s.instances.values() if i.phase is Phase.BUSY}
+    why = f"restarted: {e.reason}" if e.reason else "restarted"
+    busy = {i.id: replace(i, retire_on_release=why) for i in s.instances.values() if i.phase is Phase.BUSY}
     return replace(s, instances={**s.instances, **busy}) if busy else s
+
+
+def _instance_to_retire(s: FnState, e: InstanceToRetire) -> FnState:
+    old = s.instances.get(e.instance_id)
+    return _put(s, replace(old, retire_on_release=e.reason or "stopped")) if old is not None else s
 
 
 def _function_deleted(s: FnState, e: FunctionDeleted) -> FnState:
     """Only the slots still being destroyed are kept, and the instance count with them (no id is used twice
-    while they remain)."""
+    while they remain), and a tombstone: what an operator had set goes with the rest."""
     retiring = {i.id: i for i in s.instances.values() if i.phase is Phase.RETIRING}
-    return FnState(key=s.key, instances=retiring, started=s.started, slot_gb_ms=s.slot_gb_ms)
+    tombstone = Tombstone(at_ms=e.at_ms, reason=e.reason, version=s.version)
+    return FnState(key=s.key, instances=retiring, started=s.started, slot_gb_ms=s.slot_gb_ms, deleted=tombstone)
+
+
+def _function_created(s: FnState, e: FunctionCreated) -> FnState:
+    return replace(s, deleted=None, version=e.version or s.version)
+
+
+def _state_bound(s: FnState, e: StateBound) -> FnState:
+    return replace(s, states={**s.states, e.state: Route(instance_id=e.instance_id, bound_ms=e.at_ms)})
+
+
+def _state_deleted(s: FnState, e: StateDeleted) -> FnState:
+    return replace(s, states={k: r for k, r in s.states.items() if k != e.state})
+
+
+def _limits_set(s: FnState, e: LimitsSet) -> FnState:
+    given = Override(max_instances=e.max_instances, max_memory_mb=e.max_memory_mb, min_warm=e.min_warm)
+    return replace(s, limits=None if given == Override() else given)
+
+
+def _policy_set(s: FnState, e: PolicySet) -> FnState:
+    return replace(s, policy=e.policy)
+
+
+def _version_set(s: FnState, e: VersionSet) -> FnState:
+    return replace(s, version=e.version)
+
+
+def _tenant_set(s: FnState, e: TenantSet) -> FnState:
+    return replace(s, tenant=e.tenant)
 
 
 def _explains(s: FnState, e: RequestWaiting) -> FnState:
@@ -389,6 +501,14 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     FunctionDeleted: _function_deleted,
     Followed: _stats_only,
     Cued: _stats_only,
+    InstanceToRetire: _instance_to_retire,
+    StateBound: _state_bound,
+    StateDeleted: _state_deleted,
+    LimitsSet: _limits_set,
+    PolicySet: _policy_set,
+    VersionSet: _version_set,
+    TenantSet: _tenant_set,
+    FunctionCreated: _function_created,
 }
 
 
@@ -424,6 +544,27 @@ def _waiters(s: FnState, request_id: str, change: Callable[[tuple[str, ...]], tu
 RETURNS_KEPT = 64  # the run's latest returns from a lull, at most (Totals.returns)
 
 
+class Held(msgspec.Struct, frozen=True, array_like=True):
+    """A tenant's instances: started on demand, and kept as its functions' reserved ones (min_warm)."""
+
+    on_demand: int = 0
+    reserved: int = 0
+
+    def plus(self, other: "Held", sign: int = 1) -> "Held":
+        return Held(self.on_demand + sign * other.on_demand, self.reserved + sign * other.reserved)
+
+
+NOTHING_HELD = Held()
+
+
+def held(s: FnState | None) -> Held:
+    """What a function's instances count against its tenant's quotas (retiring ones too: they hold a slot)."""
+    if s is None or not s.instances:
+        return NOTHING_HELD
+    reserved = sum(1 for i in s.instances.values() if i.reserved)
+    return Held(len(s.instances) - reserved, reserved)
+
+
 class Totals(msgspec.Struct, frozen=True, kw_only=True):
     """The whole run so far, summed over functions: what the score is made of, and the instances held
     now (what caps over all functions count). A value: `change` makes a new one."""
@@ -442,6 +583,7 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     # The functions that came back from a lull lately (FnStats.returned_ms, within FOLLOW_MS of the newest),
     # oldest first: those a function coming back now came shortly after are the ones it may follow.
     returns: tuple[tuple[str, int], ...] = ()
+    tenants: dict[str, Held] = {}  # by tenant: the instances of its functions (only functions with a tenant)
 
     def plus(self, other: "Totals") -> "Totals":
         """The run's totals from two sets of functions (another node's partitions, say)."""
@@ -455,7 +597,11 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             early_gaps=tuple(a + b for a, b in zip(self.early_gaps, other.early_gaps, strict=True)),
             early_open=self.early_open.plus(other.early_open),
             returns=newest_returns([*self.returns, *other.returns]),
+            tenants=_summed(self.tenants, other.tenants) if other.tenants else self.tenants,
         )
+
+    def held(self, tenant: str) -> Held:
+        return self.tenants.get(tenant, NOTHING_HELD)
 
     def change(self, old: FnState | None, new: FnState | None) -> "Totals":
         """The totals once one function's state `old` is replaced by `new` (None: no state)."""
@@ -481,6 +627,7 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             early_gaps=early,
             early_open=_still_open(self.early_open, old, new),
             returns=_returned(self.returns, old, new),
+            tenants=_tenants(self.tenants, old, new) if (old and old.tenant) or (new and new.tenant) else self.tenants,
         )
 
     def with_returns(self, returns: tuple[tuple[str, int], ...]) -> "Totals":
@@ -520,6 +667,25 @@ def newest_returns(returns: list[tuple[str, int]]) -> tuple[tuple[str, int], ...
     newest = max(latest.values())
     within = sorted(((k, at) for k, at in latest.items() if newest - at <= FOLLOW_MS), key=lambda r: (r[1], r[0]))
     return tuple(within[-RETURNS_KEPT:])
+
+
+def _summed(a: dict[str, Held], b: dict[str, Held]) -> dict[str, Held]:
+    return {t: a.get(t, NOTHING_HELD).plus(b.get(t, NOTHING_HELD)) for t in a.keys() | b.keys()}
+
+
+def _tenants(tenants: dict[str, Held], old: FnState | None, new: FnState | None) -> dict[str, Held]:
+    """The tenants' instances, once one function's state `old` becomes `new` (the same map when no tenant's
+    count changed: functions without a tenant cost nothing here)."""
+    was = (old.tenant, held(old)) if old is not None and old.tenant else ("", NOTHING_HELD)
+    now = (new.tenant, held(new)) if new is not None and new.tenant else ("", NOTHING_HELD)
+    if was == now:
+        return tenants
+    out = dict(tenants)
+    if was[0]:
+        out[was[0]] = out.get(was[0], NOTHING_HELD).plus(was[1], -1)
+    if now[0]:
+        out[now[0]] = out.get(now[0], NOTHING_HELD).plus(now[1])
+    return {t: h for t, h in out.items() if h != NOTHING_HELD}
 
 
 def _memory(instances: dict[str, Instance]) -> int:
