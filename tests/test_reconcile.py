@@ -112,7 +112,8 @@ async def test_a_platform_gone_away_is_one_line_in_the_log(nats_url, caplog):
             await eventually(lambda: "does not answer" in caplog.text, seconds=10)
             await asyncio.sleep(1.5)  # redeliveries come meanwhile; none is said again
         (failure,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
-        assert failure.getMessage().startswith(f"the platform at 127.0.0.1:{stack.stub.port} does not answer"), failure.getMessage()
+        said = failure.getMessage()
+        assert said.startswith(f"the platform at 127.0.0.1:{stack.stub.port} does not answer"), said
         assert failure.exc_info is None  # an expected failure: no traceback
 
 
