@@ -1,0 +1,156 @@
+"""The controller's schedules without a node: its one timer, on a clock that moves only when told, and when
+the snapshotter renews a partition's snapshot, given the time and what the stream keeps."""
+
+import asyncio
+from types import SimpleNamespace
+
+from scaler.controller.snapshotter import Snapshotter
+from scaler.controller.timers import Timers
+from scaler.runtime.clock import Clock
+from scaler.store import Kept, Retention
+
+
+class ManualClock(Clock):
+    """Stands still until `advance`; the timer's wait for the next deadline is a short poll, not the deadline's."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "ms", 1_000)
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def real_s(self, trace_ms: float) -> float:
+        return 0.001
+
+    def advance(self, ms: int) -> None:
+        object.__setattr__(self, "ms", self.ms + ms)
+
+
+class Fired:
+    def __init__(self, fail: int = 0) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.fail = fail  # the first `fail` calls raise, as an append while the event store is away
+
+    async def __call__(self, key: str, due: int) -> None:
+        self.calls.append((key, due))
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("event store away")
+
+
+async def settle(timers: Timers) -> None:
+    """Let the timer's loop look at the clock, and what it fired finish."""
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+        if timers._firing:
+            await asyncio.wait(timers._firing)
+
+
+async def test_a_deadline_fires_once_when_due_and_not_before():
+    clock, fired = ManualClock(), Fired()
+    timers = Timers(clock, fired)
+    timers.start()
+    try:
+        timers.set("a", 1_500)
+        timers.set("b", 3_000)
+        clock.advance(499)
+        await settle(timers)
+        assert fired.calls == []
+        clock.advance(1)
+        await settle(timers)
+        assert fired.calls == [("a", 1_500)] and timers.due == {"b": 3_000}
+        clock.advance(10_000)
+        await settle(timers)
+        await settle(timers)
+        assert fired.calls == [("a", 1_500), ("b", 3_000)] and timers.due == {}
+    finally:
+        await timers.stop()
+
+
+async def test_a_deadline_replaced_or_cleared_before_it_is_due_does_not_fire():
+    clock, fired = ManualClock(), Fired()
+    timers = Timers(clock, fired)
+    timers.start()
+    try:
+        timers.set("a", 1_100)
+        timers.set("a", 2_000)  # a later decision moved it
+        timers.set("b", 1_100)
+        timers.set("b", None)  # and this one needs no waking
+        clock.advance(500)
+        await settle(timers)
+        assert fired.calls == []
+        clock.advance(500)
+        await settle(timers)
+        assert fired.calls == [("a", 2_000)]
+    finally:
+        await timers.stop()
+
+
+async def test_a_tick_that_fails_is_tried_again_unless_a_newer_deadline_came():
+    clock, fired = ManualClock(), Fired(fail=1)
+    timers = Timers(clock, fired)
+    timers.start()
+    try:
+        timers.set("a", 1_000)
+        await asyncio.sleep(0.1)  # fired, failed, and waiting its second to try again
+        assert fired.calls == [("a", 1_000)] and timers._failed == {"a"}
+        await asyncio.sleep(1.2)  # a failed tick is tried again a second later
+        await settle(timers)
+        assert fired.calls == [("a", 1_000), ("a", 1_000)] and timers._failed == set()
+
+        fired.fail = 1
+        timers.set("b", 1_000)
+        await asyncio.sleep(0.1)
+        timers.set("b", 5_000)  # decided meanwhile: the failed tick is not put back over it
+        await asyncio.sleep(1.2)
+        await settle(timers)
+        assert timers.due == {"b": 5_000} and fired.calls[-1] == ("b", 1_000)
+    finally:
+        await timers.stop()
+
+
+# The snapshot schedule: when a partition's snapshot is due, given what the stream keeps and the time.
+
+
+def snapshotter(ledger_seq: int) -> Snapshotter:
+    ledger = SimpleNamespace(seq=ledger_seq, states={})
+    return Snapshotter(
+        events=None,
+        store=None,
+        ledger=ledger,
+        clock=Clock(),
+        retention=Retention(max_age_s=3600),
+        serving={0},
+        floor=lambda seq: seq,
+        fence=None,
+        lost=None,
+        stream_id="s",
+        interval_s=60,
+    )
+
+
+def test_a_partition_with_unsaved_events_is_snapshotted_once_the_interval_passed():
+    snaps = snapshotter(ledger_seq=100)
+    snaps._snap_seq[0], snaps._saved_at[0] = 100, 1_000.0
+    kept = Kept(first_seq=1, last_seq=100, stream_id="s")
+    assert not snaps._due(0, kept, now=1_059.0)  # nothing unsaved, and the snapshot is up to date
+    snaps._unsaved[0] = 3
+    assert not snaps._due(0, kept, now=1_059.0)
+    assert snaps._due(0, kept, now=1_060.0)
+
+
+def test_a_snapshot_retention_is_overtaking_is_renewed_once_the_watermark_moved():
+    snaps = snapshotter(ledger_seq=400)
+    snaps._snap_seq[0], snaps._saved_at[0] = 260, 1_000.0
+    assert not snaps._due(0, Kept(first_seq=100, last_seq=400, stream_id="s"), now=1_001.0)  # newer half: 250 on
+    assert snaps._due(0, Kept(first_seq=200, last_seq=400, stream_id="s"), now=1_001.0)  # older half: below 300
+    snaps.ledger.seq = 260  # the watermark is the snapshot's own: a new one would not help
+    assert not snaps._due(0, Kept(first_seq=200, last_seq=260, stream_id="s"), now=1_001.0)
+
+
+def test_a_snapshot_older_than_a_quarter_of_the_stream_age_is_renewed():
+    snaps = snapshotter(ledger_seq=400)
+    snaps._snap_seq[0], snaps._saved_at[0] = 390, 1_000.0
+    kept = Kept(first_seq=1, last_seq=400, stream_id="s")
+    assert not snaps._due(0, kept, now=1_000.0 + 899)
+    assert snaps._due(0, kept, now=1_000.0 + 900)  # a quarter of the hour the stream keeps
