@@ -10,6 +10,8 @@ CreateSlot, a second Init refused, no list of its slots). The faults:
 - pause: two nodes serving, one stopped (SIGSTOP) past its lease, then woken;
 - leader: a cluster of three servers, the server leading the EVENTS stream killed (kill -9), restarted;
 - lost tail: an older copy of the NATS store put under a running node (its last batches lost);
+- idle then crash: the node's link to NATS cut under callers (Idles answered, their releases never stored),
+  the node killed -9 and started again: the instances of the lost releases retired after the timeout;
 - upgrade: a node started on a store an earlier version wrote (tests/fixtures/upgrade), retention having
   emptied its stream, then serving;
 - torn: a node stopped, one partition's snapshot cut short, the node started again;
@@ -51,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scaler import replay  # noqa: E402
+from scaler.controller.core.state import LEASE_GRACE_MS  # noqa: E402
 from scaler.controller.leases import holders  # noqa: E402
 from scaler.platform_stub.server import PlatformStub  # noqa: E402
 from scaler.proto.events import Released  # noqa: E402
@@ -60,7 +63,7 @@ from scaler.runtime.durability import monitor_get  # noqa: E402
 from scaler.runtime.natsd import NatsCluster, NatsServer  # noqa: E402
 from scaler.store import stream  # noqa: E402
 from tests.invariants import Assignments, snapshots_hold_what_they_claim  # noqa: E402
-from tests.nemesis import tear_snapshot  # noqa: E402
+from tests.nemesis import Link, tear_snapshot  # noqa: E402
 from tests.processes import Call, Driver, Parts, settled  # noqa: E402
 
 KEYS = tuple(f"fn{n}" for n in range(12))
@@ -232,6 +235,51 @@ async def lost_tail(tmp: Path, stub: PlatformStub) -> Row:
             row.notes.append("requests of the lost tail are gone from the log: a repeat of one is served anew")
     finally:
         await nats.stop()
+    return row
+
+
+async def idle_then_crash(tmp: Path, stub: PlatformStub, timeout_s: int = 8) -> Row:
+    """The node's link to NATS cut under callers, so that the Idles it answers meanwhile (at once, their
+    releases stored right behind) reach no store; then the node killed -9, the link mended, the node started
+    again. Each instance whose release was lost is still held in the rebuilt state: never handed out again,
+    retired once its request is older than the functions' timeout (`timeout_s`) and its grace, its slot destroyed."""
+    row = Row("idle then crash", "the node's link to NATS cut 2 s (Idles answered, not stored), the node kill -9")
+    async with NatsServer(tmp / "nats") as nats, Link("127.0.0.1", nats.port) as link:
+        async with Parts(nats.url, f"127.0.0.1:{stub.port}", node_args=("--nats", link.url)) as parts:
+            drivers = [
+                Driver(
+                    parts.gateway,
+                    keys=KEYS,
+                    clients=6,
+                    tag="i-",
+                    retry_assign=True,
+                    attempts=120,
+                    function_timeout_s=timeout_s,
+                )
+            ]
+            loads = [asyncio.create_task(d.run()) for d in drivers]
+            await running(drivers)
+            link.cut = True
+            fault_at = time.monotonic()
+            await asyncio.sleep(2)
+            answered = [c for d in drivers for c in d.calls if c.idle_at > fault_at and not c.error]
+            await parts.kill("node")
+            link.cut = False
+            await parts.start("node")
+            await running(drivers)
+            await finish(row, nats.url, stub, drivers, fault_at, settle_s=60 + timeout_s)
+            await asyncio.gather(*loads)
+            # Their requests past the timeout and its grace (LEASE_GRACE_MS): the instances retired, slots destroyed.
+            lost, by = {c.request_id for c in answered}, time.monotonic() + timeout_s + LEASE_GRACE_MS / 1000 + 20
+            while True:
+                states = await settled(nats.url, stub)
+                still = [i.id for s in states.values() for i in s.instances.values() if i.busy and i.request_id in lost]
+                if not still or time.monotonic() > by:
+                    break
+                await asyncio.sleep(2)
+    row.notes.append(f"{len(answered)} Idles sent while the link was cut: their releases never stored")
+    if still:
+        row.unmet.append(f"held by a released request past its timeout: {', '.join(sorted(still))}")
     return row
 
 
@@ -584,6 +632,7 @@ FAULTS = {
     "pause": pause,
     "leader": leader,
     "lost-tail": lost_tail,
+    "idle-then-crash": idle_then_crash,
     "upgrade": upgrade,
     "torn": torn,
     "crash-loop": crash_loop,
