@@ -53,7 +53,7 @@ def _make(file: Path) -> None:
         raise CannotRead(f"cannot make {FLAG} {file}: {e.strerror or e}") from None
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_urlsafe(32) + "\n")
-    log.warning("admin key made in %s (readable by its owner only): give it to `scaler functions` with %s", file, FLAG)
+    log.info("admin key made in %s (readable by its owner only): give it to `scaler functions` with %s", file, FLAG)
 
 
 def metadata(token: bytes) -> tuple[tuple[str, str], ...]:
