@@ -4,7 +4,8 @@ from typing import NamedTuple
 
 import pytest
 
-from scaler.controller.core.decide import decide
+from scaler.controller.core.decide import START_MARGIN_MS, decide
+from scaler.controller.core.features import UNKNOWN_START_MS
 from scaler.controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, FnState, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
@@ -14,6 +15,7 @@ T = 1_000  # when the command of a table row is decided; its given commands came
 LEASE = META.timeout_s * 1000 + 30_000  # a busy instance is looked at again when its lease ends
 KEEP = 5 * 60_000  # the demo policy's keep-alive
 COLD = "cold start: no idle instance"
+STARTING = T + UNKNOWN_START_MS + START_MARGIN_MS  # a start decided at T is taken as lost then (looked at again)
 
 
 def ok(to: str, r: str, instance: str = "", message: str = "") -> c.Reply:
@@ -38,7 +40,7 @@ CASES = {
             e.SlotWanted(at_ms=T, instance_id="fn-1", meta=META, for_request="r1", reason=COLD),
         ],
         [],  # answered when the instance is ready
-        None,
+        STARTING,
     ),
     "ready instance serves the waiting request": Case(
         [assign("r1")],
@@ -88,7 +90,7 @@ CASES = {
             e.SlotWanted(at_ms=T, instance_id="fn-2", meta=META, for_request="r2", reason=COLD),
         ],
         [],
-        None,
+        UNKNOWN_START_MS + START_MARGIN_MS,  # fn-1's, started at 0
     ),
     "idle for an unknown instance changes nothing": Case(
         [assign("r1"), ready()],
@@ -111,7 +113,9 @@ CASES = {
         [ok("to-idle-r1", "r1", message="instance fn-1 was already released by request r1")],
         20 + KEEP,
     ),
-    "retried assign while queued changes nothing": Case([assign("r1")], assign("r1"), [], [], None),
+    "retried assign while queued changes nothing": Case(
+        [assign("r1")], assign("r1"), [], [], UNKNOWN_START_MS + START_MARGIN_MS
+    ),
     "tick before the deadline changes nothing": Case(
         [assign("r1"), ready(), idle("r1")], c.Tick(key=KEY, due_ms=0), [], [], 20 + KEEP
     ),
@@ -527,3 +531,26 @@ def test_an_instance_of_a_function_without_timeout_has_the_default_lease():
     late = decide(s, c.Tick(key=KEY, due_ms=0), 10 + lease, DEMO)
     why = f"no Idle within the default {DEFAULT_TIMEOUT_S}s timeout"
     assert [(type(ev), ev.reason) for ev in late.events] == [(e.Released, why), (e.InstanceRetired, why)]
+
+
+def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_for_again():
+    """Issue 41, item 1: after a lost tail, an instance stayed *creating* forever and covered its waiting request,
+    so nothing started for it. A start not reported within the function's last start plus the margin is lost."""
+    s, decisions = run(assign("r1"), ready(), idle("r1"), assign("r2"), assign("r3"), at=0)  # fn-1 serves r2
+    started = decisions[-1]
+    assert [ev.instance_id for ev in started.events if isinstance(ev, e.SlotWanted)] == ["fn-2"]
+    bound = s.stats.start_ms + START_MARGIN_MS
+    assert started.wake_ms == 40 + bound  # r3's start is looked at again then
+    d = decide(s, c.Tick(key=KEY, due_ms=40 + bound - 1), 40 + bound - 1, DEMO)
+    assert not any(isinstance(ev, e.InstanceRetired) for ev in d.events)  # not yet: it may still come
+    d = decide(s, c.Tick(key=KEY, due_ms=40 + bound), 40 + bound, DEMO)
+    retired = [ev for ev in d.events if isinstance(ev, e.InstanceRetired)]
+    assert [ev.instance_id for ev in retired] == ["fn-2"] and "a lost start" in retired[0].reason
+    again = [ev for ev in d.events if isinstance(ev, e.SlotWanted)]
+    assert [(ev.instance_id, ev.for_request) for ev in again] == [("fn-3", "r3")]
+    # Should its report come after all, its slot is destroyed, never taken into service.
+    late = decide(d.state, ready("fn-2", "s9"), 50 + bound, DEMO)
+    assert [(ev.instance_id, ev.slot_id) for ev in late.events if isinstance(ev, e.InstanceRetired)] == [
+        ("fn-2@s9", "s9")
+    ]
+    assert late.state.instances["fn-3"].phase is Phase.CREATING and late.state.queue[0].request_id == "r3"

@@ -86,6 +86,11 @@ RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-
 # instance started at once would have served it by then. Sessions' requests are mostly sequential (the
 # next one comes after the last one's answer), so their bound instance is rarely busy at all.
 MAX_SESSION_WAIT_MS = 10_000
+# A start not reported within its function's expected start (its last one) plus this will not come: its report was
+# lost (with a store's lost tail, say) or nobody is left to send it. The margin covers what may rightly delay one:
+# the platform worker holding a start while its circuit is open (up to 10 s), a dead worker's event coming back
+# to another (its ack wait, 10 s), and the platform's own retries.
+START_MARGIN_MS = 30_000
 
 
 class Decision(NamedTuple):
@@ -433,6 +438,7 @@ def _serve(d: _Draft, policy: Policy) -> int | None:
     the instance. Returns when its own deadlines next need a Tick.
     """
     _free_lost_leases(d)
+    _retire_lost_starts(d)
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
     throttle_ms = _throttle_at_the_cap(d, policy)
@@ -463,6 +469,21 @@ def _free_lost_leases(d: _Draft) -> None:
         if inst.since_ms + lease <= d.now:
             why = f"no Idle within {given} {d.s.timeout_s()}s timeout"
             d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+
+
+def start_bound_ms(s: FnState) -> int:
+    """How long an instance may be being created before its start is taken as lost (see START_MARGIN_MS)."""
+    return (s.stats.start_ms or UNKNOWN_START_MS) + START_MARGIN_MS
+
+
+def _retire_lost_starts(d: _Draft) -> None:
+    """Lost starts: an instance being created past its bound is retired (its slot destroyed, should it ever be
+    reported), so it no longer covers a waiting request: the request gets a start of its own again."""
+    bound = start_bound_ms(d.s)
+    for inst in d.s.in_phase(Phase.CREATING):
+        if inst.since_ms + bound <= d.now:
+            why = f"not ready within {bound / 1000:g}s (its function's last start and a margin): a lost start"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
 
@@ -695,8 +716,9 @@ def _live(s: FnState) -> int:
 
 
 def _serving_deadlines(s: FnState, now: int) -> list[int]:
-    """Leases of busy instances, and the waits of sessions' requests for their own busy instance."""
+    """Leases of busy instances, bounds of starts, and the waits of sessions' requests for their own busy instance."""
     wakes = [i.since_ms + s.lease_ms() for i in s.in_phase(Phase.BUSY)]
+    wakes += [i.since_ms + start_bound_ms(s) for i in s.in_phase(Phase.CREATING)]
     if s.sessions:
         wakes += [p.since_ms + session_wait_ms(s) for p in s.queue if _holding(s, p, now)]
     return wakes
