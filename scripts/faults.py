@@ -459,13 +459,16 @@ async def stalled_nats(tmp: Path, stub: PlatformStub, stall_s: float = 12) -> Ro
         await running(drivers, seconds=120)
         await finish(row, nats.url, stub, drivers, woken_at)  # answering again: after it was woken
         await asyncio.gather(*loads)
-    said = [(at, r) for d in drivers for c in d.calls for at, r in [*c.refusals, (c.failed_at, c.error)] if r]
-    during = [r for at, r in said if fault_at <= at <= woken_at + 10]
+    said = [(at, r, c) for d in drivers for c in d.calls for at, r in [*c.refusals, (c.failed_at, c.error)] if r]
+    during = [r for at, r, _ in said if fault_at <= at <= woken_at + 10]
     held = sum(r == OWN_DEADLINE for r in during)
     row.notes.append(
         f"refusals while NATS was stopped (and 10 s after): {len(during)}, of which {held} the caller's own 10 s"
         f" deadline running out; {sum(r.startswith('UNAVAILABLE') for r in during)} UNAVAILABLE"
     )
+    ran_out = [f"{c.request_id} ({c.key}) at +{at - fault_at:.1f} s" for at, r, c in said if r == OWN_DEADLINE]
+    if ran_out:
+        row.notes.append(f"ran out their deadline (from the stop): {', '.join(ran_out[:6])}")
     if held:
         row.unmet.append(f"{held} calls ran out their own deadline, not refused within {ANSWER_BOUND_S:g} s")
     return row
