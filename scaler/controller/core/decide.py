@@ -75,6 +75,7 @@ from scaler.proto.events import (
     SessionBound,
     SessionEnded,
     SlotWanted,
+    StartsHeld,
     WaiterLeft,
 )
 
@@ -91,6 +92,10 @@ MAX_SESSION_WAIT_MS = 10_000
 # the platform worker holding a start while its circuit is open (up to 10 s), a dead worker's event coming back
 # to another (its ack wait, 10 s), and the platform's own retries.
 START_MARGIN_MS = 30_000
+# While the platform worker's circuit holds a function's starts (StartsHeld), a request nothing else covers waits
+# this long at most for an instance of the function to free up (at once answered Throttle when none is busy), so
+# its caller hears "not now" well within a usual deadline rather than wait out the hold or fail with a start.
+HELD_WAIT_MS = 2_000
 
 
 class Decision(NamedTuple):
@@ -111,8 +116,14 @@ class _Draft:
         self.events: list[Event] = []
         self.replies: list[Reply] = []
 
+    def held(self) -> bool:
+        """Whether the function's starts are held (StartsHeld): the platform worker's circuit is open."""
+        return self.now < self.s.starts_held_until_ms
+
     def may_start(self, wanted: int) -> int:
-        """As many of `wanted` new instances as the caps allow."""
+        """As many of `wanted` new instances as the caps allow; none while the function's starts are held."""
+        if self.held():
+            return 0
         allowed = self.room.starts(self.s, self.started)
         return wanted if allowed is None else min(wanted, allowed)
 
@@ -353,6 +364,10 @@ def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
         return
     slot = cmd.slot_id or inst.slot_id  # CreateSlot answered before (InstanceCreated), or Init failed on it
     d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=slot, reason=f"creation failed: {cmd.reason}"))
+    if cmd.retry_after_ms > 0:  # refused by the worker's open circuit: no start of the function until it may go
+        d.emit(StartsHeld(at_ms=d.now, until_ms=d.now + cmd.retry_after_ms, reason=cmd.reason))
+    if d.held() or _may_free(d.s):
+        return  # a waiting request that lost its instance waits for one to free up, or is throttled (`_throttle`)
     if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
         victim = d.s.pending(inst.for_request) or d.s.queue[0]
         message = f"the platform could not start an instance: {cmd.reason}"
@@ -441,7 +456,7 @@ def _serve(d: _Draft, policy: Policy) -> int | None:
     _retire_lost_starts(d)
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
-    throttle_ms = _throttle_at_the_cap(d, policy)
+    throttle_ms = _throttle(d, policy)
     return _next_wake(d, recheck_ms, throttle_ms, *_serving_deadlines(d.s, d.now))
 
 
@@ -616,21 +631,33 @@ def _caps(s: FnState, room: Room) -> str:
     return ", ".join(n for n in named if n) or "no cap"
 
 
-def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
-    """Throttle: a request that waited its time at a cap (nothing could start for it) is answered Throttle.
+def _may_free(s: FnState) -> bool:
+    """Whether an instance of the function may free up for a waiting request: one is busy, and fits it."""
+    return any(_fits(s, i) for i in s.in_phase(Phase.BUSY))
 
-    Returns when the next one's time is up, while the caps hold any back.
+
+def _throttle(d: _Draft, policy: Policy) -> int | None:
+    """Throttle: a request nothing can start for (a cap, or the function's starts held) that waited its time for an
+    instance to free up is answered Throttle: at a cap, after the limits' `throttle_after_ms`; while starts are
+    held, after HELD_WAIT_MS (no longer than that), and at once when no instance of the function is busy.
+
+    Returns when the next one's time is up, while any is held back.
     """
-    if d.may_start(1) or d.s.meta is None:
+    if d.s.meta is None or d.may_start(1):
         return None
+    if d.held():
+        wait_ms = min(HELD_WAIT_MS, d.room.throttle_after_ms) if _may_free(d.s) else 0
+        left_ms = d.s.starts_held_until_ms - d.now
+        why = f"the platform refuses the function's starts (its circuit is open for {left_ms} ms more)"
+    else:
+        wait_ms, why = d.room.throttle_after_ms, f"at the cap ({_caps(d.s, d.room)})"
     due = []
     for waiting in _uncovered(d.s, policy, d.now):
-        deadline = waiting.since_ms + d.room.throttle_after_ms
+        deadline = waiting.since_ms + wait_ms
         if deadline > d.now:
             due.append(deadline)
             continue
-        caps, wait_ms = _caps(d.s, d.room), d.room.throttle_after_ms
-        message = f"throttled: at the cap ({caps}) and no instance freed up within {wait_ms} ms"
+        message = f"throttled: {why} and no instance freed up within {wait_ms} ms"
         d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
         d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
     return min(due, default=None)
@@ -719,6 +746,8 @@ def _serving_deadlines(s: FnState, now: int) -> list[int]:
     """Leases of busy instances, bounds of starts, and the waits of sessions' requests for their own busy instance."""
     wakes = [i.since_ms + s.lease_ms() for i in s.in_phase(Phase.BUSY)]
     wakes += [i.since_ms + start_bound_ms(s) for i in s.in_phase(Phase.CREATING)]
+    if s.queue:  # those still waiting get a start once the hold ends
+        wakes.append(s.starts_held_until_ms)
     if s.sessions:
         wakes += [p.since_ms + session_wait_ms(s) for p in s.queue if _holding(s, p, now)]
     return wakes

@@ -45,6 +45,7 @@ from scaler.proto.events import (
     SessionBound,
     SessionEnded,
     SlotWanted,
+    StartsHeld,
     WaiterLeft,
 )
 
@@ -93,8 +94,8 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
 
 # 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions;
 # 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them; 5: no
-# leaders in the stats
-VERSION = 6
+# leaders in the stats; 6: no hold of starts
+VERSION = 7
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
@@ -127,6 +128,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
     rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
     sessions: dict[str, Binding] = {}  # session -> the instance its requests prefer
+    starts_held_until_ms: int = 0  # no new start before this: the platform worker's circuit is open (StartsHeld)
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -357,6 +359,10 @@ def _function_deleted(s: FnState, e: FunctionDeleted) -> FnState:
     return FnState(key=s.key, instances=retiring, started=s.started, slot_gb_ms=s.slot_gb_ms)
 
 
+def _starts_held(s: FnState, e: StartsHeld) -> FnState:
+    return replace(s, starts_held_until_ms=e.until_ms)
+
+
 def _explains(s: FnState, e: RequestWaiting) -> FnState:
     return s  # explains a decision; changes nothing
 
@@ -389,6 +395,7 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     FunctionDeleted: _function_deleted,
     Followed: _stats_only,
     Cued: _stats_only,
+    StartsHeld: _starts_held,
 }
 
 
