@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from scaler.platform_stub.server import Faults
+from scaler.proto import serverless_sim_pb2 as pb
 from scaler.workers.circuit import Circuit, Circuits
 from tests.stack import Stack, eventually
 
@@ -62,7 +63,8 @@ def test_a_function_whose_starts_work_costs_nothing():
 
 
 async def callers(stack: Stack, key: str, failures: int, clients: int = 8) -> list[str]:
-    """`clients` callers each repeating an Assign of `key` until `failures` were refused in all; their errors."""
+    """`clients` callers each repeating an Assign of `key` until `failures` were refused in all; their errors (a
+    gRPC error, or a reply whose status is not Ok, as "THROTTLE: ...")."""
     errors: list[str] = []
 
     async def one(n: int) -> None:
@@ -70,9 +72,14 @@ async def callers(stack: Stack, key: str, failures: int, clients: int = 8) -> li
         while len(errors) < failures:
             i += 1
             try:
-                await stack.idle(await stack.assign(f"{key}-c{n}-{i}", key=key))
+                reply = await stack.assign(f"{key}-c{n}-{i}", key=key)
             except grpc.aio.AioRpcError as e:
                 errors.append(f"{e.code().name}: {e.details()}")
+                continue
+            if reply.status != pb.Ok:
+                errors.append(f"{pb.Status.Name(reply.status).upper()}: {reply.error_message}")
+                continue
+            await stack.idle(reply)
 
     await asyncio.gather(*(one(n) for n in range(clients)))
     return errors
@@ -80,8 +87,9 @@ async def callers(stack: Stack, key: str, failures: int, clients: int = 8) -> li
 
 async def test_a_platform_failing_every_init_is_not_hammered_and_other_functions_still_start(nats_url):
     """Init answers InternalError for one function: after TRIP failures in a row the worker stops calling Init for
-    it (the circuit stays open the whole test here); each start after that is refused at once, its request
-    failed with a message that says so. Another function's starts go on."""
+    it (the circuit stays open the whole test here); a start after that is refused at once, and the function's
+    starts are held as long as the circuit says (issue 41, item 5): its requests hear Throttle at once, with a
+    message that says why, and start nothing. Another function's starts go on."""
     inits: dict[str, int] = {}
 
     def failing_init(request) -> str | None:
@@ -94,7 +102,10 @@ async def test_a_platform_failing_every_init_is_not_hammered_and_other_functions
         # Not one Init per refused request: the 5 that opened it, and those already under way meanwhile (8 callers)
         assert 5 <= inits["broken"] <= 5 + 7, inits
         assert stack.stub.accounting.created == inits["broken"]  # nor a slot
-        assert all(e.startswith("INTERNAL: the platform could not start an instance") for e in errors), errors[:3]
+        failed = "INTERNAL: the platform could not start an instance"
+        throttled = "THROTTLE: throttled: no start of the function for"
+        assert all(e.startswith((failed, throttled)) for e in errors), errors[:3]
+        assert sum(e.startswith(throttled) for e in errors) > 40, errors  # once held, nothing more is started
         assert f"Init of 'broken' failed {inits['broken']} times in a row" in errors[-1], errors[-1]
         await stack.idle(await stack.assign("ok-1", key="ok"))  # its own circuit is closed
         assert inits["ok"] == 1
@@ -115,9 +126,14 @@ async def test_a_platform_failing_create_slot_is_tried_again_and_the_circuit_clo
 
         async def again() -> None:
             try:
-                served.append((await stack.assign("again", key="fb")).assigment.instance_id)
+                reply = await stack.assign("again", key="fb")
             except grpc.aio.AioRpcError:
-                pass
+                return
+            if reply.status == pb.Ok:
+                served.append(reply.assigment.instance_id)
+            else:  # refused by the open circuit: fb's starts held (0.5 s at most), its calls throttled meanwhile
+                assert "the platform's circuit open (CreateSlot failed" in reply.error_message, reply.error_message
+                await asyncio.sleep(0.05)
 
         while not served:  # a start refused while the circuit is still open fails; the probe after it works
             await again()

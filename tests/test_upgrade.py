@@ -28,7 +28,7 @@ SCHEMAS = {
     4: "88d80e17d51405a5",
     5: "a287220797df945c",
     6: "f6d04cc3fc9ef838",
-    7: "a742eeabd0eff7c3",
+    7: "0d984aa66e5dfc15",
 }
 RELEASES = sorted(p.name.removeprefix("store-").removesuffix(".tar.gz") for p in FIXTURES.glob("store-*.tar.gz"))
 

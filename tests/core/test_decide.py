@@ -350,7 +350,8 @@ def test_a_start_refused_by_an_open_circuit_holds_the_functions_starts_and_its_c
     assert [ev for ev in d.events if isinstance(ev, e.StartsHeld)] == [
         e.StartsHeld(at_ms=1_010, until_ms=6_010, reason=refused("fn-1", 0).reason)
     ]
-    assert [r.code for r in d.replies] == [c.Code.THROTTLED] and "circuit is open for 5000 ms" in d.replies[0].message
+    assert [r.code for r in d.replies] == [c.Code.THROTTLED]
+    assert "for 5000 ms more, the platform's circuit open (CreateSlot failed 5" in d.replies[0].message
     assert s.queue == () and s.starts_held_until_ms == 6_010
     s, (during,) = run(assign("r2"), s=s, at=3_000)
     assert not [ev for ev in during.events if isinstance(ev, e.SlotWanted)]

@@ -648,16 +648,18 @@ def _throttle(d: _Draft, policy: Policy) -> int | None:
     if d.held():
         wait_ms = min(HELD_WAIT_MS, d.room.throttle_after_ms) if _may_free(d.s) else 0
         left_ms = d.s.starts_held_until_ms - d.now
-        why = f"the platform refuses the function's starts (its circuit is open for {left_ms} ms more)"
+        why = f"no start of the function for {left_ms} ms more, the platform's circuit open ({d.s.starts_held_why})"
+        freed = f", and no instance freed up within {wait_ms} ms" if wait_ms else ", and no instance of it is busy"
     else:
         wait_ms, why = d.room.throttle_after_ms, f"at the cap ({_caps(d.s, d.room)})"
+        freed = f" and no instance freed up within {wait_ms} ms"
     due = []
     for waiting in _uncovered(d.s, policy, d.now):
         deadline = waiting.since_ms + wait_ms
         if deadline > d.now:
             due.append(deadline)
             continue
-        message = f"throttled: {why} and no instance freed up within {wait_ms} ms"
+        message = f"throttled: {why}{freed}"
         d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
         d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
     return min(due, default=None)

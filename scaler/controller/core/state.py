@@ -129,6 +129,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
     sessions: dict[str, Binding] = {}  # session -> the instance its requests prefer
     starts_held_until_ms: int = 0  # no new start before this: the platform worker's circuit is open (StartsHeld)
+    starts_held_why: str = ""  # the worker's word for it
 
     def in_phase(self, phase: Phase) -> list[Instance]:
         return [i for i in self.instances.values() if i.phase is phase]
@@ -360,7 +361,7 @@ def _function_deleted(s: FnState, e: FunctionDeleted) -> FnState:
 
 
 def _starts_held(s: FnState, e: StartsHeld) -> FnState:
-    return replace(s, starts_held_until_ms=e.until_ms)
+    return replace(s, starts_held_until_ms=e.until_ms, starts_held_why=e.reason)
 
 
 def _explains(s: FnState, e: RequestWaiting) -> FnState:
