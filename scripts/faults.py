@@ -536,8 +536,9 @@ async def released_under_their_callers(nats_url: str, calls: list[Call]) -> list
 
 
 def refused_cold(call: Call, fault_at: float) -> bool:
-    """a request of a new function while the platform failed every start: nothing could serve it"""
-    return call.key.startswith("cold") and call.error.startswith("INTERNAL")
+    """a request of a new function while the platform failed every start: nothing could serve it (failed, or
+    throttled while its starts were held)"""
+    return call.key.startswith("cold") and call.error.startswith(("INTERNAL", "THROTTLE"))
 
 
 async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15) -> Row:
@@ -578,6 +579,9 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
             warm.append(cold)  # its calls are checked with the rest
         await running(warm[:-2], seconds=120)
         await finish(row, nats.url, stub, warm, fault_at)
+        kinds = Counter(c.error.split(":")[0] for d in warm[:-2] for c in d.calls if c.error)
+        if kinds:
+            row.notes.append(f"requests of the warm functions refused: {dict(kinds)}")
         await asyncio.gather(*loads)
     return row
 

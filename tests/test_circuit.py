@@ -3,7 +3,6 @@
 import asyncio
 
 import grpc
-import pytest
 
 from scaler.platform_stub.server import Faults
 from scaler.proto import serverless_sim_pb2 as pb
@@ -98,15 +97,15 @@ async def test_a_platform_failing_every_init_is_not_hammered_and_other_functions
 
     async with Stack(nats_url, faults=Faults(init=failing_init)) as stack:
         stack.platform_worker.circuits = Circuits(trip=5, first_open_s=600, hold_s=0)  # refused at once
-        errors = await callers(stack, "broken", failures=60)
+        errors = await callers(stack, "broken", failures=30)
         # Not one Init per refused request: the 5 that opened it, and those already under way meanwhile (8 callers)
         assert 5 <= inits["broken"] <= 5 + 7, inits
         assert stack.stub.accounting.created == inits["broken"]  # nor a slot
         failed = "INTERNAL: the platform could not start an instance"
         throttled = "THROTTLE: throttled: no start of the function for"
         assert all(e.startswith((failed, throttled)) for e in errors), errors[:3]
-        assert sum(e.startswith(throttled) for e in errors) > 40, errors  # once held, nothing more is started
-        assert f"Init of 'broken' failed {inits['broken']} times in a row" in errors[-1], errors[-1]
+        assert sum(e.startswith(throttled) for e in errors) >= 15, errors  # once held, nothing more is started
+        assert "the platform's circuit open (Init: InternalError: the runtime is broken)" in errors[-1], errors[-1]
         await stack.idle(await stack.assign("ok-1", key="ok"))  # its own circuit is closed
         assert inits["ok"] == 1
 
@@ -120,7 +119,7 @@ async def test_a_platform_failing_create_slot_is_tried_again_and_the_circuit_clo
     async with Stack(nats_url, faults=Faults(create=create)) as stack:
         stack.platform_worker.circuits = Circuits(trip=3, first_open_s=0.2, longest_open_s=0.5, hold_s=0)
         errors = await callers(stack, "fa", failures=30)
-        assert "CreateSlot failed" in errors[-1] and "out of capacity): not tried" in errors[-1], errors[-1]
+        assert "circuit open (CreateSlot" in errors[-1] and "out of capacity" in errors[-1], errors[-1]
         failing = False
         served: list[str] = []
 
@@ -132,7 +131,7 @@ async def test_a_platform_failing_create_slot_is_tried_again_and_the_circuit_clo
             if reply.status == pb.Ok:
                 served.append(reply.assigment.instance_id)
             else:  # refused by the open circuit: fb's starts held (0.5 s at most), its calls throttled meanwhile
-                assert "the platform's circuit open (CreateSlot failed" in reply.error_message, reply.error_message
+                assert "the platform's circuit open (CreateSlot" in reply.error_message, reply.error_message
                 await asyncio.sleep(0.05)
 
         while not served:  # a start refused while the circuit is still open fails; the probe after it works
@@ -141,9 +140,9 @@ async def test_a_platform_failing_create_slot_is_tried_again_and_the_circuit_clo
 
 
 async def test_a_start_waits_for_an_open_circuit_and_goes_through_once_the_platform_works(nats_url):
-    """While a circuit is open a start waits (up to `hold_s`) rather than fail its request at once: when the
-    platform works again within that, the request is served. (The start let through as the probe serves a request
-    too: its failure fails that request.)"""
+    """While a circuit is open no start of the function is tried (the controller holds them as long as the worker's
+    `retry_after_ms` says, a start already sent waits in the worker up to `hold_s`) rather than fail request after
+    request: once the platform works again, the next start, the circuit's probe, serves the request waiting."""
     failing = True
 
     def init(_) -> str | None:
@@ -151,13 +150,13 @@ async def test_a_start_waits_for_an_open_circuit_and_goes_through_once_the_platf
 
     async with Stack(nats_url, faults=Faults(init=init)) as stack:
         stack.platform_worker.circuits = Circuits(trip=3, first_open_s=2, hold_s=60)
-        for n in range(3):  # three failed starts in a row: open
-            with pytest.raises(grpc.aio.AioRpcError):
-                await stack.assign(f"r{n}", key="fa")
+        for n in range(3):  # three failed starts in a row: open (the third's request throttled: fa's starts held)
+            try:
+                reply = await stack.assign(f"r{n}", key="fa")
+            except grpc.aio.AioRpcError:
+                continue
+            assert reply.status == pb.Throttle, reply
         assert not stack.platform_worker.circuits.init("fa").closed
-        waiting = asyncio.create_task(stack.assign("held", key="fa"))
-        await asyncio.sleep(0.5)
-        assert not waiting.done()  # held: no Init was tried for it, and it was not failed
-        failing = False
-        reply = await waiting
+        failing = False  # the platform works again, while the circuit is still open
+        reply = await stack.assign("held", key="fa")
         assert reply.assigment.instance_id

@@ -340,24 +340,25 @@ def refused(i: str, after_ms: int) -> c.SlotFailed:
     return c.SlotFailed(key=KEY, instance_id=i, reason=why, retry_after_ms=after_ms)
 
 
-def test_a_start_refused_by_an_open_circuit_holds_the_functions_starts_and_its_callers_are_throttled_at_once():
+def test_a_start_refused_by_an_open_circuit_holds_the_functions_starts_and_its_callers_hear_throttle():
     """Issue 41, item 5: each failed start failed one request and the next Assign started another (2,840 slots in
     15 s for 8 callers). A start the worker's circuit refused holds the function's new starts until it lets one
     through again (`retry_after_ms`, from the command's time: replay holds it too). Meanwhile a request of the
-    function, which has no instance that could free up, is answered Throttle at once, not left to its deadline;
-    once the hold is over the next request starts an instance again."""
+    function starts nothing and, with no instance freeing up, hears Throttle after HELD_WAIT_MS, well within its
+    caller's deadline; once the hold is over a request starts an instance again."""
     s, (_, d) = run(assign("r1"), refused("fn-1", 5_000), at=1_000)
     assert [ev for ev in d.events if isinstance(ev, e.StartsHeld)] == [
         e.StartsHeld(at_ms=1_010, until_ms=6_010, reason=refused("fn-1", 0).reason)
     ]
-    assert [r.code for r in d.replies] == [c.Code.THROTTLED]
-    assert "for 5000 ms more, the platform's circuit open (CreateSlot failed 5" in d.replies[0].message
-    assert s.queue == () and s.starts_held_until_ms == 6_010
-    s, (during,) = run(assign("r2"), s=s, at=3_000)
-    assert not [ev for ev in during.events if isinstance(ev, e.SlotWanted)]
-    assert [r.code for r in during.replies] == [c.Code.THROTTLED]
-    s, (after,) = run(assign("r3"), s=s, at=6_010)
-    assert [ev.for_request for ev in after.events if isinstance(ev, e.SlotWanted)] == ["r3"] and after.replies == []
+    assert d.replies == [] and s.starts_held_until_ms == 6_010 and d.wake_ms == 1_000 + HELD_WAIT_MS
+    s, (throttled,) = run(c.Tick(key=KEY, due_ms=0), s=s, at=1_000 + HELD_WAIT_MS)
+    assert [(r.request_id, r.code) for r in throttled.replies] == [("r1", c.Code.THROTTLED)]
+    assert "the platform's circuit open (CreateSlot failed 5" in throttled.replies[0].message
+    s, (during,) = run(assign("r2"), s=s, at=4_500)
+    assert not [ev for ev in during.events if isinstance(ev, e.SlotWanted)] and during.replies == []
+    assert during.wake_ms == 6_010  # the hold's end, before r2's wait is over (4,500 + HELD_WAIT_MS)
+    s, (after,) = run(c.Tick(key=KEY, due_ms=0), s=s, at=6_010)  # the hold ends before r2's wait: it gets a start
+    assert [ev.for_request for ev in after.events if isinstance(ev, e.SlotWanted)] == ["r2"] and after.replies == []
 
 
 @pytest.mark.parametrize("policy", [DEMO, POOLED], ids=["dedicated", "pooled"])
@@ -605,3 +606,15 @@ def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_
         ("fn-2@s9", "s9")
     ]
     assert late.state.instances["fn-3"].phase is Phase.CREATING and late.state.queue[0].request_id == "r3"
+
+
+def test_an_idle_instance_outliving_its_keep_alive_is_kept_while_its_functions_starts_are_held():
+    """None could replace it while the platform's circuit holds the function's starts: it stays until a start may
+    go again, then retires as usual."""
+    s, _ = run(assign("r0"), ready(), assign("r1"), refused("fn-2", 600_000), idle("r0"), idle("r1", "fn-1"))
+    held_until, keep = s.starts_held_until_ms, s.instances["fn-1"].keep_until_ms
+    assert keep < held_until
+    s, (kept,) = run(c.Tick(key=KEY, due_ms=keep), s=s, at=keep)
+    assert [(type(ev), ev.until_ms) for ev in kept.events] == [(e.KeptAlive, held_until)]
+    s, (retired,) = run(c.Tick(key=KEY, due_ms=held_until), s=s, at=held_until)
+    assert [type(ev) for ev in retired.events] == [e.InstanceRetired]

@@ -93,8 +93,9 @@ MAX_SESSION_WAIT_MS = 10_000
 # to another (its ack wait, 10 s), and the platform's own retries.
 START_MARGIN_MS = 30_000
 # While the platform worker's circuit holds a function's starts (StartsHeld), a request nothing else covers waits
-# this long at most for an instance of the function to free up (at once answered Throttle when none is busy), so
-# its caller hears "not now" well within a usual deadline rather than wait out the hold or fail with a start.
+# this long at most for an instance of the function to free up, or for the hold to end (then it gets a start), so
+# its caller hears "not now" (Throttle) well within a usual deadline rather than wait out the hold or fail with a
+# start; not at once, which a caller that repeats at once would turn into a stream of refusals.
 HELD_WAIT_MS = 2_000
 
 
@@ -639,35 +640,34 @@ def _may_free(s: FnState) -> bool:
 def _throttle(d: _Draft, policy: Policy) -> int | None:
     """Throttle: a request nothing can start for (a cap, or the function's starts held) that waited its time for an
     instance to free up is answered Throttle: at a cap, after the limits' `throttle_after_ms`; while starts are
-    held, after HELD_WAIT_MS (no longer than that), and at once when no instance of the function is busy.
+    held, after HELD_WAIT_MS (no longer than that); a hold that ends sooner starts an instance for it instead.
 
     Returns when the next one's time is up, while any is held back.
     """
     if d.s.meta is None or d.may_start(1):
         return None
     if d.held():
-        wait_ms = min(HELD_WAIT_MS, d.room.throttle_after_ms) if _may_free(d.s) else 0
+        wait_ms = min(HELD_WAIT_MS, d.room.throttle_after_ms)
         left_ms = d.s.starts_held_until_ms - d.now
-        why = f"no start of the function for {left_ms} ms more, the platform's circuit open ({d.s.starts_held_why})"
-        freed = f", and no instance freed up within {wait_ms} ms" if wait_ms else ", and no instance of it is busy"
+        why = f"no start of the function for {left_ms} ms more, the platform's circuit open ({d.s.starts_held_why}),"
     else:
         wait_ms, why = d.room.throttle_after_ms, f"at the cap ({_caps(d.s, d.room)})"
-        freed = f" and no instance freed up within {wait_ms} ms"
     due = []
     for waiting in _uncovered(d.s, policy, d.now):
         deadline = waiting.since_ms + wait_ms
         if deadline > d.now:
             due.append(deadline)
             continue
-        message = f"throttled: {why}{freed}"
+        message = f"throttled: {why} and no instance freed up within {wait_ms} ms"
         d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
         d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
     return min(due, default=None)
 
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
-    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires, and
-    so does one with less memory than the function asks for now (no request may run on it again)."""
+    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires (kept
+    while the function's starts are held), and so does one with less memory than the function asks for now (no
+    request may run on it again)."""
     for inst in d.s.in_phase(Phase.IDLE):
         if not _fits(d.s, inst):
             why = f"{inst.memory_mb} MB, less than the function's {d.s.meta.memory_mb} MB now"
@@ -678,6 +678,10 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
+            continue
+        if d.held():  # none could replace it: kept until a start may go again
+            why = "kept while the function's starts are held (the platform's circuit is open)"
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=d.s.starts_held_until_ms, why=why))
             continue
         if d.room.limits.min_warm and d.room.reserved(d.s) == 0 and _live(d.s) <= d.room.limits.min_warm:
             until = d.now + RESERVED_RECHECK_MS
