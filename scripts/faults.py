@@ -562,8 +562,10 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
         loads = [asyncio.create_task(d.run()) for d in warm]
         await running(warm)
         fault_at = time.monotonic()
+        began: dict[str, float] = {}
         for what in ("init", "create"):
             created = stub.accounting.created
+            began[what] = time.monotonic()
             setattr(stub.faults, what, failing(what))
             cold = Driver(parts.gateway, keys=(f"cold-{what}-a", f"cold-{what}-b"), clients=8, tag=f"cold-{what}-")
             cold_load = asyncio.create_task(cold.run())
@@ -577,9 +579,14 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
                 f" for {calls[what]} {what} calls that failed and {stub.accounting.created - created} slots created"
             )
             warm.append(cold)  # its calls are checked with the rest
+        ended = time.monotonic()  # the platform works again
         await running(warm[:-2], seconds=120)
         await finish(row, nats.url, stub, warm, fault_at)
-        kinds = Counter(c.error.split(":")[0] for d in warm[:-2] for c in d.calls if c.error)
+
+        def phase(at: float) -> str:
+            return "Init failing" if at < began["create"] else "CreateSlot failing" if at < ended else "after"
+
+        kinds = Counter(f"{phase(c.failed_at)}: {c.error.split(':')[0]}" for d in warm[:-2] for c in d.calls if c.error)
         if kinds:
             row.notes.append(f"requests of the warm functions refused: {dict(kinds)}")
         await asyncio.gather(*loads)
