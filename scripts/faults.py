@@ -507,13 +507,16 @@ async def stalled_nats(tmp: Path, stub: PlatformStub, stall_s: float = 12) -> Ro
         await running(drivers, seconds=120)
         await finish(row, nats.url, stub, drivers, woken_at)  # answering again: after it was woken
         await asyncio.gather(*loads)
-    said = [(at, r) for d in drivers for c in d.calls for at, r in [*c.refusals, (c.failed_at, c.error)] if r]
-    during = [r for at, r in said if fault_at <= at <= woken_at + 10]
+    said = [(at, r, c) for d in drivers for c in d.calls for at, r in [*c.refusals, (c.failed_at, c.error)] if r]
+    during = [r for at, r, _ in said if fault_at <= at <= woken_at + 10]
     held = sum(r == OWN_DEADLINE for r in during)
     row.notes.append(
         f"refusals while NATS was stopped (and 10 s after): {len(during)}, of which {held} the caller's own 10 s"
         f" deadline running out; {sum(r.startswith('UNAVAILABLE') for r in during)} UNAVAILABLE"
     )
+    ran_out = [f"{c.request_id} ({c.key}) at +{at - fault_at:.1f} s" for at, r, c in said if r == OWN_DEADLINE]
+    if ran_out:
+        row.notes.append(f"ran out their deadline (from the stop): {', '.join(ran_out[:6])}")
     if held:
         row.unmet.append(f"{held} calls ran out their own deadline, not refused within {ANSWER_BOUND_S:g} s")
     return row
@@ -581,8 +584,9 @@ async def released_under_their_callers(nats_url: str, calls: list[Call]) -> list
 
 
 def refused_cold(call: Call, fault_at: float) -> bool:
-    """a request of a new function while the platform failed every start: nothing could serve it"""
-    return call.key.startswith("cold") and call.error.startswith("INTERNAL")
+    """a request of a new function while the platform failed every start: nothing could serve it (failed, or
+    throttled while its starts were held)"""
+    return call.key.startswith("cold") and call.error.startswith(("INTERNAL", "THROTTLE"))
 
 
 async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15) -> Row:
@@ -606,8 +610,10 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
         loads = [asyncio.create_task(d.run()) for d in warm]
         await running(warm)
         fault_at = time.monotonic()
+        began: dict[str, float] = {}
         for what in ("init", "create"):
             created = stub.accounting.created
+            began[what] = time.monotonic()
             setattr(stub.faults, what, failing(what))
             cold = Driver(parts.gateway, keys=(f"cold-{what}-a", f"cold-{what}-b"), clients=8, tag=f"cold-{what}-")
             cold_load = asyncio.create_task(cold.run())
@@ -621,8 +627,16 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
                 f" for {calls[what]} {what} calls that failed and {stub.accounting.created - created} slots created"
             )
             warm.append(cold)  # its calls are checked with the rest
+        ended = time.monotonic()  # the platform works again
         await running(warm[:-2], seconds=120)
         await finish(row, nats.url, stub, warm, fault_at)
+
+        def phase(at: float) -> str:
+            return "Init failing" if at < began["create"] else "CreateSlot failing" if at < ended else "after"
+
+        kinds = Counter(f"{phase(c.failed_at)}: {c.error.split(':')[0]}" for d in warm[:-2] for c in d.calls if c.error)
+        if kinds:
+            row.notes.append(f"requests of the warm functions refused: {dict(kinds)}")
         await asyncio.gather(*loads)
     return row
 

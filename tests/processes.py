@@ -160,6 +160,10 @@ class Driver:
         try:
             assign = pb.AssignRequest(request_id=call.request_id, meta_data=meta)
             reply = await self._retried(call, lambda: scaler.Assign(assign, timeout=self.timeout_s), self.retry_assign)
+            if reply.status != pb.Ok:  # Throttle: the scaler's "not now", a refusal the caller must hear
+                call.error = f"{pb.Status.Name(reply.status).upper()}: {reply.error_message}"
+                call.failed_at = time.monotonic()
+                return
             call.got_at, call.instance = time.monotonic(), reply.assigment.instance_id
             await asyncio.sleep(self.hold_s)
             if self.release is not None and self._stop.is_set():

@@ -10,8 +10,8 @@ import grpc
 
 from scaler.controller.core.limits import NO_LIMITS, Limits
 from scaler.controller.core.policy import get_policy
-from scaler.controller.leases import TTL_S
-from scaler.controller.shell import GUARD_EVERY_S, Controller
+from scaler.controller.leases import EVERY_S, TTL_S
+from scaler.controller.shell import GUARD_EVERY_S, STORE_WAIT_S, Controller
 from scaler.gateway.server import Gateway
 from scaler.platform_stub.server import Faults, PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
@@ -45,6 +45,8 @@ class Stack:
     guard_every_s: float = GUARD_EVERY_S
     reconcile_grace_s: float = RECONCILE_GRACE_S
     lease_ttl_s: float = TTL_S
+    lease_every_s: float = EVERY_S
+    store_wait_s: float = STORE_WAIT_S
     like_challenge: bool = False  # the stub as the challenge's platform: a new slot per CreateSlot, no list
 
     async def __aenter__(self) -> "Stack":
@@ -60,6 +62,8 @@ class Stack:
             retention=self.retention,
             guard_every_s=self.guard_every_s,
             lease_ttl_s=self.lease_ttl_s,
+            lease_every_s=self.lease_every_s,
+            store_wait_s=self.store_wait_s,
         )
         self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)

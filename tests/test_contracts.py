@@ -80,6 +80,7 @@ EVENT_TAGS = {
     "PolicySet": "policy-set",
     "VersionSet": "version-set",
     "TenantSet": "tenant-set",
+    "StartsHeld": "starts-held",
     "FunctionCreated": "function-created",
 }
 

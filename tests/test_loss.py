@@ -6,9 +6,12 @@ import asyncio
 import logging
 import shutil
 
+from nats.errors import Error as NatsError
+
 from scaler.controller.leases import ranges
-from scaler.proto.subjects import PARTITIONS
-from scaler.runtime.bus import connected
+from scaler.proto.commands import Code, SlotReady, decode_reply, encode
+from scaler.proto.subjects import PARTITIONS, command_subject
+from scaler.runtime.bus import connected, send
 from scaler.runtime.natsd import NatsServer
 from tests.invariants import snapshots_hold_what_they_claim
 from tests.stack import Stack, eventually
@@ -57,6 +60,50 @@ async def test_an_older_copy_of_the_store_under_a_running_node_is_an_alarm_and_a
             assert getattr(node, "losses", 0) == 1
         async with connected(nats.url, "test") as nc:  # the stop's snapshots, and every earlier one, hold
             assert await snapshots_hold_what_they_claim(nc.jetstream()) == []
+    finally:
+        await nats.stop()
+
+
+async def test_a_report_that_decides_nothing_is_checked_against_the_store_before_it_is_answered(tmp_path):
+    """Issue 41, item 1: a worker's report the node's state already holds decides nothing and appends nothing, so
+    no order check saw that the stream had lost it; it was answered (acked, never sent again) on a state the
+    stream no longer held, and the instance stayed *creating* there. Here nothing else looks (the guard and the
+    lease rounds slowed to minutes): the report's own read of its function's stream must find the loss."""
+    store, older = tmp_path / "nats", tmp_path / "older"
+    nats = NatsServer(store)
+    await nats.start()
+    try:
+        async with Stack(nats.url, guard_every_s=3600, lease_ttl_s=240, lease_every_s=60) as stack:
+            node = stack.controller
+            await stack.idle(await stack.assign("a1", key="fa"))
+            await stack.settled()
+            await nats.stop()
+            shutil.copytree(store, older)
+            await nats.start()
+            await stack.idle(await stack.assign("b1", key="fb"))  # the tail about to be lost: fb's instance
+            await stack.settled()
+            (made,) = node.states["fb"].instances.values()
+            await nats.stop()
+            shutil.rmtree(store)
+            shutil.copytree(older, store)
+            await nats.start()
+            again = SlotReady(key="fb", instance_id=made.id, slot_id=made.slot_id, create_ms=1, init_ms=1)
+            async with connected(nats.url, "test") as nc:
+                async with asyncio.timeout(20):
+                    while True:  # until the node is connected again
+                        try:
+                            msg = await nc.request(command_subject("fb"), encode(again), timeout=2)
+                            break
+                        except (NatsError, TimeoutError):
+                            await asyncio.sleep(0.1)
+                first = decode_reply(msg.data)
+                assert first.code is Code.UNAVAILABLE, first  # not acked on a state the stream lost
+                await eventually(lambda: getattr(node, "losses", 0) == 1, 20)
+                assert (await send(nc, again, patience_s=30)).code is Code.OK  # the report sent again, on the reload
+            # Decided on the stream as it is: a slot nothing there wanted, destroyed rather than leaked.
+            await eventually(lambda: made.slot_id not in stack.stub.accounting.live, 20)
+            await stack.settled()
+            await same_as_replay(node, nats.url)
     finally:
         await nats.stop()
 

@@ -99,3 +99,50 @@ async def test_a_node_quick_to_refuse_as_overloaded_still_answers_a_frozen_store
                 assert await replay.verify(nc, None, out) == 0, out.getvalue()
     finally:
         await stub.stop()
+
+
+async def test_every_call_waiting_on_a_stalled_store_is_refused_unavailable_within_the_bound(tmp_path):
+    """Issue 41, item 4: with NATS stopped (SIGSTOP), an append gets no answer; the writer tries it again for 10 s
+    and the function's other commands wait behind it, so callers with a usual deadline ran it out and never
+    learned the store was away. Each call, the one whose append is in flight and those queued behind it, is
+    refused UNAVAILABLE once it has waited the node's --store-wait (1 s here): all of them are answered while NATS
+    is still stopped, well within their 8 s deadline. Once NATS is back the same calls are served, once each."""
+    async with NatsServer(tmp_path / "nats") as nats, Stack(nats.url, lease_ttl_s=60, store_wait_s=1.0) as stack:
+        await stack.idle(await stack.assign("warm", key="fa"))
+        held = await stack.assign("held", key="fa")  # its Idle comes during the stall
+        await stack.settled()
+
+        async def call(request_id: str) -> str:
+            meta = pb.Meta(key="fa", runtime="python", timeout_in_secs=60, memory_in_mb=256)
+            try:
+                await stack.scaler.Assign(pb.AssignRequest(request_id=request_id, meta_data=meta), timeout=8)
+            except grpc.aio.AioRpcError as e:
+                return f"{e.code().name}: {e.details()}"
+            return "OK"
+
+        os.kill(nats.proc.pid, signal.SIGSTOP)
+        try:
+            first = asyncio.create_task(call("r0"))  # its append goes out and hangs; the others queue behind it
+            await asyncio.sleep(0.3)
+            idle = asyncio.create_task(stack.idle(held))
+            rest = [asyncio.create_task(call(f"r{n}")) for n in range(1, 6)]
+            async with asyncio.timeout(20):  # NATS stays stopped until every caller has its answer
+                outcomes = await asyncio.gather(first, *rest)
+                await asyncio.wait({idle})
+        finally:
+            os.kill(nats.proc.pid, signal.SIGCONT)
+        assert all(o.startswith("UNAVAILABLE") for o in outcomes), outcomes
+        assert "did not store it within 1s" in outcomes[-1]
+        # The Idle's release was decided and answered at once (an Idle waits for nothing stored), or refused too.
+        assert idle.exception() is None or idle.exception().code() is grpc.StatusCode.UNAVAILABLE
+        for n in range(6):  # the callers repeat: served now, each once
+            assert (await stack.assign(f"r{n}", key="fa")).assigment.instance_id
+        await stack.settled()
+        async with connected(nats.url, "test") as nc:
+            assigned: Counter[str] = Counter()
+            await replay.replay(
+                nc, seen=lambda _, b: assigned.update(e.request_id for e in b.events if isinstance(e, Assigned))
+            )
+            assert max(assigned.values()) == 1, assigned
+            out = io.StringIO()
+            assert await replay.verify(nc, None, out) == 0, out.getvalue()

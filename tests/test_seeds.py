@@ -134,6 +134,7 @@ async def test_a_function_is_decided_by_its_own_policy_set_live(nats_url):
     async with Stack(nats_url, limits=limits) as stack:  # the node's policy is demo (300 s)
         reply, _ = await assign(stack.scaler, "a")
         await idle(stack, reply)
+        await stack.settled()  # the keep-alive is planned after the Idle's answer: by fixed10, before the Set
         await admin_at(stack.channel, "Set", key="fn", policy="demo", reason="cheaper")
         reply, _ = await assign(stack.scaler, "b")
         await idle(stack, reply)

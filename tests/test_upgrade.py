@@ -29,6 +29,7 @@ SCHEMAS = {
     5: "a287220797df945c",
     6: "f6d04cc3fc9ef838",
     7: "271782d0db308d39",
+    8: "93c632b1d4c0ec26",
 }
 RELEASES = sorted(p.name.removeprefix("store-").removesuffix(".tar.gz") for p in FIXTURES.glob("store-*.tar.gz"))
 

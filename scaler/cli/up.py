@@ -216,7 +216,8 @@ class Supervisor:
         node_args += ["--nats-monitor", monitor] if monitor else []
         node_args += ["--node-dir", str(Path(a.data_dir) / "node")] if a.data_dir else []  # a name kept: see node.py
         node_args += ["--nats-unsynced"] if a.nats_unsynced else []
-        node_args += ["--max-behind", str(a.max_behind), *metrics] + (["--limits", a.limits] if a.limits else [])
+        node_args += ["--max-behind", str(a.max_behind), "--store-wait", str(a.store_wait), *metrics]
+        node_args += ["--limits", a.limits] if a.limits else []
         node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []
         node_args += ["--retention-hours", str(a.retention_hours), "--store-limit-gb", str(a.store_limit_gb)]
         node_args += given(a, SECURITY_FLAGS)

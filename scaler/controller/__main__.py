@@ -12,7 +12,7 @@ import msgspec
 from scaler.controller import needs
 from scaler.controller.core.limits import NO_LIMITS, Limits, limits_problem
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
-from scaler.controller.shell import MAX_BEHIND_S, Controller
+from scaler.controller.shell import MAX_BEHIND_S, STORE_WAIT_S, Controller
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
 from scaler.runtime.permissions import Preflight
@@ -54,6 +54,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
         default=service.env("MAX_BEHIND", str(MAX_BEHIND_S)),
         help="seconds decisions may lag behind arrivals (a weighted mean) before new Assigns are refused"
         " with RESOURCE_EXHAUSTED [SCALER_MAX_BEHIND]",
+    )
+    p.add_argument(
+        "--store-wait",
+        type=service.positive,
+        default=service.env("STORE_WAIT", str(STORE_WAIT_S)),
+        help="seconds a call waits for an event store that does not answer (stalled, failing over) before it is"
+        " refused with UNAVAILABLE; keep it well below the callers' deadlines [SCALER_STORE_WAIT]",
     )
 
     config.add_retention(p)  # whoever creates EVENTS sets them; a node brings the stream to its own
@@ -125,6 +132,7 @@ def make(a: argparse.Namespace) -> Controller:
         nats_monitor=a.nats_monitor,
         nats_unsynced=a.nats_unsynced,
         max_behind_s=a.max_behind,
+        store_wait_s=a.store_wait,
         limits=limits,
         retention=config.retention(a),
     )

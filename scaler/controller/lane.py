@@ -22,7 +22,7 @@ from scaler.controller.core.state import Phase
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshotter import Snapshotter
 from scaler.controller.writer import Writer
-from scaler.proto.commands import AnyCommand, Cue, Idle, Reply
+from scaler.proto.commands import AnyCommand, Cue, Idle, Reply, SlotCreated, SlotDestroyed, SlotFailed, SlotReady
 from scaler.proto.events import Batch, encode_batch, join
 from scaler.proto.subjects import partition
 from scaler.runtime.bus import Unavailable
@@ -79,7 +79,7 @@ class Lane:
         StoreLost when nothing of the group could be stored: the reply subjects answered early are then in
         `told` (their releases are to be stored all the same)."""
         p = partition(key)
-        looked = False
+        looked = checked = False
         out = Committed()
         for _ in range(APPEND_ATTEMPTS):
             out.replies += await self._settle(key)
@@ -88,10 +88,15 @@ class Lane:
                 await self.writer.catch_up(key)
             self.fence(p)  # nothing decided or answered past the lease's renewal deadline
             outcomes, batches, decided = self._decide(key, cmds)
+            if not batches and not checked and (self.snapshots.suspects_loss() or any(map(_reports, cmds))):
+                checked = True
+                if await self._caught_up(key):  # the stream held more of the function: decide on it
+                    continue
             taken = zip(cmds, outcomes, strict=False)  # the outcomes of those taken, a prefix of the group
-            early = [r for c, o in taken if _releases(c) for r in _own(c, o) if r.to not in told]
-            told.update(r.to for r in early)
-            await self.send(early)
+            if not self.snapshots.suspects_loss():  # else answered once stored: the append's order check says
+                early = [r for c, o in taken if _releases(c) for r in _own(c, o) if r.to not in told]
+                told.update(r.to for r in early)
+                await self.send(early)
             try:
                 seq = await self.writer.append(join(batches)) if batches else None
             except Conflict:
@@ -177,6 +182,18 @@ class Lane:
                     return True
         return False
 
+    async def _caught_up(self, key: str) -> bool:
+        """Read the function's end of the stream before answering a group that appends nothing: a worker's report
+        that decides nothing (a repeat, or one the state already holds), or anything while a loss is suspected.
+
+        Nothing else would check it: no append, no order check. After a lost tail the state may hold what the
+        stream no longer does (an instance ready there, creating here), and a report answered on it is acked
+        and never sent again; the read finds the stream behind (StoreLost: reload, and the report is refused
+        UNAVAILABLE, so its worker sends it again). True when it folded batches (another writer's): decide again."""
+        held = self.ledger.last_seq.get(key, 0)
+        await self.writer.catch_up(key)
+        return self.ledger.last_seq.get(key, 0) != held
+
     async def _settle(self, key: str) -> list[Reply]:
         """Our last append of `key` got no answer: settle it first; what that batch assigned was never told."""
         return self.assignments(key) if await self.writer.settle(key) else []
@@ -185,6 +202,11 @@ class Lane:
         """The answer of every request an instance of `key` serves, to each of its callers."""
         busy = [i for i in self.ledger.state(key).instances.values() if i.phase is Phase.BUSY]
         return [Reply(to=to, request_id=i.request_id, instance_id=i.id) for i in busy for to in i.waiters]
+
+
+def _reports(cmd: AnyCommand) -> bool:
+    """A platform worker's or gc worker's report: acked once answered, and not sent again."""
+    return isinstance(cmd, SlotCreated | SlotReady | SlotFailed | SlotDestroyed)
 
 
 def _releases(cmd: AnyCommand) -> bool:

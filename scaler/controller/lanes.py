@@ -6,6 +6,10 @@ and store it, then delivers what it committed: the replies, the function's next 
 the functions that follow it. Once nothing more waits (or every PLAN_EVERY groups under a steady flow)
 it has the function's plan decided and stored. Functions do not wait for each other; a function with
 nothing under way costs nothing.
+
+A command that has waited `store_wait_s` (2.5 s) for its decision to be stored, while the event store does not
+answer (an append or a read stalled or failing), is answered UNAVAILABLE then, queued or in flight: its caller
+learns the store is away well within its own deadline, and repeats it. One still queued is not decided at all.
 """
 
 import asyncio
@@ -30,6 +34,7 @@ log = logging.getLogger("scaler.controller")
 MAX_GROUP = 256  # commands of one function decided and appended together, at most
 PLAN_EVERY = 8  # groups decided in a row before the function's plan is stored, while commands keep coming
 RETRY_PLAN_MS = 1_000  # a plan that could not be stored is tried again by a Tick this much later
+STORE_WAIT_S = 2.5  # how long a command waits for a store that does not answer before it is refused UNAVAILABLE
 
 
 class Told(Unavailable):
@@ -53,6 +58,7 @@ class Lanes:
         partitions: Partitions,
         returns: Returns | None,
         lost,
+        store_wait_s: float = STORE_WAIT_S,
     ) -> None:
         self.lane = lane
         self.ledger = lane.ledger
@@ -62,7 +68,10 @@ class Lanes:
         self.partitions = partitions
         self.returns = returns  # told of functions that came back (a policy that follows leaders)
         self.lost = lost  # the store holds less than this node folded: reload (Recovery.lost)
+        self.store_wait_s = store_wait_s
+        self.store_refused = 0  # commands answered UNAVAILABLE because the store did not answer in time
         self._queues: dict[str, deque[_Queued]] = {}  # per function with commands under way, in arrival order
+        self._told: dict[str, set[str]] = {}  # per function, the group in flight's callers answered already
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -83,6 +92,8 @@ class Lanes:
             queue = self._queues[cmd.key] = deque()
             self.spawn(self._run(cmd.key, queue))
         queue.append(queued)
+        if not isinstance(cmd, Tick | Cue):  # the node's own have no caller; a Tick not decided loses its deadline
+            self._store_wait(queued, self.store_wait_s)
         return queued.done
 
     async def own(self, cmd: Tick | Cue, what: str) -> None:
@@ -126,13 +137,23 @@ class Lanes:
                     await self._plan(key)
         finally:
             del self._queues[key]
+            self._told.pop(key, None)
             for q in queue:  # cancelled while running: nothing is left waiting
                 self._done(q, NotServing(f"{key}: its queue stopped"))
 
     async def _group(self, key: str, queue: deque[_Queued]) -> None:
         """Decide and store the commands at the head of the function's queue, together, and deliver the rest."""
-        group = [queue.popleft() for _ in range(min(len(queue), MAX_GROUP))]
-        taken, outcomes, told = group, [], set()
+        group = []
+        while queue and len(group) < MAX_GROUP:
+            q = queue.popleft()
+            if q.done.done():  # refused while it queued (the store did not answer): not decided
+                self._done(q, None)
+            else:
+                group.append(q)
+        if not group:
+            return
+        taken, outcomes, told = group, [], self._told.setdefault(key, set())
+        told.clear()
         try:
             committed = await self.lane.commit(key, [q.cmd for q in group], told)
             outcomes = committed.outcomes
@@ -172,6 +193,22 @@ class Lanes:
             self.timers.set(key, self.lane.clock.now_ms() + RETRY_PLAN_MS)
             return
         self.timers.set(key, self.ledger.wake.get(key))
+
+    def _store_wait(self, q: _Queued, after_s: float) -> None:
+        asyncio.get_running_loop().call_later(after_s, self._waited, q)
+
+    def _waited(self, q: _Queued) -> None:
+        """The command has waited `store_wait_s`: refused UNAVAILABLE now if that wait is the store's, else looked at
+        again a little later (a busy machine, a long queue: those are admission's). Not one whose caller has its
+        answer already (an Idle told of its release: the node stores it all the same)."""
+        if q.done.done() or getattr(q.cmd, "reply_to", "") in self._told.get(q.cmd.key, ()):
+            return
+        writer = self.lane.writer
+        if not writer.troubled(self.store_wait_s, own_lag_s=self.admission.lag_s):
+            self._store_wait(q, self.store_wait_s / 4)
+            return
+        self.store_refused += 1
+        q.done.set_exception(Unavailable(f"the event store did not store it within {self.store_wait_s:g}s"))
 
     def _done(self, q: _Queued, outcome) -> None:
         self.admission.decided(q.token)

@@ -22,7 +22,7 @@ from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import FnState, Totals
 from scaler.controller.door import Door
 from scaler.controller.lane import Lane
-from scaler.controller.lanes import Lanes
+from scaler.controller.lanes import STORE_WAIT_S, Lanes
 from scaler.controller.leases import EVERY_S, TTL_S, ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.partitions import NotServing, Partitions
@@ -45,7 +45,7 @@ from scaler.runtime.tasks import cancelled
 from scaler.runtime.text import plural
 from scaler.store import DEFAULT_RETENTION, EventStore, Retention
 
-__all__ = ["GUARD_EVERY_S", "MAX_BACKLOG", "MAX_BEHIND_S", "Controller", "NotServing"]
+__all__ = ["GUARD_EVERY_S", "MAX_BACKLOG", "MAX_BEHIND_S", "STORE_WAIT_S", "Controller", "NotServing"]
 
 log = logging.getLogger("scaler.controller")
 
@@ -62,6 +62,7 @@ class Settings:
     guard_every_s: float = GUARD_EVERY_S
     nats_monitor: str = ""  # where to ask whether NATS syncs every write
     nats_unsynced: bool = False  # ... and not syncing is intended: no warning
+    store_wait_s: float = STORE_WAIT_S  # a call waits this long for a store that does not answer, then UNAVAILABLE
 
 
 class Controller:
@@ -205,7 +206,9 @@ class Controller:
         self.partitions.leases.about = lambda: membership.about(self.address, self.started_ms, self.policy.name)
         returns = Returns(self._nc, self.node, self.ledger, self.clock, lambda cues: self.lanes.cue(cues))
         returns = returns if self.policy.follows_leaders else None
-        self.lanes = Lanes(lane, replies, self.timers, self.admission, self.partitions, returns, self.recovery.lost)
+        self.lanes = Lanes(
+            lane, replies, self.timers, self.admission, self.partitions, returns, self.recovery.lost, s.store_wait_s
+        )
         forwarder = Forwarder.over(self._nc)
         self.door = Door(
             self._nc, self.node, self.lanes, replies, self.partitions, self.admission, self.writer, forwarder

@@ -114,6 +114,12 @@ class Snapshotter:
         """
         return self.floor(max(self.ledger.seq, self._seen))
 
+    def suspects_loss(self) -> bool:
+        """The last look found the stream behind this node (a loss, unless the next look finds it caught up): until
+        then what a command decides is answered only once stored, or once its function's end of the stream
+        is read (scaler/controller/lane.py)."""
+        return self._behind > 0
+
     def restart(self, stream_id: str, last_seq: int) -> None:
         """The stream was found behind this node: what was seen of the old one no longer counts."""
         self.stream_id, self._seen, self._first, self._behind = stream_id, last_seq, 0, 0

@@ -67,7 +67,13 @@ def _v6(snapshot: Data) -> Data:
     return snapshot
 
 
-STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6}  # from version N to N+1
+def _v7(snapshot: Data) -> Data:
+    """Version 7 held no function's starts (StartsHeld): the field's default says none is held."""
+    return snapshot
+
+
+# from version N to N+1
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
 # (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the

@@ -67,8 +67,9 @@ class SlotFailed(Command, tag="slot-failed"):
     instance_id: str
     reason: str
     slot_id: str = ""  # set when CreateSlot succeeded and Init failed: that slot must be destroyed
-    # > 0: the start was refused without calling the platform, its circuit open after failures in a row
-    # (scaler/workers/circuit.py); the next start of this function is tried no sooner than this
+    # > 0: the platform worker's circuit is open after failures in a row (scaler/workers/circuit.py): this start
+    # was refused without calling the platform, or its failure opened the circuit; the next start of this function
+    # is tried no sooner than this
     retry_after_ms: int = 0
 
 

@@ -261,6 +261,15 @@ class Cued(Event, tag="cued"):
     leader: str
 
 
+class StartsHeld(Event, tag="starts-held"):
+    """The platform worker refused a start of the function without calling the platform, its circuit open after
+    failed starts in a row (scaler/workers/circuit.py): the function starts nothing new before `until_ms`, when
+    the circuit lets a start through again."""
+
+    until_ms: int
+    reason: str = ""
+
+
 class FunctionRested(Event, tag="function-rested"):
     """The function has had nothing in flight a while: what only a retry could still need is dropped."""
 
@@ -301,6 +310,7 @@ AnyEvent = (
     | VersionSet
     | TenantSet
     | FunctionCreated
+    | StartsHeld
 )
 
 

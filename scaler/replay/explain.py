@@ -36,6 +36,7 @@ from scaler.proto.events import (
     SessionBound,
     SessionEnded,
     SlotWanted,
+    StartsHeld,
     StateBound,
     StateDeleted,
     TenantSet,
@@ -130,6 +131,8 @@ def event(e: Event) -> str:
             return f"came back {after}: it may follow {'it' if len(leads) == 1 else 'them'}"
         case Cued(leader=leader):
             return f"{leader} came back while this function has no instance: a trial of following it"
+        case StartsHeld(until_ms=until, reason=why):
+            return f"no new start until {clock(until)}{_why(why)}"
     fields = ", ".join(f"{k}={v!r}" for k, v in msgspec.structs.asdict(e).items() if k != "at_ms")
     return f"{type(e).__name__}({fields})"
 

@@ -14,15 +14,19 @@ import logging
 from msgspec.structs import replace
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 
 from scaler.proto.commands import Assign, Cancel, Code, Idle, Reply, decode_reply, encode
-from scaler.proto.subjects import command_subject
+from scaler.proto.subjects import CMD, command_subject
 from scaler.runtime.access import Nats
 from scaler.runtime.bus import Unavailable, close, connect, send
+from scaler.runtime.permissions import PROBE
 
 log = logging.getLogger("scaler.forward")
 
 RESEND_S = 2.0  # no answer this long: send the call again (its owner may have died with it)
+PING_S = 1.0  # ... and NATS is asked whether it answers at all: given this long to
+PING = f"{CMD}.{PROBE}"  # where: a subject a node and a front gateway may publish on, and nobody serves
 CANCEL_PATIENCE_S = 120.0
 NO_RESPONDERS = "503"
 
@@ -67,9 +71,10 @@ class Forwarder:
         try:
             async with asyncio.timeout(timeout_s):
                 return await self._until_answered(cmd, answers)
-        except (TimeoutError, asyncio.CancelledError) as e:
-            if isinstance(cmd, Assign):
-                self._cancel(cmd, "no answer in time" if isinstance(e, TimeoutError) else "caller disconnected")
+        except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
+            if isinstance(cmd, Assign):  # it may have been stored all the same
+                why = {TimeoutError: "no answer in time", Unavailable: "NATS does not answer"}
+                self._cancel(cmd, why.get(type(e), "caller disconnected"))
             raise
         finally:
             del self._waiting[cmd.reply_to]
@@ -86,11 +91,25 @@ class Forwarder:
             try:
                 reply = await asyncio.wait_for(answers.get(), self.resend_s)
             except TimeoutError:
+                await self._answering()  # NATS itself may be stalled: then the caller is told so now
                 continue  # lost, or its owner died with it: send it again
             if reply is not None and reply.code is not Code.UNAVAILABLE:
                 return reply
             await asyncio.sleep(delay)  # nobody owns the partition right now, or its owner could not store
             delay = min(delay * 2, 1.0)
+
+    async def _answering(self) -> None:
+        """Unavailable when NATS does not answer in PING_S (stopped or cut off, its TCP connection still up): asked
+        with a request on a subject nobody serves, which a live NATS answers at once with "no responders". (Not
+        nats-py's flush: one given up leaves its PONG to break the connection when it comes.)"""
+        try:
+            await self._nc.request(PING, b"", timeout=PING_S)
+        except NoRespondersError:
+            return
+        except TimeoutError:
+            raise Unavailable(f"NATS does not answer (nothing in {PING_S:g}s): the call was not passed on") from None
+        except NatsError as e:
+            raise Unavailable(f"NATS unavailable: {e!r}") from None
 
     def _cancel(self, cmd: Assign, why: str) -> None:
         """Tell the owner this caller gave up, in the background: the Assign may have been stored."""

@@ -9,9 +9,9 @@ success closes the circuit, its failure opens it again, for longer. Any success 
 
 The platform worker keeps one circuit for CreateSlot (the platform's own health: a slot is a slot,
 whatever the function) and one per function for Init (a function whose Init fails, its code or its
-runtime broken, must not stop the others' starts). A refused start is reported as SlotFailed with
-`retry_after_ms`, the time until the next try, so the controller can hold the function's starts
-until then rather than start again at the next Assign.
+runtime broken, must not stop the others' starts). A refused start, or one whose failure left the circuit
+open, is reported as SlotFailed with `retry_after_ms`, the time until the next try, so the controller holds
+the function's starts until then rather than start again at the next Assign.
 """
 
 import contextlib
@@ -58,6 +58,10 @@ class Circuit:
             self._probing = True
             return 0.0
         return max(self._until - now, 0.0) or self.open_s  # a probe under way: say a whole period
+
+    def next_try_ms(self) -> int:
+        """While open, the ms until its next probe may go (what SlotFailed.retry_after_ms says); 0 when closed."""
+        return 0 if self.closed else max(1, round((self._until - self.clock()) * 1000))
 
     def succeeded(self) -> None:
         if not self.closed:

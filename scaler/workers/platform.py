@@ -20,6 +20,8 @@ import asyncio
 import logging
 from typing import NamedTuple
 
+import msgspec
+
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.commands import AnyCommand, Code, SlotCreated, SlotFailed, SlotReady
 from scaler.proto.events import (
@@ -131,7 +133,7 @@ class PlatformWorker(EffectWorker):
         except PlatformError as e:
             circuit.failed(str(e))
             self.circuits.init(key).abandoned()
-            return SlotFailed(key=key, instance_id=i, reason=str(e))
+            return SlotFailed(key=key, instance_id=i, reason=str(e), retry_after_ms=circuit.next_try_ms())
         except BaseException:
             circuit.abandoned()
             self.circuits.init(key).abandoned()
@@ -139,7 +141,8 @@ class PlatformWorker(EffectWorker):
         if created.status != pb.Ok or not created.HasField("slot"):
             circuit.failed(f"CreateSlot: {_status(created)}")
             self.circuits.init(key).abandoned()
-            return SlotFailed(key=key, instance_id=i, reason=f"CreateSlot: {_status(created)}")
+            why = f"CreateSlot: {_status(created)}"
+            return SlotFailed(key=key, instance_id=i, reason=why, retry_after_ms=circuit.next_try_ms())
         circuit.succeeded()
         made = self._made[i] = SlotMade(created.slot.id, created.slot.create_duration_in_ms)
         return await self._report_and_init(key, event, made)
@@ -186,6 +189,7 @@ class PlatformWorker(EffectWorker):
             circuit.succeeded()
         else:
             circuit.failed(done.reason)
+            done = msgspec.structs.replace(done, retry_after_ms=circuit.next_try_ms())  # this failure may open it
         return done
 
     async def _init(self, key: str, event: SlotWanted, slot: SlotMade) -> SlotReady | SlotFailed:

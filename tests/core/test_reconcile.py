@@ -21,10 +21,11 @@ def slot(id: str, instance: str = "", age_ms: int = 60_000) -> c.PlatformSlot:
 
 
 def two_instances() -> FnState:
-    """fn-1 idle on s1, fn-2 busy on s2, fn-3 being created; all started long before the listing."""
+    """fn-1 idle on s1, fn-2 busy on s2, both started long before the listing; fn-3 being created since shortly
+    before it (a start older than its bound is taken as lost: decide.START_MARGIN_MS)."""
     # Built a little before the listing, so fn-1's keep-alive is still running when it is decided.
-    s, _ = run(assign("r1"), assign("r2"), assign("r3"), ready("fn-1", "s1"), ready("fn-2", "s2"), at=T - 50_000)
-    s, _ = run(idle("r1", "fn-1"), idle("r3", "fn-1"), s=s, at=T - 40_000)  # r3 took fn-1 before fn-3 was ready
+    s, _ = run(assign("r1"), assign("r2"), ready("fn-1", "s1"), ready("fn-2", "s2"), at=T - 50_000)
+    s, _ = run(assign("r3"), idle("r1", "fn-1"), idle("r3", "fn-1"), s=s, at=T - 10_000)  # r3 took fn-1 first
     assert [i.phase for i in s.instances.values()] == [Phase.IDLE, Phase.BUSY, Phase.CREATING]
     return s
 

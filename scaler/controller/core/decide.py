@@ -94,6 +94,7 @@ from scaler.proto.events import (
     SessionBound,
     SessionEnded,
     SlotWanted,
+    StartsHeld,
     StateBound,
     TenantSet,
     VersionSet,
@@ -108,6 +109,16 @@ RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-
 # instance started at once would have served it by then. Sessions' requests are mostly sequential (the
 # next one comes after the last one's answer), so their bound instance is rarely busy at all.
 MAX_SESSION_WAIT_MS = 10_000
+# A start not reported within its function's expected start (its last one) plus this will not come: its report was
+# lost (with a store's lost tail, say) or nobody is left to send it. The margin covers what may rightly delay one:
+# the platform worker holding a start while its circuit is open (up to 10 s), a dead worker's event coming back
+# to another (its ack wait, 10 s), and the platform's own retries.
+START_MARGIN_MS = 30_000
+# While the platform worker's circuit holds a function's starts (StartsHeld), a request nothing else covers waits
+# this long at most for an instance of the function to free up, or for the hold to end (then it gets a start), so
+# its caller hears "not now" (Throttle) well within a usual deadline rather than wait out the hold or fail with a
+# start; not at once, which a caller that repeats at once would turn into a stream of refusals.
+HELD_WAIT_MS = 2_000
 
 
 class Decision(NamedTuple):
@@ -128,8 +139,15 @@ class _Draft:
         self.events: list[Event] = []
         self.replies: list[Reply] = []
 
+    def held(self) -> bool:
+        """Whether the function's starts are held (StartsHeld): the platform worker's circuit is open."""
+        return self.now < self.s.starts_held_until_ms
+
     def may_start(self, wanted: int, reserved: bool = False) -> int:
-        """As many of `wanted` new instances as the caps and the tenant's quota (on demand, or `reserved`) allow."""
+        """As many of `wanted` new instances as the caps and the tenant's quota (on demand, or `reserved`) allow;
+        none while the function's starts are held."""
+        if self.held():
+            return 0
         allowed = self.room.starts(self.s, self.started)
         if self.room.quota is not None and (left := self.room.tenant_left(self.s, reserved)) is not None:
             allowed = max(0, left) if allowed is None else min(allowed, max(0, left))
@@ -404,6 +422,10 @@ def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
         return
     slot = cmd.slot_id or inst.slot_id  # CreateSlot answered before (InstanceCreated), or Init failed on it
     d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=slot, reason=f"creation failed: {cmd.reason}"))
+    if cmd.retry_after_ms > 0:  # refused by the worker's open circuit: no start of the function until it may go
+        d.emit(StartsHeld(at_ms=d.now, until_ms=d.now + cmd.retry_after_ms, reason=cmd.reason))
+    if d.held() or _may_free(d.s):
+        return  # a waiting request that lost its instance waits for one to free up, or is throttled (`_throttle`)
     if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
         victim = d.s.pending(inst.for_request) or d.s.queue[0]
         message = f"the platform could not start an instance: {cmd.reason}"
@@ -503,9 +525,10 @@ def _serve(d: _Draft, policy: Policy) -> int | None:
     the instance. Returns when its own deadlines next need a Tick.
     """
     _free_lost_leases(d)
+    _retire_lost_starts(d)
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
-    throttle_ms = _throttle_at_the_cap(d, policy)
+    throttle_ms = _throttle(d, policy)
     return _next_wake(d, recheck_ms, throttle_ms, *_serving_deadlines(d.s, d.now))
 
 
@@ -533,6 +556,21 @@ def _free_lost_leases(d: _Draft) -> None:
         if inst.since_ms + lease <= d.now:
             why = f"no Idle within {given} {d.s.timeout_s()}s timeout"
             d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
+            d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+
+
+def start_bound_ms(s: FnState) -> int:
+    """How long an instance may be being created before its start is taken as lost (see START_MARGIN_MS)."""
+    return (s.stats.start_ms or UNKNOWN_START_MS) + START_MARGIN_MS
+
+
+def _retire_lost_starts(d: _Draft) -> None:
+    """Lost starts: an instance being created past its bound is retired (its slot destroyed, should it ever be
+    reported), so it no longer covers a waiting request: the request gets a start of its own again."""
+    bound = start_bound_ms(d.s)
+    for inst in d.s.in_phase(Phase.CREATING):
+        if inst.since_ms + bound <= d.now:
+            why = f"not ready within {bound / 1000:g}s (its function's last start and a margin): a lost start"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
 
@@ -711,23 +749,35 @@ def _quota_holds(d: _Draft) -> bool:
     return left is not None and left <= 0
 
 
-def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
-    """Throttle: a request that waited its time at a cap (nothing could start for it) is answered Throttle.
+def _may_free(s: FnState) -> bool:
+    """Whether an instance of the function may free up for a waiting request: one is busy, and fits it."""
+    return any(_fits(s, i) for i in s.in_phase(Phase.BUSY))
 
-    Returns when the next one's time is up, while the caps hold any back.
+
+def _throttle(d: _Draft, policy: Policy) -> int | None:
+    """Throttle: a request nothing can start for (a cap, or the function's starts held) that waited its time for an
+    instance to free up is answered Throttle: at a cap, after the limits' `throttle_after_ms`; while starts are
+    held, after HELD_WAIT_MS (no longer than that); a hold that ends sooner starts an instance for it instead.
+
+    Returns when the next one's time is up, while any is held back.
     """
-    if d.may_start(1) or d.s.meta is None:
+    if d.s.meta is None or d.may_start(1):
         return None
+    if d.held():
+        wait_ms = min(HELD_WAIT_MS, d.room.throttle_after_ms)
+        left_ms = d.s.starts_held_until_ms - d.now
+        why = f"no start of the function for {left_ms} ms more, the platform's circuit open ({d.s.starts_held_why}),"
+    else:
+        wait_ms, why = d.room.throttle_after_ms, f"at the cap ({_caps(d.s, d.room)})"
     due = []
     for waiting in _uncovered(d.s, policy, d.now):
-        deadline = waiting.since_ms + d.room.throttle_after_ms
+        deadline = waiting.since_ms + wait_ms
         if deadline > d.now:
             due.append(deadline)
             continue
-        caps, wait_ms = _caps(d.s, d.room), d.room.throttle_after_ms
-        message = f"throttled: at the cap ({caps}) and no instance freed up within {wait_ms} ms"
+        message = f"throttled: {why} and no instance freed up within {wait_ms} ms"
         code = Code.THROTTLED
-        if _quota_holds(d):
+        if not d.held() and _quota_holds(d):
             t, q = d.room.tenant, d.room.quota.max_on_demand
             held = d.room.tenant_held(d.s).on_demand
             message = (
@@ -741,8 +791,9 @@ def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
 
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
-    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires, and
-    so does one with less memory than the function asks for now (no request may run on it again)."""
+    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires (kept
+    while the function's starts are held), and so does one with less memory than the function asks for now (no
+    request may run on it again)."""
     for inst in d.s.in_phase(Phase.IDLE):
         if not _fits(d.s, inst):
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=misfit(d.s, inst)))
@@ -754,6 +805,10 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
+            continue
+        if d.held():  # none could replace it: kept until a start may go again
+            why = "kept while the function's starts are held (the platform's circuit is open)"
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=d.s.starts_held_until_ms, why=why))
             continue
         if d.s.states and (state := d.s.holder(inst.id)):
             why = f"holds state {state} until it is deleted"
@@ -825,8 +880,11 @@ def _live(s: FnState) -> int:
 
 
 def _serving_deadlines(s: FnState, now: int) -> list[int]:
-    """Leases of busy instances, and the waits of sessions' requests for their own busy instance."""
+    """Leases of busy instances, bounds of starts, and the waits of sessions' requests for their own busy instance."""
     wakes = [i.since_ms + s.lease_ms() for i in s.in_phase(Phase.BUSY)]
+    wakes += [i.since_ms + start_bound_ms(s) for i in s.in_phase(Phase.CREATING)]
+    if s.queue:  # those still waiting get a start once the hold ends
+        wakes.append(s.starts_held_until_ms)
     if s.sessions:
         wakes += [p.since_ms + session_wait_ms(s) for p in s.queue if not p.state and _holding(s, p, now)]
     return wakes

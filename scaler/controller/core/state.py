@@ -49,6 +49,7 @@ from scaler.proto.events import (
     SessionBound,
     SessionEnded,
     SlotWanted,
+    StartsHeld,
     StateBound,
     StateDeleted,
     TenantSet,
@@ -132,8 +133,8 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
 # 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions;
 # 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them; 5: no
 # leaders in the stats; 6: no tenants, states, versions, tombstones, live limits or policy; an instance
-# had no runtime, version or counts, and `restarting` for `retire_on_release`
-VERSION = 7
+# had no runtime, version or counts, and `restarting` for `retire_on_release`; 7: no hold of starts
+VERSION = 8
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
@@ -173,6 +174,9 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     policy: str = ""  # the policy that decides it ("": the node's, or the limits file's)
     limits: Override | None = None  # over the limits file's
     deleted: Tombstone | None = None  # deleted: its Assigns are refused until it is created again
+
+    starts_held_until_ms: int = 0  # no new start before this: the platform worker's circuit is open (StartsHeld)
+    starts_held_why: str = ""  # the worker's word for it
 
     def configured(self) -> bool:
         """Whether it holds what an operator set, which outlives its instances (and its being forgotten)."""
@@ -469,6 +473,10 @@ def _tenant_set(s: FnState, e: TenantSet) -> FnState:
     return replace(s, tenant=e.tenant)
 
 
+def _starts_held(s: FnState, e: StartsHeld) -> FnState:
+    return replace(s, starts_held_until_ms=e.until_ms, starts_held_why=e.reason)
+
+
 def _explains(s: FnState, e: RequestWaiting) -> FnState:
     return s  # explains a decision; changes nothing
 
@@ -509,6 +517,7 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     VersionSet: _version_set,
     TenantSet: _tenant_set,
     FunctionCreated: _function_created,
+    StartsHeld: _starts_held,
 }
 
 

@@ -1,0 +1,94 @@
+"""A front gateway's forwarder on a real nats-server: a call sent again while its owner is silent, and told
+UNAVAILABLE (its Assign cancelled) when NATS itself no longer answers, rather than left to its deadline."""
+
+import asyncio
+
+import pytest
+
+from scaler.proto.commands import Assign, Cancel, Reply, decode_command, encode
+from scaler.proto.events import Meta
+from scaler.proto.subjects import command_subject
+from scaler.runtime.bus import Unavailable, connected
+from scaler.runtime.forward import Forwarder
+from scaler.runtime.natsd import NatsServer
+from tests.nemesis import Link
+
+KEY = "fa"
+
+
+class Owner:
+    """The partition's owner, as the forwarder sees it: what it heard, and an answer to each call from the
+    `answer_from`-th send of it on (the first sends lost with an owner that died, say)."""
+
+    def __init__(self, answer_from: int = 1) -> None:
+        self.answer_from = answer_from
+        self.heard: list[Assign | Cancel] = []
+        self.called = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def serve(self, nc) -> None:
+        await nc.subscribe(command_subject(KEY), cb=self._on_command)
+
+    async def _on_command(self, msg) -> None:
+        cmd = decode_command(msg.data)
+        self.heard.append(cmd)
+        if isinstance(cmd, Cancel):
+            self.cancelled.set()
+            await msg.respond(encode(Reply(to=msg.reply, request_id=cmd.request_id)))
+            return
+        self.called.set()
+        if sum(isinstance(c, Assign) for c in self.heard) >= self.answer_from:
+            await msg.respond(encode(Reply(to=msg.reply, request_id=cmd.request_id, instance_id="fa-1")))
+
+
+def assign(request_id: str) -> Assign:
+    return Assign(key=KEY, request_id=request_id, meta=Meta(memory_mb=128))
+
+
+async def test_a_call_unanswered_for_a_while_is_sent_again_while_nats_answers(tmp_path):
+    """The owner lets the first send go unanswered (it died with it): NATS itself answers, so the forwarder
+    sends the call again rather than giving up, and the caller gets the answer to the repeat."""
+    owner = Owner(answer_from=2)
+    async with NatsServer(tmp_path / "nats") as nats, connected(nats.url, "owner") as owner_nc:
+        await owner.serve(owner_nc)
+        forwarder = Forwarder(nats.url, resend_s=0.3)
+        await forwarder.start()
+        try:
+            reply = await forwarder.call(assign("r1"), timeout_s=30)
+        finally:
+            await forwarder.stop()
+    assert reply.instance_id == "fa-1"
+    assert [c.request_id for c in owner.heard] == ["r1", "r1"]
+
+
+async def test_a_call_is_told_unavailable_and_its_assign_cancelled_when_nats_stops_answering(tmp_path):
+    """Issue 41, item 4, behind a front gateway: the gateway's link to NATS is cut after the call reached its
+    owner (a NATS stopped or cut off, its TCP connection still up), so neither the answer nor a repeat gets
+    through. Before, the forwarder sent the call again every couple of seconds until the caller's deadline
+    ran out; now it asks NATS whether it answers at all, and when it does not the call fails Unavailable long
+    before the caller's 30 s, and the Assign, which the owner may have stored, is cancelled once NATS is back."""
+    owner = Owner()
+    async with (
+        NatsServer(tmp_path / "nats") as nats,
+        Link("127.0.0.1", nats.port) as link,
+        connected(nats.url, "owner") as owner_nc,
+    ):
+        owner.answer_from = 10**6  # heard, never answered: the cut hides the answer in any case
+        await owner.serve(owner_nc)
+        forwarder = Forwarder(link.url, resend_s=0.3)
+        await forwarder.start()
+        try:
+            call = asyncio.create_task(forwarder.call(assign("r1"), timeout_s=30))
+            async with asyncio.timeout(10):
+                await owner.called.wait()
+            link.cut = True
+            with pytest.raises(Unavailable, match="NATS does not answer"):
+                await call
+            link.cut = False
+            async with asyncio.timeout(20):  # the Cancel is sent in the background, again until answered
+                await owner.cancelled.wait()
+        finally:
+            link.cut = False
+            await forwarder.stop()
+    cancels = [c for c in owner.heard if isinstance(c, Cancel)]
+    assert {c.request_id for c in cancels} == {"r1"} and "NATS does not answer" in cancels[0].reason
