@@ -68,30 +68,33 @@ import heapq
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
+from itertools import repeat
 
 from scaler.controller.core.features import FOLLOW_MS, Leader
+from scaler.controller.core.next_gap import KERNEL, NextGap, build
 from scaler.controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
 from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.policy.forecast import (
-    KERNEL,
     MIN_NEW_FUNCTIONS,
     Option,
     Plan,
     Point,
+    Points,
     beyond,
     blend,
-    gap_points,
     group_pause,
     in_group,
     keep_plan,
     lag_points,
     memoryless_below,
     new_function_points,
+    own_points,
     pool_size,
     queue_wait,
     restart_plan,
     scv,
+    served_within,
     share_by,
     since_beat,
 )
@@ -216,7 +219,7 @@ class Learned(Policy):
         """Too few gaps of its own, and too few of the run's new functions to go by."""
         return sum(s.stats.gap_hist) < self.min_samples and sum(self.new_gaps) + len(self.new_open) < MIN_NEW_FUNCTIONS
 
-    def next_arrival(self, s: FnState, now: int) -> tuple[list[Point], bool]:
+    def next_arrival(self, s: FnState, now: int) -> tuple[Points, bool]:
         """When the function's next call may come (ms after its last), given none came by `now`: its own
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
         whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
@@ -228,32 +231,34 @@ class Learned(Policy):
         cue, share, _ = self._cue(s, now)
         if not cue:
             return points, timed
-        total = sum(w for _, w in points)
-        own = [(x, w * (1 - share) / total) for x, w in points] if total else []
-        return sorted(own + cue), True
+        total = points.total
+        own = [(x, w * (1 - share) / total) for x, w in points.pairs()] if total else []
+        return Points.of(sorted(own + cue)), True
 
-    def _own_forecast(self, s: FnState, now: int) -> tuple[list[Point], bool]:
-        """The function's own gaps, counted from its last arrival; a clock's from its last beat (`since_beat`);
-        a function called in groups, as its current group's place says (`group_pause`)."""
+    def _own_forecast(self, s: FnState, now: int) -> tuple[Points, bool]:
+        """The function's own gaps, counted from its last arrival (their points as the features fold keeps them,
+        `next_gap`); a clock's from its last beat (`since_beat`); a function called in groups, as its current
+        group's place says (`group_pause`)."""
         gaps = s.stats.gaps
         beat = since_beat(gaps)
         elapsed = now - s.stats.last_arrival_ms + beat
         burst = 2 * start_ms(s)  # a longer gap is a lull (or a group's pause)
-        own = gap_points(s.stats.gap_hist, gaps + s.stats.lulls, elapsed, burst)
-        timed = bool(own)
         seen = sum(s.stats.gap_hist)
-        if own and _memoryless(gaps):
-            own = sorted([*own, *memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)])
-        elif own and (early := _shorter_than_seen(gaps)) > elapsed:
-            own = sorted([*own, (early, EARLY_WEIGHT)])
+        shorter = []
+        if _memoryless(gaps):
+            shorter = memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)
+        elif (early := _shorter_than_seen(gaps)) > elapsed:
+            shorter = [(early, EARLY_WEIGHT)]
+        own = own_points(_next_gap(s, burst), elapsed, shorter)
         if seen >= self.min_samples:
-            points = own or beyond(max(elapsed, 1))
+            points = own if own is not None else Points.of(beyond(max(elapsed, 1)))
         else:
-            points = blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed))
+            prior = new_function_points(self.new_gaps, self.new_open.ages(now), elapsed)
+            points = Points.of(blend(own.pairs() if own is not None else [], prior))
         if beat:
-            return [(x - beat, w) for x, w in points], timed
-        group = group_pause(gaps, burst) if own else None
-        return (in_group(points, *group, elapsed, burst) if group else points), timed
+            return points._replace(shift=points.shift + beat), own is not None
+        group = group_pause(gaps, burst) if own is not None else None
+        return (in_group(points, *group, elapsed, burst) if group else points), own is not None
 
     def _cue(self, s: FnState, now: int) -> tuple[list[Point], float, str]:
         """Where a leader's return puts the function's next call (ms after its last), how likely it comes
@@ -292,17 +297,20 @@ class Learned(Policy):
         why = f"pre-warm: next arrival expected in {at + lag - now} ms, sooner than a start"
         return Prewarm(count, f"{why} ({lead.key} came back, and this function follows it)") if count else NO_PREWARM
 
-    def return_plan(self, s: FnState, now: int) -> tuple[Plan, int] | None:
+    def return_plan(
+        self, s: FnState, now: int, known: tuple[Points, bool, Outlook] | None = None
+    ) -> tuple[Plan, int] | None:
         """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
         `plan.until`, after the last arrival) and how many, one or as many as a burst needs; None when a
-        miss costs less, or when the function's history does not say when its next call comes."""
+        miss costs less, or when the function's history does not say when its next call comes. `known`: the
+        next arrival and the outlook at `now`, when worked out already."""
         st = s.stats
         if not st.start_ms or not st.arrivals or self._little_history(s):
             return None
-        points, timed = self.next_arrival(s, now)
+        points, timed, o = known or (*self.next_arrival(s, now), self.outlook(s))
         if not timed:
             return None
-        o, elapsed = self.outlook(s), now - st.last_arrival_ms
+        elapsed = now - st.last_arrival_ms
         return restart_plan(points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
 
     def lull(self, s: FnState, now: int) -> tuple[int, int, str]:
@@ -321,11 +329,12 @@ class Learned(Policy):
                 1,
                 f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
             )
-        points, _ = self.next_arrival(s, now)
+        points, timed = self.next_arrival(s, now)
         keep, count = keep_plan(points, elapsed, o.miss, o.options(kept=True))
         quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
-        if quiet and _restart_floor(points, elapsed, o) < keep.cost:
-            back = self.return_plan(s, now)
+        # A restart costs at least what the arrivals within a start from now wait for it (or miss).
+        if quiet and served_within(points, o.start, o.miss, o.lam, elapsed) < keep.cost:
+            back = self.return_plan(s, now, (points, timed, o))
             if back is not None and back[0].cost < keep.cost and back[0].ready - o.start > elapsed:
                 return now, 0, "cheaper to start again just before the next arrival"
         if keep.until <= elapsed:
@@ -447,6 +456,15 @@ class Learned(Policy):
         return Prewarm(count, why)
 
 
+def _next_gap(s: FnState, burst: int) -> NextGap:
+    """The function's NextGap as the features fold keeps it, or (for stats put together otherwise) as built now."""
+    st = s.stats
+    gaps = st.next_gap
+    if gaps.fits(st.gaps, st.lulls, st.gap_hist, burst):
+        return gaps
+    return build(st.gaps, st.lulls, st.gap_hist, burst, gaps)
+
+
 def _median_lag(lead: Leader) -> int:
     """How long after its leader's return the function is mostly called (the upper middle of its lags)."""
     return sorted(lead.lags)[len(lead.lags) // 2]
@@ -494,9 +512,9 @@ def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
     recent gaps vary (the sd of their logs, at the kernel's outermost point); a clock's at the shortest."""
     if len(gaps) < 2:
         return 0.0
-    logs = [math.log(max(g, 1)) for g in gaps]
+    logs = list(map(math.log, map(max, gaps, repeat(1))))
     mean = sum(logs) / len(logs)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    sd = math.sqrt(sum(map(pow, map(mean.__rsub__, logs), repeat(2))) / (len(logs) - 1))
     return min(gaps) * math.exp(-KERNEL[-1] * sd)
 
 
@@ -504,17 +522,6 @@ def _memoryless(gaps: tuple[int, ...]) -> bool:
     """Gaps that vary as an exponential's do (a squared coefficient of variation near its 1): Poisson calls.
     Not calls that came at once (gaps of 0 ms): none can be shorter."""
     return len(gaps) >= MEMORYLESS_FROM and min(gaps) > 0 and MEMORYLESS_SCV[0] <= scv(gaps) <= MEMORYLESS_SCV[1]
-
-
-def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
-    """Less than any restart can cost: arrivals within a start from now wait for it (or miss)."""
-    soon = elapsed + o.start
-    floor = 0.0
-    for value, w in points:
-        if value >= soon:
-            break
-        floor += w * min(o.miss, o.lam * (soon - value))
-    return floor
 
 
 MEMORYLESS_FROM = 5  # gaps a function needs before they are taken for an exponential's
