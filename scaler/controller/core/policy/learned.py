@@ -4,29 +4,24 @@ The challenge's score trades slot memory x time (GB·s) against time requests wa
 here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth. It
 is learned from the run itself (`exchange_rate`): the rate at which the score trades the two where
 a clairvoyant scaler would stand on this workload, whose slot time the features fold from the
-arrivals, concurrency included (`features._clairvoyant`; before it counted one instance per
-function: gen-burst's rate 3.3 against the bound's 15.0, now 13.0).
+arrivals, concurrency included (`features._clairvoyant`).
 
 What a function's history says (`next_arrival`, `outlook`; the arithmetic is in forecast.py):
 - The next arrival: the time-decayed histogram of its gaps, each bin's weight put where the recent
-  gaps in it were, exact (a 10 s timer's bin runs from 8.2 to 11.6 s; its middle, 9.7 s, retired
-  the instance 0.3 s before each tick: gen-timer 58.20 -> 68.57). Past its longest gap, a Pareto
-  tail: the longer a lull has lasted, the longer it may. A function with little history of its
-  own borrows how soon the run's new functions came back, rather than keeping an instance for the
-  break-even time of a miss (gen-oneoff 49.85 -> 61.52; seed 2 46.08 -> 55.72); a gap still open
-  counts as one that lasted at least its age (Kaplan-Meier; counted as "never", the functions with
-  long periods, not back yet, made the 60 s timer's second call a miss: gen-timer seed 2 44.83 -> 47.01).
+  gaps in it were, exactly (a timer's period where it is, not at its bin's middle), those of a lull's
+  bins spread as much as such gaps vary. The features fold keeps each bin's points as the gaps come
+  (`FnStats.next_gap`, scaler/controller/core/next_gap.py); a decision puts the bins' weights on them.
+  Past its longest gap, a Pareto tail: the longer a lull has lasted, the longer it may. A function with
+  little history of its own borrows how soon the run's new functions came back, rather than keeping an
+  instance for the break-even time of a miss; a gap still open counts as one that lasted at least its
+  age (Kaplan-Meier), so functions with long periods, not back yet, do not read as never coming back.
   A clock called besides its ticks keeps its beat: its next tick is counted from the last one, not from
-  the call (`forecast.since_beat`; dataSet_1's 30 s timer nodes1 missed the tick after each of its nine
-  extra calls: 48 cold starts -> 42, dataSet_1 54.37 -> 54.43).
-  A function called in groups with alike pauses between them has its next gap read from its place in the
-  current group (`forecast.group_pause`): after a group's last call, a pause comes, and its instance is
-  retired to start again just before the pause ends (dataSet_1's roles1 and rolebindings1, five calls
-  and a second's pause: their gaps read as a whole keep the instance through every pause, 1,154 GB·s
-  against 1,093, 54.43 against 54.82).
-  Gaps that vary as an exponential's (Poisson calls) say how many shorter than the shortest seen to
-  expect: a 2 GB function with a 3.7 s start whose ten gaps were 18-200 s had no chance of a call
-  within 18 s, and its instance was retired after each call to start again (gen-poisson/2 49.56 -> 49.67).
+  the call (`forecast.since_beat`). A function called in groups with alike pauses between them has its
+  next gap read from its place in the current group (`forecast.group_pause`): after a group's last call
+  a pause comes, and its instance is retired to start again just before the pause ends, rather than
+  kept through every pause as its gaps read as a whole would say. Gaps that vary as an exponential's
+  (Poisson calls) say how many shorter than the shortest seen to expect, and where; other gaps, that
+  the next may be shorter than any seen one time in n + 1, as far below as they vary.
 - A burst (its gaps shorter than two starts): the rate within it, the instances it needs (the pool
   below, at that rate), and what missing it costs: its first request waits a start, its followers
   half a start each and then in the queue they made, which those instances drain a run at a time.
@@ -34,24 +29,18 @@ What a function's history says (`next_arrival`, `outlook`; the arithmetic is in 
 What it decides:
 - Pool: while a function is busy it keeps the k instances that minimise memory x k + wait_gb x
   expected waiting: Erlang C on the recent rate and busy time, scaled by (ca^2 + cs^2) / 2
-  (Allen-Cunneen): a timer's arrivals queue far less than Poisson ones (a 4 GB timer whose runs
-  overlap the next tick kept a second instance all hour: gen-timer 68.57 -> 82.04), a burst's
-  more. A request that kills its instance (need_destroy) keeps it busy a start longer (a 4 GB
-  function of 13 ms runs that dies every 250 requests: dataSet_3 77.46 -> 79.12), plus spares. A
-  pool shrinks only past the load half a standard error above its estimate, so that it does not
-  shrink and grow with the noise of its rate (dataSet_3 79.09 -> 79.79). It grows only for waiting
-  requests: no pre-warms to a target while active (they mostly churned and overshot at a burst's
-  end: gen-poisson 87.15 -> 91.57, gen-ramp 85.84 -> 90.03, dataSet_3 76.64 -> 80.01).
+  (Allen-Cunneen), so a timer's arrivals queue far less than Poisson ones and a burst's more. A
+  request that kills its instance (need_destroy) keeps it busy a start longer, plus spares. A pool
+  shrinks only past the load half a standard error above its estimate, so that it does not shrink
+  and grow with the noise of its rate; it grows only for waiting requests (pre-warms to a target
+  while active churn, and overshoot at a burst's end).
 - Lulls (`lull`): for the next arrival, the cheapest of keeping one instance, or as many as a
   burst needs, until some time; retiring them (a miss); and, when nothing is busy, retiring them
-  to start again just before the next arrival (`return_plan`), when the history says when
-  (without it: gen-timer 80.35, the 60 s timer with an 11 s init kept through each minute, 899
-  GB·s, now 199; dataSet_1 48.07, now 52.35: its calls every 1.15 s come back warm). A keep that
-  reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
+  to start again just before the next arrival (`return_plan`), when the history says when. A keep
+  that reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
   Fewer instances kept than a burst needs cost what its followers then wait: they queue for the kept
-  ones a run at a time (Erlang C at the rate within bursts), not a start each (dataSet_1's sessions,
-  groups of calls 26-75 ms apart with runs of 30 ms, need one instance kept through the second between
-  groups, not the two a group keeps busy).
+  ones a run at a time (Erlang C at the rate within bursts), not a start each. The plans look for the
+  cheapest place to hold until over the points' prefix sums (`forecast.Points`), a few lookups each.
 - Waiting (`plan_queue`): with no idle instance, start the number of instances that minimises the
   queue's expected total wait (the queue now and the arrivals to come, simulated against the busy
   instances' expected rests) x wait_gb plus their cost; the others wait for a busy one.
@@ -60,8 +49,7 @@ What it decides:
   predicted arrival, that no arrival has come for since, is held so; any other (a cold start whose
   request another instance served) is kept or retired like the rest. A leader that came back, when
   the function's call follows it sooner than a start, has the instances its burst needs started at
-  once (`_imminent`): none is ready for the call, but each waits less by the lag (dataSet_1's
-  rolebindings1, 7-11 ms after roles1: 54.30 -> 54.37).
+  once (`_imminent`): none is ready for the call, but each waits less by the lag.
 """
 
 import heapq
@@ -124,8 +112,7 @@ class Outlook:
         """What an arrival served by `count` instances kept through a lull still costs: its followers queue
         for them a run at a time (Erlang C at the rate within bursts), not a start, so it may cost far less
         than `shortfall`, and never more. A return plan still counts `shortfall`: counted so there, one
-        pre-warmed instance would be held in a burst's stead for bursts that may not come (gen-burst/5
-        loses 0.47 so)."""
+        pre-warmed instance would be held in a burst's stead for bursts that may not come."""
         if count >= self.need:
             return 0.0
         queued = self.followers * queue_wait(self.burst_rate, self.run, count, self.variability)
