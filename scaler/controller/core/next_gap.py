@@ -131,8 +131,10 @@ def build(
     gaps_moved, lulls_moved = _moved(prev.gaps, gaps), _moved(prev.lulls, lulls)
     if gaps_moved is None or lulls_moved is None:
         bins = _bins(ordered, hist, burst)
-    else:  # a new start moves the bins between the old and the new `burst` to the other side of it
-        flipped = {b.index for b in prev.bins if (UPPER[b.index] > burst) != (UPPER[b.index] > prev.burst)}
+    else:
+        flipped = set()  # a new start moves the bins between the old and the new `burst` to the other side of it
+        if burst != prev.burst:
+            flipped = {b.index for b in prev.bins if (UPPER[b.index] > burst) != (UPPER[b.index] > prev.burst)}
         bins = _rebinned(ordered, hist, burst, prev.bins, gaps_moved + lulls_moved, flipped)
     return NextGap(gaps=gaps, lulls=lulls, hist=hist, burst=burst, bins=bins)
 
@@ -162,7 +164,8 @@ def _rebinned(
     """`before`'s bins, but for those `changed` and those the `moved` gaps change: their own, and those beside
     them whose spread they are read for (within a bin on either side: `spread`'s `near`)."""
     by_index = {b.index: b for b in before}
-    changed |= {b.index for b in before if b.index >= len(hist) or hist[b.index] <= 0}  # its weight decayed to none
+    if by_index and (len(hist) < GAP_BINS or min(map(hist.__getitem__, by_index)) <= 0):  # a weight decayed to none
+        changed |= {b.index for b in before if b.index >= len(hist) or hist[b.index] <= 0}
     for g in moved:
         i = _bin(g)
         changed.add(i)
