@@ -334,3 +334,20 @@ def test_only_a_group_whose_pauses_are_alike_has_a_pause_to_expect():
     varied = tuple(g for p in (400, 930, 620, 1_900, 960, 450, 975, 700, 935, 1_500) for g in (*group, p))
     assert group_pause((*varied, *group), burst=312) is None  # pauses of 0.4-1.9 s: no rhythm
     assert group_pause((*alike[-25:], *group), burst=312) is None  # too few groups to tell
+
+
+def test_a_leaders_return_stamped_in_the_future_spreads_its_lags_without_failing():
+    # A skewed clock (issue 41): the leader's return stamped after the function's calls, so every lag it
+    # gave is negative, and the start (ready stamped before wanted) too. Its lags have no width in the log
+    # scale they spread in; they spread as one gap does, and the lull is decided, not a ZeroDivisionError.
+    from scaler.controller.core.features import Leader
+
+    s = history((5_000,) * 10, runs=(50,) * 10, start_ms=-400, memory_mb=512)
+    lead = Leader(key="leader", lags=(-300, -250, -200), trials=20, hits=20)
+    s = replace(s, stats=replace(s.stats, leaders=(lead,), cues=(("leader", 100),)))
+    idle = {"fn-1": replace(_instance("fn-1", Phase.IDLE, since=30), request_id="")}
+    s = replace(s, instances=idle, started=1)
+    points, timed = LEARNED.next_arrival(s, 200)
+    assert timed and points.total > 0
+    until, count, why = LEARNED.lull(s, 200)
+    assert until >= 200 and count >= 0 and why

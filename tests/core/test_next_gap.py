@@ -213,3 +213,13 @@ def test_shares_and_the_arrivals_a_start_misses_are_summed_as_the_points_say(poi
     soon = start  # from the last arrival on
     expected = sum(w * min(miss, lam * (soon - x)) for x, w in points if x < soon)
     assert math.isclose(served_within(Points.of(points), start, miss, lam, 0.0), expected, rel_tol=1e-9, abs_tol=1e-6)
+
+
+def test_gaps_with_no_width_in_log_scale_spread_as_one_gap_does():
+    # Negative gaps (a lag from an event stamped in the future: a skewed clock) have no place in the log
+    # scale the spread is read in; they spread as one gap does, not by a division by no gaps.
+    one = spread([150], 0, 1)
+    assert spread([-5], 0, 1) == one
+    assert spread([-300, -250, -200], 0, 3) == [1.0]  # alike once below a ms, as gaps of 0 ms are
+    assert spread([], 0, 0) == [1.0]
+    assert spread([-5, 100, 140], 1, 3) == spread([100, 140], 0, 2)  # the negative one is not a neighbour

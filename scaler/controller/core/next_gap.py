@@ -54,8 +54,13 @@ def spread(ordered: list[int] | tuple[int, ...], lo: int, hi: int) -> list[float
     of them: from the sd of their logs and their neighbours' (within a bin on either side), widened by
     sqrt(1 + 1/n) and Student's t, as a prediction from n samples is. From ROBUST_FROM gaps on, the sd is
     read from their median absolute deviation: a 30 s timer's neighbour of 20.4 s (one extra call split a
-    period) made its sd of logs 0.08 and its next tick anywhere in 27-33 s, and the pre-warm came late."""
-    near = ordered[bisect_left(ordered, ordered[lo] / SQRT2) : bisect_right(ordered, ordered[hi - 1] * SQRT2)]
+    period) made its sd of logs 0.08 and its next tick anywhere in 27-33 s, and the pre-warm came late.
+    None (no gap) or negative ones (a lag from an event stamped in the future: a skewed clock) spread as
+    one gap does, never by nothing."""
+    if hi <= lo:
+        return [1.0]
+    first, last = ordered[lo], ordered[hi - 1]
+    near = ordered[bisect_left(ordered, min(first, first / SQRT2)) : bisect_right(ordered, max(last, last * SQRT2))]
     n = len(near)
     if n == 1:
         return [math.exp(z * ONE_SPREAD) for z in KERNEL]
