@@ -30,6 +30,7 @@ SCHEMAS = {
     6: "f6d04cc3fc9ef838",
     7: "271782d0db308d39",
     8: "93c632b1d4c0ec26",
+    9: "275276e0eb9b38e3",
 }
 RELEASES = sorted(p.name.removeprefix("store-").removesuffix(".tar.gz") for p in FIXTURES.glob("store-*.tar.gz"))
 

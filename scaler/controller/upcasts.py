@@ -72,14 +72,21 @@ def _v7(snapshot: Data) -> Data:
     return snapshot
 
 
+def _v8(snapshot: Data) -> Data:
+    """Version 8's stats had no next gap's points (`next_gap`): it starts empty, and is built from the gaps at the
+    function's next call; until then the learned policy builds it from them when it asks."""
+    return snapshot
+
+
 # from version N to N+1
-STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
 # (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the
-# new histories starting empty; one that folds a stat differently is not listed, and its snapshots are ignored
-# (the stream replayed in full).
-FEATURES_CONTINUED = frozenset({2, 3})
+# new histories starting empty; so does one that only adds what the others are worked out into (5: `next_gap`,
+# from `gaps`, `lulls` and `gap_hist`, built again where missing); one that folds a stat differently is not
+# listed, and its snapshots are ignored (the stream replayed in full).
+FEATURES_CONTINUED = frozenset({2, 3, 4})
 
 
 def upcast(body: bytes, version: int, into: type[T]) -> T:

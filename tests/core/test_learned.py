@@ -130,15 +130,22 @@ def test_one_odd_gap_beside_a_timers_does_not_widen_where_its_next_tick_is_expec
     # A 30 s timer with one extra call in its history (30 s became 20.4 s + 9.6 s): that gap's neighbour
     # of 20.4 s is near enough to count in the spread of the 30 s ones; its sd of logs made the next tick
     # anywhere in 27-33 s and the pre-warm came after it (dataSet_1's nodes1: 34 ticks in a row cold).
-    from scaler.controller.core.policy.forecast import gap_points
-
     gaps = (30_000,) * 10 + (29_996, 30_004) * 5 + (28_814, 20_444)
     hist = [0.0] * GAP_BINS
     for gap in gaps:
         hist[gap_bin(gap)] += 1
-    points = gap_points(tuple(hist), gaps, 0.0)
+    points = own_points(gaps, tuple(hist))
     near_30s = sum(w for x, w in points if 28_700 <= x <= 30_050)
     assert near_30s >= 0.9 * sum(w for x, w in points if x >= 23_170)  # the 30 s bin's weight, where its gaps were
+
+
+def own_points(gaps: tuple[int, ...], hist: tuple[float, ...]) -> list[tuple[float, float]]:
+    """Where a function's own gaps put its next call, every bin spread (as a lull's), none ruled out yet."""
+    from scaler.controller.core import next_gap
+    from scaler.controller.core.policy import forecast
+
+    points = forecast.own_points(next_gap.build(gaps, (), hist, burst=0), 0.0, [])
+    return points.pairs() if points is not None else []
 
 
 def sessions(period_ms: int, calls: int, lull_ms: int, lulls: int, start_ms: int, memory_mb: int = 256) -> FnState:
@@ -187,21 +194,19 @@ def test_a_session_that_finds_no_instance_starts_instances_for_the_calls_it_brin
 def test_a_timers_jitter_of_a_millisecond_still_spreads_where_its_next_tick_may_come():
     # Ticks 30 s apart give or take a few ms (most within 1 ms): the next may come after the longest of
     # the recent ones, and holding a pre-warmed instance a few ms more costs far less than that miss.
-    from scaler.controller.core.policy.forecast import gap_points
-
     gaps = (30_000,) * 12 + (29_999, 30_001) * 8 + (29_997, 30_004)
     hist = [0.0] * GAP_BINS
     hist[gap_bin(30_000)] = len(gaps)
-    points = gap_points(tuple(hist), gaps, 0.0)
+    points = own_points(gaps, tuple(hist))
     assert max(x for x, _ in points) > max(gaps)
 
 
 def test_a_return_plan_may_hold_through_the_longest_gap_seen():
     # 34 gaps, looked at every other one: the longest must still be a place to hold until, when a miss
     # costs far more than holding.
-    from scaler.controller.core.policy.forecast import restart_plan
+    from scaler.controller.core.policy.forecast import Points, restart_plan
 
-    points = [(10_000.0 + i, 1.0) for i in range(34)]
+    points = Points.of([(10_000.0 + i, 1.0) for i in range(34)])
     plan, _ = restart_plan(points, 0.0, start=100, lam=10.0, miss=1e6, rate=0.0, options=[(1, 0.5, 0.0)])
     assert plan.until == 10_033
 
@@ -329,3 +334,20 @@ def test_only_a_group_whose_pauses_are_alike_has_a_pause_to_expect():
     varied = tuple(g for p in (400, 930, 620, 1_900, 960, 450, 975, 700, 935, 1_500) for g in (*group, p))
     assert group_pause((*varied, *group), burst=312) is None  # pauses of 0.4-1.9 s: no rhythm
     assert group_pause((*alike[-25:], *group), burst=312) is None  # too few groups to tell
+
+
+def test_a_leaders_return_stamped_in_the_future_spreads_its_lags_without_failing():
+    # A skewed clock (issue 41): the leader's return stamped after the function's calls, so every lag it
+    # gave is negative, and the start (ready stamped before wanted) too. Its lags have no width in the log
+    # scale they spread in; they spread as one gap does, and the lull is decided, not a ZeroDivisionError.
+    from scaler.controller.core.features import Leader
+
+    s = history((5_000,) * 10, runs=(50,) * 10, start_ms=-400, memory_mb=512)
+    lead = Leader(key="leader", lags=(-300, -250, -200), trials=20, hits=20)
+    s = replace(s, stats=replace(s.stats, leaders=(lead,), cues=(("leader", 100),)))
+    idle = {"fn-1": replace(_instance("fn-1", Phase.IDLE, since=30), request_id="")}
+    s = replace(s, instances=idle, started=1)
+    points, timed = LEARNED.next_arrival(s, 200)
+    assert timed and points.total > 0
+    until, count, why = LEARNED.lull(s, 200)
+    assert until >= 200 and count >= 0 and why

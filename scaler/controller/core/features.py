@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from msgspec.structs import replace
 
+from scaler.controller.core.next_gap import GAP_BINS, NO_NEXT_GAP, NextGap, build
 from scaler.proto.events import (
     Assigned,
     Cued,
@@ -38,14 +39,13 @@ from scaler.proto.events import (
 if TYPE_CHECKING:
     from scaler.controller.core.state import FnState, Instance
 
-VERSION = 4
+VERSION = 5
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
 LULLS_KEPT = 32  # recent gaps longer than two starts: when a burst's next one came
 EARLY_GAPS = 3  # a function's first gaps, which tell how soon functions seen once or twice come back
 IDLE_BINS = 240  # idle-time histogram: 1-minute bins over 4 hours ("Serverless in the Wild")
-GAP_BINS = 48  # inter-arrival histogram: half-octave bins from 1 ms to 4.6 h
 GAP_HALF_LIFE_MS = 30 * 60_000  # its counts halve every 30 minutes, so rare long gaps are remembered
 UNKNOWN_START_MS = 1_000  # assumed CreateSlot + Init before the function's first instance is ready
 QUEUED_KEPT = 32  # recent requests' time queued for an instance
@@ -106,6 +106,7 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     wait_ms: float = 0.0  # time requests waited for an instance
     ideal_gb_ms: float = 0.0  # idle slot time a clairvoyant scaler would pay (see _clairvoyant)
     ideal_free: tuple[int, ...] = ()  # when that scaler's instances free up, ascending (those it may still reuse)
+    next_gap: NextGap = NO_NEXT_GAP  # where the next gap may end, from `gaps`, `lulls` and `gap_hist` (next_gap.py)
 
 
 NO_STATS = FnStats()
@@ -123,7 +124,8 @@ def observe(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
         case SlotWanted(for_request=r):
             return replace(st, cold_starts=st.cold_starts + 1) if r else replace(st, prewarms=st.prewarms + 1)
         case InstanceReady(instance_id=i, at_ms=t) if i in before.instances:
-            return replace(st, start_ms=t - before.instances[i].wanted_ms)
+            start = t - before.instances[i].wanted_ms
+            return replace(st, start_ms=start, next_gap=_next_gap(st, st.gaps, st.lulls, st.gap_hist, start))
         case Assigned(request_id=r, instance_id=i, at_ms=t) if i in before.instances:
             waiting = before.pending(r)
             if waiting is None:
@@ -207,6 +209,7 @@ def _release(st: FnStats, t: int, inst: Instance, dies: bool, after: FnState) ->
 
 def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
     gaps, gap_hist = _gaps(st, t)
+    lulls = _lulls(st, t)
     idle_hist, idle_oob = _idle_time(st, t, before)
     ideal_ms, ideal_free = _clairvoyant(st, t)
     return replace(
@@ -216,7 +219,8 @@ def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
         arrivals=st.arrivals + 1,
         last_arrival_ms=t,
         gaps=gaps,
-        lulls=_lulls(st, t),
+        lulls=lulls,
+        next_gap=_next_gap(st, gaps, lulls, gap_hist, st.start_ms),
         quiet_bins=_quiet_bins(st, t),
         early_gaps=(*st.early_gaps, t - st.last_arrival_ms) if 0 < st.arrivals <= EARLY_GAPS else st.early_gaps,
         gap_hist=gap_hist,
@@ -226,6 +230,16 @@ def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
         leaders=_judged(st.leaders, _outcomes(st, t)),
         cues=(),
     )
+
+
+def _next_gap(
+    st: FnStats, gaps: tuple[int, ...], lulls: tuple[int, ...], hist: tuple[float, ...], start: int
+) -> NextGap:
+    """The next gap's points once the gaps, lulls, histogram or start are these (a lull is longer than two starts)."""
+    burst = 2 * (start or UNKNOWN_START_MS)
+    if gaps is st.gaps and lulls is st.lulls and hist is st.gap_hist and burst == st.next_gap.burst:
+        return st.next_gap
+    return build(gaps, lulls, hist, burst, st.next_gap)
 
 
 def _lulls(st: FnStats, t: int) -> tuple[int, ...]:

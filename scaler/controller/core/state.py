@@ -133,8 +133,9 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
 # 1: `finished` held only the instance, at most 256, forgotten at rest (stamped by a hash); 2: no sessions;
 # 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them; 5: no
 # leaders in the stats; 6: no tenants, states, versions, tombstones, live limits or policy; an instance
-# had no runtime, version or counts, and `restarting` for `retire_on_release`; 7: no hold of starts
-VERSION = 8
+# had no runtime, version or counts, and `restarting` for `retire_on_release`; 7: no hold of starts;
+# 8: no next gap's points in the stats
+VERSION = 9
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.

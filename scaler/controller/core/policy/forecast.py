@@ -3,106 +3,148 @@
 Pure functions of a function's history (and of the run's, for functions too new to have one). Times
 are ms after the function's last arrival; costs are GB·ms, waiting counted at `lam` GB·ms per ms
 (the exchange rate, `exchange_rate`).
+
+Where the next call may come is a set of weighted points (`Points`): the function's own, kept by the
+features fold as its gaps come (scaler/controller/core/next_gap.py), and read here as a view from
+the time since its last call on; or a list of points worked out for the call (`Points.of`). A plan
+over them (`keep_plan`, `restart_plan`) is a search for the cheapest place to hold until, which with
+the points' prefix sums costs a few lookups per candidate, and skips the runs of points whose least
+possible cost is already beaten.
 """
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate, chain, compress, islice, pairwise, repeat
+from operator import add, eq, mul, sub
+from typing import NamedTuple
 
-from scaler.controller.core.features import GAP_BINS
+from scaler.controller.core.next_gap import LOWER, MAD_TO_SD, MIDDLE, ROBUST_FROM, UPPER, NextGap, median, spread
 
 Point = tuple[float, float]  # (ms after the last arrival, weight)
 
-LOWER = [2 ** (i / 2) for i in range(GAP_BINS)]  # edges of each gap bin (features.gap_bin), ms
-UPPER = [2 ** ((i + 1) / 2) for i in range(GAP_BINS)]
-MIDDLE = [2 ** ((i + 0.5) / 2) for i in range(GAP_BINS)]
 NEVER = math.inf  # a gap that has not ended: no keep-alive catches it
 PRIOR_WEIGHT = 1.0  # what the run's new functions weigh against a function's own gaps: one gap's worth
 MIN_NEW_FUNCTIONS = 10  # gaps of new functions the run needs before they say anything
+RUN = 16  # points looked at together in a plan's search: a run is skipped when its least possible cost is beaten
+ROUNDING = 1e-9  # relative: how far sums of many terms may be off, so that no run is skipped on rounding alone
 
 
-def gap_points(
-    hist: tuple[float, ...], recent: tuple[int, ...], elapsed: float, spread_from: float = 0.0
-) -> list[Point]:
-    """The function's gaps still possible after `elapsed`, in order: each bin's (decayed) weight where its
-    recent gaps were (a timer's period is where it is, not at its bin's middle), spread over the bin when
-    none is recent.
+class Points(NamedTuple):
+    """Where the next call may come, sorted: `x[lo:hi]` (ms after the last call, plus `shift`), each weighing `w`
+    and standing for `k` points alike (None: one each), with the prefix sums `p` of w and `q` of w x over the
+    whole arrays; and the weight `never` of a call that never comes."""
 
-    A recent gap says where the next may fall, give or take how much such gaps vary: each is spread
-    over a few points around it (`_spread`), so that a burst's next lull, three of which were seen, may
-    come later than all three. Only gaps from `spread_from` on (lulls: what pre-warms and holds are
-    planned on); shorter ones, a busy function's many, stay where they were: dataSet_3 decides alike,
-    in 184 s of simulation rather than 311.
-    """
-    ordered = sorted(recent)
-    points = []
-    for i, w in enumerate(hist):
-        if w <= 0:
-            continue
-        lo = bisect_left(ordered, LOWER[i]) if i else 0
-        hi = bisect_left(ordered, UPPER[i]) if i < GAP_BINS - 1 else len(ordered)
-        if hi > lo:
-            spread = _spread(ordered, lo, hi) if UPPER[i] > spread_from else [1.0]
-            share = w / (hi - lo) / len(spread)
-            points += [(g * f, share) for g in ordered[lo:hi] for f in spread if g * f > elapsed]
-        elif UPPER[i] > elapsed:
-            points += _rest_of_bin(i, w, elapsed)
-    return sorted(points)
+    x: list[float]
+    w: list[float]
+    k: list[int] | None
+    p: list[float]
+    q: list[float]
+    lo: int
+    hi: int
+    never: float = 0.0
+    shift: float = 0.0
+
+    @staticmethod
+    def of(points: list[Point]) -> "Points":
+        """These points (sorted; NEVER's last)."""
+        end = len(points)
+        while end and points[end - 1][0] == NEVER:
+            end -= 1
+        x = [value for value, _ in points[:end]]
+        w = [weight for _, weight in points[:end]]
+        never = sum(weight for _, weight in points[end:])
+        k = None
+        if any(map(eq, x, x[1:])):
+            x, w, k = _alike(x, w, [1] * len(x))
+        return Points(x, w, k, list(accumulate(w)), list(accumulate(map(mul, w, x))), 0, len(x), never)
+
+    def before(self, j: int) -> tuple[float, float]:
+        """The prefix sums of w and w x before index j."""
+        return (self.p[j - 1], self.q[j - 1]) if j else (0.0, 0.0)
+
+    @property
+    def total(self) -> float:
+        lo, hi = self.lo, self.hi
+        return (self.p[hi - 1] - (self.p[lo - 1] if lo else 0.0) if hi > lo else 0.0) + self.never
+
+    def pairs(self) -> list[Point]:
+        """The points as a list, each of those it stands for apart (as `of` takes them), NEVER's last."""
+        x, w, k, shift = self.x, self.w, self.k, self.shift
+        if k is None:
+            out = [(x[j] - shift, w[j]) for j in range(self.lo, self.hi)]
+        else:
+            out = []
+            for j in range(self.lo, self.hi):
+                out += [(x[j] - shift, w[j] / k[j])] * k[j]
+        return [*out, (NEVER, self.never)] if self.never else out
 
 
-# Seven equally likely points of where the next gap falls, in sds of the log of such gaps from one seen:
-# a normal's, or with few gaps seen Student's t with n - 1 degrees of freedom (t[n - 1]), as a prediction
-# from a sample of n is.
-KERNEL = (-1.465, -0.792, -0.366, 0.0, 0.366, 0.792, 1.465)
-KERNEL_T = {
-    1: (0.482, 1.254, 4.381),
-    2: (0.422, 0.985, 2.353),
-    3: (0.402, 0.913, 1.974),
-    4: (0.393, 0.88, 1.82),
-    5: (0.388, 0.861, 1.737),
-    6: (0.384, 0.849, 1.686),
-    8: (0.379, 0.834, 1.625),
-    12: (0.375, 0.819, 1.568),
-}
-ONE_SPREAD = 0.1  # the sd of the log of gaps of a kind seen only once (a burst's first lull): about 10 %
+def _alike(x: list[float], w: list[float], k: list[int]) -> tuple[list[float], list[float], list[int]]:
+    """Points at the same place as one (in order), weighing and standing for what they did in all."""
+    xs, ws, ks = [x[0]], [w[0]], [k[0]]
+    for value, weight, count in zip(x[1:], w[1:], k[1:], strict=True):
+        if value == xs[-1]:
+            ws[-1] += weight
+            ks[-1] += count
+        else:
+            xs.append(value)
+            ws.append(weight)
+            ks.append(count)
+    return xs, ws, ks
 
 
-def _spread(ordered: list[int], lo: int, hi: int) -> list[float]:
-    """The factors, each as likely, by which the next gap like those in `ordered[lo:hi]` may differ from one
-    of them: from the sd of their logs and their neighbours' (within a bin on either side), widened by
-    sqrt(1 + 1/n) and Student's t, as a prediction from n samples is. From ROBUST_FROM gaps on, the sd is
-    read from their median absolute deviation: a 30 s timer's neighbour of 20.4 s (one extra call split a
-    period) made its sd of logs 0.08 and its next tick anywhere in 27-33 s, and the pre-warm came late."""
-    near = ordered[bisect_left(ordered, ordered[lo] / SQRT2) : bisect_right(ordered, ordered[hi - 1] * SQRT2)]
-    n = len(near)
-    if n == 1:
-        return [math.exp(z * ONE_SPREAD) for z in KERNEL]
-    logs = [math.log(max(g, 1)) for g in near]
-    if n >= ROBUST_FROM:  # the median absolute deviation: one odd gap beside a timer's does not smear it
-        middle = _median(logs)
-        sd = MAD_TO_SD * _median([abs(x - middle) for x in logs]) * math.sqrt(1 + 1 / n)
-    else:
-        mean = sum(logs) / n
-        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1) * (1 + 1 / n))
-    if sd == 0:  # a clock: every such gap alike
-        return [1.0]
-    t = next((q for dof, q in KERNEL_T.items() if dof >= n - 1), None)
-    zs = KERNEL if t is None else (-t[2], -t[1], -t[0], 0.0, *t)
-    return [math.exp(z * sd) for z in zs]
+def own_points(gaps: NextGap, elapsed: float, shorter: list[Point]) -> Points | None:
+    """The function's own points still possible after `elapsed`, None when none is: each bin's weight where its
+    recent gaps' points are (`next_gap.Bin`), or over the bin when it has none (`_rest_of_bin`); with them, the
+    gaps shorter than any seen (`shorter`, in order). Each bin's points are in order, and mostly so are the
+    bins: then they are only put one after the other."""
+    hist = gaps.hist
+    recent = {b.index: b for b in gaps.bins}
+    xs: list[Sequence[float]] = []
+    ws: list[Sequence[float]] = []
+    ks: list[Sequence[int]] = []
+    for i in compress(range(len(hist)), hist):
+        weight = hist[i]
+        b = recent.get(i)
+        if b is None:
+            if UPPER[i] > elapsed:
+                ((x, w),) = _rest_of_bin(i, weight, elapsed)
+                xs.append((x,))
+                ws.append((w,))
+                ks.append((1,))
+        elif b.x[-1] > elapsed:
+            share = weight / b.count / b.width
+            xs.append(b.x)
+            ws.append(list(map(share.__mul__, b.k)))
+            ks.append(b.k)
+    if not xs:
+        return None
+    if shorter:  # below the shortest gap, so mostly before the rest
+        xs.insert(0, [x for x, _ in shorter])
+        ws.insert(0, [w for _, w in shorter])
+        ks.insert(0, [1] * len(shorter))
+    in_order = all(a[-1] < b[0] for a, b in pairwise(xs))
+    x, w, k = list(chain.from_iterable(xs)), list(chain.from_iterable(ws)), list(chain.from_iterable(ks))
+    if not in_order:
+        order = sorted(range(len(x)), key=x.__getitem__)
+        x, w, k = list(map(x.__getitem__, order)), list(map(w.__getitem__, order)), list(map(k.__getitem__, order))
+        if any(map(eq, x, islice(x, 1, None))):  # points of two bins at the same place
+            x, w, k = _alike(x, w, k)
+    p, q = list(accumulate(w)), list(accumulate(map(mul, w, x)))
+    return Points(x, w, k, p, q, bisect_right(x, elapsed), len(x))
 
 
 def lag_points(lags: tuple[int, ...], offset: float, elapsed: float, share: float) -> list[Point]:
     """Where a call that comes `lags` after an event may come, the event `offset` ms after the last arrival: each
-    lag spread as a gap of its kind is (`_spread`), `share` in all; those still possible after `elapsed`."""
+    lag spread as a gap of its kind is (`next_gap.spread`), `share` in all; those still possible after `elapsed`."""
     ordered = sorted(lags)
-    factors = _spread(ordered, 0, len(ordered))
+    factors = spread(ordered, 0, len(ordered))
     weight = share / len(ordered) / len(factors)
     return [(offset + lag * f, weight) for lag in ordered for f in factors if offset + lag * f > elapsed]
 
 
-SQRT2 = math.sqrt(2)
-ROBUST_FROM = 8  # gaps from which their spread is measured robustly
-MAD_TO_SD = 1.4826  # a normal's sd per median absolute deviation
 CLOCK_SHARE = 0.75  # the share of recent gaps on the beat that makes a function a clock's
 BEAT_SDS = 4.0  # how far from the period a gap is still on the beat: in sds of the gaps (robust)...
 BEAT_SHARE = 0.02  # ...or in shares of the period: a tick 10 ms late is no call besides the ticks
@@ -118,9 +160,10 @@ def since_beat(gaps: tuple[int, ...]) -> int:
     """
     if len(gaps) < ROBUST_FROM:
         return 0
-    period = _median(list(gaps))
-    tolerance = max(BEAT_SDS * MAD_TO_SD * _median([abs(g - period) for g in gaps]), BEAT_SHARE * period)
-    if sum(1 for g in gaps if abs(g - period) <= tolerance) < CLOCK_SHARE * len(gaps):
+    period = median(list(gaps))
+    off_beat = sorted(map(abs, map(period.__rsub__, gaps)))  # each gap's distance from the period
+    tolerance = max(BEAT_SDS * MAD_TO_SD * median(off_beat), BEAT_SHARE * period)
+    if bisect_right(off_beat, tolerance) < CLOCK_SHARE * len(gaps):
         return 0
     off = 0
     for gap in reversed(gaps):
@@ -159,28 +202,22 @@ def group_pause(gaps: tuple[int, ...], burst: float) -> tuple[float, list[int]] 
     return len(pauses) / reached, pauses
 
 
-def in_group(points: list[Point], ended: float, pauses: list[int], elapsed: float, burst: float) -> list[Point]:
+def in_group(points: Points, ended: float, pauses: list[int], elapsed: float, burst: float) -> Points:
     """`points` with the group's rhythm (`group_pause`): gaps within a group as they were, weighing 1 - `ended`;
     the rest, `ended`, on the pauses after groups of this size, spread as such gaps vary. Once a pause has
     begun (`elapsed` past `burst`) the group has ended. Unchanged when every such pause is over."""
-    total = sum(w for _, w in points)
-    factors = _spread(pauses, 0, len(pauses))
+    total = points.total
+    factors = spread(pauses, 0, len(pauses))
     later = [p * f for p in pauses for f in factors if p * f > elapsed]
     if not later or not total:
         return points
-    within = [(x, w) for x, w in points if x <= burst]
+    within = [(x, w) for x, w in points.pairs() if x <= burst]
     share = sum(w for _, w in within)
     if not share:
         ended = 1.0
     out = [(x, w * (1 - ended) * total / share) for x, w in within] if ended < 1 else []
     out += [(x, ended * total / len(later)) for x in later]
-    return sorted(out)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return Points.of(sorted(out))
 
 
 def _rest_of_bin(i: int, weight: float, elapsed: float) -> list[Point]:
@@ -262,32 +299,80 @@ class Plan:
 Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
 
 
-def keep_plan(points: list[Point], elapsed: float, miss: float, options: list[Option]) -> tuple[Plan, int]:
+Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
+
+
+def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]) -> tuple[Plan, int]:
     """Keep instances that are ready now until the cheapest `until` (`elapsed`: not at all, every arrival
     misses), and how many: the cheapest of `options`.
 
     An arrival by `until` costs the memory until it (and what it still waits for want of more
-    instances: an option's shortfall); a later one the memory until `until` and a miss.
+    instances: an option's shortfall); a later one the memory until `until` and a miss. Held until a
+    point, an option costs, but for what does not depend on the point, gb x `_value` (see there).
     """
-    total = sum(w for _, w in points)
+    x, p, q, lo, hi = points.x, points.p, points.q, points.lo, points.hi
+    total, e = points.total, elapsed + points.shift
     best, until, count = total * miss, elapsed, options[0][0]
-    caught = [0.0] * len(options)
-    caught_w = 0.0
-    for value, w in points:
-        if value == NEVER:
-            break
-        caught_w += w
-        held, left = value - elapsed, total - caught_w
-        for n, (k, gb, shortfall) in enumerate(options):
-            caught[n] += w * (gb * held + shortfall)
-            cost = caught[n] + left * (gb * held + miss)
-            if cost < best:
-                best, until, count = cost, value, k
+    if hi <= lo:
+        return Plan(elapsed, until, best), count
+    p0, q0 = points.before(lo)
+    top = p0 + total
+    found = []
+    for n, (_, gb, shortfall) in enumerate(options):
+        j = _cheapest(points, top, (miss - shortfall) / gb, lo, hi)
+        caught = p[j] - p0
+        cost = gb * (q[j] - q0 - e * caught) + shortfall * caught + (total - caught) * (gb * (x[j] - e) + miss)
+        found.append((cost, j, n))
+    cost, j, n = min(found)
+    if cost < best:
+        best, until, count = cost, x[j] - points.shift, options[n][0]
     return Plan(elapsed, until, best), count
 
 
+def _value(points: Points, top: float, rho: float, j: int) -> float:
+    """What holding until point j costs, per GB, but for what is the same for every point: its own and the
+    earlier points' weight x their time (`q`), the later ones' (`top - p`) x its, less `rho` (a miss, less an
+    option's shortfall, per GB) x the weight it catches. The first term grows with j, the last falls."""
+    pj = points.p[j]
+    return points.q[j] + (top - pj) * points.x[j] - rho * pj
+
+
+def _cheapest(points: Points, top: float, rho: float, lo: int, hi: int) -> int:
+    """The point in [lo, hi) where `_value` is least (the first of equals): the value at each run's end bounds
+    the least; a run whose first point's growing term less `rho` x its last point's weight cannot beat
+    that bound (by more than the terms' rounding) is skipped."""
+    x, p, q = points.x, points.p, points.q
+    if hi - lo <= 2 * RUN:
+        return _scan(points, top, rho, lo, hi)[0]
+    ends = range(min(lo + RUN, hi) - 1, hi, RUN)
+    bound = min(_value(points, top, rho, j) for j in ends)
+    if hi - 1 not in ends:
+        bound = min(bound, _value(points, top, rho, hi - 1))
+    bound += ROUNDING * (abs(q[hi - 1]) + top * abs(x[hi - 1]) + rho * top)
+    best_j, best = lo, math.inf
+    for start in range(lo, hi, RUN):
+        end = min(start + RUN, hi)
+        if q[start] + (top - p[start]) * x[start] - rho * p[end - 1] > bound:
+            continue
+        j, value = _scan(points, top, rho, start, end)
+        if value < best:
+            best_j, best = j, value
+    return best_j
+
+
+def _scan(points: Points, top: float, rho: float, lo: int, hi: int) -> tuple[int, float]:
+    x, p, q = points.x, points.p, points.q
+    best_j, best = lo, math.inf
+    for j in range(lo, hi):
+        pj = p[j]
+        value = q[j] + (top - pj) * x[j] - rho * pj
+        if value < best:
+            best_j, best = j, value
+    return best_j, best
+
+
 def restart_plan(
-    points: list[Point],
+    points: Points,
     elapsed: float,
     start: float,
     lam: float,
@@ -303,42 +388,91 @@ def restart_plan(
     starting instances, and so do those arriving meanwhile at `rate` per ms; one after `until` misses
     after all, the instances' memory paid. An arrival served still costs the option's shortfall (its
     burst waiting for want of more instances).
+
+    Looked at: every `step`-th point (each apart, of `candidates`) to be ready at, and from there every
+    `step`-th to hold until, and the last. Held until a point, an option costs what `_value` says but for
+    what is the same for every until, so each ready's cheapest is the least of those values.
     """
-    xs = [v for v, _ in points if v != NEVER]
-    total = sum(w for _, w in points)
-    weight, first, second = [0.0], [0.0], [0.0]  # prefix sums of w, w x, w x^2
-    for x, w in points:
-        if x != NEVER:
-            weight.append(weight[-1] + w)
-            first.append(first[-1] + w * x)
-            second.append(second[-1] + w * x * x)
-    step = max(1, len(xs) // candidates)
-    readies = sorted({x for x in xs[::step] if x - start >= elapsed} | ({elapsed + start} if xs else set()))
+    x, p, q, lo, hi, shift = points.x, points.p, points.q, points.lo, points.hi, points.shift
+    e = elapsed + shift
+    total = points.total
+    p0, q0 = points.before(lo)
+    counts = list(accumulate(points.k[lo:hi])) if points.k is not None else None  # points apart, up to each
+    n = (counts[-1] if counts else 0) if counts is not None else hi - lo
+
+    def entry(t: int) -> int:
+        """The index of the t-th point (each apart) from `lo`."""
+        return lo + (bisect_right(counts, t) if counts is not None else t)
+
+    step = max(1, n // candidates)
+    readies = sorted({v for t in range(0, n, step) if (v := x[entry(t)]) - start >= e} | ({e + start} if n else set()))
+    if not readies:
+        return None
+    xs, ps = x[lo:hi], p[lo:hi]
+    wx = list(map(mul, points.w[lo:hi], xs))
+    r = list(accumulate(map(mul, wx, xs)))  # prefix sums of w x^2, from lo
+    top = p0 + total
+    held = list(map(add, q[lo:hi], map(mul, map(top.__sub__, ps), xs)))  # `_value` but for `rho` x p
+    values = []  # per option: `_value` at each point, and at each point apart
+    for _, gb, shortfall in options:
+        value = list(map(sub, held, map(((miss - shortfall) / gb).__mul__, ps)))
+        values.append((value, list(chain.from_iterable(map(repeat, value, points.k[lo:hi]))) if counts else value))
+
+    def sums(j: int) -> tuple[float, float, float]:
+        """The prefix sums of w, w x and w x^2 before index j (>= lo)."""
+        return (p[j - 1], q[j - 1], r[j - lo - 1]) if j > lo else (p0, q0, 0.0)
+
     best, plan = total * miss, None  # plan: (ready, until, count)
     for ready in readies:
-        e1 = bisect_left(xs, ready - start)
-        w1 = bisect_left(xs, ready)
-        waiting, early = weight[w1] - weight[e1], weight[e1]
+        e1, w1 = bisect_left(x, ready - start, lo, hi), bisect_left(x, ready, lo, hi)
+        if w1 >= hi:
+            continue
+        pe, qe, re = sums(e1)
+        pw, qw, rw = sums(w1)
+        early, waiting, sx = pe - p0, pw - pe, qw - qe
         # over the arrivals that wait, w (1 + rate w / 2) with w = ready - x
-        wait = waiting * ready - (first[w1] - first[e1])
-        wait2 = waiting * ready * ready - 2 * ready * (first[w1] - first[e1]) + (second[w1] - second[e1])
+        wait = waiting * ready - sx
+        wait2 = waiting * ready * ready - 2 * ready * sx + (rw - re)
         base = early * miss + lam * (wait + rate * wait2 / 2)
-        later = xs[w1:]
-        for until in [*later[:-1:step], *later[-1:]]:  # and the longest gap: holding through it may be cheapest
-            s1 = bisect_right(xs, until)
-            served, served_x = weight[s1] - weight[w1], first[s1] - first[w1]
-            late = total - early - waiting - served
-            for k, gb, shortfall in options:
-                held = gb * (waiting * start + served * (start - ready) + served_x) + served * shortfall
-                cost = base + held + late * (gb * (start + until - ready) + miss)
-                if cost < best:
-                    best, plan = cost, (ready, until, k)
+        t0 = (counts[w1 - lo - 1] if w1 > lo else 0) if counts is not None else w1 - lo
+        found = []
+        for n_option, (_, gb, shortfall) in enumerate(options):
+            value, apart = values[n_option]
+            j = hi - 1  # the last point, and every step-th from the ready's first on
+            grid = apart[t0 : n - 1 : step]
+            if grid and (least := min(grid)) <= value[-1]:
+                j = entry(t0 + grid.index(least) * step)
+            served, served_x = p[j] - pw, q[j] - qw
+            late = total - (p[j] - p0)
+            cost = gb * (waiting * start + served * (start - ready) + served_x) + served * shortfall
+            found.append((base + cost + late * (gb * (start + x[j] - ready) + miss), j, n_option))
+        cost, j, n_option = min(found)
+        if cost < best:
+            best, plan = cost, (ready - shift, x[j] - shift, options[n_option][0])
     return None if plan is None else (Plan(plan[0], plan[1], best), plan[2])
 
 
-def share_by(points: list[Point], until: float) -> float:
-    total = sum(w for _, w in points)
-    return sum(w for value, w in points if value <= until) / total if total else 0.0
+def share_by(points: Points, until: float) -> float:
+    """The share of the points' weight at or before `until`."""
+    total = points.total
+    if not total:
+        return 0.0
+    j = bisect_right(points.x, until + points.shift, points.lo, points.hi)
+    return (points.before(j)[0] - points.before(points.lo)[0]) / total
+
+
+def served_within(points: Points, start: float, miss: float, lam: float, elapsed: float) -> float:
+    """What the arrivals that come sooner than `start` after `elapsed` cost, none being served warm: each
+    waits until then, at `lam` per ms, or misses (`miss`), whichever is less."""
+    soon = elapsed + start + points.shift
+    lo = points.lo
+    end = bisect_left(points.x, soon, lo, points.hi)
+    if end <= lo or lam <= 0:
+        return 0.0
+    cut = min(bisect_right(points.x, soon - miss / lam, lo, end), end)  # these wait longer than a miss costs
+    p0, p_cut, p_end = points.before(lo)[0], points.before(cut)[0], points.before(end)[0]
+    q_cut, q_end = points.before(cut)[1], points.before(end)[1]
+    return miss * (p_cut - p0) + lam * (soon * (p_end - p_cut) - (q_end - q_cut))
 
 
 def scv(values: tuple[int, ...] | list[int]) -> float:
@@ -348,7 +482,7 @@ def scv(values: tuple[int, ...] | list[int]) -> float:
     mean = sum(values) / len(values)
     if mean <= 0:
         return 1.0
-    return sum((v - mean) ** 2 for v in values) / len(values) / (mean * mean)
+    return sum(map(pow, map(mean.__rsub__, values), repeat(2))) / len(values) / (mean * mean)
 
 
 def queue_wait(rate: float, run: float, k: int, variability: float) -> float:

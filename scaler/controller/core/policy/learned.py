@@ -4,29 +4,24 @@ The challenge's score trades slot memory x time (GB·s) against time requests wa
 here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth. It
 is learned from the run itself (`exchange_rate`): the rate at which the score trades the two where
 a clairvoyant scaler would stand on this workload, whose slot time the features fold from the
-arrivals, concurrency included (`features._clairvoyant`; before it counted one instance per
-function: gen-burst's rate 3.3 against the bound's 15.0, now 13.0).
+arrivals, concurrency included (`features._clairvoyant`).
 
 What a function's history says (`next_arrival`, `outlook`; the arithmetic is in forecast.py):
 - The next arrival: the time-decayed histogram of its gaps, each bin's weight put where the recent
-  gaps in it were, exact (a 10 s timer's bin runs from 8.2 to 11.6 s; its middle, 9.7 s, retired
-  the instance 0.3 s before each tick: gen-timer 58.20 -> 68.57). Past its longest gap, a Pareto
-  tail: the longer a lull has lasted, the longer it may. A function with little history of its
-  own borrows how soon the run's new functions came back, rather than keeping an instance for the
-  break-even time of a miss (gen-oneoff 49.85 -> 61.52; seed 2 46.08 -> 55.72); a gap still open
-  counts as one that lasted at least its age (Kaplan-Meier; counted as "never", the functions with
-  long periods, not back yet, made the 60 s timer's second call a miss: gen-timer seed 2 44.83 -> 47.01).
+  gaps in it were, exactly (a timer's period where it is, not at its bin's middle), those of a lull's
+  bins spread as much as such gaps vary. The features fold keeps each bin's points as the gaps come
+  (`FnStats.next_gap`, scaler/controller/core/next_gap.py); a decision puts the bins' weights on them.
+  Past its longest gap, a Pareto tail: the longer a lull has lasted, the longer it may. A function with
+  little history of its own borrows how soon the run's new functions came back, rather than keeping an
+  instance for the break-even time of a miss; a gap still open counts as one that lasted at least its
+  age (Kaplan-Meier), so functions with long periods, not back yet, do not read as never coming back.
   A clock called besides its ticks keeps its beat: its next tick is counted from the last one, not from
-  the call (`forecast.since_beat`; dataSet_1's 30 s timer nodes1 missed the tick after each of its nine
-  extra calls: 48 cold starts -> 42, dataSet_1 54.37 -> 54.43).
-  A function called in groups with alike pauses between them has its next gap read from its place in the
-  current group (`forecast.group_pause`): after a group's last call, a pause comes, and its instance is
-  retired to start again just before the pause ends (dataSet_1's roles1 and rolebindings1, five calls
-  and a second's pause: their gaps read as a whole keep the instance through every pause, 1,154 GB·s
-  against 1,093, 54.43 against 54.82).
-  Gaps that vary as an exponential's (Poisson calls) say how many shorter than the shortest seen to
-  expect: a 2 GB function with a 3.7 s start whose ten gaps were 18-200 s had no chance of a call
-  within 18 s, and its instance was retired after each call to start again (gen-poisson/2 49.56 -> 49.67).
+  the call (`forecast.since_beat`). A function called in groups with alike pauses between them has its
+  next gap read from its place in the current group (`forecast.group_pause`): after a group's last call
+  a pause comes, and its instance is retired to start again just before the pause ends, rather than
+  kept through every pause as its gaps read as a whole would say. Gaps that vary as an exponential's
+  (Poisson calls) say how many shorter than the shortest seen to expect, and where; other gaps, that
+  the next may be shorter than any seen one time in n + 1, as far below as they vary.
 - A burst (its gaps shorter than two starts): the rate within it, the instances it needs (the pool
   below, at that rate), and what missing it costs: its first request waits a start, its followers
   half a start each and then in the queue they made, which those instances drain a run at a time.
@@ -34,24 +29,18 @@ What a function's history says (`next_arrival`, `outlook`; the arithmetic is in 
 What it decides:
 - Pool: while a function is busy it keeps the k instances that minimise memory x k + wait_gb x
   expected waiting: Erlang C on the recent rate and busy time, scaled by (ca^2 + cs^2) / 2
-  (Allen-Cunneen): a timer's arrivals queue far less than Poisson ones (a 4 GB timer whose runs
-  overlap the next tick kept a second instance all hour: gen-timer 68.57 -> 82.04), a burst's
-  more. A request that kills its instance (need_destroy) keeps it busy a start longer (a 4 GB
-  function of 13 ms runs that dies every 250 requests: dataSet_3 77.46 -> 79.12), plus spares. A
-  pool shrinks only past the load half a standard error above its estimate, so that it does not
-  shrink and grow with the noise of its rate (dataSet_3 79.09 -> 79.79). It grows only for waiting
-  requests: no pre-warms to a target while active (they mostly churned and overshot at a burst's
-  end: gen-poisson 87.15 -> 91.57, gen-ramp 85.84 -> 90.03, dataSet_3 76.64 -> 80.01).
+  (Allen-Cunneen), so a timer's arrivals queue far less than Poisson ones and a burst's more. A
+  request that kills its instance (need_destroy) keeps it busy a start longer, plus spares. A pool
+  shrinks only past the load half a standard error above its estimate, so that it does not shrink
+  and grow with the noise of its rate; it grows only for waiting requests (pre-warms to a target
+  while active churn, and overshoot at a burst's end).
 - Lulls (`lull`): for the next arrival, the cheapest of keeping one instance, or as many as a
   burst needs, until some time; retiring them (a miss); and, when nothing is busy, retiring them
-  to start again just before the next arrival (`return_plan`), when the history says when
-  (without it: gen-timer 80.35, the 60 s timer with an 11 s init kept through each minute, 899
-  GB·s, now 199; dataSet_1 48.07, now 52.35: its calls every 1.15 s come back warm). A keep that
-  reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
+  to start again just before the next arrival (`return_plan`), when the history says when. A keep
+  that reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
   Fewer instances kept than a burst needs cost what its followers then wait: they queue for the kept
-  ones a run at a time (Erlang C at the rate within bursts), not a start each (dataSet_1's sessions,
-  groups of calls 26-75 ms apart with runs of 30 ms, need one instance kept through the second between
-  groups, not the two a group keeps busy).
+  ones a run at a time (Erlang C at the rate within bursts), not a start each. The plans look for the
+  cheapest place to hold until over the points' prefix sums (`forecast.Points`), a few lookups each.
 - Waiting (`plan_queue`): with no idle instance, start the number of instances that minimises the
   queue's expected total wait (the queue now and the arrivals to come, simulated against the busy
   instances' expected rests) x wait_gb plus their cost; the others wait for a busy one.
@@ -60,38 +49,40 @@ What it decides:
   predicted arrival, that no arrival has come for since, is held so; any other (a cold start whose
   request another instance served) is kept or retired like the rest. A leader that came back, when
   the function's call follows it sooner than a start, has the instances its burst needs started at
-  once (`_imminent`): none is ready for the call, but each waits less by the lag (dataSet_1's
-  rolebindings1, 7-11 ms after roles1: 54.30 -> 54.37).
+  once (`_imminent`): none is ready for the call, but each waits less by the lag.
 """
 
 import heapq
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
+from itertools import repeat
 
 from scaler.controller.core.features import FOLLOW_MS, Leader
+from scaler.controller.core.next_gap import KERNEL, NextGap, build
 from scaler.controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
 from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
 from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.policy.forecast import (
-    KERNEL,
     MIN_NEW_FUNCTIONS,
     Option,
     Plan,
     Point,
+    Points,
     beyond,
     blend,
-    gap_points,
     group_pause,
     in_group,
     keep_plan,
     lag_points,
     memoryless_below,
     new_function_points,
+    own_points,
     pool_size,
     queue_wait,
     restart_plan,
     scv,
+    served_within,
     share_by,
     since_beat,
 )
@@ -121,8 +112,7 @@ class Outlook:
         """What an arrival served by `count` instances kept through a lull still costs: its followers queue
         for them a run at a time (Erlang C at the rate within bursts), not a start, so it may cost far less
         than `shortfall`, and never more. A return plan still counts `shortfall`: counted so there, one
-        pre-warmed instance would be held in a burst's stead for bursts that may not come (gen-burst/5
-        loses 0.47 so)."""
+        pre-warmed instance would be held in a burst's stead for bursts that may not come."""
         if count >= self.need:
             return 0.0
         queued = self.followers * queue_wait(self.burst_rate, self.run, count, self.variability)
@@ -216,7 +206,7 @@ class Learned(Policy):
         """Too few gaps of its own, and too few of the run's new functions to go by."""
         return sum(s.stats.gap_hist) < self.min_samples and sum(self.new_gaps) + len(self.new_open) < MIN_NEW_FUNCTIONS
 
-    def next_arrival(self, s: FnState, now: int) -> tuple[list[Point], bool]:
+    def next_arrival(self, s: FnState, now: int) -> tuple[Points, bool]:
         """When the function's next call may come (ms after its last), given none came by `now`: its own
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
         whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
@@ -228,32 +218,34 @@ class Learned(Policy):
         cue, share, _ = self._cue(s, now)
         if not cue:
             return points, timed
-        total = sum(w for _, w in points)
-        own = [(x, w * (1 - share) / total) for x, w in points] if total else []
-        return sorted(own + cue), True
+        total = points.total
+        own = [(x, w * (1 - share) / total) for x, w in points.pairs()] if total else []
+        return Points.of(sorted(own + cue)), True
 
-    def _own_forecast(self, s: FnState, now: int) -> tuple[list[Point], bool]:
-        """The function's own gaps, counted from its last arrival; a clock's from its last beat (`since_beat`);
-        a function called in groups, as its current group's place says (`group_pause`)."""
+    def _own_forecast(self, s: FnState, now: int) -> tuple[Points, bool]:
+        """The function's own gaps, counted from its last arrival (their points as the features fold keeps them,
+        `next_gap`); a clock's from its last beat (`since_beat`); a function called in groups, as its current
+        group's place says (`group_pause`)."""
         gaps = s.stats.gaps
         beat = since_beat(gaps)
         elapsed = now - s.stats.last_arrival_ms + beat
         burst = 2 * start_ms(s)  # a longer gap is a lull (or a group's pause)
-        own = gap_points(s.stats.gap_hist, gaps + s.stats.lulls, elapsed, burst)
-        timed = bool(own)
         seen = sum(s.stats.gap_hist)
-        if own and _memoryless(gaps):
-            own = sorted([*own, *memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)])
-        elif own and (early := _shorter_than_seen(gaps)) > elapsed:
-            own = sorted([*own, (early, EARLY_WEIGHT)])
+        shorter = []
+        if _memoryless(gaps):
+            shorter = memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)
+        elif (early := _shorter_than_seen(gaps)) > elapsed:
+            shorter = [(early, EARLY_WEIGHT)]
+        own = own_points(_next_gap(s, burst), elapsed, shorter)
         if seen >= self.min_samples:
-            points = own or beyond(max(elapsed, 1))
+            points = own if own is not None else Points.of(beyond(max(elapsed, 1)))
         else:
-            points = blend(own, new_function_points(self.new_gaps, self.new_open.ages(now), elapsed))
+            prior = new_function_points(self.new_gaps, self.new_open.ages(now), elapsed)
+            points = Points.of(blend(own.pairs() if own is not None else [], prior))
         if beat:
-            return [(x - beat, w) for x, w in points], timed
-        group = group_pause(gaps, burst) if own else None
-        return (in_group(points, *group, elapsed, burst) if group else points), timed
+            return points._replace(shift=points.shift + beat), own is not None
+        group = group_pause(gaps, burst) if own is not None else None
+        return (in_group(points, *group, elapsed, burst) if group else points), own is not None
 
     def _cue(self, s: FnState, now: int) -> tuple[list[Point], float, str]:
         """Where a leader's return puts the function's next call (ms after its last), how likely it comes
@@ -292,17 +284,20 @@ class Learned(Policy):
         why = f"pre-warm: next arrival expected in {at + lag - now} ms, sooner than a start"
         return Prewarm(count, f"{why} ({lead.key} came back, and this function follows it)") if count else NO_PREWARM
 
-    def return_plan(self, s: FnState, now: int) -> tuple[Plan, int] | None:
+    def return_plan(
+        self, s: FnState, now: int, known: tuple[Points, bool, Outlook] | None = None
+    ) -> tuple[Plan, int] | None:
         """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
         `plan.until`, after the last arrival) and how many, one or as many as a burst needs; None when a
-        miss costs less, or when the function's history does not say when its next call comes."""
+        miss costs less, or when the function's history does not say when its next call comes. `known`: the
+        next arrival and the outlook at `now`, when worked out already."""
         st = s.stats
         if not st.start_ms or not st.arrivals or self._little_history(s):
             return None
-        points, timed = self.next_arrival(s, now)
+        points, timed, o = known or (*self.next_arrival(s, now), self.outlook(s))
         if not timed:
             return None
-        o, elapsed = self.outlook(s), now - st.last_arrival_ms
+        elapsed = now - st.last_arrival_ms
         return restart_plan(points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
 
     def lull(self, s: FnState, now: int) -> tuple[int, int, str]:
@@ -321,11 +316,12 @@ class Learned(Policy):
                 1,
                 f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
             )
-        points, _ = self.next_arrival(s, now)
+        points, timed = self.next_arrival(s, now)
         keep, count = keep_plan(points, elapsed, o.miss, o.options(kept=True))
         quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
-        if quiet and _restart_floor(points, elapsed, o) < keep.cost:
-            back = self.return_plan(s, now)
+        # A restart costs at least what the arrivals within a start from now wait for it (or miss).
+        if quiet and served_within(points, o.start, o.miss, o.lam, elapsed) < keep.cost:
+            back = self.return_plan(s, now, (points, timed, o))
             if back is not None and back[0].cost < keep.cost and back[0].ready - o.start > elapsed:
                 return now, 0, "cheaper to start again just before the next arrival"
         if keep.until <= elapsed:
@@ -447,6 +443,15 @@ class Learned(Policy):
         return Prewarm(count, why)
 
 
+def _next_gap(s: FnState, burst: int) -> NextGap:
+    """The function's NextGap as the features fold keeps it, or (for stats put together otherwise) as built now."""
+    st = s.stats
+    gaps = st.next_gap
+    if gaps.fits(st.gaps, st.lulls, st.gap_hist, burst):
+        return gaps
+    return build(st.gaps, st.lulls, st.gap_hist, burst, gaps)
+
+
 def _median_lag(lead: Leader) -> int:
     """How long after its leader's return the function is mostly called (the upper middle of its lags)."""
     return sorted(lead.lags)[len(lead.lags) // 2]
@@ -494,9 +499,9 @@ def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
     recent gaps vary (the sd of their logs, at the kernel's outermost point); a clock's at the shortest."""
     if len(gaps) < 2:
         return 0.0
-    logs = [math.log(max(g, 1)) for g in gaps]
+    logs = list(map(math.log, map(max, gaps, repeat(1))))
     mean = sum(logs) / len(logs)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    sd = math.sqrt(sum(map(pow, map(mean.__rsub__, logs), repeat(2))) / (len(logs) - 1))
     return min(gaps) * math.exp(-KERNEL[-1] * sd)
 
 
@@ -504,17 +509,6 @@ def _memoryless(gaps: tuple[int, ...]) -> bool:
     """Gaps that vary as an exponential's do (a squared coefficient of variation near its 1): Poisson calls.
     Not calls that came at once (gaps of 0 ms): none can be shorter."""
     return len(gaps) >= MEMORYLESS_FROM and min(gaps) > 0 and MEMORYLESS_SCV[0] <= scv(gaps) <= MEMORYLESS_SCV[1]
-
-
-def _restart_floor(points: list[Point], elapsed: float, o: Outlook) -> float:
-    """Less than any restart can cost: arrivals within a start from now wait for it (or miss)."""
-    soon = elapsed + o.start
-    floor = 0.0
-    for value, w in points:
-        if value >= soon:
-            break
-        floor += w * min(o.miss, o.lam * (soon - value))
-    return floor
 
 
 MEMORYLESS_FROM = 5  # gaps a function needs before they are taken for an exponential's

@@ -1,0 +1,101 @@
+"""What a decision costs: CPU time of the core's `decide` per policy and per command kind, offline.
+
+    .venv/bin/python bench/decide.py [--datasets dataSet_1 dataSet_3] [--policies demo learned] [--requests N]
+
+Each dataset is simulated offline (scaler/simulator/offline.py) with each policy, and every decision is
+timed in CPU (time.process_time_ns around the core's `decide`, as the ledger calls it: the command's own
+change, the events it emits folded into the state, features included, and the policy's plans). Prints a
+Markdown table: dataset x policy x command kind -> decisions, p50, p99 and mean in µs, and their CPU in all;
+each policy's `all` row beside the simulation's own CPU and wall time (the simulator, the ledger and the
+platform model besides the decisions) and the run's score. Ratios are to the first policy on the same
+dataset, in the same run. `--requests N` simulates only each dataset's first N requests (dataSet_3's
+436,546 take several minutes with `learned`). Not a test: the numbers depend on the machine and its load.
+"""
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scaler.controller.core.policy import POLICIES, get_policy  # noqa: E402
+from scaler.controller.ledger import Ledger  # noqa: E402
+from scaler.simulator.dataset import Dataset, load_dataset  # noqa: E402
+from scaler.simulator.offline import Simulation  # noqa: E402
+
+DATASETS_DIR = ROOT.parent / "shared" / "datasets"
+KINDS = ("Assign", "Idle", "Tick", "SlotReady", "Cue", "SlotDestroyed")  # in this order; any other after them
+
+
+class TimedLedger(Ledger):
+    """A ledger that records the CPU time of each decision, by command kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.took: dict[str, list[int]] = defaultdict(list)
+
+    def decide(self, cmd, now, policy, after=None):
+        began = time.process_time_ns()
+        d = super().decide(cmd, now, policy, after)
+        self.took[type(cmd).__name__].append(time.process_time_ns() - began)
+        return d
+
+
+def quantile(ordered: list[int], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
+
+
+def measure(dataset: Dataset, policy: str) -> tuple[dict[str, list[int]], float, float, float]:
+    """Each kind's decision times (ns), the simulation's CPU and wall seconds, and its score."""
+    ledger = TimedLedger()
+    wall, cpu = time.perf_counter(), time.process_time()
+    run = Simulation(dataset, get_policy(policy), ledger=ledger).run()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return ledger.took, cpu, wall, run.stats().score
+
+
+def rows(name: str, policy: str, took: dict[str, list[int]], cpu: float, wall: float, score: float, base: float):
+    kinds = [k for k in KINDS if k in took] + sorted(k for k in took if k not in KINDS)
+    everything = sorted(t for times in took.values() for t in times)
+    for kind in [*kinds, "all"]:
+        times = everything if kind == "all" else sorted(took[kind])
+        total = sum(times) / 1e9
+        cells = [name, policy, kind, f"{len(times):,}", f"{quantile(times, 0.5):,.1f}", f"{quantile(times, 0.99):,.1f}"]
+        cells += [f"{sum(times) / len(times) / 1000:,.1f}", f"{total:,.2f}"]
+        if kind == "all":
+            ratio = f"{cpu / base:.2f}x" if base else "1.00x"
+            cells += [f"{cpu:,.1f} ({ratio})", f"{wall:,.1f}", f"{score:.2f}"]
+        else:
+            cells += ["", "", ""]
+        yield "| " + " | ".join(cells) + " |"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", nargs="+", default=["dataSet_1", "dataSet_3"], metavar="NAME")
+    p.add_argument("--policies", nargs="+", default=["demo", "learned"], choices=list(POLICIES), metavar="NAME")
+    p.add_argument("--requests", type=int, default=0, help="simulate only each dataset's first N requests")
+    p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR, metavar="DIR")
+    args = p.parse_args()
+    head = ("dataset", "policy", "command", "decisions", "p50 µs", "p99 µs", "mean µs", "decide CPU s")
+    head += ("run CPU s (to the first policy)", "run wall s", "score")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" if h in ("dataset", "policy", "command") else "---:" for h in head) + "|", flush=True)
+    for name in args.datasets:
+        dataset = load_dataset(args.datasets_dir / name)
+        if args.requests:
+            dataset = Dataset(dataset.name, dataset.metas, dataset.requests[: args.requests])
+            name = f"{name} (first {args.requests:,})"
+        base = 0.0
+        for policy in args.policies:
+            took, cpu, wall, score = measure(dataset, policy)
+            print("\n".join(rows(name, policy, took, cpu, wall, score, base)), flush=True)
+            base = base or cpu
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
