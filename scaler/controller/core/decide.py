@@ -368,7 +368,7 @@ def _creation_failed(d: _Draft, cmd: SlotFailed) -> None:
     if cmd.retry_after_ms > 0:  # refused by the worker's open circuit: no start of the function until it may go
         d.emit(StartsHeld(at_ms=d.now, until_ms=d.now + cmd.retry_after_ms, reason=cmd.reason))
     if d.held() or _may_free(d.s):
-        return  # a request that lost its instance waits for one to free up, or is throttled (`_throttle_while_held`)
+        return  # a waiting request that lost its instance waits for one to free up, or is throttled (`_throttle`)
     if len(d.s.queue) > len(d.s.in_phase(Phase.CREATING)):  # a waiting request lost its instance
         victim = d.s.pending(inst.for_request) or d.s.queue[0]
         message = f"the platform could not start an instance: {cmd.reason}"
@@ -457,9 +457,8 @@ def _serve(d: _Draft, policy: Policy) -> int | None:
     _retire_lost_starts(d)
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
-    held_ms = _throttle_while_held(d, policy)
-    throttle_ms = _throttle_at_the_cap(d, policy)
-    return _next_wake(d, recheck_ms, held_ms, throttle_ms, *_serving_deadlines(d.s, d.now))
+    throttle_ms = _throttle(d, policy)
+    return _next_wake(d, recheck_ms, throttle_ms, *_serving_deadlines(d.s, d.now))
 
 
 def _rest(d: _Draft, policy: Policy) -> int | None:
@@ -502,32 +501,6 @@ def _retire_lost_starts(d: _Draft) -> None:
         if inst.since_ms + bound <= d.now:
             why = f"not ready within {bound / 1000:g}s (its function's last start and a margin): a lost start"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
-
-
-def _may_free(s: FnState) -> bool:
-    """Whether an instance of the function may free up for a waiting request: one is busy, and fits it."""
-    return any(_fits(s, i) for i in s.in_phase(Phase.BUSY))
-
-
-def _throttle_while_held(d: _Draft, policy: Policy) -> int | None:
-    """Throttle while the function's starts are held (StartsHeld): a request nothing covers that waited HELD_WAIT_MS
-    (no longer than the limits' `throttle_after_ms`) for an instance to free up is answered Throttle; a hold that
-    ends sooner starts an instance for it instead. Returns when the next one's time is up."""
-    if not d.held() or d.s.meta is None:
-        return None
-    wait_ms, left_ms = min(HELD_WAIT_MS, d.room.throttle_after_ms), d.s.starts_held_until_ms - d.now
-    message = (
-        f"throttled: no start of the function for {left_ms} ms more, the platform's circuit open"
-        f" ({d.s.starts_held_why}), and no instance freed up within {wait_ms} ms"
-    )
-    due = []
-    for waiting in _uncovered(d.s, policy, d.now):
-        if (deadline := waiting.since_ms + wait_ms) > d.now:
-            due.append(deadline)
-            continue
-        d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
-        d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
-    return min(due, default=None)
 
 
 def _fits(s: FnState, inst: Instance) -> bool:
@@ -661,29 +634,42 @@ def _caps(s: FnState, room: Room) -> str:
     return ", ".join(n for n in named if n) or "no cap"
 
 
-def _throttle_at_the_cap(d: _Draft, policy: Policy) -> int | None:
-    """Throttle: a request that waited its time at a cap (nothing could start for it) is answered Throttle.
+def _may_free(s: FnState) -> bool:
+    """Whether an instance of the function may free up for a waiting request: one is busy, and fits it."""
+    return any(_fits(s, i) for i in s.in_phase(Phase.BUSY))
 
-    Returns when the next one's time is up, while the caps hold any back.
+
+def _throttle(d: _Draft, policy: Policy) -> int | None:
+    """Throttle: a request nothing can start for (a cap, or the function's starts held) that waited its time for an
+    instance to free up is answered Throttle: at a cap, after the limits' `throttle_after_ms`; while starts are
+    held, after HELD_WAIT_MS (no longer than that); a hold that ends sooner starts an instance for it instead.
+
+    Returns when the next one's time is up, while any is held back.
     """
-    if d.may_start(1) or d.s.meta is None:
+    if d.s.meta is None or d.may_start(1):
         return None
+    if d.held():
+        wait_ms = min(HELD_WAIT_MS, d.room.throttle_after_ms)
+        left_ms = d.s.starts_held_until_ms - d.now
+        why = f"no start of the function for {left_ms} ms more, the platform's circuit open ({d.s.starts_held_why}),"
+    else:
+        wait_ms, why = d.room.throttle_after_ms, f"at the cap ({_caps(d.s, d.room)})"
     due = []
     for waiting in _uncovered(d.s, policy, d.now):
-        deadline = waiting.since_ms + d.room.throttle_after_ms
+        deadline = waiting.since_ms + wait_ms
         if deadline > d.now:
             due.append(deadline)
             continue
-        caps, wait_ms = _caps(d.s, d.room), d.room.throttle_after_ms
-        message = f"throttled: at the cap ({caps}) and no instance freed up within {wait_ms} ms"
+        message = f"throttled: {why} and no instance freed up within {wait_ms} ms"
         d.emit(RequestFailed(at_ms=d.now, request_id=waiting.request_id, message=message))
         d.reply_all(waiting.waiters, waiting.request_id, code=Code.THROTTLED, message=message)
     return min(due, default=None)
 
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
-    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires, and
-    so does one with less memory than the function asks for now (no request may run on it again)."""
+    """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires (kept
+    while the function's starts are held), and so does one with less memory than the function asks for now (no
+    request may run on it again)."""
     for inst in d.s.in_phase(Phase.IDLE):
         if not _fits(d.s, inst):
             why = f"{inst.memory_mb} MB, less than the function's {d.s.meta.memory_mb} MB now"
@@ -695,14 +681,14 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
             continue
+        if d.held():  # none could replace it: kept until a start may go again
+            why = "kept while the function's starts are held (the platform's circuit is open)"
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=d.s.starts_held_until_ms, why=why))
+            continue
         if d.room.limits.min_warm and d.room.reserved(d.s) == 0 and _live(d.s) <= d.room.limits.min_warm:
             until = d.now + RESERVED_RECHECK_MS
             why = f"reserved: the function keeps {d.room.limits.min_warm} warm"
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=until, why=why))
-            continue
-        if d.held():  # none could replace it while the function's starts are held: kept until one may go again
-            why = "kept while the function's starts are held (the platform's circuit is open)"
-            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=d.s.starts_held_until_ms, why=why))
             continue
         longer = policy.expire(d.s, inst, d.now)
         if longer is not None and longer.until_ms > d.now:
