@@ -105,7 +105,7 @@ async def test_a_platform_failing_every_init_is_not_hammered_and_other_functions
         throttled = "THROTTLE: throttled: no start of the function for"
         assert all(e.startswith((failed, throttled)) for e in errors), errors[:3]
         assert sum(e.startswith(throttled) for e in errors) >= 15, errors  # once held, nothing more is started
-        assert "the platform's circuit open (Init: InternalError: the runtime is broken)" in errors[-1], errors[-1]
+        assert "the platform's circuit open (" in errors[-1] and "the runtime is broken" in errors[-1], errors[-1]
         await stack.idle(await stack.assign("ok-1", key="ok"))  # its own circuit is closed
         assert inits["ok"] == 1
 

@@ -15,8 +15,9 @@ from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.events import Assigned
 from scaler.runtime.bus import connected
 from scaler.runtime.natsd import NatsServer
+from scaler.simulator.dataset import FunctionMeta
 from tests.processes import Parts
-from tests.stack import Stack
+from tests.stack import Stack, eventually
 from tests.test_crash import assign, frozen
 
 
@@ -137,6 +138,51 @@ async def test_every_call_waiting_on_a_stalled_store_is_refused_unavailable_with
         assert idle.exception() is None or idle.exception().code() is grpc.StatusCode.UNAVAILABLE
         for n in range(6):  # the callers repeat: served now, each once
             assert (await stack.assign(f"r{n}", key="fa")).assigment.instance_id
+        await stack.settled()
+        async with connected(nats.url, "test") as nc:
+            assigned: Counter[str] = Counter()
+            await replay.replay(
+                nc, seen=lambda _, b: assigned.update(e.request_id for e in b.events if isinstance(e, Assigned))
+            )
+            assert max(assigned.values()) == 1, assigned
+            out = io.StringIO()
+            assert await replay.verify(nc, None, out) == 0, out.getvalue()
+
+
+async def test_an_assign_waiting_for_its_instance_while_the_store_stalls_is_refused_unavailable_within_the_bound(
+    tmp_path,
+):
+    """Issue 41, item 4: an Assign already stored, waiting for its instance (a 3 s Init), when NATS is stopped: no
+    instance can be reported ready while NATS stands still, and the caller waited out its deadline (the stalled-NATS
+    fault's last two). It is refused UNAVAILABLE once it has waited --store-wait (1 s here) with the store not
+    answering, well within its 8 s deadline, its Assign cancelled; repeated once NATS is back, it is served once."""
+    metas = {"slow": FunctionMeta(key="slow", runtime="python", memory_in_mb=256, init_duration_in_ms=3000)}
+    async with (
+        NatsServer(tmp_path / "nats") as nats,
+        Stack(nats.url, lease_ttl_s=60, store_wait_s=1.0, metas=metas) as stack,
+    ):
+        await stack.idle(await stack.assign("warm", key="fa"))
+        created = stack.stub.accounting.created
+
+        async def call(request_id: str, key: str) -> str:
+            meta = pb.Meta(key=key, runtime="python", timeout_in_secs=60, memory_in_mb=256)
+            try:
+                await stack.scaler.Assign(pb.AssignRequest(request_id=request_id, meta_data=meta), timeout=8)
+            except grpc.aio.AioRpcError as e:
+                return f"{e.code().name}: {e.details()}"
+            return "OK"
+
+        waiting = asyncio.create_task(call("r-slow", "slow"))
+        await eventually(lambda: stack.stub.accounting.created > created, 20)  # stored, its slot made: Init now
+        os.kill(nats.proc.pid, signal.SIGSTOP)
+        try:
+            other = asyncio.create_task(call("r-other", "fa"))  # appends nothing NATS answers: the store is away
+            async with asyncio.timeout(20):  # NATS stays stopped until both callers have their answer
+                outcome, _ = await asyncio.gather(waiting, other)
+        finally:
+            os.kill(nats.proc.pid, signal.SIGCONT)
+        assert outcome.startswith("UNAVAILABLE") and "while the call waited for an instance" in outcome, outcome
+        assert (await stack.assign("r-slow", key="slow")).assigment.instance_id  # repeated: served
         await stack.settled()
         async with connected(nats.url, "test") as nc:
             assigned: Counter[str] = Counter()

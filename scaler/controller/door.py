@@ -97,7 +97,7 @@ class Door:
                     if isinstance(e, TooBig):
                         return unstorable(cmd, to, e)
                     raise e
-                return await answer  # an Assign may wait for an instance to be ready
+                return await self._instance_for(answer)  # an Assign may wait for an instance to be ready
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
             if isinstance(cmd, Assign) and self.replies.waits(to):
                 why = {TimeoutError: "no answer in time", Unavailable: "event store unavailable"}
@@ -105,6 +105,19 @@ class Door:
             raise
         finally:
             self.replies.forget(to)
+
+    async def _instance_for(self, answer: asyncio.Future[Reply]) -> Reply:
+        """A stored Assign's answer, once an instance serves it; Unavailable once it has waited `store_wait_s` while
+        the event store does not answer: no instance can be reported ready meanwhile, so its caller learns the
+        store is away within its own deadline (and the Assign is cancelled, as any it gives up)."""
+        wait_s = self.lanes.store_wait_s
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(answer), wait_s)
+            except TimeoutError:
+                if self.writer.troubled(wait_s, own_lag_s=self.admission.lag_s):
+                    raise Unavailable(f"the event store did not answer within {wait_s:g}s while the call waited for an"
+                                      " instance") from None  # fmt: skip
 
     def _stored_behind(self, cmd: Idle, done: asyncio.Future) -> None:
         """An Idle answered before its release was stored, and then nothing was: store it all the same."""

@@ -356,6 +356,9 @@ def test_a_start_refused_by_an_open_circuit_holds_the_functions_starts_and_its_c
     assert "the platform's circuit open (CreateSlot failed 5" in throttled.replies[0].message
     s, (during,) = run(assign("r2"), s=s, at=4_500)
     assert not [ev for ev in during.events if isinstance(ev, e.SlotWanted)] and during.replies == []
+    assert [ev.why for ev in during.events if isinstance(ev, e.RequestWaiting)] == [
+        "the function's starts are held (the platform's circuit is open): waits for an instance to free up"
+    ]
     assert during.wake_ms == 6_010  # the hold's end, before r2's wait is over (4,500 + HELD_WAIT_MS)
     s, (after,) = run(c.Tick(key=KEY, due_ms=0), s=s, at=6_010)  # the hold ends before r2's wait: it gets a start
     assert [ev.for_request for ev in after.events if isinstance(ev, e.SlotWanted)] == ["r2"] and after.replies == []

@@ -702,6 +702,8 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
         for _ in range(d.may_start(plan.ahead)):
             d.start(why="ahead of the burst: its next calls come before a start is ready")
     capped = f"at the cap ({_caps(d.s, d.room)}): waits for an instance to free up" if starts < plan.starts else ""
+    if capped and d.held():
+        capped = "the function's starts are held (the platform's circuit is open): waits for an instance to free up"
     for waiting in uncovered[starts:]:
         if waiting.since_ms == d.now:  # say so once, when it arrives
             r, expected = waiting.request_id, plan.expected_ms
