@@ -21,7 +21,7 @@ import grpc
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServerError
 
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
@@ -57,6 +57,9 @@ ACK_WAIT_S = 10.0
 REPORT_PATIENCE_S = 60.0  # how long a report is retried before the batch is left for redelivery
 RETRY_S = 5.0  # a failed batch comes back after this, doubled at each failure, up to RETRY_MAX_S
 RETRY_MAX_S = 300.0
+# A consumer made again right after it was dropped may be refused while nats-server still removes the old
+# one's files (err 10012, "rename .../o.dat.tmp: no such file or directory", seen on a loaded machine).
+RECREATE_TRIES = 5
 STOP_GRACE_S = 2.0  # at stop, work under way gets this long; the rest is redelivered to the next worker
 # A platform that was away is tried again within 100 ms to 1 s (gRPC's default waits 1 s, growing
 # to 2 min): while it is away the Assigns wait, and each second counts. Each worker has its own
@@ -212,9 +215,17 @@ class EffectWorker:
         )
         if (resume := await self._drop_if_changed(subjects)) is not None:
             config.deliver_policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, resume
-        self._sub = await self._js.subscribe(
-            f"{EVT}.>", queue=self.durable, stream=EVENTS, cb=self._on_batch, manual_ack=True, config=config
-        )
+        for attempt in range(RECREATE_TRIES):
+            try:
+                self._sub = await self._js.subscribe(
+                    f"{EVT}.>", queue=self.durable, stream=EVENTS, cb=self._on_batch, manual_ack=True, config=config
+                )
+                break
+            except ServerError as e:  # the consumer just dropped: nats-server may still be removing its files
+                if resume is None or attempt == RECREATE_TRIES - 1:
+                    raise
+                log.info("%s: consumer %s not made yet (%s); trying again", self.name, self.durable, e.description)
+                await asyncio.sleep(0.2)
         over = " over TLS" if self.platform_tls is not None and self.platform_tls.on else ""
         return f"{self.name} (platform {self.platform_addr}{over})"
 
