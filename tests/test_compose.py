@@ -327,10 +327,12 @@ async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(
                     stats = (await driver.run()).stats()
                 assert stats.total_requests_count == 980
                 assert stats.failed_requests_count == 0, {call.error for call in driver.calls if call.error}
-                # No slot leaks: once keep-alive runs out, every slot created is destroyed, all initialised.
+                # No slot leaks: once keep-alive runs out, every slot created is destroyed. Nearly all were
+                # initialised: a start taken for lost (unreported for 30 s of the sped clock, a loaded machine's
+                # second or so) has its slot destroyed when it comes, without an Init.
                 await eventually(lambda: not platform.accounting.live, seconds=60)
                 a = platform.accounting
-                assert a.created == a.destroyed == a.inits > 0
+                assert a.created == a.destroyed >= a.inits > 0.99 * a.created
                 # Slots asked for while requests waited may still be created after the last reply, when
                 # the burst outran the scaler: the run's figure, taken at that reply, can only be lower.
                 assert 0 < stats.total_live_slot_count <= a.created
