@@ -5,18 +5,8 @@ from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.proto.commands import Assign
 from scaler.proto.events import Meta
-from scaler.runtime.clock import ANCHOR_MS, Clock
+from tests.clocks import Stopped
 from tests.stack import eventually
-
-
-class Stopped(Clock):
-    """The scaler's clock, moving only when the test moves it."""
-
-    def __init__(self) -> None:
-        object.__setattr__(self, "at", [ANCHOR_MS])
-
-    def now_ms(self) -> int:
-        return self.at[0]
 
 
 async def test_a_function_waiting_for_its_cold_start_and_the_snapshot_age(nats_url, tmp_path):
@@ -29,7 +19,7 @@ async def test_a_function_waiting_for_its_cold_start_and_the_snapshot_age(nats_u
         meta = Meta(memory_mb=1024, runtime="python", timeout_s=60)
         await controller.handle(Assign(key="f", request_id="r1", meta=meta))  # no platform: it stays cold
         await eventually(lambda: controller.snapshot_saved_s is not None)
-        clock.at[0] += 3000  # 3 s of a 1 GB slot wanted since the Assign
+        clock.advance(3000)  # 3 s of a 1 GB slot wanted since the Assign
         got = {
             (s.name, tuple(s.labels.values())): s.value
             for m in ControllerCollector(controller).collect()

@@ -8,22 +8,14 @@ from scaler.controller.snapshotter import Snapshotter
 from scaler.controller.timers import Timers
 from scaler.runtime.clock import Clock
 from scaler.store import Kept, Retention
+from tests.clocks import Stopped
 
 
-class ManualClock(Clock):
+class Polled(Stopped):
     """Stands still until `advance`; the timer's wait for the next deadline is a short poll, not the deadline's."""
-
-    def __init__(self) -> None:
-        object.__setattr__(self, "ms", 1_000)
-
-    def now_ms(self) -> int:
-        return self.ms
 
     def real_s(self, trace_ms: float) -> float:
         return 0.001
-
-    def advance(self, ms: int) -> None:
-        object.__setattr__(self, "ms", self.ms + ms)
 
 
 class Fired:
@@ -47,7 +39,7 @@ async def settle(timers: Timers) -> None:
 
 
 async def test_a_deadline_fires_once_when_due_and_not_before():
-    clock, fired = ManualClock(), Fired()
+    clock, fired = Polled(1_000), Fired()
     timers = Timers(clock, fired)
     timers.start()
     try:
@@ -68,7 +60,7 @@ async def test_a_deadline_fires_once_when_due_and_not_before():
 
 
 async def test_a_deadline_replaced_or_cleared_before_it_is_due_does_not_fire():
-    clock, fired = ManualClock(), Fired()
+    clock, fired = Polled(1_000), Fired()
     timers = Timers(clock, fired)
     timers.start()
     try:
@@ -87,7 +79,7 @@ async def test_a_deadline_replaced_or_cleared_before_it_is_due_does_not_fire():
 
 
 async def test_a_tick_that_fails_is_tried_again_unless_a_newer_deadline_came():
-    clock, fired = ManualClock(), Fired(fail=1)
+    clock, fired = Polled(1_000), Fired(fail=1)
     timers = Timers(clock, fired)
     timers.start()
     try:
