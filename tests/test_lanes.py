@@ -10,14 +10,16 @@ from scaler.controller.core.state import Phase
 from scaler.controller.lanes import Lanes, Told
 from scaler.controller.ledger import PLAN, Ledger
 from scaler.controller.replies import Replies
+from scaler.controller.snapshots import SnapshotStore
 from scaler.controller.timers import Timers
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.commands import Idle, SlotDestroyed, Tick
-from scaler.proto.events import Assigned, Released, decode_batch
-from scaler.proto.subjects import function_events
+from scaler.proto.events import Assigned, KeptAlive, Released, decode_batch
+from scaler.proto.subjects import function_events, partition
 from scaler.runtime.bus import Unavailable, connected
 from scaler.runtime.clock import Clock
 from scaler.store import stream
+from tests.invariants import snapshots_hold_what_they_claim
 from tests.stack import Stack, eventually
 
 
@@ -85,6 +87,31 @@ async def test_the_plan_is_stored_after_the_replies_as_its_own_batch(nats_url):
         assert found[release + 1] == (PLAN, ["KeptAlive"])  # then the keep-alive, as the plan
         kept = stack.controller.states["fn"].instances["fn-1"]
         assert kept.phase is Phase.IDLE and kept.keep_until_ms > 0
+
+
+async def test_a_partition_given_up_waits_for_a_plan_under_way_so_its_snapshot_holds_it(nats_url):
+    """The plan is appended after the replies, when no command of the partition is under way any more; a
+    hand-over (drain, stop) that snapshotted then would leave the plan's batch behind its snapshot."""
+    async with Stack(nats_url) as stack:
+        first = await stack.assign("r1")
+        await stack.settled()
+        held = Held(stack, KeptAlive)
+        await stack.idle(first)
+        await held.reached.wait()  # the Idle decided and stored; its plan's append under way
+        partitions = stack.controller.partitions
+        given = asyncio.create_task(partitions.leases.give_back([partition("fn")]))
+        done, _ = await asyncio.wait({given}, timeout=0.5)
+        assert not done, "gave the partition up while its plan was being stored"
+        held.release()
+        await given
+        async with connected(nats_url, "test") as nc:
+            assert await snapshots_hold_what_they_claim(nc.jetstream()) == []
+            at = await stream.kept(nc.jetstream())
+            store = SnapshotStore(nc.jetstream())
+            await store.open(create=False)
+            snap = await store.load(partition("fn"), at.stream_id, at.last_seq)
+        assert snap.seq == at.last_seq  # the plan's batch is the stream's last, and the snapshot holds it
+        assert snap.states["fn"].instances["fn-1"].keep_until_ms > 0
 
 
 async def test_a_release_answered_but_not_stored_is_stored_behind_its_answer(nats_url):

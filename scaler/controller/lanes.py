@@ -179,9 +179,12 @@ class Lanes:
             await self.returns.tell(committed.decided)
 
     async def _plan(self, key: str) -> None:
-        """The function's plan stored; one that cannot be is tried again by a Tick a moment later."""
+        """The function's plan stored; one that cannot be is tried again by a Tick a moment later. It is under
+        way as a command is: a partition given up waits for it, so its snapshot holds the plan."""
         if not self.partitions.serves(key):
             return
+        p = partition(key)
+        self.partitions.entered(p)
         try:
             await self.lane.plan(key)
         except NotServing:
@@ -192,6 +195,8 @@ class Lanes:
             log.info("%s: its plan could not be stored (%s); again in %d ms", key, e, RETRY_PLAN_MS)
             self.timers.set(key, self.lane.clock.now_ms() + RETRY_PLAN_MS)
             return
+        finally:
+            self.partitions.left(p)
         self.timers.set(key, self.ledger.wake.get(key))
 
     def _store_wait(self, q: _Queued, after_s: float) -> None:
