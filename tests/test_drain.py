@@ -1,8 +1,11 @@
 """A drained node on real processes: two nodes under load, one stopped as on SIGTERM, no call refused."""
 
 import asyncio
+import contextlib
 import re
 import time
+
+import grpc
 
 from scaler.cli.node import Node
 from scaler.controller.core.policy import get_policy
@@ -10,10 +13,13 @@ from scaler.controller.shell import Controller
 from scaler.gateway.owed import Owed
 from scaler.gateway.server import Gateway
 from scaler.platform_stub.server import PlatformStub
+from scaler.proto import serverless_sim_pb2 as pb
+from scaler.proto.events import Assigned
 from scaler.proto.subjects import PARTITIONS
 from tests.processes import Driver, Parts
 from tests.stack import Stack, eventually
 from tests.test_admin import scaler
+from tests.test_lanes import Held
 from tests.test_nodes import KEYS, check, shared_between
 
 
@@ -110,3 +116,25 @@ async def test_the_requests_a_gateway_waits_for_stay_few():
     await asyncio.sleep(0.1)
     aged.assigned("new")
     assert len(aged) == 1 and await aged.settled(0.1) == 1, "old forgotten past its age; new never returned"
+
+
+async def test_a_gateway_owes_an_assign_from_its_call_until_its_idle(nats_url):
+    """A node stopping after its drain waits for what its gateway owes: an Assign still under way at the stop
+    is answered meanwhile, and its caller's Idle must find the gateway open."""
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("warm"))
+        await stack.settled()
+        held = Held(stack, Assigned)
+        assigning = asyncio.create_task(stack.assign("r1"))
+        await held.reached.wait()
+        owed = stack.gateway.owed
+        assert await owed.settled(0.2) == 1, "an Assign under way is not owed"
+        held.release()
+        reply = await assigning
+        assert await owed.settled(0.2) == 1, "an instance handed out is owed until its Idle"
+        await stack.idle(reply)
+        assert await owed.settled(0.2) == 0
+        refused = pb.AssignRequest(request_id="r2", meta_data=pb.Meta(key="fn", memory_in_mb=0))
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await stack.scaler.Assign(refused, timeout=30)
+        assert len(owed) == 0, "a refused Assign is owed nothing"

@@ -246,9 +246,13 @@ class Gateway(pb_grpc.ScalerServicer):
 
     async def Assign(self, request: pb.AssignRequest, context: grpc.aio.ServicerContext) -> pb.AssignReply:
         began = perf_counter()
+        # Owed from the call on: a node stopping after a drain waits for an Assign under way, then for its Idle.
+        self.owed.assigned(request.request_id)
+        assigned = False
         try:
             cmd = assign_command(request, **named(context.invocation_metadata()))
             reply = await self._call(cmd, context)
+            assigned = True
         except Throttled as e:  # the challenge's own answer for "not now": its Throttle status
             metrics.THROTTLED.labels("tenant_quota" if e.status else "cap").inc()
             if e.status:
@@ -258,7 +262,8 @@ class Gateway(pb_grpc.ScalerServicer):
             await context.abort(e.code, e.message)
         finally:
             metrics.ASSIGN.observe(perf_counter() - began)
-        self.owed.assigned(cmd.request_id)
+            if not assigned:
+                self.owed.returned(request.request_id)
         assignment = pb.Assignment(request_id=cmd.request_id, meta_key=cmd.key, instance_id=reply.instance_id)
         return pb.AssignReply(status=pb.Ok, assigment=assignment)
 
