@@ -136,6 +136,33 @@ async def test_only_a_snapshot_known_to_fit_is_used(nats_url, monkeypatch):
         assert await store.load(3, snap.stream, 5) is None, "unreadable: the partition is read from the stream"
 
 
+async def test_a_snapshot_replaced_while_it_is_read_is_read_again(nats_url, monkeypatch):
+    """Its owner snapshots the partition again while another reads it (an invariant check, a take-over): the old
+    object's chunks go, and the reader, waiting for them, would stall."""
+    monkeypatch.setattr(snapshots, "READ_S", 0.5)
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        await ensure_stream(js)
+        sid = await stream.stream_id(js)
+        old, new = (Snapshot(seq=seq, stream=sid, last_seq={}, states={}) for seq in (4, 5))
+        store = SnapshotStore(js)
+        await store.open()
+        await store.save(3, old)
+        get = store._store.get
+        reads = []
+
+        async def replaced_under_the_read(name, **kw):
+            reads.append(name)
+            if len(reads) == 1:
+                await store.save(3, new)
+                await asyncio.Event().wait()  # the old chunks gone: never delivered
+            return await get(name, **kw)
+
+        store._store.get = replaced_under_the_read
+        assert await store.load(3, sid, 5) == new
+        assert len(reads) == 2
+
+
 async def test_an_unreadable_batch_stops_the_start_with_its_sequence(nats_url):
     async with connected(nats_url, "test") as nc:
         js = nc.jetstream()

@@ -41,6 +41,7 @@ log = logging.getLogger("scaler.controller.snapshots")
 BUCKET = "scaler_snapshots"
 READ_S = 10.0  # how long a snapshot's read may take, plus READ_BYTES_S for each byte of it
 READ_BYTES_S = 1 / 10e6  # (10 MB a second: a snapshot of 100,000 functions is tens of MB)
+REREADS = 3  # reads of an object its owner keeps replacing meanwhile, before it is read from the stream instead
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,30 +141,46 @@ class SnapshotStore:
         """The partition's object, or None: none, or torn (a chunk missing or its digest wrong), said once per object.
 
         The chunks are counted before they are read: the object store's reader waits forever for a missing one.
+        An object replaced while it was read (its owner snapshotted meanwhile) is read again.
         """
         if self._store is None:
             return None
-        try:
-            info = await self._store.get_info(name(partition))
-        except (ObjectNotFoundError, NotFoundError):
-            return None
-        chunks = f"$O.{BUCKET}.C.{info.nuid}"
-        held = (await self.js.stream_info(f"OBJ_{BUCKET}", subjects_filter=chunks)).state.subjects or {}
-        if held.get(chunks, 0) == info.chunks:
-            # A read whose consumer's server dies (a cluster's failover) is never delivered to again: bounded,
-            # it fails the load, which gives the partition back to be taken again, rather than hold it unloaded.
+        for _ in range(REREADS):
             try:
-                async with asyncio.timeout(READ_S + info.size * READ_BYTES_S):
-                    return (await self._store.get(name(partition))).data
-            except DigestMismatchError:
-                pass
-            except TimeoutError:
-                raise TimeoutError(f"reading partition {partition}'s snapshot ({info.size:,} bytes) stalled") from None
-        if (partition, info.nuid) not in self._torn:
-            self._torn.add((partition, info.nuid))
-            log.warning(
-                "snapshot of partition %d ignored: torn (%d of %d chunks, or its digest does not match); its"
-                " batches are read from the stream",
-                partition, held.get(chunks, 0), info.chunks,
-            )  # fmt: skip
+                info = await self._store.get_info(name(partition))
+            except (ObjectNotFoundError, NotFoundError):
+                return None
+            chunks = f"$O.{BUCKET}.C.{info.nuid}"
+            held = (await self.js.stream_info(f"OBJ_{BUCKET}", subjects_filter=chunks)).state.subjects or {}
+            if held.get(chunks, 0) == info.chunks:
+                # A read whose consumer's server dies (a cluster's failover) is never delivered to again: bounded,
+                # it fails the load, which gives the partition back to be taken again, rather than hold it unloaded.
+                try:
+                    async with asyncio.timeout(READ_S + info.size * READ_BYTES_S):
+                        return (await self._store.get(name(partition))).data
+                except DigestMismatchError:
+                    pass
+                except TimeoutError:
+                    if not await self._replaced(partition, info.nuid):
+                        raise TimeoutError(
+                            f"reading partition {partition}'s snapshot ({info.size:,} bytes) stalled"
+                        ) from None
+                    continue
+            if await self._replaced(partition, info.nuid):
+                continue
+            if (partition, info.nuid) not in self._torn:
+                self._torn.add((partition, info.nuid))
+                log.warning(
+                    "snapshot of partition %d ignored: torn (%d of %d chunks, or its digest does not match); its"
+                    " batches are read from the stream",
+                    partition, held.get(chunks, 0), info.chunks,
+                )  # fmt: skip
+            return None
         return None
+
+    async def _replaced(self, partition: int, nuid: str) -> bool:
+        """Whether the partition's object is another than `nuid` now (written again while it was read)."""
+        try:
+            return (await self._store.get_info(name(partition))).nuid != nuid
+        except (ObjectNotFoundError, NotFoundError):
+            return False
