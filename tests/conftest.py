@@ -58,7 +58,7 @@ def _starts_a_process(roots: list[object], seen: set[int]) -> str:
                 if name in STARTERS:
                     return f"{fn.__module__}.{fn.__qualname__} names {name}"
                 value = fn.__globals__.get(name)
-                if getattr(value, "__module__", "").startswith("tests"):
+                if (getattr(value, "__module__", None) or "").startswith("tests"):
                     todo += _functions_of(value)
     return ""
 

@@ -9,6 +9,7 @@ from scaler.controller.core.features import UNKNOWN_START_MS
 from scaler.controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, FnState, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
+from tests.core.decisions import given
 from tests.core.factories import DEMO, KEY, META, POOLED, assign, idle, ready, run
 
 T = 1_000  # when the command of a table row is decided; its given commands came at 0, 10, 20, ...
@@ -20,6 +21,14 @@ STARTING = T + UNKNOWN_START_MS + START_MARGIN_MS  # a start decided at T is tak
 
 def ok(to: str, r: str, instance: str = "", message: str = "") -> c.Reply:
     return c.Reply(to=to, request_id=r, code=c.Code.OK, instance_id=instance, message=message)
+
+
+def not_found(to: str, r: str, message: str) -> c.Reply:
+    return c.Reply(to=to, request_id=r, code=c.Code.NOT_FOUND, message=message)
+
+
+def refused_(to: str, r: str, message: str) -> c.Reply:
+    return c.Reply(to=to, request_id=r, code=c.Code.FAILED_PRECONDITION, message=message)
 
 
 class Case(NamedTuple):
@@ -139,8 +148,14 @@ def test_first_assign_records_meta_then_queues_then_starts():
 
 
 def test_assigned_reply_goes_to_the_waiting_caller():
-    _, (_, d) = run(assign("r1", to="inbox.1"), ready())
-    assert [(r.to, r.request_id, r.instance_id, r.code) for r in d.replies] == [("inbox.1", "r1", "fn-1", c.Code.OK)]
+    given(assign("r1", to="inbox.1")).when(ready(), at=10).then(
+        events=[
+            e.InstanceReady(at_ms=10, instance_id="fn-1", slot_id="s1", create_ms=100, init_ms=50),
+            e.Assigned(at_ms=10, request_id="r1", instance_id="fn-1"),
+        ],
+        replies=[ok("inbox.1", "r1", "fn-1")],
+        wake_ms=10 + LEASE,
+    )
 
 
 def test_concurrent_assigns_never_share_an_instance():
@@ -152,49 +167,97 @@ def test_concurrent_assigns_never_share_an_instance():
 
 
 def test_pooled_starts_the_first_ready_instance_serves_the_oldest_waiting_request():
-    _, decisions = run(assign("r1"), assign("r2"), ready("fn-2", "s2"), policy=POOLED)
-    assigned = [ev for ev in decisions[-1].events if isinstance(ev, e.Assigned)]
-    assert [(a.request_id, a.instance_id) for a in assigned] == [("r1", "fn-2")]
+    given(assign("r1"), assign("r2"), policy=POOLED).when(ready("fn-2", "s2"), at=20).then(
+        events=[
+            e.InstanceReady(at_ms=20, instance_id="fn-2", slot_id="s2", create_ms=100, init_ms=50),
+            e.Assigned(at_ms=20, request_id="r1", instance_id="fn-2"),
+        ],
+        replies=[ok("to-r1", "r1", "fn-2")],
+        wake_ms=0 + 10 + START_MARGIN_MS,  # fn-1's start, from 0, bound by the 10 ms fn-2's took
+    )
 
 
 def test_dedicated_starts_an_instance_started_for_a_request_serves_only_that_request():
-    s, decisions = run(assign("r1"), assign("r2"), ready("fn-2", "s2"))
-    assert decisions[-1].events[1:] == [e.Assigned(at_ms=20, request_id="r2", instance_id="fn-2")]
-    assert decisions[-1].replies == [ok("to-r2", "r2", "fn-2")]
-    assert [p.request_id for p in s.queue] == ["r1"]  # r1 still waits, for fn-1
+    d = given(assign("r1"), assign("r2")).when(ready("fn-2", "s2"), at=20)
+    d.then(
+        events=[
+            e.InstanceReady(at_ms=20, instance_id="fn-2", slot_id="s2", create_ms=100, init_ms=50),
+            e.Assigned(at_ms=20, request_id="r2", instance_id="fn-2"),
+        ],
+        replies=[ok("to-r2", "r2", "fn-2")],
+        wake_ms=0 + 10 + START_MARGIN_MS,  # r1 still waits, for fn-1
+    )
+    assert [p.request_id for p in d.state.queue] == ["r1"]
 
 
 def test_dedicated_starts_an_instance_freed_meanwhile_goes_idle_for_the_next_arrival():
-    s, (*_, freed) = run(assign("r1"), ready("fn-1", "s1"), assign("r2"), idle("r1", "fn-1"))
-    assert [type(ev) for ev in freed.events] == [e.Released, e.KeptAlive]  # r2 waits for fn-2, its own
-    assert s.instances["fn-1"].phase is Phase.IDLE and [p.request_id for p in s.queue] == ["r2"]
-    s, (nxt, own) = run(assign("r3"), ready("fn-2", "s2"), s=s, at=100)
-    assert [(a.request_id, a.instance_id) for a in nxt.events if isinstance(a, e.Assigned)] == [("r3", "fn-1")]
-    assert [(a.request_id, a.instance_id) for a in own.events if isinstance(a, e.Assigned)] == [("r2", "fn-2")]
-    assert s.stats.cold_starts == 2  # one slot per cold Assign, as the Go starter
+    waiting = given(assign("r1"), ready("fn-1", "s1"), assign("r2"))  # r2 waits for fn-2, its own
+    freed = waiting.when(idle("r1", "fn-1"), at=30).then(
+        events=[
+            e.Released(at_ms=30, request_id="r1", instance_id="fn-1"),
+            e.KeptAlive(at_ms=30, instance_id="fn-1", until_ms=30 + KEEP, why="fixed keep-alive 300s"),
+        ],
+        replies=[ok("to-idle-r1", "r1", "fn-1")],
+        wake_ms=20 + 10 + START_MARGIN_MS,  # fn-2's start
+    )
+    given(s=freed.state).when(assign("r3"), at=100).then(
+        events=[
+            e.RequestArrived(at_ms=100, request_id="r3", reply_to="to-r3"),
+            e.Assigned(at_ms=100, request_id="r3", instance_id="fn-1"),
+        ],
+        replies=[ok("to-r3", "r3", "fn-1")],
+        wake_ms=20 + 10 + START_MARGIN_MS,
+    )
+    given(assign("r3"), s=freed.state, at=100).when(ready("fn-2", "s2"), at=110).then(
+        events=[
+            e.InstanceReady(at_ms=110, instance_id="fn-2", slot_id="s2", create_ms=100, init_ms=50),
+            e.Assigned(at_ms=110, request_id="r2", instance_id="fn-2"),
+        ],
+        replies=[ok("to-r2", "r2", "fn-2")],
+        wake_ms=100 + LEASE,  # r3's lease on fn-1; one slot per cold Assign, as the Go starter
+    )
 
 
 def test_dedicated_starts_count_each_request_without_a_start_of_its_own():
-    # r1's start is ready but r1 was cancelled; r2 has its own start: one start each, none shared
-    s, _ = run(assign("r1"), c.Cancel(key=KEY, request_id="r1", reply_to="to-r1"), assign("r2"))
-    assert [(i.id, i.for_request) for i in s.in_phase(Phase.CREATING)] == [("fn-1", "r1"), ("fn-2", "r2")]
+    # r1's start is under way but r1 was cancelled; r2 gets one of its own: one start each, none shared
+    cancelled = given(assign("r1"), c.Cancel(key=KEY, request_id="r1", reply_to="to-r1"))
+    cancelled.when(assign("r2"), at=20).then(
+        events=[
+            e.RequestArrived(at_ms=20, request_id="r2", reply_to="to-r2"),
+            e.SlotWanted(at_ms=20, instance_id="fn-2", meta=META, for_request="r2", reason=COLD),
+        ],
+        wake_ms=0 + UNKNOWN_START_MS + START_MARGIN_MS,  # fn-1's
+    )
 
 
 def test_dedicated_starts_an_instance_whose_request_went_away_goes_idle_when_ready():
-    s, (*_, d) = run(assign("r1"), c.Cancel(key=KEY, request_id="r1", reply_to="to-r1"), assign("r2"), ready())
-    assert not [ev for ev in d.events if isinstance(ev, e.Assigned)]  # r2 waits for fn-2
-    assert s.instances["fn-1"].phase is Phase.IDLE and [p.request_id for p in s.queue] == ["r2"]
+    gone = given(assign("r1"), c.Cancel(key=KEY, request_id="r1", reply_to="to-r1"), assign("r2"))
+    gone.when(ready(), at=30).then(
+        events=[  # r2 waits for fn-2
+            e.InstanceReady(at_ms=30, instance_id="fn-1", slot_id="s1", create_ms=100, init_ms=50),
+            e.KeptAlive(at_ms=30, instance_id="fn-1", until_ms=30 + KEEP, why="fixed keep-alive 300s"),
+        ],
+        wake_ms=20 + 30 + START_MARGIN_MS,  # fn-2's start, bound by the 30 ms fn-1's took
+    )
     fail = c.SlotFailed(key=KEY, instance_id="fn-1", reason="x", slot_id="s1")
-    s, (*_, d) = run(assign("r1"), c.Cancel(key=KEY, request_id="r1", reply_to="to-r1"), assign("r2"), fail)
-    assert not [ev for ev in d.events if isinstance(ev, e.RequestFailed)]  # r2's own start is still under way
+    gone.when(fail, at=30).then(  # r2's own start is still under way: r2 does not fail
+        events=[e.InstanceRetired(at_ms=30, instance_id="fn-1", slot_id="s1", reason="creation failed: x")],
+        wake_ms=20 + UNKNOWN_START_MS + START_MARGIN_MS,
+    )
 
 
 def test_reuse_picks_the_most_recently_idled_instance():
-    s, _ = run(
+    both = given(
         assign("r1"), assign("r2"), ready("fn-1", "s1"), ready("fn-2", "s2"), idle("r1", "fn-1"), idle("r2", "fn-2")
     )
-    _, (d,) = run(assign("r3"), s=s, at=10_000)
-    assert [ev.instance_id for ev in d.events if isinstance(ev, e.Assigned)] == ["fn-2"]
+    both.when(assign("r3"), at=10_000).then(
+        events=[
+            e.RequestArrived(at_ms=10_000, request_id="r3", reply_to="to-r3"),
+            e.Assigned(at_ms=10_000, request_id="r3", instance_id="fn-2"),
+        ],
+        replies=[ok("to-r3", "r3", "fn-2")],
+        wake_ms=10_000 + LEASE,
+    )
 
 
 def test_keep_alive_expires_on_tick_and_reuse_before_the_tick_wins():
@@ -216,36 +279,46 @@ def test_destroyed_slot_removes_the_instance():
 
 
 def test_idle_errors_are_clear():
-    s, _ = run(assign("r1"), ready(), assign("r2"), policy=POOLED)
-    d = decide(s, idle("r1", i="fn-9"), 100, DEMO)
-    assert d.replies[0].code is c.Code.NOT_FOUND and "fn-9" in d.replies[0].message
-    d = decide(s, idle("r2", i="fn-1"), 100, DEMO)  # fn-1 serves r1
-    assert d.replies[0].code is c.Code.FAILED_PRECONDITION and "r1" in d.replies[0].message
-    moved_on, _ = run(idle("r1"), s=s, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
-    d = decide(moved_on, idle("r3", i="fn-1"), 200, DEMO)  # r3 never held fn-1
-    assert d.replies[0].code is c.Code.FAILED_PRECONDITION
+    waiting = given(assign("r1"), ready(), assign("r2"), policy=POOLED)
+    starting = 20 + 10 + START_MARGIN_MS  # fn-2's start, for r2
+    waiting.when(idle("r1", i="fn-9"), at=100).then(
+        replies=[not_found("to-idle-r1", "r1", "no instance 'fn-9' for metaKey 'fn'")], wake_ms=starting
+    )
+    waiting.when(idle("r2", i="fn-1"), at=100).then(
+        replies=[refused_("to-idle-r2", "r2", "instance 'fn-1' serves request 'r1', not request 'r2'")],
+        wake_ms=starting,
+    )
+    moved_on = given(idle("r1"), s=waiting.state, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
+    moved_on.when(idle("r3", i="fn-1"), at=200).then(  # r3 never held fn-1
+        replies=[refused_("to-idle-r3", "r3", "instance 'fn-1' serves request 'r2', not request 'r3'")],
+        wake_ms=starting,
+    )
 
 
 def test_an_idle_repeated_after_its_release_was_recorded_is_ok_whatever_became_of_the_instance():
-    s, _ = run(assign("r1"), ready(), assign("r2"), policy=POOLED)
-    moved_on, _ = run(idle("r1"), s=s, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
-    again = decide(moved_on, idle("r1"), 200, DEMO)
-    assert again.events == [] and again.replies[0].code is c.Code.OK
-    gone, _ = run(
-        idle("r2", need_destroy=True), c.SlotDestroyed(key=KEY, instance_id="fn-1"), s=moved_on, policy=POOLED
+    waiting = given(assign("r1"), ready(), assign("r2"), policy=POOLED)
+    moved_on = given(idle("r1"), s=waiting.state, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
+    starting = 20 + 10 + START_MARGIN_MS  # fn-2's start, for r2
+    already = "instance fn-1 was already released by request {}"
+    moved_on.when(idle("r1"), at=200).then(
+        replies=[ok("to-idle-r1", "r1", message=already.format("r1"))], wake_ms=starting
     )
-    assert "fn-1" not in gone.instances
+    gone = given(
+        idle("r2", need_destroy=True), c.SlotDestroyed(key=KEY, instance_id="fn-1"), s=moved_on.state, policy=POOLED
+    )
     for r in ("r1", "r2"):
-        again = decide(gone, idle(r), 300, DEMO)
-        assert again.events == [] and again.replies[0].code is c.Code.OK, r
-    d = decide(gone, idle("r9"), 300, DEMO)
-    assert d.replies[0].code is c.Code.NOT_FOUND
+        gone.when(idle(r), at=300).then(replies=[ok(f"to-idle-{r}", r, message=already.format(r))], wake_ms=starting)
+    gone.when(idle("r9"), at=300).then(
+        replies=[not_found("to-idle-r9", "r9", "no instance 'fn-1' for metaKey 'fn'")], wake_ms=starting
+    )
 
 
 def test_an_assign_repeated_after_its_request_finished_is_refused_even_once_the_instance_moved_on():
-    s, _ = run(assign("r1"), ready(), assign("r2"), idle("r1"), policy=POOLED)  # fn-1 now serves r2
-    d = decide(s, assign("r1", to="late-retry"), 300, DEMO)
-    assert d.events == [] and d.replies[0].code is c.Code.FAILED_PRECONDITION and "fn-1" in d.replies[0].message
+    moved_on = given(assign("r1"), ready(), assign("r2"), idle("r1"), policy=POOLED)  # fn-1 now serves r2
+    moved_on.when(assign("r1", to="late-retry"), at=300).then(
+        replies=[refused_("late-retry", "r1", "request r1 already finished on instance fn-1")],
+        wake_ms=20 + 10 + START_MARGIN_MS,  # fn-2's start, for r2
+    )
 
 
 def test_a_release_is_remembered_for_its_lease_window_past_many_others_and_then_forgotten():
@@ -285,53 +358,71 @@ def test_a_release_copies_only_the_newest_generation_and_the_bound_drops_the_old
 
 
 def test_a_second_caller_of_a_served_request_holds_it_too_so_the_first_ones_cancel_does_not_free_it():
-    s, _ = run(assign("r1", to="first"), ready())
-    s, (retry,) = run(assign("r1", to="second"), s=s)
-    assert [r.instance_id for r in retry.replies] == ["fn-1"]
-    assert s.instances["fn-1"].waiters == ("first", "second")
-    s, (cancel,) = run(c.Cancel(key=KEY, request_id="r1", reply_to="first"), s=s)
-    assert cancel.events == [] and s.instances["fn-1"].phase is Phase.BUSY
+    served = given(assign("r1", to="first"), ready())
+    retried = served.when(assign("r1", to="second"), at=20).then(
+        events=[e.RequestRetried(at_ms=20, request_id="r1", reply_to="second")],
+        replies=[ok("second", "r1", "fn-1")],
+        wake_ms=10 + LEASE,
+    )
+    assert retried.state.instances["fn-1"].waiters == ("first", "second")
+    given(s=retried.state).when(c.Cancel(key=KEY, request_id="r1", reply_to="first"), at=30).then(wake_ms=10 + LEASE)
 
 
 def test_idle_retried_while_the_instance_is_still_idle_is_ok():
-    s, _ = run(assign("r1"), ready(), idle("r1"))
-    again = decide(s, idle("r1"), 200, DEMO)
-    assert again.events == [] and again.replies[0].code is c.Code.OK and "already released" in again.replies[0].message
+    given(assign("r1"), ready(), idle("r1")).when(idle("r1"), at=200).then(
+        replies=[ok("to-idle-r1", "r1", message="instance fn-1 was already released by request r1")],
+        wake_ms=20 + KEEP,
+    )
 
 
 def test_creation_failure_fails_the_waiting_request_and_destroys_the_slot():
     fail = c.SlotFailed(key=KEY, instance_id="fn-1", reason="Init: boom", slot_id="s1")
-    s, (_, d) = run(assign("r1", to="inbox.1"), fail)
     message = "the platform could not start an instance: Init: boom"
-    assert d.events == [
-        e.InstanceRetired(at_ms=10, instance_id="fn-1", slot_id="s1", reason="creation failed: Init: boom"),
-        e.RequestFailed(at_ms=10, request_id="r1", message=message),
-    ]
-    assert d.replies == [c.Reply(to="inbox.1", request_id="r1", code=c.Code.INTERNAL, message=message)]
-    assert s.queue == () and s.instances["fn-1"].phase is Phase.RETIRING
+    given(assign("r1", to="inbox.1")).when(fail, at=10).then(
+        events=[
+            e.InstanceRetired(at_ms=10, instance_id="fn-1", slot_id="s1", reason="creation failed: Init: boom"),
+            e.RequestFailed(at_ms=10, request_id="r1", message=message),
+        ],
+        replies=[c.Reply(to="inbox.1", request_id="r1", code=c.Code.INTERNAL, message=message)],
+        wake_ms=None,  # the slot's destruction is the platform worker's; nothing to look at again
+    )
 
 
 def test_creation_failure_without_slot_leaves_nothing():
-    s, (_, _d) = run(assign("r1"), c.SlotFailed(key=KEY, instance_id="fn-1", reason="CreateSlot: full"))
-    assert s.instances == {} and s.queue == ()
+    fail = c.SlotFailed(key=KEY, instance_id="fn-1", reason="CreateSlot: full")
+    message = "the platform could not start an instance: CreateSlot: full"
+    d = given(assign("r1")).when(fail, at=10)
+    d.then(
+        events=[
+            e.InstanceRetired(at_ms=10, instance_id="fn-1", reason="creation failed: CreateSlot: full"),
+            e.RequestFailed(at_ms=10, request_id="r1", message=message),
+        ],
+        replies=[c.Reply(to="to-r1", request_id="r1", code=c.Code.INTERNAL, message=message)],
+        wake_ms=600_000,  # the function is forgotten then, if nothing comes
+    )
+    assert d.state.instances == {} and d.state.queue == ()
 
 
 def test_a_failed_start_of_a_warm_function_leaves_its_request_to_an_instance_that_frees_up():
     """Issue 41, item 5: a start failed while an instance of the function was busy, and its request was failed,
     though the busy one freed up milliseconds later (60 of 1,269 warm requests so). It waits now: a start goes
     out again for it (the platform worker's circuit bounds those), and the instance freed first serves it."""
-    s, (*_, failed) = run(
-        assign("r1"),
-        assign("r2"),
-        ready("fn-2", "s2"),
-        c.SlotFailed(key=KEY, instance_id="fn-1", reason="x"),
-        policy=POOLED,
+    busy = given(assign("r1"), assign("r2"), ready("fn-2", "s2"), policy=POOLED)  # fn-2 went to r1
+    failed = busy.when(c.SlotFailed(key=KEY, instance_id="fn-1", reason="x"), at=30).then(
+        events=[  # fn-1 was r1's but r2 waited on it, and fn-2 is busy: r2 waits, and another starts for it
+            e.InstanceRetired(at_ms=30, instance_id="fn-1", reason="creation failed: x"),
+            e.SlotWanted(at_ms=30, instance_id="fn-3", meta=META, for_request="r2", reason=COLD),
+        ],
+        wake_ms=30 + 10 + START_MARGIN_MS,
     )
-    # fn-2 went to r1; fn-1 was r1's but r2 now waits on it, and fn-2 is busy: r2 waits
-    assert not [ev for ev in failed.events if isinstance(ev, e.RequestFailed)] and failed.replies == []
-    assert [ev.for_request for ev in failed.events if isinstance(ev, e.SlotWanted)] == ["r2"]
-    s, (freed,) = run(idle("r1", "fn-2"), s=s, at=100, policy=POOLED)
-    assert [(ev.request_id, ev.instance_id) for ev in freed.events if isinstance(ev, e.Assigned)] == [("r2", "fn-2")]
+    given(s=failed.state, policy=POOLED).when(idle("r1", "fn-2"), at=100).then(
+        events=[
+            e.Released(at_ms=100, request_id="r1", instance_id="fn-2"),
+            e.Assigned(at_ms=100, request_id="r2", instance_id="fn-2"),
+        ],
+        replies=[ok("to-idle-r1", "r1", "fn-2"), ok("to-r2", "r2", "fn-2")],
+        wake_ms=30 + 10 + START_MARGIN_MS,
+    )
 
 
 def refused(i: str, after_ms: int) -> c.SlotFailed:
