@@ -6,7 +6,7 @@ import pytest
 
 from scaler.controller.core.decide import HELD_WAIT_MS, START_MARGIN_MS, decide
 from scaler.controller.core.features import UNKNOWN_START_MS
-from scaler.controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, FnState, Phase
+from scaler.controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from tests.core.decisions import given
@@ -475,10 +475,10 @@ def test_while_starts_are_held_a_warm_functions_request_waits_for_an_instance_to
 
 
 def test_ready_for_an_unwanted_instance_destroys_its_slot():
-    s, (d,) = run(ready("ghost-1", "s9"))
     why = "ready for an instance no longer wanted"
-    assert d.events == [e.InstanceRetired(at_ms=0, instance_id="ghost-1@s9", slot_id="s9", reason=why)]
-    assert s.instances["ghost-1@s9"].phase is Phase.RETIRING
+    d = given().when(ready("ghost-1", "s9"), at=0)
+    d.then(events=[e.InstanceRetired(at_ms=0, instance_id="ghost-1@s9", slot_id="s9", reason=why)])
+    assert d.state.instances["ghost-1@s9"].phase is Phase.RETIRING
 
 
 def created(i: str = "fn-1", slot: str = "s1") -> c.SlotCreated:
@@ -486,80 +486,108 @@ def created(i: str = "fn-1", slot: str = "s1") -> c.SlotCreated:
 
 
 def test_a_created_slot_is_recorded_before_init_and_a_repeat_changes_nothing():
-    s, (_, d, again) = run(assign("r1"), created(), created())
-    assert d.events == [e.InstanceCreated(at_ms=10, instance_id="fn-1", slot_id="s1", create_ms=100)]
-    assert d.replies == [ok("to-created-fn-1", "fn-1", "fn-1")]
-    assert again.events == [] and again.replies == d.replies
-    assert s.instances["fn-1"].phase is Phase.CREATING and s.instances["fn-1"].slot_id == "s1"
+    starting = 0 + UNKNOWN_START_MS + START_MARGIN_MS
+    first = given(assign("r1")).when(created(), at=10)
+    first.then(
+        events=[e.InstanceCreated(at_ms=10, instance_id="fn-1", slot_id="s1", create_ms=100)],
+        replies=[ok("to-created-fn-1", "fn-1", "fn-1")],
+        wake_ms=starting,
+    )
+    assert first.state.instances["fn-1"].phase is Phase.CREATING and first.state.instances["fn-1"].slot_id == "s1"
+    given(s=first.state).when(created(), at=20).then(replies=[ok("to-created-fn-1", "fn-1", "fn-1")], wake_ms=starting)
 
 
 def test_a_slot_created_for_an_instance_no_longer_wanted_is_destroyed_and_init_is_refused():
-    _s, (d,) = run(created("ghost-1", "s9"))
     why = "created for an instance no longer wanted"
-    assert d.events == [e.InstanceRetired(at_ms=0, instance_id="ghost-1@s9", slot_id="s9", reason=why)]
-    assert [r.code for r in d.replies] == [c.Code.FAILED_PRECONDITION]
-    _s, (*_, late) = run(assign("r1"), created(), ready(), created())  # a stale repeat once it is ready
-    assert late.events == [] and [r.code for r in late.replies] == [c.Code.FAILED_PRECONDITION]
+    given().when(created("ghost-1", "s9"), at=0).then(
+        events=[e.InstanceRetired(at_ms=0, instance_id="ghost-1@s9", slot_id="s9", reason=why)],
+        replies=[refused_("to-created-ghost-1", "ghost-1", "instance ghost-1 is no longer being created")],
+    )
+    given(assign("r1"), created(), ready()).when(created(), at=30).then(  # a stale repeat once it is ready
+        replies=[refused_("to-created-fn-1", "fn-1", "instance fn-1 is no longer being created")],
+        wake_ms=20 + LEASE,
+    )
 
 
 def test_a_second_slot_for_a_creating_instance_replaces_the_first_which_is_destroyed():
-    s, (*_, d) = run(assign("r1"), created(slot="s1"), created(slot="s2"))
-    assert d.events == [
-        e.InstanceRetired(at_ms=20, instance_id="fn-1@s1", slot_id="s1", reason="replaced by s2"),
-        e.InstanceCreated(at_ms=20, instance_id="fn-1", slot_id="s2", create_ms=100),
-    ]
-    assert s.instances["fn-1"].slot_id == "s2" and s.instances["fn-1@s1"].phase is Phase.RETIRING
+    d = given(assign("r1"), created(slot="s1")).when(created(slot="s2"), at=20)
+    d.then(
+        events=[
+            e.InstanceRetired(at_ms=20, instance_id="fn-1@s1", slot_id="s1", reason="replaced by s2"),
+            e.InstanceCreated(at_ms=20, instance_id="fn-1", slot_id="s2", create_ms=100),
+        ],
+        replies=[ok("to-created-fn-1", "fn-1", "fn-1")],
+        wake_ms=0 + UNKNOWN_START_MS + START_MARGIN_MS,
+    )
+    assert d.state.instances["fn-1"].slot_id == "s2" and d.state.instances["fn-1@s1"].phase is Phase.RETIRING
 
 
 def test_reports_about_a_slot_given_up_for_another_leave_the_instance_on_the_new_one():
     """A slow worker's Init on the first slot finishes after a second worker replaced that slot: the instance
     stays on the second, the first (being destroyed) is never taken back, and a failure on it fails nothing."""
-    s, _ = run(assign("r1"), created(slot="s1"), created(slot="s2"))
-    for late in (
-        ready(slot="s1"),
-        created(slot="s1"),
-        c.SlotFailed(key=KEY, instance_id="fn-1", reason="x", slot_id="s1"),
-    ):
-        d = decide(s, late, 100, DEMO)
-        assert d.events == [] and d.state.instances["fn-1"].slot_id == "s2", late
-        assert d.state.instances["fn-1"].phase is Phase.CREATING
-    assert decide(s, ready(slot="s2"), 100, DEMO).state.instances["fn-1"].phase is Phase.BUSY
+    replaced = given(assign("r1"), created(slot="s1"), created(slot="s2"))
+    starting = 0 + UNKNOWN_START_MS + START_MARGIN_MS
+    replaced.when(ready(slot="s1"), at=100).then(wake_ms=starting)
+    replaced.when(created(slot="s1"), at=100).then(
+        replies=[refused_("to-created-fn-1", "fn-1", "instance fn-1 is no longer being created")], wake_ms=starting
+    )
+    failed = c.SlotFailed(key=KEY, instance_id="fn-1", reason="x", slot_id="s1")
+    replaced.when(failed, at=100).then(wake_ms=starting)
+    assert replaced.when(ready(slot="s2"), at=100).state.instances["fn-1"].phase is Phase.BUSY
 
 
 def test_a_creation_that_fails_after_its_slot_was_recorded_destroys_that_slot():
-    s, (*_, d) = run(assign("r1"), created(), c.SlotFailed(key=KEY, instance_id="fn-1", reason="CreateSlot: full"))
-    assert d.events[0] == e.InstanceRetired(
-        at_ms=20, instance_id="fn-1", slot_id="s1", reason="creation failed: CreateSlot: full"
+    message = "the platform could not start an instance: CreateSlot: full"
+    d = given(assign("r1"), created()).when(c.SlotFailed(key=KEY, instance_id="fn-1", reason="CreateSlot: full"), at=20)
+    d.then(
+        events=[
+            e.InstanceRetired(at_ms=20, instance_id="fn-1", slot_id="s1", reason="creation failed: CreateSlot: full"),
+            e.RequestFailed(at_ms=20, request_id="r1", message=message),
+        ],
+        replies=[c.Reply(to="to-r1", request_id="r1", code=c.Code.INTERNAL, message=message)],
     )
-    assert s.instances["fn-1"].phase is Phase.RETIRING
+    assert d.state.instances["fn-1"].phase is Phase.RETIRING
 
 
 def test_repeated_ready_report_is_ignored():
-    _s, (*_, d) = run(assign("r1"), ready(), ready())
-    assert d.events == []
+    given(assign("r1"), ready()).when(ready(), at=20).then(wake_ms=10 + LEASE)
 
 
 def test_cancel_frees_what_the_caller_held_or_waited_for():
-    s, (_, d) = run(assign("r1", to="inbox.1"), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"))
-    assert d.events == [e.RequestCancelled(at_ms=10, request_id="r1", reason="caller gave up")] and s.queue == ()
-    s, (*_, d) = run(assign("r1", to="inbox.1"), ready(), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"))
+    cancel = c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1")
+    queued = given(assign("r1", to="inbox.1")).when(cancel, at=10)
+    queued.then(
+        events=[e.RequestCancelled(at_ms=10, request_id="r1", reason="caller gave up")],
+        wake_ms=0 + UNKNOWN_START_MS + START_MARGIN_MS,  # fn-1's start goes on: the next request may take it
+    )
+    assert queued.state.queue == ()
     why = "cancelled: caller gave up"
-    released = e.Released(at_ms=20, request_id="r1", instance_id="fn-1", status_code=0, reason=why, cancelled=True)
-    kept = e.KeptAlive(at_ms=20, instance_id="fn-1", until_ms=20 + KEEP, why="fixed keep-alive 300s")
-    assert d.events == [released, kept] and d.replies == [] and s.instances["fn-1"].phase is Phase.IDLE
+    held = given(assign("r1", to="inbox.1"), ready()).when(cancel, at=20)
+    held.then(
+        events=[
+            e.Released(at_ms=20, request_id="r1", instance_id="fn-1", status_code=0, reason=why, cancelled=True),
+            e.KeptAlive(at_ms=20, instance_id="fn-1", until_ms=20 + KEEP, why="fixed keep-alive 300s"),
+        ],
+        wake_ms=20 + KEEP,
+    )
+    assert held.state.instances["fn-1"].phase is Phase.IDLE
 
 
 def test_a_request_whose_assignment_was_cancelled_before_its_caller_got_it_is_served_when_retried():
     """The first attempt's caller gave up (its Cancel came first); the retry is a request never served."""
     cancel = c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1")
-    _s, (*_, d) = run(assign("r1", to="inbox.1"), ready(), cancel, assign("r1", to="inbox.2"))
-    assert d.events == [
-        e.RequestArrived(at_ms=30, request_id="r1", reply_to="inbox.2"),
-        e.Assigned(at_ms=30, request_id="r1", instance_id="fn-1"),
-    ]
-    assert d.replies == [ok("inbox.2", "r1", "fn-1")]
-    _s, (*_, done) = run(assign("r1", to="inbox.1"), ready(), idle("r1"), assign("r1", to="inbox.2"))
-    assert [r.code for r in done.replies] == [c.Code.FAILED_PRECONDITION], "one that was served is refused"
+    given(assign("r1", to="inbox.1"), ready(), cancel).when(assign("r1", to="inbox.2"), at=30).then(
+        events=[
+            e.RequestArrived(at_ms=30, request_id="r1", reply_to="inbox.2"),
+            e.Assigned(at_ms=30, request_id="r1", instance_id="fn-1"),
+        ],
+        replies=[ok("inbox.2", "r1", "fn-1")],
+        wake_ms=30 + LEASE,
+    )
+    given(assign("r1", to="inbox.1"), ready(), idle("r1")).when(assign("r1", to="inbox.2"), at=30).then(
+        replies=[refused_("inbox.2", "r1", "request r1 already finished on instance fn-1")],  # it was served
+        wake_ms=20 + KEEP,
+    )
 
 
 def test_a_request_served_anew_after_a_cancel_is_found_on_its_new_instance_not_on_the_one_it_left():
@@ -584,11 +612,15 @@ def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
 
 
 def test_assign_retried_after_assignment_gets_the_same_instance():
-    s, _ = run(assign("r1"), ready())
-    d = decide(s, assign("r1", to="inbox.again"), 100, DEMO)
-    assert d.events == [e.RequestRetried(at_ms=100, request_id="r1", reply_to="inbox.again")]
-    assert d.replies == [c.Reply(to="inbox.again", request_id="r1", instance_id="fn-1")]
-    assert decide(d.state, assign("r1", to="inbox.again"), 110, DEMO).events == [], "the same caller again: no event"
+    again = given(assign("r1"), ready()).when(assign("r1", to="inbox.again"), at=100)
+    again.then(
+        events=[e.RequestRetried(at_ms=100, request_id="r1", reply_to="inbox.again")],
+        replies=[ok("inbox.again", "r1", "fn-1")],
+        wake_ms=10 + LEASE,
+    )
+    given(s=again.state).when(assign("r1", to="inbox.again"), at=110).then(  # the same caller again: no event
+        replies=[ok("inbox.again", "r1", "fn-1")], wake_ms=10 + LEASE
+    )
 
 
 BIGGER = e.Meta(memory_mb=2048, runtime="python", timeout_s=60)
@@ -622,34 +654,42 @@ def test_an_instance_with_less_memory_than_the_function_now_asks_for_is_never_re
 
 
 def test_zero_memory_is_refused():
-    d = decide(FnState(key=KEY), assign("r1", meta=e.Meta(memory_mb=0)), 0, DEMO)
-    assert d.events == [] and d.replies[0].code is c.Code.INVALID_ARGUMENT
+    given().when(assign("r1", meta=e.Meta(memory_mb=0)), at=0).then(
+        replies=[
+            c.Reply(
+                to="to-r1",
+                request_id="r1",
+                code=c.Code.INVALID_ARGUMENT,
+                message="memory_in_mb must be positive, got 0",
+            )
+        ]
+    )
 
 
 def test_every_caller_of_a_retried_request_gets_the_answer():
-    _, (*_, d) = run(assign("r1", to="inbox.1"), assign("r1", to="inbox.2"), ready())
-    assert sorted(r.to for r in d.replies) == ["inbox.1", "inbox.2"]
-    assert {r.instance_id for r in d.replies} == {"fn-1"}
+    given(assign("r1", to="inbox.1"), assign("r1", to="inbox.2")).when(ready(), at=20).then(
+        events=[
+            e.InstanceReady(at_ms=20, instance_id="fn-1", slot_id="s1", create_ms=100, init_ms=50),
+            e.Assigned(at_ms=20, request_id="r1", instance_id="fn-1"),
+        ],
+        replies=[ok("inbox.1", "r1", "fn-1"), ok("inbox.2", "r1", "fn-1")],
+        wake_ms=20 + LEASE,
+    )
 
 
 def test_request_is_cancelled_when_its_last_waiter_leaves():
-    s, (*_, d) = run(
-        assign("r1", to="inbox.1"),
-        assign("r1", to="inbox.2"),
-        c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"),
-        c.Cancel(key=KEY, request_id="r1", reply_to="inbox.2"),
+    one_left = given(
+        assign("r1", to="inbox.1"), assign("r1", to="inbox.2"), c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1")
     )
-    assert d.events == [e.RequestCancelled(at_ms=30, request_id="r1", reason="caller gave up")] and s.queue == ()
+    one_left.when(c.Cancel(key=KEY, request_id="r1", reply_to="inbox.2"), at=30).then(
+        events=[e.RequestCancelled(at_ms=30, request_id="r1", reason="caller gave up")],
+        wake_ms=0 + UNKNOWN_START_MS + START_MARGIN_MS,
+    )
 
 
 def test_cancel_of_a_shared_assignment_does_not_free_it():
-    s, _ = run(
-        assign("r1", to="inbox.1"),
-        assign("r1", to="inbox.2"),
-        ready(),
-        c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"),
-    )
-    assert s.instances["fn-1"].phase is Phase.BUSY
+    shared = given(assign("r1", to="inbox.1"), assign("r1", to="inbox.2"), ready())
+    shared.when(c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"), at=30).then(wake_ms=20 + LEASE)
 
 
 def test_an_instance_held_past_the_function_timeout_is_freed_and_retired():
