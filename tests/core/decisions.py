@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from scaler.controller.core.decide import Decision, decide
+from scaler.controller.core.limits import NO_ROOM, Room
 from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import FnState, replay
 from scaler.proto import commands as c
 from scaler.proto import events as e
-from tests.core.factories import DEMO, KEY, run
+from tests.core.factories import DEMO, KEY
 
 
 class Decided(NamedTuple):
@@ -40,19 +41,31 @@ class Decided(NamedTuple):
 
 
 class Given(NamedTuple):
-    """A function's state after its history, and the policy deciding for it."""
+    """A function's state after its history, and what it is decided with: the policy and the room it has."""
 
     state: FnState
     policy: Policy
+    room: Room
 
     def when(self, cmd: c.Command, at: int, policy: Policy | None = None) -> Decided:
-        return Decided(self.state, decide(self.state, cmd, at, policy or self.policy))
+        return Decided(self.state, decide(self.state, cmd, at, policy or self.policy, room=self.room))
 
 
-def given(*history: c.Command, at: int = 0, step: int = 10, policy: Policy = DEMO, s: FnState | None = None) -> Given:
+def given(
+    *history: c.Command,
+    at: int = 0,
+    step: int = 10,
+    policy: Policy = DEMO,
+    room: Room = NO_ROOM,
+    s: FnState | None = None,
+) -> Given:
     """The state after `history`, decided `step` ms apart from `at` (on `s`, or a new function's state)."""
-    state, _ = run(*history, at=at, step=step, policy=policy, s=s or FnState(key=KEY))
-    return Given(state, policy)
+    s = s or FnState(key=KEY)
+    for n, cmd in enumerate(history):
+        d = decide(s, cmd, at + n * step, policy, room=room)
+        assert replay(s, d.events) == d.state, "Decision.state must equal the replayed events"
+        s = d.state
+    return Given(s, policy, room)
 
 
 def _lines(d: Decision) -> list[str]:
