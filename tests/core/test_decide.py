@@ -437,22 +437,47 @@ def test_a_start_refused_by_an_open_circuit_holds_the_functions_starts_and_its_c
     through again (`retry_after_ms`, from the command's time: replay holds it too). Meanwhile a request of the
     function starts nothing and, with no instance freeing up, hears Throttle after HELD_WAIT_MS, well within its
     caller's deadline; once the hold is over a request starts an instance again."""
-    s, (_, d) = run(assign("r1"), refused("fn-1", 5_000), at=1_000)
-    assert [ev for ev in d.events if isinstance(ev, e.StartsHeld)] == [
-        e.StartsHeld(at_ms=1_010, until_ms=6_010, reason=refused("fn-1", 0).reason)
-    ]
-    assert d.replies == [] and s.starts_held_until_ms == 6_010 and d.wake_ms == 1_000 + HELD_WAIT_MS
-    s, (throttled,) = run(c.Tick(key=KEY, due_ms=0), s=s, at=1_000 + HELD_WAIT_MS)
-    assert [(r.request_id, r.code) for r in throttled.replies] == [("r1", c.Code.THROTTLED)]
-    assert "the platform's circuit open (CreateSlot failed 5" in throttled.replies[0].message
-    s, (during,) = run(assign("r2"), s=s, at=4_500)
-    assert not [ev for ev in during.events if isinstance(ev, e.SlotWanted)] and during.replies == []
-    assert [ev.why for ev in during.events if isinstance(ev, e.RequestWaiting)] == [
-        "the function's starts are held (the platform's circuit is open): waits for an instance to free up"
-    ]
-    assert during.wake_ms == 6_010  # the hold's end, before r2's wait is over (4,500 + HELD_WAIT_MS)
-    s, (after,) = run(c.Tick(key=KEY, due_ms=0), s=s, at=6_010)  # the hold ends before r2's wait: it gets a start
-    assert [ev.for_request for ev in after.events if isinstance(ev, e.SlotWanted)] == ["r2"] and after.replies == []
+    why = refused("fn-1", 0).reason
+    held = (
+        given(assign("r1"), at=1_000)
+        .when(refused("fn-1", 5_000), at=1_010)
+        .then(
+            events=[
+                e.InstanceRetired(at_ms=1_010, instance_id="fn-1", reason=f"creation failed: {why}"),
+                e.StartsHeld(at_ms=1_010, until_ms=6_010, reason=why),
+            ],
+            wake_ms=1_000 + HELD_WAIT_MS,  # r1's wait
+        )
+    )
+    message = (
+        f"throttled: no start of the function for 3010 ms more, the platform's circuit open ({why}), "
+        f"and no instance freed up within {HELD_WAIT_MS} ms"
+    )
+    throttled = (
+        given(s=held.state)
+        .when(c.Tick(key=KEY, due_ms=0), at=1_000 + HELD_WAIT_MS)
+        .then(
+            events=[e.RequestFailed(at_ms=1_000 + HELD_WAIT_MS, request_id="r1", message=message)],
+            replies=[c.Reply(to="to-r1", request_id="r1", code=c.Code.THROTTLED, message=message)],
+            wake_ms=1_000 + 600_000,  # nothing left but to forget the function
+        )
+    )
+    waits = "the function's starts are held (the platform's circuit is open): waits for an instance to free up"
+    during = (
+        given(s=throttled.state)
+        .when(assign("r2"), at=4_500)
+        .then(
+            events=[
+                e.RequestArrived(at_ms=4_500, request_id="r2", reply_to="to-r2"),
+                e.RequestWaiting(at_ms=4_500, request_id="r2", why=waits),
+            ],
+            wake_ms=6_010,  # the hold's end, before r2's wait is over (4,500 + HELD_WAIT_MS)
+        )
+    )
+    given(s=during.state).when(c.Tick(key=KEY, due_ms=0), at=6_010).then(  # the hold is over: r2 gets a start
+        events=[e.SlotWanted(at_ms=6_010, instance_id="fn-2", meta=META, for_request="r2", reason=COLD)],
+        wake_ms=6_010 + UNKNOWN_START_MS + START_MARGIN_MS,
+    )
 
 
 @pytest.mark.parametrize("policy", [DEMO, POOLED], ids=["dedicated", "pooled"])
@@ -460,18 +485,50 @@ def test_while_starts_are_held_a_warm_functions_request_waits_for_an_instance_to
     """Held starts (the circuit open for 10 s): a request of a function whose instance is busy starts nothing and
     waits for that instance, HELD_WAIT_MS at most, then hears Throttle long before the hold is over (and its
     caller's deadline); a request whose busy instance frees up in time is served by it."""
-    s, (*_, failed) = run(assign("r0"), ready(), assign("r1"), refused("fn-2", 10_000), policy=policy)
-    assert failed.replies == [] and [p.request_id for p in s.queue] == ["r1"]  # r0 holds fn-1: r1 waits for it
-    s, (freed,) = run(idle("r0"), s=s, at=500, policy=policy)
-    assert [(ev.request_id, ev.instance_id) for ev in freed.events if isinstance(ev, e.Assigned)] == [("r1", "fn-1")]
-    s, (waits,) = run(assign("r2"), s=s, at=1_000, policy=policy)
-    assert waits.replies == [] and not [ev for ev in waits.events if isinstance(ev, e.SlotWanted)]
-    assert waits.wake_ms == 1_000 + HELD_WAIT_MS
-    s, (early,) = run(c.Tick(key=KEY, due_ms=0), s=s, at=1_000 + HELD_WAIT_MS - 1, policy=policy)
-    assert early.replies == []
-    s, (due,) = run(c.Tick(key=KEY, due_ms=0), s=s, at=1_000 + HELD_WAIT_MS, policy=policy)
-    assert [(r.request_id, r.code) for r in due.replies] == [("r2", c.Code.THROTTLED)]
-    assert s.queue == () and s.starts_held_until_ms > 1_000 + HELD_WAIT_MS
+    why = refused("fn-2", 0).reason
+    busy = given(assign("r0"), ready(), assign("r1"), policy=policy)  # r0 holds fn-1
+    failed = busy.when(refused("fn-2", 10_000), at=30).then(
+        events=[
+            e.InstanceRetired(at_ms=30, instance_id="fn-2", reason=f"creation failed: {why}"),
+            e.StartsHeld(at_ms=30, until_ms=10_030, reason=why),
+        ],
+        wake_ms=20 + HELD_WAIT_MS,  # r1 waits for fn-1
+    )
+    freed = (
+        given(s=failed.state, policy=policy)
+        .when(idle("r0"), at=500)
+        .then(
+            events=[
+                e.Released(at_ms=500, request_id="r0", instance_id="fn-1"),
+                e.Assigned(at_ms=500, request_id="r1", instance_id="fn-1"),
+            ],
+            replies=[ok("to-idle-r0", "r0", "fn-1"), ok("to-r1", "r1", "fn-1")],
+            wake_ms=500 + LEASE,
+        )
+    )
+    waiting = "the function's starts are held (the platform's circuit is open): waits for an instance to free up"
+    waits = (
+        given(s=freed.state, policy=policy)
+        .when(assign("r2"), at=1_000)
+        .then(
+            events=[
+                e.RequestArrived(at_ms=1_000, request_id="r2", reply_to="to-r2"),
+                e.RequestWaiting(at_ms=1_000, request_id="r2", why=waiting),
+            ],
+            wake_ms=1_000 + HELD_WAIT_MS,
+        )
+    )
+    then = given(s=waits.state, policy=policy)
+    then.when(c.Tick(key=KEY, due_ms=0), at=1_000 + HELD_WAIT_MS - 1).then(wake_ms=1_000 + HELD_WAIT_MS)
+    message = (
+        f"throttled: no start of the function for 7030 ms more, the platform's circuit open ({why}), "
+        f"and no instance freed up within {HELD_WAIT_MS} ms"
+    )
+    then.when(c.Tick(key=KEY, due_ms=0), at=1_000 + HELD_WAIT_MS).then(
+        events=[e.RequestFailed(at_ms=1_000 + HELD_WAIT_MS, request_id="r2", message=message)],
+        replies=[c.Reply(to="to-r2", request_id="r2", code=c.Code.THROTTLED, message=message)],
+        wake_ms=500 + LEASE,
+    )
 
 
 def test_ready_for_an_unwanted_instance_destroys_its_slot():
@@ -714,9 +771,13 @@ def test_an_instance_of_a_function_without_timeout_has_the_default_lease():
     s, (_, d) = run(assign("r1", meta=no_timeout), ready())
     lease = DEFAULT_TIMEOUT_S * 1000 + 30_000
     assert d.wake_ms == 10 + lease
-    late = decide(s, c.Tick(key=KEY, due_ms=0), 10 + lease, DEMO)
     why = f"no Idle within the default {DEFAULT_TIMEOUT_S}s timeout"
-    assert [(type(ev), ev.reason) for ev in late.events] == [(e.Released, why), (e.InstanceRetired, why)]
+    given(s=s).when(c.Tick(key=KEY, due_ms=0), at=10 + lease).then(
+        events=[
+            e.Released(at_ms=10 + lease, request_id="r1", instance_id="fn-1", status_code=0, reason=why),
+            e.InstanceRetired(at_ms=10 + lease, instance_id="fn-1", slot_id="s1", reason=why),
+        ]
+    )
 
 
 def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_for_again():
