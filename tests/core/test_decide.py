@@ -651,14 +651,34 @@ def test_a_request_served_anew_after_a_cancel_is_found_on_its_new_instance_not_o
     """An idle instance keeps the id of the last request it served. r1 cancelled on fn-1, then served anew on fn-2:
     a further caller of r1 is answered fn-2 (not given a third instance), and a Cancel frees fn-2."""
     cmds = [assign("r1", to="inbox.1"), ready(), assign("r2"), ready("fn-2", "s2")]
-    cmds += [c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"), idle("r2", "fn-2"), assign("r1", to="inbox.2")]
-    s, (*_, served_anew) = run(*cmds)
-    assert served_anew.replies == [ok("inbox.2", "r1", "fn-2")] and s.instances["fn-1"].request_id == "r1"
-    d = decide(s, assign("r1", to="inbox.3"), 100, DEMO)
-    assert d.events == [e.RequestRetried(at_ms=100, request_id="r1", reply_to="inbox.3")]
-    assert d.replies == [c.Reply(to="inbox.3", request_id="r1", instance_id="fn-2")]
-    d = decide(s, c.Cancel(key=KEY, request_id="r1", reply_to="inbox.2"), 100, DEMO)
-    assert [(type(x), x.instance_id) for x in d.events if isinstance(x, e.Released)] == [(e.Released, "fn-2")]
+    cmds += [c.Cancel(key=KEY, request_id="r1", reply_to="inbox.1"), idle("r2", "fn-2")]
+    served_anew = (
+        given(*cmds)
+        .when(assign("r1", to="inbox.2"), at=60)
+        .then(
+            events=[
+                e.RequestArrived(at_ms=60, request_id="r1", reply_to="inbox.2"),
+                e.Assigned(at_ms=60, request_id="r1", instance_id="fn-2"),
+            ],
+            replies=[ok("inbox.2", "r1", "fn-2")],
+            wake_ms=60 + LEASE,
+        )
+    )
+    assert served_anew.state.instances["fn-1"].request_id == "r1"
+    again = given(s=served_anew.state)
+    again.when(assign("r1", to="inbox.3"), at=100).then(
+        events=[e.RequestRetried(at_ms=100, request_id="r1", reply_to="inbox.3")],
+        replies=[ok("inbox.3", "r1", "fn-2")],
+        wake_ms=60 + LEASE,
+    )
+    why = "cancelled: caller gave up"
+    again.when(c.Cancel(key=KEY, request_id="r1", reply_to="inbox.2"), at=100).then(
+        events=[
+            e.Released(at_ms=100, request_id="r1", instance_id="fn-2", status_code=0, reason=why, cancelled=True),
+            e.KeptAlive(at_ms=100, instance_id="fn-2", until_ms=100 + KEEP, why="fixed keep-alive 300s"),
+        ],
+        wake_ms=40 + KEEP,  # fn-1's keep-alive, idle since r1's cancel at 40
+    )
 
 
 def test_cancel_by_a_stale_caller_leaves_the_retry_alone():
@@ -783,33 +803,48 @@ def test_an_instance_of_a_function_without_timeout_has_the_default_lease():
 def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_for_again():
     """Issue 41, item 1: after a lost tail, an instance stayed *creating* forever and covered its waiting request,
     so nothing started for it. A start not reported within the function's last start plus the margin is lost."""
-    s, decisions = run(assign("r1"), ready(), idle("r1"), assign("r2"), assign("r3"), at=0)  # fn-1 serves r2
-    started = decisions[-1]
-    assert [ev.instance_id for ev in started.events if isinstance(ev, e.SlotWanted)] == ["fn-2"]
-    bound = s.stats.start_ms + START_MARGIN_MS
-    assert started.wake_ms == 40 + bound  # r3's start is looked at again then
-    d = decide(s, c.Tick(key=KEY, due_ms=40 + bound - 1), 40 + bound - 1, DEMO)
-    assert not any(isinstance(ev, e.InstanceRetired) for ev in d.events)  # not yet: it may still come
-    d = decide(s, c.Tick(key=KEY, due_ms=40 + bound), 40 + bound, DEMO)
-    retired = [ev for ev in d.events if isinstance(ev, e.InstanceRetired)]
-    assert [ev.instance_id for ev in retired] == ["fn-2"] and "a lost start" in retired[0].reason
-    again = [ev for ev in d.events if isinstance(ev, e.SlotWanted)]
-    assert [(ev.instance_id, ev.for_request) for ev in again] == [("fn-3", "r3")]
+    served = given(assign("r1"), ready(), idle("r1"), assign("r2"))  # fn-1 serves r2
+    bound = served.state.stats.start_ms + START_MARGIN_MS  # r1's start took 10 ms
+    started = served.when(assign("r3"), at=40).then(
+        events=[
+            e.RequestArrived(at_ms=40, request_id="r3", reply_to="to-r3"),
+            e.SlotWanted(at_ms=40, instance_id="fn-2", meta=META, for_request="r3", reason=COLD),
+        ],
+        wake_ms=40 + bound,  # r3's start is looked at again then
+    )
+    waiting = given(s=started.state)
+    # not yet: it may still come
+    waiting.when(c.Tick(key=KEY, due_ms=40 + bound - 1), at=40 + bound - 1).then(wake_ms=40 + bound)
+    lost = "not ready within 30.01s (its function's last start and a margin): a lost start"
+    retried = waiting.when(c.Tick(key=KEY, due_ms=40 + bound), at=40 + bound).then(
+        events=[
+            e.InstanceRetired(at_ms=40 + bound, instance_id="fn-2", reason=lost),
+            e.SlotWanted(at_ms=40 + bound, instance_id="fn-3", meta=META, for_request="r3", reason=COLD),
+        ],
+        wake_ms=40 + bound + bound,
+    )
     # Should its report come after all, its slot is destroyed, never taken into service.
-    late = decide(d.state, ready("fn-2", "s9"), 50 + bound, DEMO)
-    assert [(ev.instance_id, ev.slot_id) for ev in late.events if isinstance(ev, e.InstanceRetired)] == [
-        ("fn-2@s9", "s9")
-    ]
-    assert late.state.instances["fn-3"].phase is Phase.CREATING and late.state.queue[0].request_id == "r3"
+    why = "ready for an instance no longer wanted"
+    given(s=retried.state).when(ready("fn-2", "s9"), at=50 + bound).then(
+        events=[e.InstanceRetired(at_ms=50 + bound, instance_id="fn-2@s9", slot_id="s9", reason=why)],
+        wake_ms=40 + bound + bound,  # fn-3 still starts for r3
+    )
 
 
 def test_an_idle_instance_outliving_its_keep_alive_is_kept_while_its_functions_starts_are_held():
     """None could replace it while the platform's circuit holds the function's starts: it stays until a start may
     go again, then retires as usual."""
-    s, _ = run(assign("r0"), ready(), assign("r1"), refused("fn-2", 600_000), idle("r0"), idle("r1", "fn-1"))
-    held_until, keep = s.starts_held_until_ms, s.instances["fn-1"].keep_until_ms
+    held = given(assign("r0"), ready(), assign("r1"), refused("fn-2", 600_000), idle("r0"), idle("r1", "fn-1"))
+    held_until, keep = held.state.starts_held_until_ms, held.state.instances["fn-1"].keep_until_ms
     assert keep < held_until
-    s, (kept,) = run(c.Tick(key=KEY, due_ms=keep), s=s, at=keep)
-    assert [(type(ev), ev.until_ms) for ev in kept.events] == [(e.KeptAlive, held_until)]
-    s, (retired,) = run(c.Tick(key=KEY, due_ms=held_until), s=s, at=held_until)
-    assert [type(ev) for ev in retired.events] == [e.InstanceRetired]
+    why = "kept while the function's starts are held (the platform's circuit is open)"
+    kept = held.when(c.Tick(key=KEY, due_ms=keep), at=keep).then(
+        events=[e.KeptAlive(at_ms=keep, instance_id="fn-1", until_ms=held_until, why=why)], wake_ms=held_until
+    )
+    given(s=kept.state).when(c.Tick(key=KEY, due_ms=held_until), at=held_until).then(
+        events=[
+            e.InstanceRetired(
+                at_ms=held_until, instance_id="fn-1", slot_id="s1", reason="keep-alive expired after 599.98s idle"
+            )
+        ]
+    )
