@@ -15,6 +15,7 @@ from tests.core.decisions import given
 from tests.core.factories import DEMO, KEY, META, assign, idle, ready
 
 THROTTLE_MS = 5_000
+COLD = "cold start: no idle instance"
 
 
 def room(**caps) -> Room:
@@ -135,9 +136,19 @@ def test_an_idle_function_rests_then_is_forgotten_and_its_next_call_starts_afres
     gone = decide(rest.state, c.Tick(key=KEY, due_ms=rest.wake_ms), rest.wake_ms, DEMO, room=r)
     assert gone.events == [e.FunctionForgotten(at_ms=idle_since + 600_000)]
     assert gone.state == FnState(key=KEY) and gone.wake_ms is None
-    back = decide(gone.state, assign("r2"), idle_since + 700_000, DEMO, room=r)
-    assert [type(ev) for ev in back.events][:2] == [e.FunctionSeen, e.RequestArrived]
-    assert back.state.stats.arrivals == 1, "what was learned went with it"
+    back = idle_since + 700_000
+    came_back = given(s=gone.state, room=r).when(assign("r2"), at=back)
+    came_back.then(
+        events=[
+            e.FunctionSeen(at_ms=back, meta=META),
+            e.RequestArrived(at_ms=back, request_id="r2", reply_to="to-r2"),
+            e.SlotWanted(
+                at_ms=back, instance_id="fn-1", meta=META, for_request="r2", reason="cold start: no idle instance"
+            ),
+        ],
+        wake_ms=back + UNKNOWN_START_MS + START_MARGIN_MS,  # what was learned of its starts went with it
+    )
+    assert came_back.state.stats.arrivals == 1, "what was learned went with it"
 
 
 def test_a_function_with_an_instance_kept_neither_rests_nor_is_forgotten():

@@ -222,7 +222,18 @@ def test_with_no_other_instance_a_session_waits_then_starts_one_and_moves():
         ],
         wake_ms=due,
     )
-    d = fn(c.Tick(key=KEY, due_ms=due), due)
-    assert [x.instance_id for x in d.events if isinstance(x, e.SlotWanted)] == ["fn-2"]
-    d = fn(ready("fn-2", "s2"), due + 100)
-    assert answered(d, "s-2") == "fn-2" and fn.s.sessions["chat"].instance_id == "fn-2"
+    fn.when(c.Tick(key=KEY, due_ms=due), due).then(
+        events=[e.SlotWanted(at_ms=due, instance_id="fn-2", meta=META, for_request="s-2", reason=COLD)],
+        wake_ms=due + 100 + START_MARGIN_MS,  # its start is looked at again then (fn-1's took 100 ms)
+    )
+    moved = "its instance fn-1 stayed busy past the wait"
+    fn.when(ready("fn-2", "s2"), due + 100).then(
+        events=[
+            e.InstanceReady(at_ms=due + 100, instance_id="fn-2", slot_id="s2", create_ms=100, init_ms=50),
+            e.SessionBound(at_ms=due + 100, session="chat", instance_id="fn-2", request_id="s-2", why=moved),
+            e.Assigned(at_ms=due + 100, request_id="s-2", instance_id="fn-2"),
+        ],
+        replies=[c.Reply(to="to-s-2", request_id="s-2", instance_id="fn-2")],
+        wake_ms=100 + LEASE,  # s-1's lease on fn-1
+    )
+    assert fn.s.sessions["chat"].instance_id == "fn-2"
