@@ -12,6 +12,7 @@ from tests.core.factories import DEMO, KEY, META, idle, ready
 ROOM = Room(session_idle_ms=60_000)
 LEASE = META.timeout_s * 1000 + 30_000  # a busy instance is looked at again when its lease ends
 COLD = "cold start: no idle instance"
+KEEP = 5 * 60_000  # the demo policy's keep-alive
 
 
 class Fn:
@@ -78,22 +79,42 @@ def test_a_request_without_session_leaves_a_bound_idle_instance_to_its_session()
     two_idle_instances(fn)
     fn(assign("s-1", session="chat"), 400)  # takes fn-2
     fn(idle("s-1", "fn-2"), 500)  # fn-2 idled last: the policy would give it to the next caller
-    d = fn(assign("x"), 600)
-    assert answered(d, "x") == "fn-1"
+    fn.when(assign("x"), 600).then(
+        events=[
+            e.RequestArrived(at_ms=600, request_id="x", reply_to="to-x"),
+            e.Assigned(at_ms=600, request_id="x", instance_id="fn-1"),
+        ],
+        replies=[c.Reply(to="to-x", request_id="x", instance_id="fn-1")],
+        wake_ms=500 + ROOM.session_idle_ms,  # the session's binding of fn-2 ends then, unused
+    )
 
 
 def test_a_busy_instance_is_waited_for_then_the_session_moves():
     fn = Fn()
     two_idle_instances(fn)
     fn(assign("s-1", session="chat"), 400)  # fn-2, still busy
-    d = fn(assign("s-2", session="chat"), 410)
-    assert d.replies == [] and not any(isinstance(x, e.SlotWanted) for x in d.events)  # waits for fn-2
     wait = session_wait_ms(fn.s)
-    assert d.wake_ms == 410 + wait
-    d = fn(c.Tick(key=KEY, due_ms=410 + wait), 410 + wait)
-    assert answered(d, "s-2") == "fn-1"
-    moved = fn.of(e.SessionBound)[-1]
-    assert (moved.instance_id, moved.request_id) == ("fn-1", "s-2") and "busy" in moved.why
+    fn.when(assign("s-2", session="chat"), 410).then(
+        events=[  # waits for fn-2, and starts nothing
+            e.RequestArrived(at_ms=410, request_id="s-2", reply_to="to-s-2", session="chat"),
+            e.RequestWaiting(
+                at_ms=410,
+                request_id="s-2",
+                expected_ms=410 + wait,
+                why=f"waits up to {wait} ms for its session's instance fn-2, busy",
+            ),
+        ],
+        wake_ms=410 + wait,
+    )
+    moved = "its instance fn-2 stayed busy past the wait"
+    fn.when(c.Tick(key=KEY, due_ms=410 + wait), 410 + wait).then(
+        events=[
+            e.SessionBound(at_ms=410 + wait, session="chat", instance_id="fn-1", request_id="s-2", why=moved),
+            e.Assigned(at_ms=410 + wait, request_id="s-2", instance_id="fn-1"),
+        ],
+        replies=[c.Reply(to="to-s-2", request_id="s-2", instance_id="fn-1")],
+        wake_ms=400 + LEASE,  # s-1's lease on fn-2
+    )
 
 
 def test_a_busy_instance_freed_in_time_serves_the_waiting_session():
@@ -111,9 +132,11 @@ def test_a_binding_ends_after_the_idle_time_and_with_its_instance():
     two_idle_instances(fn)
     fn(assign("s-1", session="a"), 400)
     d = fn(idle("s-1", "fn-2"), 500)
-    assert d.wake_ms <= 500 + 60_000
-    fn(c.Tick(key=KEY, due_ms=60_500), 60_500)
-    assert fn.of(e.SessionEnded)[-1].session == "a" and "unused" in fn.of(e.SessionEnded)[-1].reason
+    assert d.wake_ms == 500 + ROOM.session_idle_ms
+    fn.when(c.Tick(key=KEY, due_ms=60_500), 60_500).then(
+        events=[e.SessionEnded(at_ms=60_500, session="a", reason="unused for 60s")],
+        wake_ms=200 + KEEP,  # fn-1's keep-alive, idle since 200
+    )
     assert fn.s.sessions == {}
     fn(assign("s-2", session="b"), 61_000)
     bound = fn.s.sessions["b"].instance_id
