@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-CONFTEST = Path(__file__).with_name("conftest.py")
+from tests import conftest
+
+CONFTEST = Path(conftest.__file__)  # wherever this test lies
 
 HELPERS = """
 import subprocess
