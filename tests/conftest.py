@@ -78,8 +78,7 @@ def tier(item: pytest.Function) -> pytest.MarkDecorator:
         for d in defs
         if name != "_fast_starts_nothing"  # the guard names subprocess to refuse it
     ]
-    why = next((w for at, w in THROUGH_THE_SCALER.items() if item.nodeid.startswith(at)), "")
-    if why := why or _starts_a_process([item.function, *fixtures], set()):
+    if item.nodeid.startswith(tuple(THROUGH_THE_SCALER)) or _starts_a_process([item.function, *fixtures], set()):
         return pytest.mark.processes
     if item.nodeid.startswith(WHOLE_TRACES):
         return pytest.mark.slow
@@ -101,7 +100,7 @@ def _fast_starts_nothing(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError(
             f"{request.node.nodeid} is in the fast tier but started a process ({args[1:2]}): "
-            "teach tests/conftest.py's STARTERS the name it is started by"
+            "teach tests/conftest.py's STARTERS the name it is started by (or THROUGH_THE_SCALER the test)"
         )
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
