@@ -5,15 +5,17 @@ import dataclasses
 import msgspec
 from msgspec.structs import replace
 
-from scaler.controller.core.decide import decide
+from scaler.controller.core.decide import START_MARGIN_MS, decide
 from scaler.controller.core.features import GAP_BINS, gap_bin
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.learned import Learned, exchange_rate
 from scaler.controller.core.state import FnState, Phase, Totals
 from scaler.proto import commands as c
 from scaler.proto import events as e
+from tests.core.decisions import given
 
 LEARNED = get_policy("learned")
+COLD = "cold start: no idle instance"
 
 
 def keep_after_one_call(memory_mb: int, policy: Learned = LEARNED) -> int:
@@ -56,15 +58,31 @@ def _instance(id: str, phase: Phase, since: int):
 
 def test_a_request_waits_for_a_busy_instance_when_that_is_cheaper_than_a_start():
     s = busy_function(run_ms=20, start_ms=3_000)
-    d = decide(s, c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=1024)), 1_010, LEARNED)
-    assert [type(ev) for ev in d.events] == [e.RequestArrived, e.RequestWaiting]
-    assert d.wake_ms is not None and d.wake_ms < 1_010 + 3_000  # it looks again if the wait runs long
+    assign = c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=1024))
+    given(s=s, policy=LEARNED).when(assign, at=1_010).then(
+        events=[
+            e.RequestArrived(at_ms=1_010, request_id="r1"),
+            e.RequestWaiting(
+                at_ms=1_010,
+                request_id="r1",
+                expected_ms=1_020,
+                why="wait ~10 ms for a busy instance rather than a 3000 ms start",
+            ),
+        ],
+        wake_ms=1_025,  # it looks again if the wait runs long, well before a start would have come
+    )
 
 
 def test_a_request_gets_a_new_instance_when_the_busy_one_runs_long():
     s = busy_function(run_ms=10_000, start_ms=100)
-    d = decide(s, c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=1024)), 1_010, LEARNED)
-    assert [type(ev) for ev in d.events] == [e.RequestArrived, e.SlotWanted]
+    meta = e.Meta(memory_mb=1024)
+    given(s=s, policy=LEARNED).when(c.Assign(key="fn", request_id="r1", meta=meta), at=1_010).then(
+        events=[
+            e.RequestArrived(at_ms=1_010, request_id="r1"),
+            e.SlotWanted(at_ms=1_010, instance_id="fn-2", meta=meta, for_request="r1", reason=COLD),
+        ],
+        wake_ms=1_010 + 100 + START_MARGIN_MS,
+    )
 
 
 def test_spares_are_kept_for_instances_that_die_with_their_request():
