@@ -9,8 +9,8 @@ from scaler.controller.core.features import UNKNOWN_START_MS
 from scaler.controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
-from tests.core.decisions import given
 from tests.core.factories import DEMO, KEY, META, POOLED, assign, idle, ready, run
+from tests.core.given import given
 
 T = 1_000  # when the command of a table row is decided; its given commands came at 0, 10, 20, ...
 LEASE = META.timeout_s * 1000 + 30_000  # a busy instance is looked at again when its lease ends

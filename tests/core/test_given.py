@@ -1,11 +1,11 @@
-"""The whole-decision helper (tests/core/decisions.py) fails on any part that differs, and says which."""
+"""The whole-decision helper (tests/core/given.py) fails on any part that differs, and says which."""
 
 import pytest
 
 from scaler.controller.core.features import UNKNOWN_START_MS
 from scaler.proto import events as e
-from tests.core.decisions import given
 from tests.core.factories import META, assign
+from tests.core.given import given
 
 COLD = "cold start: no idle instance"
 ARRIVED = [

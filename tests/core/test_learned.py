@@ -12,7 +12,7 @@ from scaler.controller.core.policy.learned import Learned, exchange_rate
 from scaler.controller.core.state import FnState, Phase, Totals
 from scaler.proto import commands as c
 from scaler.proto import events as e
-from tests.core.decisions import given
+from tests.core.given import given
 
 LEARNED = get_policy("learned")
 COLD = "cold start: no idle instance"

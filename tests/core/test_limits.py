@@ -11,8 +11,8 @@ from scaler.controller.core.limits import FunctionLimits, Limits, Room
 from scaler.controller.core.state import FnState, Phase, Totals, replay
 from scaler.proto import commands as c
 from scaler.proto import events as e
-from tests.core.decisions import given
 from tests.core.factories import DEMO, KEY, META, assign, idle, ready
+from tests.core.given import given
 
 THROTTLE_MS = 5_000
 COLD = "cold start: no idle instance"

@@ -10,8 +10,8 @@ from scaler.controller.core.policy import rainbowcake as rc
 from scaler.controller.core.state import FnState, Instance, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
-from tests.core.decisions import given
 from tests.core.factories import KEY, META, assign, idle, ready, run
+from tests.core.given import given
 
 SPES, RAINBOWCAKE, CIDRE = get_policy("spes"), get_policy("rainbowcake"), get_policy("cidre")
 

@@ -6,8 +6,8 @@ from scaler.controller.core.state import FnState, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from scaler.proto.subjects import SYSTEM_KEY
-from tests.core.decisions import given
 from tests.core.factories import DEMO, KEY, assign, idle, ready, run
+from tests.core.given import given
 
 T = 1_000_000  # when the platform listed its slots
 GRACE = 30_000

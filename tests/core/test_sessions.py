@@ -6,8 +6,8 @@ from scaler.controller.core.limits import Room
 from scaler.controller.core.state import FnState, Phase, replay
 from scaler.proto import commands as c
 from scaler.proto import events as e
-from tests.core.decisions import Decided, given
 from tests.core.factories import DEMO, KEY, META, idle, ready
+from tests.core.given import Decided, given
 
 ROOM = Room(session_idle_ms=60_000)
 LEASE = META.timeout_s * 1000 + 30_000  # a busy instance is looked at again when its lease ends
