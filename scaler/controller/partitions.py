@@ -20,16 +20,19 @@ from collections.abc import Awaitable, Callable
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from scaler.controller import rebuild
+from scaler.controller import clocks, rebuild
+from scaler.controller.clocks import Clocks
 from scaler.controller.core.limits import NO_LIMITS, Limits
-from scaler.controller.leases import EVERY_S, TTL_S, Leases, ranges
+from scaler.controller.leases import EVERY_S, LEASES, TTL_S, Leases, ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import SnapshotStore
 from scaler.controller.snapshotter import Snapshotter
 from scaler.proto.commands import OPERATOR, Assign, Code, Idle, Reply, decode_command, encode
-from scaler.proto.subjects import CMD, PARTITIONS, partition
+from scaler.proto.events import encode_batch
+from scaler.proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition
 from scaler.runtime.bus import Unavailable
-from scaler.store import EventStore
+from scaler.runtime.clock import Clock
+from scaler.store import Append, EventStore
 
 log = logging.getLogger("scaler.controller")
 
@@ -61,6 +64,7 @@ class Partitions:
         replicas: int = 1,
         drain_s: float = DRAIN_S,
         reclaim: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.nc = nc
         self.events = events
@@ -74,6 +78,8 @@ class Partitions:
         self.limits = limits  # the operator's caps; those over all functions are split by partitions held
         self.drain_s = drain_s
         self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas, reclaim)
+        self.clock = clock or Clock()
+        self.clocks = Clocks()  # the writers' clocks, as the batches a load reads say
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.loading: dict[int, asyncio.Task] = {}
         self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told
@@ -143,7 +149,10 @@ class Partitions:
                 if not (partitions := list(snaps)):
                     return
             after = rebuild.restore(self.ledger, snaps)
-            self.loaded_batches += await rebuild.fold_after(self.events, after, self.ledger.fold)
+            self.loaded_batches += await rebuild.fold_after(
+                self.events, after, self.ledger.fold, None, None, self.clocks.heard
+            )
+            await self._rebase(partitions)
             for p in partitions:
                 self.snapshotter.loaded(p, after[p], at.last_seq)
                 self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self.on_command)
@@ -162,6 +171,34 @@ class Partitions:
         finally:
             for p in partitions:
                 self.loading.pop(p, None)
+
+    async def _rebase(self, partitions: list[int]) -> None:
+        """Move the times of functions another node wrote on another clock onto this node's (clocks.py), each
+        with a ClockRebased batch stored before the partitions serve."""
+        keys = self.keys(partitions)
+        now, own = self.clock.now_ms(), None
+        if self.clock.speed == 1 and (p := next((p for p in partitions if p in self.leases.held), None)) is not None:
+            sent = clocks.wall_ms_at(self.leases.renewed.get(p, time.monotonic()))
+            own = await clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent)
+            await self.clocks.look_up(self.events.js, self.ledger, keys)
+        shifts = {k: shift for k in keys if (shift := self.clocks.shift(k, clocks.newest(self.ledger, k), own, now))}
+        self.clocks.forget(keys)
+        if not shifts:
+            return
+        batches = [clocks.rebase_batch(self.ledger, k, shift, now) for k, shift in shifts.items()]
+        appends = [
+            Append(
+                event_subject(b.key, b.effects),
+                encode_batch(b),
+                function_events(b.key),
+                self.ledger.last_seq.get(b.key, 0),
+            )
+            for b in batches
+        ]
+        seqs = await asyncio.gather(*(self.events.append(a) for a in appends))
+        for seq, b in sorted(zip(seqs, batches, strict=True), key=lambda x: x[0]):
+            self.ledger.fold(seq, b)
+        log.warning("%s %s", self.leases.node, clocks.said(sorted(partitions), shifts))
 
     async def _refuse(self, uncovered: rebuild.Uncovered) -> None:
         log.error("%s refuses partitions %s: %s", self.leases.node, ranges(uncovered.partitions), uncovered)
