@@ -95,9 +95,9 @@ async def own_offset(js: JetStreamContext, bucket: str, revision: int, sent_ms: 
     return None if msg.time is None else sent_ms - round(msg.time.timestamp() * 1000)
 
 
-def wall_ms_at(monotonic_s: float) -> int:
-    """The wall clock (ms) when the monotonic clock read `monotonic_s`."""
-    return round((time.time() - (time.monotonic() - monotonic_s)) * 1000)
+def ms_at(now_ms: int, monotonic_s: float) -> int:
+    """The node's clock (`now_ms` now) when the monotonic clock read `monotonic_s` (at speed 1)."""
+    return now_ms - round((time.monotonic() - monotonic_s) * 1000)
 
 
 def newest(ledger: Ledger, key: str) -> int:
@@ -126,13 +126,13 @@ def rebase_batch(ledger: Ledger, key: str, shift_ms: int, now: int) -> Batch:
     )
 
 
-def said(partitions: list[int], shifts: dict[str, int]) -> str:
-    """One line for a load that moved times."""
+def said(partitions: str, shifts: dict[str, int]) -> str:
+    """One line for a load that moved times: how many functions, and how far their writers' clocks were off."""
     behind = [s for s in shifts.values() if s > 0]
-    ahead = [s for s in shifts.values() if s < 0]
+    ahead = [-s for s in shifts.values() if s < 0]
     parts = []
     if behind:
-        parts.append(f"{len(behind)} on a clock up to {max(behind) / 1000:.1f} s behind this node's")
+        parts.append(f"{len(behind)} written on a clock up to {max(behind) / 1000:.1f} s behind this node's")
     if ahead:
-        parts.append(f"{len(ahead)} up to {-min(ahead) / 1000:.1f} s ahead")
-    return f"partitions {partitions}: times of functions written {' and '.join(parts)}: moved onto this node's clock"
+        parts.append(f"{len(ahead)} written on a clock up to {max(ahead) / 1000:.1f} s ahead of it")
+    return f"partitions {partitions}: the times of functions {' and of '.join(parts)} moved onto this node's clock"

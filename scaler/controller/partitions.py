@@ -178,7 +178,7 @@ class Partitions:
         keys = self.keys(partitions)
         now, own = self.clock.now_ms(), None
         if self.clock.speed == 1 and (p := next((p for p in partitions if p in self.leases.held), None)) is not None:
-            sent = clocks.wall_ms_at(self.leases.renewed.get(p, time.monotonic()))
+            sent = clocks.ms_at(now, self.leases.renewed.get(p, time.monotonic()))
             own = await clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent)
             await self.clocks.look_up(self.events.js, self.ledger, keys)
         shifts = {k: shift for k in keys if (shift := self.clocks.shift(k, clocks.newest(self.ledger, k), own, now))}
@@ -198,7 +198,7 @@ class Partitions:
         seqs = await asyncio.gather(*(self.events.append(a) for a in appends))
         for seq, b in sorted(zip(seqs, batches, strict=True), key=lambda x: x[0]):
             self.ledger.fold(seq, b)
-        log.warning("%s %s", self.leases.node, clocks.said(sorted(partitions), shifts))
+        log.warning("%s %s", self.leases.node, clocks.said(ranges(sorted(partitions)), shifts))
 
     async def _refuse(self, uncovered: rebuild.Uncovered) -> None:
         log.error("%s refuses partitions %s: %s", self.leases.node, ranges(uncovered.partitions), uncovered)
