@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 from scaler.controller.ledger import Ledger
 from scaler.proto.events import Batch, ClockRebased, decode_batch
 from scaler.proto.subjects import EVENTS
+from scaler.runtime.text import plural
 
 log = logging.getLogger("scaler.controller")
 
@@ -46,15 +47,15 @@ class Clocks:
 
     async def look_up(self, js: JetStreamContext, ledger: Ledger, keys: list[str]) -> None:
         """The writers of those functions' last batches that no read passed on (a snapshot holds them): looked up
-        by sequence, for the functions with something live only (a function with no instance and nothing waiting
-        holds no lease or keep-alive to move)."""
+        by sequence, for the functions holding something a time bounds only (an instance, a request waiting, a
+        release a late retry may still come for): a function at rest keeps only its stats."""
         wanted = [
             (k, seq)
             for k in keys
             if k not in self.writers
             and (seq := ledger.last_seq.get(k, 0))
             and (s := ledger.states.get(k)) is not None
-            and (s.instances or s.queue)
+            and (s.instances or s.queue or s.finished)
         ]
         gate = asyncio.Semaphore(_LOOKUPS)
 
@@ -132,7 +133,13 @@ def said(partitions: str, shifts: dict[str, int]) -> str:
     ahead = [-s for s in shifts.values() if s < 0]
     parts = []
     if behind:
-        parts.append(f"{len(behind)} written on a clock up to {max(behind) / 1000:.1f} s behind this node's")
+        parts.append(f"{plural(len(behind), 'function')} written on a clock up to {max(behind) / 1000:.1f} s behind it")
     if ahead:
-        parts.append(f"{len(ahead)} written on a clock up to {max(ahead) / 1000:.1f} s ahead of it")
-    return f"partitions {partitions}: the times of functions {' and of '.join(parts)} moved onto this node's clock"
+        parts.append(f"{plural(len(ahead), 'function')} written on a clock up to {max(ahead) / 1000:.1f} s ahead of it")
+    return f"partitions {partitions}: times moved onto this node's clock, of {' and '.join(parts)}"
+
+
+def own_said(node: str, offset_ms: int) -> str:
+    """One line for a node whose own clock is off the server's."""
+    how = "behind" if offset_ms < 0 else "ahead of"
+    return f"{node}'s clock is {abs(offset_ms) / 1000:.1f} s {how} the NATS server's: is NTP running on both?"

@@ -181,6 +181,8 @@ class Partitions:
             sent = clocks.ms_at(now, self.leases.renewed.get(p, time.monotonic()))
             own = await clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent)
             await self.clocks.look_up(self.events.js, self.ledger, keys)
+            if own is not None and abs(own) > clocks.SKEW_TOLERANCE_MS:
+                log.warning("%s", clocks.own_said(self.leases.node, own))
         shifts = {k: shift for k in keys if (shift := self.clocks.shift(k, clocks.newest(self.ledger, k), own, now))}
         self.clocks.forget(keys)
         if not shifts:
