@@ -11,6 +11,7 @@ import pytest
 
 from scaler import replay
 from scaler.controller.core.policy import get_policy
+from scaler.controller.metrics import ControllerCollector
 from scaler.controller.shell import Controller
 from scaler.proto.events import Batch, ClockRebased
 from scaler.runtime.bus import connected
@@ -55,6 +56,7 @@ async def test_a_node_loading_what_a_node_off_clock_wrote_moves_its_times_onto_i
         await writer.settled()
         before = writer.controller.states["fn"].instances[reply.assigment.instance_id]
         assert before.keep_until_ms and abs(before.since_ms - (time.time() * 1000 + off_ms)) < 5_000
+        assert abs(writer.controller.partitions.clock_offset_ms - off_ms) < 1_000  # it knows it is off
     assert await rebased(nats_url) == []  # one node, one clock: nothing to move
 
     loader = Controller(nats_url, get_policy("demo"), Clock())
@@ -67,6 +69,8 @@ async def test_a_node_loading_what_a_node_off_clock_wrote_moves_its_times_onto_i
         assert abs(shift + off_ms) < 1_000  # the writer's offset less the loader's, through the server's clock
         assert after.keep_until_ms == before.keep_until_ms + shift and after.since_ms == before.since_ms + shift
         assert abs(after.since_ms - time.time() * 1000) < 10_000  # idle since a few seconds ago, on this clock
+        (offset,) = [m.samples[0].value for m in ControllerCollector(loader).collect() if "clock_offset" in m.name]
+        assert abs(offset) < 1  # seconds: this one is not off
         async with connected(nats_url, "test") as nc:
             out = io.StringIO()
             assert await replay.verify(nc, None, out) == 0, out.getvalue()

@@ -80,6 +80,7 @@ class Partitions:
         self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas, reclaim)
         self.clock = clock or Clock()
         self.clocks = Clocks()  # the writers' clocks, as the batches a load reads say
+        self.clock_offset_ms: int | None = None  # this node's clock less the NATS server's, at the last load
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.loading: dict[int, asyncio.Task] = {}
         self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told
@@ -180,6 +181,7 @@ class Partitions:
         if self.clock.speed == 1 and (p := next((p for p in partitions if p in self.leases.held), None)) is not None:
             sent = clocks.ms_at(now, self.leases.renewed.get(p, time.monotonic()))
             own = await clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent)
+            self.clock_offset_ms = own if own is not None else self.clock_offset_ms
             await self.clocks.look_up(self.events.js, self.ledger, keys)
             if own is not None and abs(own) > clocks.SKEW_TOLERANCE_MS:
                 log.warning("%s", clocks.own_said(self.leases.node, own))
