@@ -36,6 +36,8 @@ from scaler.store import Append, EventStore
 
 log = logging.getLogger("scaler.controller")
 
+OFFSET_READS = 4  # lease entries a load reads this node's clock offset off
+
 OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
 LOAD_ERROR_EVERY_S = 600.0
 DRAIN_S = 15.0  # how long a partition given up waits for its commands under way
@@ -178,9 +180,8 @@ class Partitions:
         with a ClockRebased batch stored before the partitions serve."""
         keys = self.keys(partitions)
         now, own = self.clock.now_ms(), None
-        if self.clock.speed == 1 and (p := next((p for p in partitions if p in self.leases.held), None)) is not None:
-            sent = clocks.ms_at(now, self.leases.renewed.get(p, time.monotonic()))
-            own = await clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent)
+        if self.clock.speed == 1 and (held := [p for p in partitions if p in self.leases.held][:OFFSET_READS]):
+            own = await self._own_offset(held, now)
             self.clock_offset_ms = own if own is not None else self.clock_offset_ms
             await self.clocks.look_up(self.events.js, self.ledger, keys)
             if own is not None and abs(own) > clocks.SKEW_TOLERANCE_MS:
@@ -203,6 +204,16 @@ class Partitions:
         for seq, b in sorted(zip(seqs, batches, strict=True), key=lambda x: x[0]):
             self.ledger.fold(seq, b)
         log.warning("%s %s", self.leases.node, clocks.said(ranges(sorted(partitions)), shifts))
+
+    async def _own_offset(self, partitions: list[int], now: int) -> int | None:
+        """This node's offset from the server's clock, off its lease entries of `partitions`: the largest, as the
+        time a write takes to be stored only makes one look further behind."""
+        reads = []
+        for p in partitions:
+            sent = clocks.ms_at(now, self.leases.renewed.get(p, time.monotonic()))
+            reads.append(clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent))
+        offsets = [o for o in await asyncio.gather(*reads) if o is not None]
+        return max(offsets, default=None)
 
     async def _refuse(self, uncovered: rebuild.Uncovered) -> None:
         log.error("%s refuses partitions %s: %s", self.leases.node, ranges(uncovered.partitions), uncovered)
