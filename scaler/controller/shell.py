@@ -199,7 +199,7 @@ class Controller:
         self.partitions = Partitions(
             self._nc, events, self.ledger, store, self.snapshots, serving, self._on_request,
             self.recovery.served, self.recovery.released, self.node, s.limits, s.lease_ttl_s, s.lease_every_s,
-            self.replicas, reclaim=self.reclaim_leases,
+            self.replicas, reclaim=self.reclaim_leases, clock=self.clock,
         )  # fmt: skip
         self.recovery.partitions = self.partitions
         self.started_ms = time.time_ns() // 1_000_000

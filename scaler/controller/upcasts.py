@@ -78,8 +78,13 @@ def _v8(snapshot: Data) -> Data:
     return snapshot
 
 
+def _v9(snapshot: Data) -> Data:
+    """Version 9 had no ClockRebased: its times are on the clock of the node that wrote them, as they were."""
+    return snapshot
+
+
 # from version N to N+1
-STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
+STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
 # (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the
