@@ -9,9 +9,9 @@ from pathlib import Path
 
 import msgspec
 
-from scaler.controller import needs
+from scaler.controller import needs, policies
 from scaler.controller.core.limits import NO_LIMITS, Limits, limits_problem
-from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.controller.core.policy import DEFAULT_POLICY, get_policy
 from scaler.controller.shell import MAX_BEHIND_S, STORE_WAIT_S, Controller
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
@@ -20,11 +20,14 @@ from scaler.store import config
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
+    policies.install()  # before any name is read: --policy, the limits file's
     p.add_argument(
         "--policy",
         default=service.env("POLICY", DEFAULT_POLICY),
-        choices=sorted(POLICIES),
-        help="the scaling policy [SCALER_POLICY]",
+        type=policies.checked,
+        metavar="NAME",
+        help=f"the scaling policy: {policies.choices()}; the node must be able to import it"
+        " (docs/policies.md: Writing a policy) [SCALER_POLICY]",
     )
     p.add_argument(
         "--replicas",

@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from scaler.controller import policies as outside
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.simulator import runs
 from scaler.simulator.cli import CREATE_LATENCY_MS
@@ -64,9 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         action="append",
-        choices=sorted(POLICIES),
+        type=outside.checked,
         metavar="NAME",
-        help=f"a policy to sweep (again for several; one of {', '.join(POLICIES)})",
+        help=f"a policy to sweep (again for several; {outside.choices()})",
     )
     p.add_argument(
         "--vary",
@@ -116,6 +117,7 @@ _dataset: Dataset | None = None  # each worker's, loaded once
 
 def _load(path: str) -> None:
     global _dataset
+    outside.install()  # a policy named package.module:Class is imported in the worker too
     _dataset = load_dataset(path)
 
 

@@ -1,0 +1,123 @@
+"""Policies from outside the project: `package.module:Class` and the `scaler.policies` entry points.
+
+The core knows its built-ins by name; this module, at the process's edge, imports what a user names and
+hands the core a factory (`install()`, once per process, before any name is read). A name travels between
+nodes as it was given (a function's policy is an event holding its name), so each node must be able to
+import it: the module on its PYTHONPATH (or in its working directory), or the package that declares the
+entry point installed.
+"""
+
+import argparse
+import importlib
+import importlib.metadata
+import os
+import sys
+from collections.abc import Callable
+
+from scaler.controller.core import policy as core_policy
+from scaler.controller.core.policy import Policy
+
+GROUP = "scaler.policies"
+
+
+class Outside:
+    """The core's `Finder`: entry points by name, `module:Class` by import; each found once, kept."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, Callable[[], Policy]] = {}
+
+    def names(self) -> list[str]:
+        return sorted({ep.name for ep in importlib.metadata.entry_points(group=GROUP)})
+
+    def find(self, name: str) -> Callable[[], Policy]:
+        if name not in self._found:
+            self._found[name] = self._load(name)
+        return self._found[name]
+
+    def _load(self, name: str) -> Callable[[], Policy]:
+        if ":" in name:
+            target = _import(name)
+        elif eps := importlib.metadata.entry_points(group=GROUP, name=name):
+            ep = next(iter(eps))
+            try:
+                target = ep.load()
+            except Exception as e:  # whatever the user's import raises is said, in one line
+                raise ValueError(f"policy {name!r} (entry point {ep.value}): cannot load: {_said(e)}") from None
+        else:
+            known = ", ".join(core_policy.policy_names())
+            raise ValueError(f"unknown policy {name!r}; choose one of {known}, or give package.module:Class")
+        factory = _factory(name, target)
+        factory()  # a constructor that fails says so here, at the door, not in the middle of a decision
+        return factory
+
+
+def _import(spec: str) -> object:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"policy {spec!r}: give it as package.module:Class")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # as `python -m` would: a module beside you is found, after installed ones
+    try:
+        target: object = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):  # not one it imports
+            raise ValueError(f"policy {spec!r}: no module named {e.name!r} (is it on PYTHONPATH?)") from None
+        raise ValueError(f"policy {spec!r}: importing {module_name} failed: {_said(e)}") from None
+    except Exception as e:
+        raise ValueError(f"policy {spec!r}: importing {module_name} failed: {_said(e)}") from None
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"policy {spec!r}: {module_name} has no attribute {attr!r}") from None
+    return target
+
+
+def _factory(name: str, target: object) -> Callable[[], Policy]:
+    """A factory for `target` (a Policy subclass, or a callable returning a Policy), its result named `name`."""
+    if not callable(target):
+        raise ValueError(f"policy {name!r}: not a Policy class or factory but {type(target).__name__}")
+    if isinstance(target, type) and not issubclass(target, Policy):
+        base = "scaler.controller.core.policy.Policy"
+        raise ValueError(f"policy {name!r}: {target.__qualname__} is not a Policy (make it a subclass of {base})")
+
+    def make() -> Policy:
+        try:
+            made = target()
+        except Exception as e:
+            raise ValueError(f"policy {name!r}: its constructor failed: {_said(e)}") from None
+        if not isinstance(made, Policy):
+            raise ValueError(f"policy {name!r}: made a {type(made).__name__}, not a Policy")
+        try:
+            object.__setattr__(made, "name", name)  # the name that loads it on any node, as a built-in's is
+        except AttributeError:
+            raise ValueError(f"policy {name!r}: its instances take no `name` attribute (__slots__?)") from None
+        return made
+
+    return make
+
+
+def _said(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+_outside = Outside()
+
+
+def install() -> None:
+    """Let this process's core reach policies from outside the project (idempotent)."""
+    core_policy.use_finder(_outside)
+
+
+def choices() -> str:
+    """The names a `--policy` takes, for its help."""
+    install()
+    return f"one of {', '.join(core_policy.policy_names())}, or package.module:Class"
+
+
+def checked(name: str) -> str:
+    """An argparse type: a policy name this process can load (one line saying why not, else)."""
+    install()
+    if problem := core_policy.policy_problem(name):
+        raise argparse.ArgumentTypeError(problem)
+    return name
