@@ -14,8 +14,11 @@ from scaler.controller import policies
 from scaler.controller.core.limits import FunctionLimits, Limits, limits_problem
 from scaler.controller.core.policy import Policy, get_policy, policy_names, policy_problem, use_finder
 from scaler.controller.ledger import _loaded_or
+from scaler.proto import commands as c
+from scaler.proto import events as e
 from scaler.simulator.dataset import load_dataset
 from scaler.simulator.offline import simulate
+from tests.test_seeds_ledger import Node, idle, operator, served
 from tests.test_simulate import gentle
 from tests.test_simulate_live import free_port
 from tests.test_up import start_up, stop
@@ -166,3 +169,16 @@ async def test_the_docs_example_runs_live_under_scaler_up(tmp_path, monkeypatch)
     assert f"policy {SPEC}" in out.decode()  # the running scaler said which policy it runs
     stats = json.loads((tmp_path / "out.json").read_text())
     assert (stats["totalRequestsCount"], stats["failedRequestsCount"]) == (6, 0)
+
+
+def test_an_operator_sets_an_outside_policy_the_node_can_load_and_no_other(outside):
+    node = Node()
+    i = served(node, "a", 0)
+    said = operator(node, c.Configure(key="fn", policy=SPEC, reason="try it"), 5)
+    assert said.message == f"policy {SPEC}" and node.s().policy == SPEC
+    node(idle("a", i), 10)
+    assert node.of(e.KeptAlive)[-1].why.startswith("equal idle memory: 60 GB·s over")
+    refused = operator(node, c.Configure(key="fn", policy="my_policy:Nope"), 20)
+    assert refused.code is c.Code.INVALID_ARGUMENT
+    assert refused.message == "policy 'my_policy:Nope': my_policy has no attribute 'Nope'"
+    assert node.s().policy == SPEC  # nothing stored
