@@ -182,3 +182,14 @@ def test_an_operator_sets_an_outside_policy_the_node_can_load_and_no_other(outsi
     assert refused.code is c.Code.INVALID_ARGUMENT
     assert refused.message == "policy 'my_policy:Nope': my_policy has no attribute 'Nope'"
     assert node.s().policy == SPEC  # nothing stored
+
+
+def test_a_sweep_moves_an_outside_policys_knob_in_its_workers(tmp_path):
+    # run from a folder of its own, the module on PYTHONPATH: each worker process imports it too
+    args = ("sweep", str(SMOKE), "--policy", SPEC, "--vary", "budget_gb_s=30,120", "--jobs", "2")
+    done = run_cli(*args, "--db", str(tmp_path / "runs.sqlite"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[1]: line.split() for line in done.stdout.splitlines() if line.startswith(SPEC)}
+    assert set(rows) == {"budget_gb_s=30", "budget_gb_s=120"}
+    wasted = {k: float(row[3].replace(",", "")) for k, row in rows.items()}
+    assert wasted["budget_gb_s=30"] < wasted["budget_gb_s=120"]  # the knob reached the policy in the worker
