@@ -27,7 +27,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         type=policies.checked,
         metavar="NAME",
         help=f"the scaling policy: {policies.choices()}; the node must be able to import it"
-        " (docs/policies.md: Writing a policy) [SCALER_POLICY]",
+        " (docs/policies.md: A policy from outside the project) [SCALER_POLICY]",
     )
     p.add_argument(
         "--replicas",
