@@ -11,18 +11,20 @@ from scaler.simulator.knobs import KnobError, with_knobs
 from scaler.simulator.sweep import Point, front, points
 from tests.test_run_metrics import by_hand_trace
 
+SPES_KNOBS = "dense_bins, dominant, max_modes, max_spread_bins, min_samples, prewarm_lead_bins, regular_idle_bins, unknown_keep_ms"  # the fields of SpesConfig
+
 
 def test_a_knob_is_a_field_of_the_policy_set_from_text():
     policy, values = with_knobs(get_policy("fixed10"), {"keep_alive_ms": "7min"})
-    assert policy.keep_alive_ms == 420_000 and values == {"keep_alive_ms": 420_000}
-    assert policy.name == "fixed10" and get_policy("fixed10").keep_alive_ms == 600_000
-    assert with_knobs(get_policy("learned"), {"wait_gb": "2.5"})[0].wait_gb == 2.5
+    assert policy.config.keep_alive_ms == 420_000 and values == {"keep_alive_ms": 420_000}
+    assert policy.name == "fixed10" and get_policy("fixed10").config.keep_alive_ms == 600_000
+    assert with_knobs(get_policy("learned"), {"wait_gb": "2.5"})[0].config.wait_gb == 2.5
 
 
 @pytest.mark.parametrize(
     "policy, settings, message",
     [
-        ("spes", {"keep_alive_ms": "1"}, "policy spes has no knob 'keep_alive_ms' (its knobs: none)"),
+        ("spes", {"keep_alive_ms": "1"}, f"policy spes has no knob 'keep_alive_ms' (its knobs: {SPES_KNOBS})"),
         ("demo", {"name": "x"}, "policy demo has no knob 'name' (its knobs: keep_alive_ms)"),
         ("demo", {"keep_alive_ms": "soon"}, "demo.keep_alive_ms=soon: not a number (a number of ms, or with a unit"),
         ("demo", {"keep_alive_ms": "-5"}, "demo.keep_alive_ms=-5: must be 0 or more"),
@@ -50,7 +52,9 @@ def test_points_are_every_combination_of_each_policys_knobs():
         "demo keep_alive_ms=1min",
         "demo keep_alive_ms=2min",
     ]  # one value, however written, is one point
-    with pytest.raises(KnobError, match=r"no policy swept has a knob 'keep_alive' .*demo: keep_alive_ms; spes: none"):
+    with pytest.raises(
+        KnobError, match=rf"no policy swept has a knob 'keep_alive' .*demo: keep_alive_ms; spes: {SPES_KNOBS}"
+    ):
         points(["demo", "spes"], ["keep_alive=1"])
     with pytest.raises(KnobError, match="'cidre' is not one of the policies swept"):
         points(["demo"], ["cidre.keep_alive_ms=1"])
@@ -93,7 +97,7 @@ def test_a_sweep_refuses_an_unknown_knob_before_it_starts(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
         main(["sweep", str(trace), "--policy", "spes", "--vary", "keep_alive_ms=1", "--db", str(tmp_path / "x")])
     assert exit.value.code == 1
-    assert "scaler sweep: error: no policy swept has a knob 'keep_alive_ms' (their knobs: spes: none)" in (
+    assert f"scaler sweep: error: no policy swept has a knob 'keep_alive_ms' (their knobs: spes: {SPES_KNOBS})" in (
         capsys.readouterr().err
     )
     assert not (tmp_path / "x").exists()

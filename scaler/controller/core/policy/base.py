@@ -156,12 +156,6 @@ class Policy:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r}, name={self.name!r})"
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and (other.config, other.name) == (self.config, self.name)
-
-    def __hash__(self) -> int:
-        return hash((type(self), self.config, self.name))
-
     def can(self, capability: Capability) -> bool:
         """Whether the policy declares `capability`: the one question the core and the shell ask of it."""
         return capability in self.capabilities

@@ -177,7 +177,15 @@ GROUPS_FROM = ROBUST_FROM  # groups of the current one's size (with the pauses a
 GROUP_PAUSES_ALIKE = 1.25  # ...and those pauses alike: the longest at most this x the shortest
 
 
-def group_pause(gaps: tuple[int, ...], burst: float) -> tuple[float, list[int]] | None:
+@dataclass(frozen=True)
+class GroupPause:
+    """How likely the current group of calls has ended, and the pauses that came after groups of its size."""
+
+    ended: float
+    pauses: list[int]
+
+
+def group_pause(gaps: tuple[int, ...], burst: float) -> GroupPause | None:
     """For a function called in groups (calls closer than `burst`, then a pause): how likely the current group
     has ended, and the pauses that came after groups of its size, when enough came and they are alike.
 
@@ -199,7 +207,7 @@ def group_pause(gaps: tuple[int, ...], burst: float) -> tuple[float, list[int]] 
     pauses = sorted(gap for n, gap in ended if n == size)
     if len(pauses) < GROUPS_FROM or reached < GROUPS_FROM or pauses[-1] > GROUP_PAUSES_ALIKE * pauses[0]:
         return None
-    return len(pauses) / reached, pauses
+    return GroupPause(len(pauses) / reached, pauses)
 
 
 def in_group(points: Points, ended: float, pauses: list[int], elapsed: float, burst: float) -> Points:
@@ -289,11 +297,13 @@ def blend(own: list[Point], prior: list[Point]) -> list[Point]:
 
 @dataclass(frozen=True)
 class Plan:
-    """Instances ready at `ready` and held until `until` (ms after the last arrival), at an expected `cost`."""
+    """`count` instances ready at `ready` and held until `until` (ms after the last arrival), at an expected
+    `cost`."""
 
     ready: float
     until: float
     cost: float
+    count: int = 1
 
 
 Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
@@ -302,7 +312,7 @@ Option = tuple[int, float, float]  # instances, their GB in all, what an arrival
 Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
 
 
-def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]) -> tuple[Plan, int]:
+def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]) -> Plan:
     """Keep instances that are ready now until the cheapest `until` (`elapsed`: not at all, every arrival
     misses), and how many: the cheapest of `options`.
 
@@ -314,7 +324,7 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
     total, e = points.total, elapsed + points.shift
     best, until, count = total * miss, elapsed, options[0][0]
     if hi <= lo:
-        return Plan(elapsed, until, best), count
+        return Plan(elapsed, until, best, count)
     p0, q0 = points.before(lo)
     top = p0 + total
     found = []
@@ -326,7 +336,7 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
     cost, j, n = min(found)
     if cost < best:
         best, until, count = cost, x[j] - points.shift, options[n][0]
-    return Plan(elapsed, until, best), count
+    return Plan(elapsed, until, best, count)
 
 
 def _value(points: Points, top: float, rho: float, j: int) -> float:
@@ -380,7 +390,7 @@ def restart_plan(
     rate: float,
     options: list[Option],
     candidates: int = 16,
-) -> tuple[Plan, int] | None:
+) -> Plan | None:
     """Start instances to be ready at `ready` >= elapsed + start and hold them until `until`, and how many:
     the cheapest such plan over `options`, or None when letting the next arrival miss costs less.
 
@@ -449,7 +459,7 @@ def restart_plan(
         cost, j, n_option = min(found)
         if cost < best:
             best, plan = cost, (ready - shift, x[j] - shift, options[n_option][0])
-    return None if plan is None else (Plan(plan[0], plan[1], best), plan[2])
+    return None if plan is None else Plan(plan[0], plan[1], best, plan[2])
 
 
 def share_by(points: Points, until: float) -> float:
