@@ -63,6 +63,7 @@ import msgspec
 
 from scaler.controller.core.features import FOLLOW_MS, Leader
 from scaler.controller.core.next_gap import KERNEL, NextGap, build
+from scaler.controller.core.policy import forecast
 from scaler.controller.core.policy.base import (
     NO_PREWARM,
     UNSEEN,
@@ -76,7 +77,6 @@ from scaler.controller.core.policy.base import (
 )
 from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.policy.forecast import (
-    MIN_NEW_FUNCTIONS,
     GroupPause,
     Option,
     Plan,
@@ -131,6 +131,28 @@ class LearnedConfig(PolicyConfig, frozen=True, kw_only=True):
         int, msgspec.Meta(description="waiting and coming requests the queue plan simulates")
     ] = 64
     max_starts: Annotated[int, msgspec.Meta(description="instances started in one decision at most")] = 32
+    prior_weight: Annotated[
+        float, msgspec.Meta(description="what the run's new functions weigh against a function's own gaps, in gaps")
+    ] = forecast.PRIOR_WEIGHT
+    min_new_functions: Annotated[
+        int, msgspec.Meta(description="gaps of new functions the run needs before they say anything")
+    ] = forecast.MIN_NEW_FUNCTIONS
+    clock_share: Annotated[
+        float, msgspec.Meta(description="the share of recent gaps on the beat that makes a function a clock's")
+    ] = forecast.CLOCK_SHARE
+    beat_sds: Annotated[
+        float, msgspec.Meta(description="how far from the period a gap is still on the beat, in robust sds")
+    ] = forecast.BEAT_SDS
+    beat_share: Annotated[float, msgspec.Meta(description="... or in shares of the period, whichever is wider")] = (
+        forecast.BEAT_SHARE
+    )
+    groups_from: Annotated[
+        int, msgspec.Meta(description="groups of calls of the current one's size needed to read its rhythm")
+    ] = forecast.GROUPS_FROM
+    group_pauses_alike: Annotated[
+        float,
+        msgspec.Meta(description="the pauses after those groups are alike: the longest at most this x the shortest"),
+    ] = forecast.GROUP_PAUSES_ALIKE
     lead_share: Annotated[
         float,
         msgspec.Meta(description="how reliably a leader's return must have brought the function's call to pre-warm"),
@@ -275,7 +297,7 @@ class Learned(Policy):
         """Too few gaps of its own, and too few of the run's new functions to go by."""
         return (
             sum(s.stats.gap_hist) < self.config.min_samples
-            and sum(run.new_gaps) + len(run.new_open) < MIN_NEW_FUNCTIONS
+            and sum(run.new_gaps) + len(run.new_open) < self.config.min_new_functions
         )
 
     def next_arrival(self, s: FnState, now: int, run: RunView = UNSEEN) -> NextArrival:
@@ -299,12 +321,12 @@ class Learned(Policy):
         `next_gap`); a clock's from its last beat (`since_beat`); a function called in groups, as its current
         group's place says (`group_pause`)."""
         gaps = s.stats.gaps
-        beat = since_beat(gaps)
+        c = self.config
+        beat = since_beat(gaps, c.clock_share, c.beat_sds, c.beat_share)
         elapsed = now - s.stats.last_arrival_ms + beat
         burst = 2 * start_ms(s)  # a longer gap is a lull (or a group's pause)
         seen = sum(s.stats.gap_hist)
         shorter = []
-        c = self.config
         if _memoryless(gaps, c):
             shorter = memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)
         elif (early := _shorter_than_seen(gaps)) > elapsed:
@@ -313,11 +335,14 @@ class Learned(Policy):
         if seen >= c.min_samples:
             points = own if own is not None else Points.of(beyond(max(elapsed, 1)))
         else:
-            prior = new_function_points(run.new_gaps, run.new_open.ages(now), elapsed)
+            ages = run.new_open.ages(now)
+            prior = new_function_points(run.new_gaps, ages, elapsed, c.prior_weight, c.min_new_functions)
             points = Points.of(blend(own.pairs() if own is not None else [], prior))
         if beat:
             return NextArrival(points._replace(shift=points.shift + beat), own is not None)
-        group: GroupPause | None = group_pause(gaps, burst) if own is not None else None
+        group: GroupPause | None = (
+            group_pause(gaps, burst, c.groups_from, c.group_pauses_alike) if own is not None else None
+        )
         if group:
             points = in_group(points, group.ended, group.pauses, elapsed, burst)
         return NextArrival(points, own is not None)
