@@ -7,11 +7,13 @@ import pytest
 
 from scaler.cli import main
 from scaler.controller.core.policy import get_policy
+from scaler.controller.core.policy.base import knobs
+from scaler.controller.core.policy.spes import SpesConfig
 from scaler.simulator.knobs import KnobError, with_knobs
 from scaler.simulator.sweep import Point, front, points
 from tests.test_run_metrics import by_hand_trace
 
-SPES_KNOBS = "dense_bins, dominant, max_modes, max_spread_bins, min_samples, prewarm_lead_bins, regular_idle_bins, unknown_keep_ms"  # the fields of SpesConfig
+SPES_KNOBS = ", ".join(sorted(k.name for k in knobs(SpesConfig)))
 
 
 def test_a_knob_is_a_field_of_the_policy_set_from_text():
@@ -101,3 +103,16 @@ def test_a_sweep_refuses_an_unknown_knob_before_it_starts(tmp_path, capsys):
         capsys.readouterr().err
     )
     assert not (tmp_path / "x").exists()
+
+
+def test_knobs_are_listed_with_their_defaults_and_descriptions(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["sweep", "--knobs", "--policy", "fixed10", "--policy", "learned"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert "fixed10:\n  keep_alive_ms  600000  how long an idle instance stays, ms" in out
+    assert "exchange_rate" in out and "None: learned from the run" in out and "spes" not in out
+    with pytest.raises(SystemExit) as exit:
+        main(["sweep", "--policy", "demo"])  # nothing to sweep
+    assert exit.value.code == 1
+    assert "a DATASET_DIR to sweep (or --knobs)" in capsys.readouterr().err

@@ -56,8 +56,8 @@ def with_knobs(policy: Policy, settings: dict[str, str]) -> tuple[Policy, dict[s
 
 
 def listing(policy: Policy) -> str:
-    """The policy's knobs as lines: name, default, description (`scaler sweep --knobs`)."""
-    rows = [(k.name, f"{k.default!r}" if k.default is not None else "None", k.doc) for k in described(policy)]
+    """The policy's knobs as lines: name, value as the policy has it, description (`scaler sweep --knobs`)."""
+    rows = [(k.name, repr(getattr(policy.config, k.name)), k.doc) for k in described(policy)]
     if not rows:
         return f"{policy.name}: no knobs"
     width = max(len(n) for n, _, _ in rows), max(len(d) for _, d, _ in rows)
