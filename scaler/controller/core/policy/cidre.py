@@ -2,7 +2,7 @@
 
 A request that finds no idle instance queues for a busy one (a delayed warm start) and, on the cold
 path, starts a new instance at once: whichever is free first serves it, the other goes idle for the
-next request. This is the core's own race: starts are not dedicated (`Policy.dedicated_starts`), so
+next request. This is the core's own race: starts are not dedicated (no `Capability.DEDICATED_STARTS`), so
 a waiting request takes the first instance ready, freed or new. The cold path is on while 0.8 x the
 mean queueing time of the last `window` requests exceeds their mean execution time (the released
 code's trigger, `trigNum * queuingMs.Avg > execMs.Avg`); off, the request only queues. A request's

@@ -1,10 +1,11 @@
 """Our policy: learn each function from its own events, and weigh waiting against memory.
 
 The challenge's score trades slot memory x time (GB·s) against time requests wait. Every choice
-here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth. It
-is learned from the run itself (`exchange_rate`): the rate at which the score trades the two where
-a clairvoyant scaler would stand on this workload, whose slot time the features fold from the
-arrivals, concurrency included (`features._clairvoyant`).
+here goes through one exchange rate (`Learned.wait_gb`): the slot GB·s one second of waiting is worth.
+It is learned from the run itself (`RunView.exchange_rate`, `base.score_rate`): the rate at which the
+score trades the two where a clairvoyant scaler would stand on this workload, whose slot time the
+features fold from the arrivals, concurrency included (`features._clairvoyant`); a config may fix it
+instead (`LearnedConfig.exchange_rate`). Every knob is a field of `LearnedConfig`.
 
 What a function's history says (`next_arrival`, `outlook`; the arithmetic is in forecast.py):
 - The next arrival: the time-decayed histogram of its gaps, each bin's weight put where the recent
