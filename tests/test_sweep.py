@@ -3,13 +3,14 @@
 import json
 import sqlite3
 
+import msgspec
 import pytest
 
 from scaler.cli import main
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.base import knobs
 from scaler.controller.core.policy.spes import SpesConfig
-from scaler.simulator.knobs import KnobError, with_knobs
+from scaler.simulator.knobs import KnobError, listing, with_knobs
 from scaler.simulator.sweep import Point, front, points
 from tests.test_run_metrics import by_hand_trace
 
@@ -116,3 +117,11 @@ def test_knobs_are_listed_with_their_defaults_and_descriptions(capsys):
         main(["sweep", "--policy", "demo"])  # nothing to sweep
     assert exit.value.code == 1
     assert "a DATASET_DIR to sweep (or --knobs)" in capsys.readouterr().err
+
+
+def test_a_knob_set_makes_a_new_policy_and_leaves_the_shipped_one():
+    shipped = get_policy("spes")
+    tuned, values = with_knobs(shipped, {"dense_bins": "7"})
+    assert (tuned.config.dense_bins, values, tuned.name) == (7, {"dense_bins": 7}, "spes")
+    assert shipped.config.dense_bins == 5 and msgspec.structs.replace(tuned.config, dense_bins=5) == shipped.config
+    assert "dense_bins" in listing(shipped) and "idle runs mostly shorter than this" in listing(shipped)

@@ -1,6 +1,5 @@
 """The policy contract (docs/policies.md, "Writing a policy"): configs, capabilities, the run's view, results."""
 
-import msgspec
 import pytest
 
 from scaler.controller.core.decide import decide
@@ -8,7 +7,6 @@ from scaler.controller.core.policy import POLICIES, UNSEEN, Capability, RunView,
 from scaler.controller.core.policy.base import FixedKeepAlive, KeepAlive, knobs, score_rate
 from scaler.controller.core.policy.learned import Learned, LearnedConfig
 from scaler.controller.core.state import FnState, Totals
-from scaler.simulator.knobs import listing, with_knobs
 from tests.core.factories import KEY, assign, idle, ready, run
 
 RUN = Totals(exec_ms=60_000, exec_gb_ms=30_000, ideal_gb_ms=90_000)  # a run whose exchange rate is known
@@ -79,11 +77,3 @@ def test_learned_values_waiting_at_the_runs_rate_unless_its_config_fixes_one():
     assert Learned().wait_gb(view) == pytest.approx(score_rate(RUN)) != 5.0
     assert Learned(LearnedConfig(exchange_rate=42.0)).wait_gb(view) == 42.0
     assert Learned(LearnedConfig(max_wait_gb=1.0)).wait_gb(view) == 1.0  # the learned rate is bounded
-
-
-def test_a_knob_set_makes_a_new_policy_and_leaves_the_shipped_one():
-    shipped = get_policy("spes")
-    tuned, values = with_knobs(shipped, {"dense_bins": "7"})
-    assert (tuned.config.dense_bins, values, tuned.name) == (7, {"dense_bins": 7}, "spes")
-    assert shipped.config.dense_bins == 5 and msgspec.structs.replace(tuned.config, dense_bins=5) == shipped.config
-    assert "dense_bins" in listing(shipped) and "idle runs mostly shorter than this" in listing(shipped)
