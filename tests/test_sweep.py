@@ -22,6 +22,7 @@ def test_a_knob_is_a_field_of_the_policy_set_from_text():
     assert policy.config.keep_alive_ms == 420_000 and values == {"keep_alive_ms": 420_000}
     assert policy.name == "fixed10" and get_policy("fixed10").config.keep_alive_ms == 600_000
     assert with_knobs(get_policy("learned"), {"wait_gb": "2.5"})[0].config.wait_gb == 2.5
+    assert with_knobs(get_policy("learned"), {"exchange_rate": "10"})[0].config.exchange_rate == 10.0  # None: learned
 
 
 @pytest.mark.parametrize(
