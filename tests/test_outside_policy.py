@@ -66,6 +66,7 @@ def test_an_outside_policy_is_named_as_it_was_given(outside):
     made = get_policy(SPEC)
     assert isinstance(made, Policy) and made.name == SPEC  # what a node's status and heartbeat say
     inst = type("I", (), {"memory_mb": 128})()
+    assert made.config.budget_gb_s == 60.0
     assert made.keep_alive(None, inst, 1_000).until_ms == 1_000 + 480_000  # 60 GB·s over 1/8 GB
 
 
@@ -76,7 +77,7 @@ class NotOne:
     pass
 
 class Fails(Policy):
-    def __init__(self):
+    def __init__(self, config=None, name=None):
         raise RuntimeError("no knobs file")
 
 def makes_a_string():
@@ -92,9 +93,9 @@ value = 3
         ("nowhere_at_all:P", "policy 'nowhere_at_all:P': no module named 'nowhere_at_all' (is it on PYTHONPATH?)"),
         ("broken:Missing", "policy 'broken:Missing': broken has no attribute 'Missing'"),
         ("broken:NotOne", "policy 'broken:NotOne': NotOne is not a Policy (make it a subclass of"),
-        ("broken:value", "policy 'broken:value': not a Policy class or factory but int"),
+        ("broken:value", "policy 'broken:value': not a Policy class but int"),
         ("broken:Fails", "policy 'broken:Fails': its constructor failed: RuntimeError: no knobs file"),
-        ("broken:makes_a_string", "policy 'broken:makes_a_string': made a str, not a Policy"),
+        ("broken:makes_a_string", "policy 'broken:makes_a_string': not a Policy class but function"),
         ("shapes_of:P", "policy 'shapes_of:P': importing shapes_of failed: ModuleNotFoundError: No module named"),
         ("broken:", "policy 'broken:': give it as package.module:Class"),
         ("nothing-like-it", "unknown policy 'nothing-like-it'; choose one of demo, fixed10,"),

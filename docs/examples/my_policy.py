@@ -1,24 +1,28 @@
-"""An example policy from outside the project (docs/policies.md: Writing a policy).
+"""An example policy from outside the project (docs/policies.md: A policy from outside the project).
 
-Every idle instance gets the same budget of idle memory: a 128 MB instance stays 16 times as long as a
-2 GB one. Run it with `PYTHONPATH=docs/examples scaler simulate DATASET --offline --policy
+Every idle instance gets the same budget of idle memory: a 128 MB instance stays eight times as long as a
+1 GB one. Run it with `PYTHONPATH=docs/examples scaler simulate DATASET --offline --policy
 my_policy:EqualIdleMemory`, or `scaler up --policy my_policy:EqualIdleMemory`.
 """
 
-from dataclasses import dataclass
+from typing import Annotated
 
-from scaler.controller.core.policy import KeepAlive, Policy
+import msgspec
+
+from scaler.controller.core.policy import UNSEEN, KeepAlive, Policy, PolicyConfig
 
 
-@dataclass(frozen=True)
+class EqualIdleMemoryConfig(PolicyConfig, frozen=True, kw_only=True):
+    budget_gb_s: Annotated[float, msgspec.Meta(description="idle memory x time each idle instance may hold")] = 60.0
+    floor_ms: Annotated[int, msgspec.Meta(description="the shortest keep-alive")] = 10_000
+    cap_ms: Annotated[int, msgspec.Meta(description="the longest keep-alive")] = 30 * 60_000
+
+
 class EqualIdleMemory(Policy):
-    """Keep an idle instance until it has held `budget_gb_s` of idle memory, between `floor_ms` and `cap_ms`."""
+    name = "equal-idle-memory"
+    Config = EqualIdleMemoryConfig
 
-    budget_gb_s: float = 60.0  # a 1 GB instance stays a minute, a 128 MB one eight
-    floor_ms: int = 10_000
-    cap_ms: int = 30 * 60_000
-
-    def keep_alive(self, s, inst, now) -> KeepAlive:
-        gb = max(inst.memory_mb, 1) / 1024
-        keep_ms = min(self.cap_ms, max(self.floor_ms, round(self.budget_gb_s / gb * 1000)))
-        return KeepAlive(now + keep_ms, f"equal idle memory: {self.budget_gb_s:g} GB·s over {gb:g} GB")
+    def keep_alive(self, s, inst, now, run=UNSEEN) -> KeepAlive:
+        c, gb = self.config, max(inst.memory_mb, 1) / 1024
+        keep_ms = min(c.cap_ms, max(c.floor_ms, round(c.budget_gb_s / gb * 1000)))
+        return KeepAlive(now + keep_ms, f"equal idle memory: {c.budget_gb_s:g} GB·s over {gb:g} GB")

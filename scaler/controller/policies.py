@@ -12,10 +12,9 @@ import importlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable
 
 from scaler.controller.core import policy as core_policy
-from scaler.controller.core.policy import Policy
+from scaler.controller.core.policy import Policy, PolicyConfig
 
 GROUP = "scaler.policies"
 
@@ -24,17 +23,17 @@ class Outside:
     """The core's `Finder`: entry points by name, `module:Class` by import; each found once, kept."""
 
     def __init__(self) -> None:
-        self._found: dict[str, Callable[[], Policy]] = {}
+        self._found: dict[str, tuple[type[Policy], PolicyConfig]] = {}
 
     def names(self) -> list[str]:
         return sorted({ep.name for ep in importlib.metadata.entry_points(group=GROUP)})
 
-    def find(self, name: str) -> Callable[[], Policy]:
+    def find(self, name: str) -> tuple[type[Policy], PolicyConfig]:
         if name not in self._found:
             self._found[name] = self._load(name)
         return self._found[name]
 
-    def _load(self, name: str) -> Callable[[], Policy]:
+    def _load(self, name: str) -> tuple[type[Policy], PolicyConfig]:
         if ":" in name:
             target = _import(name)
         elif eps := importlib.metadata.entry_points(group=GROUP, name=name):
@@ -46,9 +45,7 @@ class Outside:
         else:
             known = ", ".join(core_policy.policy_names())
             raise ValueError(f"unknown policy {name!r}; choose one of {known}, or give package.module:Class")
-        factory = _factory(name, target)
-        factory()  # a constructor that fails says so here, at the door, not in the middle of a decision
-        return factory
+        return _checked(name, target)
 
 
 def _import(spec: str) -> object:
@@ -73,28 +70,19 @@ def _import(spec: str) -> object:
     return target
 
 
-def _factory(name: str, target: object) -> Callable[[], Policy]:
-    """A factory for `target` (a Policy subclass, or a callable returning a Policy), its result named `name`."""
-    if not callable(target):
-        raise ValueError(f"policy {name!r}: not a Policy class or factory but {type(target).__name__}")
-    if isinstance(target, type) and not issubclass(target, Policy):
+def _checked(name: str, target: object) -> tuple[type[Policy], PolicyConfig]:
+    """`target` as the core keeps a policy (its class and default config), once it is known to build."""
+    if not isinstance(target, type):
+        raise ValueError(f"policy {name!r}: not a Policy class but {type(target).__name__}")
+    if not issubclass(target, Policy):
         base = "scaler.controller.core.policy.Policy"
         raise ValueError(f"policy {name!r}: {target.__qualname__} is not a Policy (make it a subclass of {base})")
-
-    def make() -> Policy:
-        try:
-            made = target()
-        except Exception as e:
-            raise ValueError(f"policy {name!r}: its constructor failed: {_said(e)}") from None
-        if not isinstance(made, Policy):
-            raise ValueError(f"policy {name!r}: made a {type(made).__name__}, not a Policy")
-        try:
-            object.__setattr__(made, "name", name)  # the name that loads it on any node, as a built-in's is
-        except AttributeError:
-            raise ValueError(f"policy {name!r}: its instances take no `name` attribute (__slots__?)") from None
-        return made
-
-    return make
+    try:
+        config = target.Config()
+        target(config, name=name)  # a constructor that fails says so here, at the door, not in a decision
+    except Exception as e:
+        raise ValueError(f"policy {name!r}: its constructor failed: {_said(e)}") from None
+    return target, config
 
 
 def _said(e: BaseException) -> str:

@@ -231,7 +231,7 @@ def test_the_run_check_catches_a_cache_filled_at_run_time(monkeypatch):
     compute = learned.Learned.pool_target
 
     def memoised(self, s, now, **kw):
-        key = (id(s.stats), now, self.wait_gb, *kw.items())
+        key = (id(s.stats), now, self.config.wait_gb, *kw.items())
         return learned._POOL_MEMO.setdefault(key, compute(self, s, now, **kw))
 
     monkeypatch.setattr(learned.Learned, "pool_target", memoised)

@@ -45,7 +45,7 @@ from scaler.controller.core import operator, reconcile
 from scaler.controller.core.features import FOLLOW_MS, UNKNOWN_START_MS, comes_back
 from scaler.controller.core.limits import NO_ROOM, Room
 from scaler.controller.core.operator import misfit, retire_past_max
-from scaler.controller.core.policy import Policy
+from scaler.controller.core.policy import UNSEEN, Capability, Policy, RunView
 from scaler.controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
 from scaler.proto.commands import (
     QUOTA_STATUS,
@@ -131,10 +131,11 @@ class Decision(NamedTuple):
 class _Draft:
     """A decision being built: events are applied as they are emitted."""
 
-    def __init__(self, s: FnState, now: int, room: Room = NO_ROOM) -> None:
+    def __init__(self, s: FnState, now: int, room: Room = NO_ROOM, run: RunView = UNSEEN) -> None:
         self.s = s
         self.now = now
         self.room = room
+        self.run = run  # the whole run as this decision sees it, worked out once: every policy call gets it
         self.started = 0  # instances this decision starts: they count against caps over all functions
         self.events: list[Event] = []
         self.replies: list[Reply] = []
@@ -185,12 +186,10 @@ class _Draft:
 def decide(
     s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM
 ) -> Decision:
-    """`respond` then `plan`, as one decision at rest. `totals`: the whole run so far, for a policy tuned by
-    it (`Policy.tuned_to`); `room`: the caps and reserved instances the operator set
-    (scaler/controller/core/limits.py)."""
-    if totals is not None:
-        policy = policy.tuned_to(totals)
-    d = _Draft(s, now, room)
+    """`respond` then `plan`, as one decision at rest. `totals`: the whole run so far, which the policy sees
+    through its view (`RunView.of`, once per decision); `room`: the caps and reserved instances the operator
+    set (scaler/controller/core/limits.py)."""
+    d = _Draft(s, now, room, RunView.of(totals))
     asked = _respond(d, cmd, totals, policy)
     planned = _rest(d, policy)
     return Decision(d.events, d.replies, d.s, _earliest(asked, planned))
@@ -203,9 +202,7 @@ def respond(
 
     Its `wake_ms` is the earliest of its own deadlines (a lease, a recheck of the waiting, a
     throttle, a session's wait); `plan`'s are apart."""
-    if totals is not None:
-        policy = policy.tuned_to(totals)
-    d = _Draft(s, now, room)
+    d = _Draft(s, now, room, RunView.of(totals))
     wake = _respond(d, cmd, totals, policy)
     return Decision(d.events, d.replies, d.s, wake)
 
@@ -215,9 +212,7 @@ def plan(s: FnState, now: int, policy: Policy, totals: Totals | None = None, roo
 
     Its `wake_ms` is the earliest of its own deadlines (a keep-alive, a planned pre-warm, a session's
     idle end, rest); `respond`'s are apart."""
-    if totals is not None:
-        policy = policy.tuned_to(totals)
-    d = _Draft(s, now, room)
+    d = _Draft(s, now, room, RunView.of(totals))
     wake = _rest(d, policy)
     return Decision(d.events, [], d.s, wake)
 
@@ -276,7 +271,7 @@ def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy
     if d.s.meta != cmd.meta:
         d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
     _named(d, cmd)
-    if policy.follows_leaders and totals is not None and comes_back(d.s.stats, d.now):
+    if policy.can(Capability.FOLLOWS_LEADERS) and totals is not None and comes_back(d.s.stats, d.now):
         if leads := totals.leads(d.s.key, d.now):
             d.emit(Followed(at_ms=d.now, leads=leads))
     d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to, session=cmd.session, state=cmd.state))
@@ -407,7 +402,7 @@ def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
             )
         )
-        own = d.s.pending(inst.for_request) if policy.dedicated_starts else None
+        own = d.s.pending(inst.for_request) if policy.can(Capability.DEDICATED_STARTS) else None
         if own is not None and _fits(d.s, inst) and not _holding(d.s, own, d.now):
             _assign(d, own, inst)
     elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
@@ -608,7 +603,7 @@ def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
                     held.add(waiting.request_id)
                     continue
             taken = {b.instance_id for b in d.s.sessions.values()}
-            inst = policy.pick(d.s, [i for i in idle if i.id not in taken] or idle, d.now)
+            inst = policy.pick(d.s, [i for i in idle if i.id not in taken] or idle, d.now, d.run)
         _assign(d, waiting, inst)
 
 
@@ -694,7 +689,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     uncovered = _uncovered(d.s, policy, d.now)
     if not uncovered or d.s.meta is None:
         return None
-    plan = policy.plan_queue(d.s, len(uncovered), d.now)
+    plan = policy.plan_queue(d.s, len(uncovered), d.now, d.run)
     starts = d.may_start(plan.starts)
     for waiting in uncovered[:starts]:
         d.start(for_request=waiting.request_id, why=plan.why)
@@ -713,7 +708,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
 def _free_to_take(s: FnState, policy: Policy) -> tuple[Pending, ...]:
     """The waiting requests that may take any idle instance: all, or with dedicated starts those without their own."""
-    return _uncovered(s, policy) if policy.dedicated_starts else s.queue
+    return _uncovered(s, policy) if policy.can(Capability.DEDICATED_STARTS) else s.queue
 
 
 def _uncovered(s: FnState, policy: Policy, now: int | None = None) -> tuple[Pending, ...]:
@@ -724,7 +719,7 @@ def _uncovered(s: FnState, policy: Policy, now: int | None = None) -> tuple[Pend
     queue = s.queue
     if now is not None and (s.sessions or s.states):
         queue = tuple(p for p in queue if not _holding(s, p, now))
-    if policy.dedicated_starts:
+    if policy.can(Capability.DEDICATED_STARTS):
         own = {i.for_request for i in creating}
         return tuple(p for p in queue if p.request_id not in own)
     return queue[len(creating) :]
@@ -803,7 +798,7 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
         retire_past_max(d)
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
-            keep = policy.keep_alive(d.s, inst, d.now)
+            keep = policy.keep_alive(d.s, inst, d.now, d.run)
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
@@ -821,7 +816,7 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
             why = f"reserved: the function keeps {d.room.limits.min_warm} warm"
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=until, why=why))
             continue
-        longer = policy.expire(d.s, inst, d.now)
+        longer = policy.expire(d.s, inst, d.now, d.run)
         if longer is not None and longer.until_ms > d.now:
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=longer.until_ms, why=longer.why))
         else:
@@ -844,7 +839,7 @@ def _prewarm(d: _Draft, policy: Policy) -> int | None:
     """Pre-warm: instances the policy starts ahead of demand. Returns when its next planned start is due."""
     if d.s.meta is None:
         return None
-    warm = policy.prewarm(d.s, d.now)
+    warm = policy.prewarm(d.s, d.now, d.run)
     for _ in range(d.may_start(warm.count)):
         d.start(why=warm.why)
     if reserved := d.may_start(d.room.reserved(d.s), reserved=True):

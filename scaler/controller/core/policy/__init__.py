@@ -1,38 +1,50 @@
-"""Policies by name, as `--policy NAME` selects them in `scaler up` and `scaler simulate`.
+"""Policies by name, as `--policy NAME` selects them in `scaler up` and `scaler simulate`: each a class and
+its default config (docs/policies.md, "Writing a policy").
 
 The built-ins are here; names from outside the project (`package.module:Class`, the `scaler.policies`
 entry points) are found by a `Finder` the process installs at its edge (scaler/controller/policies.py):
 importing a user's module is I/O, which the core does not do itself.
 """
 
-from collections.abc import Callable
 from typing import Protocol
 
 from scaler.controller.core.policy.adaptive import PublicAdaptive
-from scaler.controller.core.policy.base import NO_PREWARM, FixedKeepAlive, KeepAlive, Policy, Prewarm, QueuePlan
+from scaler.controller.core.policy.base import (
+    NO_PREWARM,
+    UNSEEN,
+    Capability,
+    FixedConfig,
+    FixedKeepAlive,
+    KeepAlive,
+    Policy,
+    PolicyConfig,
+    Prewarm,
+    QueuePlan,
+    RunView,
+)
 from scaler.controller.core.policy.cidre import Cidre
 from scaler.controller.core.policy.histogram import HybridHistogram
 from scaler.controller.core.policy.learned import Learned
 from scaler.controller.core.policy.rainbowcake import RainbowCake
 from scaler.controller.core.policy.spes import Spes
 
-POLICIES: dict[str, Callable[[], Policy]] = {
-    "demo": lambda: FixedKeepAlive(5 * 60_000, "demo"),
-    "fixed10": lambda: FixedKeepAlive(10 * 60_000, "fixed10"),
-    "histogram": HybridHistogram,
-    "public-adaptive": PublicAdaptive,
-    "spes": Spes,
-    "rainbowcake": RainbowCake,
-    "cidre": Cidre,
-    "learned": Learned,
+POLICIES: dict[str, tuple[type[Policy], PolicyConfig]] = {
+    "demo": (FixedKeepAlive, FixedConfig(keep_alive_ms=5 * 60_000)),
+    "fixed10": (FixedKeepAlive, FixedConfig(keep_alive_ms=10 * 60_000)),
+    "histogram": (HybridHistogram, HybridHistogram.Config()),
+    "public-adaptive": (PublicAdaptive, PublicAdaptive.Config()),
+    "spes": (Spes, Spes.Config()),
+    "rainbowcake": (RainbowCake, RainbowCake.Config()),
+    "cidre": (Cidre, Cidre.Config()),
+    "learned": (Learned, Learned.Config()),
 }
 DEFAULT_POLICY = "learned"
 
 
 class Finder(Protocol):
-    """Where names beyond the built-ins come from: a factory by name, or ValueError saying why not."""
+    """Where names beyond the built-ins come from: a class and its default config, or ValueError saying why not."""
 
-    def find(self, name: str) -> Callable[[], Policy]: ...
+    def find(self, name: str) -> tuple[type[Policy], PolicyConfig]: ...
 
     def names(self) -> list[str]: ...
 
@@ -51,7 +63,7 @@ def policy_names() -> list[str]:
     return [*POLICIES, *(n for n in (_finder.names() if _finder else []) if n not in POLICIES)]
 
 
-def _factory(name: str) -> Callable[[], Policy]:
+def _entry(name: str) -> tuple[type[Policy], PolicyConfig]:
     if name in POLICIES:
         return POLICIES[name]
     if _finder is not None:
@@ -59,15 +71,17 @@ def _factory(name: str) -> Callable[[], Policy]:
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
 
 
-def get_policy(name: str) -> Policy:
-    """A new policy by its name: a built-in, an entry point or `package.module:Class`; ValueError if none."""
-    return _factory(name)()
+def get_policy(name: str, config: PolicyConfig | None = None) -> Policy:
+    """The policy `name` (a built-in, an entry point or `package.module:Class`), with its default config or
+    `config`; ValueError if this process cannot load it."""
+    cls, default = _entry(name)
+    return cls(default if config is None else config, name=name)
 
 
 def policy_problem(name: str) -> str | None:
     """Why this process cannot load the policy `name` (one line), or None when it can."""
     try:
-        _factory(name)
+        _entry(name)
     except ValueError as e:
         return str(e)
     return None
@@ -77,11 +91,15 @@ __all__ = [
     "DEFAULT_POLICY",
     "NO_PREWARM",
     "POLICIES",
+    "UNSEEN",
+    "Capability",
     "Finder",
     "KeepAlive",
     "Policy",
+    "PolicyConfig",
     "Prewarm",
     "QueuePlan",
+    "RunView",
     "get_policy",
     "policy_names",
     "policy_problem",
