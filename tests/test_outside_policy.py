@@ -12,8 +12,9 @@ import pytest
 
 from scaler.controller import policies
 from scaler.controller.core.limits import FunctionLimits, Limits, limits_problem
-from scaler.controller.core.policy import Policy, get_policy, policy_names, policy_problem, use_finder
+from scaler.controller.core.policy import Policy
 from scaler.controller.ledger import _loaded_or
+from scaler.controller.policies import get_policy, policy_names, policy_problem
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from scaler.simulator.dataset import load_dataset
@@ -34,9 +35,7 @@ def outside(monkeypatch, tmp_path):
     """This process able to load outside policies, with docs/examples and a scratch folder on its path."""
     monkeypatch.syspath_prepend(str(EXAMPLES))
     monkeypatch.syspath_prepend(str(tmp_path))
-    policies.install()
     yield tmp_path
-    use_finder(None)
     policies._outside._found.clear()
     for name in [m for m in sys.modules if m in {"my_policy", "broken", "shapes_of"}]:
         del sys.modules[name]
@@ -107,7 +106,7 @@ def test_a_name_that_cannot_load_is_said_in_one_line(outside, spec, said):
     with pytest.raises(argparse.ArgumentTypeError) as e:
         policies.checked(spec)
     assert str(e.value).startswith(said) and "\n" not in str(e.value), str(e.value)
-    assert policy_problem(spec) == str(e.value)  # the same said by the core's checks (Configure, the limits file)
+    assert policy_problem(spec) == str(e.value)  # the same said for a limits file's names
 
 
 def test_the_command_line_refuses_a_name_it_cannot_load(tmp_path):
@@ -119,9 +118,13 @@ def test_the_command_line_refuses_a_name_it_cannot_load(tmp_path):
 
 
 def test_a_limits_file_takes_an_outside_name_the_node_can_load(outside):
-    assert limits_problem(Limits(functions={"f": FunctionLimits(policy=SPEC)})) is None
-    said = limits_problem(Limits(functions={"f": FunctionLimits(policy="my_policy:Nope")}))
+    good, bad = (Limits(functions={"f": FunctionLimits(policy=name)}) for name in (SPEC, "my_policy:Nope"))
+    assert limits_problem(good) is None is policies.limits_problem(good)
+    assert limits_problem(bad) is None  # the core checks the form; the node's edge, whether it imports
+    said = policies.limits_problem(bad)
     assert said == "functions.f.policy: policy 'my_policy:Nope': my_policy has no attribute 'Nope'"
+    said = limits_problem(Limits(functions={"f": FunctionLimits(policy="bogus")}))
+    assert said.startswith("functions.f.policy: unknown policy 'bogus'; choose one of demo,")
 
 
 def test_a_node_that_cannot_load_a_functions_policy_decides_with_its_own(outside, caplog):
@@ -172,17 +175,22 @@ async def test_the_docs_example_runs_live_under_scaler_up(tmp_path, monkeypatch)
     assert (stats["totalRequestsCount"], stats["failedRequestsCount"]) == (6, 0)
 
 
-def test_an_operator_sets_an_outside_policy_the_node_can_load_and_no_other(outside):
+def test_an_operator_sets_an_outside_policy_and_a_node_that_cannot_import_it_uses_its_own(outside, caplog):
     node = Node()
     i = served(node, "a", 0)
     said = operator(node, c.Configure(key="fn", policy=SPEC, reason="try it"), 5)
     assert said.message == f"policy {SPEC}" and node.s().policy == SPEC
     node(idle("a", i), 10)
     assert node.of(e.KeptAlive)[-1].why.startswith("equal idle memory: 60 GB·s over")
-    refused = operator(node, c.Configure(key="fn", policy="my_policy:Nope"), 20)
-    assert refused.code is c.Code.INVALID_ARGUMENT
-    assert refused.message == "policy 'my_policy:Nope': my_policy has no attribute 'Nope'"
-    assert node.s().policy == SPEC  # nothing stored
+    refused = operator(node, c.Configure(key="fn", policy="bogus"), 20)
+    assert refused.code is c.Code.INVALID_ARGUMENT and node.s().policy == SPEC  # not a name's form: nothing stored
+    # the core takes any package.module:Class (it imports nothing): one this node cannot import is logged and the
+    # function decided by the node's own policy (demo), not left unserved
+    assert operator(node, c.Configure(key="fn", policy="my_policy:Nope"), 30).code is c.Code.OK
+    j = served(node, "b", 40)
+    node(idle("b", j), 50)
+    assert node.of(e.KeptAlive)[-1].why == "fixed keep-alive 300s"
+    assert "policy 'my_policy:Nope': my_policy has no attribute 'Nope'" in caplog.text
 
 
 def test_a_sweep_moves_an_outside_policys_knob_in_its_workers(tmp_path):

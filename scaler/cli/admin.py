@@ -219,7 +219,7 @@ class Set(_Change):
         p.add_argument(
             "--policy",
             metavar="NAME",
-            help=f'the policy that decides it ("": the node\'s; one of {", ".join(POLICIES)}, an entry point or'
+            help=f'the policy that decides it ("": the node\'s; one of {", ".join(POLICIES)} or'
             " package.module:Class that every node can import)",
         )
         p.add_argument("--version", help="its version: instances of another one retire as they become idle")

@@ -15,8 +15,9 @@ import msgspec
 from scaler.controller.core import decide as core
 from scaler.controller.core.decide import Decision
 from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Limits, Room, TenantQuota
-from scaler.controller.core.policy import Policy, get_policy
+from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import FnState, Totals, apply, newest_returns
+from scaler.controller.policies import get_policy
 from scaler.proto.commands import AnyCommand, Assign, Cue, Tick, command_id
 from scaler.proto.events import Batch, RequestArrived
 

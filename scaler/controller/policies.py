@@ -1,7 +1,7 @@
 """Policies from outside the project: `package.module:Class` and the `scaler.policies` entry points.
 
-The core knows its built-ins by name; this module, at the process's edge, imports what a user names and
-hands the core a factory (`install()`, once per process, before any name is read). A name travels between
+The core knows its built-ins by name and checks only the form of any other (`package.module:Class`); this
+module, at the process's edge, imports what a user names and hands the core a built policy. A name travels between
 nodes as it was given (a function's policy is an event holding its name), so each node must be able to
 import it: the module on its PYTHONPATH (or in its working directory), or the package that declares the
 entry point installed.
@@ -14,6 +14,7 @@ import os
 import sys
 
 from scaler.controller.core import policy as core_policy
+from scaler.controller.core.limits import Limits
 from scaler.controller.core.policy import Policy, PolicyConfig
 
 GROUP = "scaler.policies"
@@ -43,7 +44,7 @@ class Outside:
             except Exception as e:  # whatever the user's import raises is said, in one line
                 raise ValueError(f"policy {name!r} (entry point {ep.value}): cannot load: {_said(e)}") from None
         else:
-            known = ", ".join(core_policy.policy_names())
+            known = ", ".join(policy_names())
             raise ValueError(f"unknown policy {name!r}; choose one of {known}, or give package.module:Class")
         return _checked(name, target)
 
@@ -92,20 +93,43 @@ def _said(e: BaseException) -> str:
 _outside = Outside()
 
 
-def install() -> None:
-    """Let this process's core reach policies from outside the project (idempotent)."""
-    core_policy.use_finder(_outside)
+def policy_names() -> list[str]:
+    """Every name this process can load without a module path: the built-ins, then the entry points."""
+    return [*core_policy.POLICIES, *(n for n in _outside.names() if n not in core_policy.POLICIES)]
+
+
+def get_policy(name: str, config: PolicyConfig | None = None) -> Policy:
+    """The policy `name` (a built-in, an entry point or `package.module:Class`), with its default config or
+    `config`; ValueError saying why in one line if this process cannot load it."""
+    cls, default = core_policy.POLICIES.get(name) or _outside.find(name)
+    return cls(default if config is None else config, name=name)
+
+
+def policy_problem(name: str) -> str | None:
+    """Why this process cannot load the policy `name` (one line), or None when it can."""
+    try:
+        core_policy.POLICIES.get(name) or _outside.find(name)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def choices() -> str:
     """The names a `--policy` takes, for its help."""
-    install()
-    return f"one of {', '.join(core_policy.policy_names())}, or package.module:Class"
+    return f"one of {', '.join(policy_names())}, or package.module:Class"
 
 
 def checked(name: str) -> str:
     """An argparse type: a policy name this process can load (one line saying why not, else)."""
-    install()
-    if problem := core_policy.policy_problem(name):
+    if problem := policy_problem(name):
         raise argparse.ArgumentTypeError(problem)
     return name
+
+
+def limits_problem(limits: Limits) -> str | None:
+    """A policy a limits file names that this node cannot import, said with where it is; None if none."""
+    named = [("default", limits.default), *((f"functions.{k}", f) for k, f in limits.functions.items())]
+    for where, f in named:
+        if f.policy and (problem := policy_problem(f.policy)):
+            return f"{where}.policy: {problem}"
+    return None

@@ -26,7 +26,8 @@ import msgspec
 
 from scaler import replay
 from scaler.controller import policies
-from scaler.controller.core.policy import DEFAULT_POLICY, get_policy
+from scaler.controller.core.policy import DEFAULT_POLICY
+from scaler.controller.policies import get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime import service
 from scaler.runtime.ports import address, nats_url, peer, port

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaler.controller import policies as outside
-from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES
+from scaler.controller.policies import get_policy
 from scaler.simulator import runs
 from scaler.simulator.cli import CREATE_LATENCY_MS
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
@@ -122,7 +123,6 @@ _dataset: Dataset | None = None  # each worker's, loaded once
 
 def _load(path: str) -> None:
     global _dataset
-    outside.install()  # a policy named package.module:Class is imported in the worker too
     _dataset = load_dataset(path)
 
 
