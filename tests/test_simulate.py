@@ -144,7 +144,7 @@ def test_an_empty_trace_is_bad_input(tmp_path, capsys):
 def test_an_unknown_policy_is_refused_in_both_modes(capsys, mode):
     code, _, err = simulate_cli(capsys, SMOKE, "--policy", "clairvoyant", *mode)
     assert code == 2  # as argparse refuses any bad argument, in every subcommand
-    assert "argument --policy: invalid choice: 'clairvoyant' (choose from " in err
+    assert "argument --policy: unknown policy 'clairvoyant'; choose one of demo, " in err
 
 
 def test_an_unreachable_gateway_is_said_plainly(capsys, monkeypatch):

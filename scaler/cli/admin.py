@@ -216,7 +216,12 @@ class Set(_Change):
         p.add_argument("--max-memory", type=int, metavar="MB", help="at most MB of their memory (0: no cap)")
         p.add_argument("--min", type=int, dest="min_warm", metavar="N", help="keep N reserved instances ready")
         p.add_argument("--reset-limits", action="store_true", help="the limits file's limits again (before the rest)")
-        p.add_argument("--policy", choices=["", *sorted(POLICIES)], help='the policy that decides it ("": the node\'s)')
+        p.add_argument(
+            "--policy",
+            metavar="NAME",
+            help=f'the policy that decides it ("": the node\'s; one of {", ".join(POLICIES)} or'
+            " package.module:Class that every node can import)",
+        )
         p.add_argument("--version", help="its version: instances of another one retire as they become idle")
 
     @staticmethod

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import msgspec
 
-from scaler.controller import needs
+from scaler.controller import needs, policies
 from scaler.controller.core.limits import NO_LIMITS, Limits, limits_problem
-from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.controller.core.policy import DEFAULT_POLICY
 from scaler.controller.shell import MAX_BEHIND_S, STORE_WAIT_S, Controller
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
@@ -23,8 +23,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         default=service.env("POLICY", DEFAULT_POLICY),
-        choices=sorted(POLICIES),
-        help="the scaling policy [SCALER_POLICY]",
+        type=policies.checked,
+        metavar="NAME",
+        help=f"the scaling policy: {policies.choices()}; the node must be able to import it"
+        " (docs/policies.md: A policy from outside the project) [SCALER_POLICY]",
     )
     p.add_argument(
         "--replicas",
@@ -114,13 +116,13 @@ def load_limits(path: str) -> Limits:
         raise argparse.ArgumentTypeError(f"{path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
         raise argparse.ArgumentTypeError(f"{path}: {e}") from None
-    if problem := limits_problem(limits):
+    if problem := limits_problem(limits) or policies.limits_problem(limits):
         raise argparse.ArgumentTypeError(f"{path}: {problem}")
     return limits
 
 
 def make(a: argparse.Namespace) -> Controller:
-    policy = get_policy(a.policy)
+    policy = policies.get_policy(a.policy)
     limits = load_limits(a.limits)
     if a.session_idle is not None:  # the flag over the limits file's session_idle_ms
         limits = msgspec.structs.replace(limits, session_idle_ms=round(a.session_idle * 1000))

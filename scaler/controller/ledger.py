@@ -8,15 +8,20 @@ the running state" rest on this one piece of code, not on copies kept in sync. P
 the latest immutable state of each function.
 """
 
+import logging
+
 import msgspec
 
 from scaler.controller.core import decide as core
 from scaler.controller.core.decide import Decision
 from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Limits, Room, TenantQuota
-from scaler.controller.core.policy import Policy, get_policy
+from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import FnState, Totals, apply, newest_returns
+from scaler.controller.policies import get_policy
 from scaler.proto.commands import AnyCommand, Assign, Cue, Tick, command_id
 from scaler.proto.events import Batch, RequestArrived
+
+log = logging.getLogger(__name__)
 
 NO_TOTALS = Totals()
 PLAN = "plan"  # the cause of a plan's batch: no command caused it, the function's rest did
@@ -90,7 +95,7 @@ class Ledger:
         if not name or name == default.name:
             return default
         if (chosen := self._policies.get(name)) is None:
-            chosen = self._policies[name] = get_policy(name)
+            chosen = self._policies[name] = _loaded_or(name, default)
         return chosen
 
     def _room(self, s: FnState, totals: Totals, named: str = "") -> Room:
@@ -243,3 +248,13 @@ class Ledger:
 
 def _earliest(*wakes: int | None) -> int | None:
     return min((w for w in wakes if w is not None), default=None)
+
+
+def _loaded_or(name: str, default: Policy) -> Policy:
+    """The policy `name`, or the node's own when this node cannot import it (an outside policy set on a node that
+    has its module, taken over by one that does not): said once, as the function must still be served."""
+    try:
+        return get_policy(name)
+    except ValueError as e:
+        log.warning("%s; its functions are decided by this node's policy %s instead", e, default.name)
+        return default

@@ -25,7 +25,9 @@ from typing import TypeVar
 import msgspec
 
 from scaler import replay
-from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.controller import policies
+from scaler.controller.core.policy import DEFAULT_POLICY
+from scaler.controller.policies import get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime import service
 from scaler.runtime.ports import address, nats_url, peer, port
@@ -114,8 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         metavar="NAME",
-        choices=sorted(POLICIES),
-        help=f"offline: the policy to score (default {DEFAULT_POLICY}; one of {', '.join(POLICIES)}); live mode"
+        type=policies.checked,
+        help=f"offline: the policy to score (default {DEFAULT_POLICY}; {policies.choices()}); live mode"
         " measures the running scaler's policy (scaler up --policy)",
     )
     p.add_argument(

@@ -21,7 +21,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.controller import policies as outside
+from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES
+from scaler.controller.policies import get_policy
 from scaler.simulator import runs
 from scaler.simulator.cli import CREATE_LATENCY_MS
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
@@ -66,9 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         action="append",
-        choices=sorted(POLICIES),
+        type=outside.checked,
         metavar="NAME",
-        help=f"a policy to sweep (again for several; one of {', '.join(POLICIES)})",
+        help=f"a policy to sweep (again for several; {outside.choices()})",
     )
     p.add_argument(
         "--vary",

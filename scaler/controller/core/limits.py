@@ -25,7 +25,7 @@ from typing import Annotated
 
 import msgspec
 
-from scaler.controller.core.policy import POLICIES
+from scaler.controller.core.policy import policy_form_problem
 from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, Totals, held
 
 Count = Annotated[int, msgspec.Meta(ge=0)]  # a cap or a reserve: 0 or more (a cap of 0: none)
@@ -113,8 +113,8 @@ def limits_problem(limits: Limits) -> str | None:
     for where, f in named:
         if f.tenant and (problem := tenant_problem(f.tenant)):
             return f"{where}.tenant: {problem}"
-        if f.policy and f.policy not in POLICIES:
-            return f"{where}.policy: unknown policy {f.policy!r}; choose one of {', '.join(POLICIES)}"
+        if f.policy and (problem := policy_form_problem(f.policy)):
+            return f"{where}.policy: {problem}"
     for tenant in limits.tenants:
         if problem := tenant_problem(tenant):
             return f"tenants: {problem}"

@@ -12,7 +12,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from scaler.controller.core.policy import POLICIES
+from scaler.controller.core.policy import policy_form_problem
 from scaler.controller.core.state import FnState, Instance, Override, Phase
 from scaler.proto.commands import Code, Configure, Create, DeleteState, Restart, Stop
 from scaler.proto.events import (
@@ -135,8 +135,8 @@ def _configure_problem(cmd: Configure) -> str | None:
     for name in ("max_instances", "max_memory_mb", "min_warm"):
         if (value := getattr(cmd, name)) is not None and value < 0:
             return f"{name} must be 0 or more, got {value}"
-    if cmd.policy and cmd.policy not in POLICIES:
-        return f"unknown policy {cmd.policy!r}; choose one of {', '.join(POLICIES)}"
+    if cmd.policy and (problem := policy_form_problem(cmd.policy)):
+        return problem
     return version_problem(cmd.version or "")
 
 

@@ -34,6 +34,15 @@ POLICIES: dict[str, tuple[type[Policy], PolicyConfig]] = {
 DEFAULT_POLICY = "learned"
 
 
+def policy_form_problem(name: str) -> str | None:
+    """Why `name` cannot name a policy: neither a built-in nor `package.module:Class` (whether that imports is
+    for the process's edge to say, scaler/controller/policies.py: the core imports nothing)."""
+    module, _, attr = name.partition(":")
+    if name in POLICIES or (module and attr):
+        return None
+    return f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}, or package.module:Class"
+
+
 def get_policy(name: str, config: PolicyConfig | None = None) -> Policy:
     """The policy `name`, with its default config or `config`."""
     try:
@@ -56,4 +65,5 @@ __all__ = [
     "QueuePlan",
     "RunView",
     "get_policy",
+    "policy_form_problem",
 ]
