@@ -143,6 +143,15 @@ async def test_a_function_is_decided_by_its_own_policy_set_live(nats_url):
     assert kept == ["fixed keep-alive 600s", "fixed keep-alive 300s"]
 
 
+async def test_a_policy_the_owner_cannot_load_is_refused_at_its_door(nats_url):
+    async with Stack(nats_url) as stack:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await admin_at(stack.channel, "Set", key="fn", policy="no_such_module:Policy")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "no module named 'no_such_module'" in refused.value.details()
+    assert not [x for batch in await stored_events(nats_url) for x in batch if isinstance(x, e.PolicySet)]
+
+
 async def test_one_instance_restarted_stopped_and_its_stats(nats_url):
     async with Stack(nats_url) as stack:
         a, _ = await assign(stack.scaler, "a")

@@ -20,6 +20,7 @@ from scaler.controller.admission import Admission
 from scaler.controller.core import reconcile
 from scaler.controller.lanes import Lanes, Told
 from scaler.controller.partitions import NotServing, Partitions
+from scaler.controller.policies import policy_problem
 from scaler.controller.replies import Replies
 from scaler.controller.writer import Writer
 from scaler.proto.commands import (
@@ -29,6 +30,7 @@ from scaler.proto.commands import (
     Assign,
     Cancel,
     Code,
+    Configure,
     Idle,
     Reconcile,
     Reply,
@@ -125,7 +127,10 @@ class Door:
             self.persist(replace(cmd, reply_to=""))
 
     def overloaded(self, cmd: AnyCommand) -> Reply | None:
-        """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds."""
+        """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds;
+        and a function's policy this node cannot load (the core checks only a name's form)."""
+        if isinstance(cmd, Configure) and cmd.policy and (problem := policy_problem(cmd.policy)) is not None:
+            return Reply(to=cmd.reply_to, request_id=command_id(cmd), code=Code.INVALID_ARGUMENT, message=problem)
         if not isinstance(cmd, Assign):
             return None
         lag = self.admission.lag_s
