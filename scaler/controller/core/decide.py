@@ -794,7 +794,7 @@ def _throttle(d: _Draft, policy: Policy) -> int | None:
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
     """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires (kept
-    while the function's starts are held), and so does one with less memory than the function asks for now (no
+    while the function's starts are held, or while the platform fails starts of any function), and so does one with less memory than the function asks for now (no
     request may run on it again)."""
     for inst in d.s.in_phase(Phase.IDLE):
         if not _fits(d.s, inst):
@@ -811,6 +811,10 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
         if d.held():  # none could replace it: kept until a start may go again
             why = "kept while the function's starts are held (the platform's circuit is open)"
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=d.s.starts_held_until_ms, why=why))
+            continue
+        if d.now < d.room.starts_failing_until_ms:  # another function's start failed: this one's might as well
+            why = "kept while the platform fails starts (none could replace it)"
+            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=d.room.starts_failing_until_ms, why=why))
             continue
         if d.s.states and (state := d.s.holder(inst.id)):
             why = f"holds state {state} until it is deleted"
