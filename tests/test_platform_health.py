@@ -1,5 +1,6 @@
-"""A failing platform seen over all of a node's functions (scaler.controller.platform_health): a failed start of
-one function keeps another's idle instances, and a start that succeeds again lets them retire."""
+"""A failing platform seen over all of a node's functions (scaler.controller.platform_health): failed starts of
+two other functions keep a function's idle instances, and a start that succeeds again lets them retire; one
+function whose starts keep failing keeps nothing of the others."""
 
 from scaler.controller.core.policy import get_policy
 from scaler.controller.ledger import Ledger
@@ -39,9 +40,10 @@ def failed_start(ledger: Ledger, key: str, at: int) -> None:
     decided(ledger, c.SlotFailed(key=key, instance_id=inst.id, reason="Init: InternalError"), at + 10)
 
 
-def test_another_functions_failed_start_keeps_a_warm_functions_idle_instance_until_a_start_succeeds_again():
+def test_other_functions_failed_starts_keep_a_warm_functions_idle_instance_until_a_start_succeeds_again():
     ledger = Ledger()
     keep = warm(ledger, "warm", 0)
+    failed_start(ledger, "broken", keep - 2_000)
     failed_start(ledger, "other", keep - 1_000)
     kept = planned(ledger, "warm", keep)
     assert [type(x) for x in kept] == [e.KeptAlive], kept
@@ -53,8 +55,16 @@ def test_another_functions_failed_start_keeps_a_warm_functions_idle_instance_unt
     assert [type(x) for x in retired] == [e.InstanceRetired], retired
 
 
-def test_a_failed_start_long_ago_keeps_nothing():
+def test_one_functions_failed_starts_keep_nothing_of_the_others():
     ledger = Ledger()
-    failed_start(ledger, "other", 0)
-    keep = warm(ledger, "warm", FAILING_HOLD_MS)
+    keep = warm(ledger, "warm", 0)
+    failed_start(ledger, "broken", keep - 1_000)
+    assert [type(x) for x in planned(ledger, "warm", keep)] == [e.InstanceRetired]
+
+
+def test_failed_starts_long_ago_keep_nothing():
+    ledger = Ledger()
+    keep = warm(ledger, "warm", 0)
+    failed_start(ledger, "broken", keep - FAILING_HOLD_MS - 1_000)
+    failed_start(ledger, "other", keep - FAILING_HOLD_MS - 500)
     assert [type(x) for x in planned(ledger, "warm", keep)] == [e.InstanceRetired]
