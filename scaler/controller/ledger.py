@@ -10,12 +10,12 @@ the latest immutable state of each function.
 
 import msgspec
 
+from scaler.controller import platform_health
 from scaler.controller.core import decide as core
 from scaler.controller.core.decide import Decision
 from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Limits, Room, TenantQuota
 from scaler.controller.core.policy import Policy, get_policy
 from scaler.controller.core.state import FnState, Totals, apply, newest_returns
-from scaler.controller.platform_health import StartsFailing
 from scaler.proto.commands import AnyCommand, Assign, Cue, Tick, command_id
 from scaler.proto.events import Batch, RequestArrived
 
@@ -45,7 +45,7 @@ class Ledger:
         self.seq = 0  # the newest stream sequence folded or appended
         self.followers: dict[str, set[str]] = {}  # a function -> those that follow it (FnStats.leaders)
         self.heard: tuple[tuple[str, int], ...] = ()  # other nodes' functions that came back lately (`hear`)
-        self.starts_failing = StartsFailing()  # the platform's failed starts, over these functions
+        self.starts_failing = platform_health.StartsFailing()  # the platform's failed starts, over these functions
 
     def state(self, key: str) -> FnState:
         return self.states.get(key) or FnState(key=key)
