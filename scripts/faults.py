@@ -147,6 +147,16 @@ async def running(drivers: list[Driver], calls: int = 30, seconds: float = 60) -
             await asyncio.sleep(0.1)
 
 
+async def served(drivers: list[Driver], keys: tuple[str, ...], times: int = 3, seconds: float = 60) -> None:
+    """Wait until each function of `keys` had `times` calls answered: it has instances and a history."""
+    async with asyncio.timeout(seconds):
+        while True:
+            got = Counter(c.key for d in drivers for c in d.calls if c.got_at)
+            if all(got[k] >= times for k in keys):
+                return
+            await asyncio.sleep(0.1)
+
+
 async def spread(nats_url: str, nodes: int, seconds: float = 30) -> None:
     async with asyncio.timeout(seconds):
         while True:
@@ -610,6 +620,7 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
         warm = callers(parts, "warm")
         loads = [asyncio.create_task(d.run()) for d in warm]
         await running(warm)
+        await served(warm, KEYS)  # each of the 12 is warm: 30 calls of 6 clients reach only 10 of them
         fault_at = time.monotonic()
         began: dict[str, float] = {}
         for what in ("init", "create"):

@@ -12,6 +12,7 @@ import logging
 
 import msgspec
 
+from scaler.controller import platform_health
 from scaler.controller.core import decide as core
 from scaler.controller.core.decide import Decision
 from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Limits, Room, TenantQuota
@@ -49,6 +50,7 @@ class Ledger:
         self.seq = 0  # the newest stream sequence folded or appended
         self.followers: dict[str, set[str]] = {}  # a function -> those that follow it (FnStats.leaders)
         self.heard: tuple[tuple[str, int], ...] = ()  # other nodes' functions that came back lately (`hear`)
+        self.starts_failing = platform_health.StartsFailing()  # the platform's failed starts, over these functions
 
     def state(self, key: str) -> FnState:
         return self.states.get(key) or FnState(key=key)
@@ -79,14 +81,15 @@ class Ledger:
         named = cmd.tenant if isinstance(cmd, Assign) else ""
         if s.policy or self.limits is not NO_LIMITS:
             policy = self.policy_of(s, policy)
-        return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(s, totals, named))
+        self.starts_failing.saw(cmd, now)
+        return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(s, totals, named, now))
 
     def plan(self, key: str, now: int, policy: Policy) -> Decision:
         """The core's plan for the function as stored: keep-alives, retirements, pre-warms, rest."""
         s = self.state(key)
         if s.policy or self.limits is not NO_LIMITS:
             policy = self.policy_of(s, policy)
-        return core.plan(s, now, policy, self.run_totals(), self._room(s, self.totals))
+        return core.plan(s, now, policy, self.run_totals(), self._room(s, self.totals, now=now))
 
     def policy_of(self, s: FnState, default: Policy) -> Policy:
         """The policy that decides the function: the one an operator set for it, else the limits file's, else
@@ -98,7 +101,14 @@ class Ledger:
             chosen = self._policies[name] = _loaded_or(name, default)
         return chosen
 
-    def _room(self, s: FnState, totals: Totals, named: str = "") -> Room:
+    def _room(self, s: FnState, totals: Totals, named: str = "", now: int = 0) -> Room:
+        """The function's room, with until when the platform is failing starts (`StartsFailing`)."""
+        room = self._limits_room(s, totals, named)
+        if failing := self.starts_failing.until_ms(now):
+            room = msgspec.structs.replace(room, starts_failing_until_ms=failing)
+        return room
+
+    def _limits_room(self, s: FnState, totals: Totals, named: str = "") -> Room:
         """The function's room: the caps (those over all functions against this node's `totals`), and its tenant's
         quota against what the tenant holds on every node."""
         if self.limits is NO_LIMITS and not self.quotas and s.limits is None and not named and not s.tenant:

@@ -2,10 +2,12 @@
 
 from typing import NamedTuple
 
+import msgspec
 import pytest
 
 from scaler.controller.core.decide import HELD_WAIT_MS, START_MARGIN_MS, decide
 from scaler.controller.core.features import UNKNOWN_START_MS
+from scaler.controller.core.limits import NO_ROOM
 from scaler.controller.core.state import DEFAULT_TIMEOUT_S, FINISHED_GENERATION, FINISHED_KEPT, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
@@ -840,6 +842,20 @@ def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_
         events=[e.InstanceRetired(at_ms=50 + bound, instance_id="fn-2@s9", slot_id="s9", reason=why)],
         wake_ms=40 + bound + bound,  # fn-3 still starts for r3
     )
+
+
+def test_an_idle_instance_outliving_its_keep_alive_is_kept_while_the_platform_fails_starts_of_any_function():
+    """The function's own starts have not failed, but another function's have (the room says so): its idle instance
+    could not be replaced, so it is kept until then, and retires as usual once the platform is not failing."""
+    warm = given(assign("r0"), ready(), idle("r0"))
+    keep = warm.state.instances["fn-1"].keep_until_ms
+    failing = msgspec.structs.replace(NO_ROOM, starts_failing_until_ms=keep + 20_000)
+    why = "kept while the platform fails starts (none could replace it)"
+    given(s=warm.state, room=failing).when(c.Tick(key=KEY, due_ms=keep), at=keep).then(
+        events=[e.KeptAlive(at_ms=keep, instance_id="fn-1", until_ms=keep + 20_000, why=why)], wake_ms=keep + 20_000
+    )
+    retired = given(s=warm.state).when(c.Tick(key=KEY, due_ms=keep), at=keep)
+    assert [type(x) for x in retired.decision.events] == [e.InstanceRetired]
 
 
 def test_an_idle_instance_outliving_its_keep_alive_is_kept_while_its_functions_starts_are_held():

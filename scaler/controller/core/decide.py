@@ -789,7 +789,7 @@ def _throttle(d: _Draft, policy: Policy) -> int | None:
 
 def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
     """Keep/retire: an instance that just became idle gets the policy's keep-alive; an expired one retires (kept
-    while the function's starts are held), and so does one with less memory than the function asks for now (no
+    while starts fail: `_kept_while_starts_fail`), and so does one with less memory than the function asks for now (no
     request may run on it again)."""
     for inst in d.s.in_phase(Phase.IDLE):
         if not _fits(d.s, inst):
@@ -803,9 +803,7 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
             continue
-        if d.held():  # none could replace it: kept until a start may go again
-            why = "kept while the function's starts are held (the platform's circuit is open)"
-            d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=d.s.starts_held_until_ms, why=why))
+        if _kept_while_starts_fail(d, inst):
             continue
         if d.s.states and (state := d.s.holder(inst.id)):
             why = f"holds state {state} until it is deleted"
@@ -822,6 +820,23 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
         else:
             why = f"keep-alive expired after {(d.now - inst.since_ms) / 1000:g}s idle"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
+
+
+def _kept_while_starts_fail(d: _Draft, inst: Instance) -> bool:
+    """An idle instance past its keep-alive is kept while none could replace it: while the function's starts are held
+    (the platform's circuit is open), or while the platform fails starts of any function (the room says until when;
+    the function's own next start would fail too). Whether it was kept."""
+    if d.held():
+        why, until = (
+            "kept while the function's starts are held (the platform's circuit is open)",
+            d.s.starts_held_until_ms,
+        )
+    elif d.now < d.room.starts_failing_until_ms:
+        why, until = "kept while the platform fails starts (none could replace it)", d.room.starts_failing_until_ms
+    else:
+        return False
+    d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=until, why=why))
+    return True
 
 
 def _end_sessions(d: _Draft) -> None:

@@ -135,6 +135,9 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str = ""  # the function's tenant: the limits file's, else the one its call names, else its state's
     quota: TenantQuota | None = None  # that tenant's quota
     tenant_others: Held = NOTHING_HELD  # ... and what the tenant's other functions hold, on every node
+    # The platform failed a start of some function lately, and none has succeeded since (the node's word for it): a
+    # function's idle instances are kept until then, since none of them could be replaced meanwhile.
+    starts_failing_until_ms: int = 0
 
     @staticmethod
     def of(limits: Limits, s: FnState, totals: Totals, tenants: Totals | None = None, named: str = "") -> "Room":
