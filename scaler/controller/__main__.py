@@ -11,7 +11,8 @@ import msgspec
 
 from scaler.controller import needs
 from scaler.controller.core.limits import NO_LIMITS, Limits, limits_problem
-from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
+from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, Policy, get_policy
+from scaler.controller.core.policy.learned import rate_arg, with_rate
 from scaler.controller.shell import MAX_BEHIND_S, STORE_WAIT_S, Controller
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
@@ -26,6 +27,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         choices=sorted(POLICIES),
         help="the scaling policy [SCALER_POLICY]",
     )
+    add_rate(p)
     p.add_argument(
         "--replicas",
         type=replicas,
@@ -82,6 +84,17 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_rate(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--exchange-rate",
+        type=rate_arg,
+        default=service.env("EXCHANGE_RATE", None),
+        metavar="GB_S",
+        help="learned: slot GB·s one second of a request's waiting is worth (higher: fewer cold starts, more idle"
+        " memory); default: the run's own, the challenge's score (docs/policies.md: Exchange rate) [SCALER_EXCHANGE_RATE]",
+    )
+
+
 def replicas(text: str) -> int:
     """An argparse type: a JetStream replica count, 1, 3 or 5, or auto (0: 3 on a cluster, else 1).
 
@@ -119,8 +132,16 @@ def load_limits(path: str) -> Limits:
     return limits
 
 
+def rated(policy: Policy, rate: float | None) -> Policy:
+    """The policy at the exchange rate asked for; a policy without one refuses it, said at the command line."""
+    try:
+        return with_rate(policy, rate)
+    except ValueError as e:
+        raise SystemExit(f"--exchange-rate: {e}") from None
+
+
 def make(a: argparse.Namespace) -> Controller:
-    policy = get_policy(a.policy)
+    policy = rated(get_policy(a.policy), a.exchange_rate)
     limits = load_limits(a.limits)
     if a.session_idle is not None:  # the flag over the limits file's session_idle_ms
         limits = msgspec.structs.replace(limits, session_idle_ms=round(a.session_idle * 1000))

@@ -27,6 +27,8 @@ def knobs(policy: Policy) -> dict[str, type]:
         value = getattr(policy, f.name)
         if f.name not in NOT_KNOBS and type(value) in (int, float):
             found[f.name] = type(value)
+        elif f.name not in NOT_KNOBS and value is None and f.type == float | None:  # unset until asked (exchange_rate)
+            found[f.name] = float
     return found
 
 

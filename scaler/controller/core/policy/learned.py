@@ -53,6 +53,7 @@ What it decides:
 """
 
 import heapq
+from argparse import ArgumentTypeError
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
@@ -129,6 +130,7 @@ class Outlook:
 class Learned(Policy):
     name: str = "learned"
     wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
+    exchange_rate: float | None = None  # wait_gb set by the operator (`--exchange-rate`); None: the run's
     min_samples: int = 3
     new_gaps: tuple[int, ...] = ()  # how soon the run's functions came back while new (Totals.early_gaps)
     new_open: OpenGaps = NO_OPEN_GAPS  # ... and since when those not back yet have been away (Totals.early_open)
@@ -137,9 +139,12 @@ class Learned(Policy):
     def tuned_to(self, totals: Totals) -> "Learned":
         """Value waiting at the rate the score trades it for memory, given the run so far; and know how
         soon new functions came back in this run."""
-        rate = exchange_rate(totals)
-        wait_gb = self.wait_gb if rate is None else min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB)
-        return replace(self, wait_gb=wait_gb, new_gaps=totals.early_gaps, new_open=totals.early_open)
+        return replace(self, wait_gb=self._wait_gb(totals), new_gaps=totals.early_gaps, new_open=totals.early_open)
+
+    def _wait_gb(self, totals: Totals) -> float:
+        """The exchange rate set (`exchange_rate`), else the run's, held within MIN/MAX_WAIT_GB."""
+        rate = self.exchange_rate if self.exchange_rate is not None else exchange_rate(totals)
+        return self.wait_gb if rate is None else min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB)
 
     # --- what the history says -------------------------------------------------------------
 
@@ -519,6 +524,33 @@ MAX_STARTS = 32  # instances started in one decision at most
 MIN_EXEC_MS = 1_000  # execution the run needs before its exchange rate is trusted
 MIN_WAIT_GB, MAX_WAIT_GB = 0.1, 1000.0
 LEAD_SHARE = 0.9  # how reliably a leader's return must have brought the function's call to pre-warm for it
+
+
+def rate_problem(rate: float) -> str | None:
+    """Why `rate` cannot be set as the exchange rate (`--exchange-rate`, a limits file's), or None when it can."""
+    if not MIN_WAIT_GB <= rate <= MAX_WAIT_GB:  # NaN too
+        return f"an exchange rate is {MIN_WAIT_GB} to {MAX_WAIT_GB:g} GB·s of slot per second of waiting, got {rate}"
+    return None
+
+
+def rate_arg(text: str) -> float:
+    """An argparse type: an exchange rate (`--exchange-rate`), refused when out of MIN/MAX_WAIT_GB."""
+    try:
+        rate = float(text)
+    except ValueError:
+        raise ArgumentTypeError(f"not a number: {text!r}") from None
+    if problem := rate_problem(rate):
+        raise ArgumentTypeError(problem)
+    return rate
+
+
+def with_rate(policy: Policy, rate: float | None) -> Policy:
+    """`policy` with its exchange rate set to `rate` (None: as it is); only a policy with one can take it."""
+    if rate is None:
+        return policy
+    if not isinstance(policy, Learned):
+        raise ValueError(f"policy {policy.name} has no exchange rate (learned has)")
+    return replace(policy, exchange_rate=rate)
 
 
 def exchange_rate(t: Totals) -> float | None:
