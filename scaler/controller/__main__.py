@@ -90,8 +90,8 @@ def add_rate(p: argparse.ArgumentParser) -> None:
         type=rate_arg,
         default=service.env("EXCHANGE_RATE", None),
         metavar="GB_S",
-        help="learned: slot GB·s one second of a request's waiting is worth (higher: fewer cold starts, more idle"
-        " memory); default: the run's own, the challenge's score (docs/policies.md: Exchange rate) [SCALER_EXCHANGE_RATE]",
+        help="learned: slot GB·s one second of a request's waiting is worth (higher: fewer cold starts, more"
+        " idle memory); default: the run's own, the challenge's score (docs/policies.md) [SCALER_EXCHANGE_RATE]",
     )
 
 

@@ -282,7 +282,11 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
     started = time.perf_counter()
     progress = Progress(len(dataset.requests), dataset.span_ms, args.progress_every)
     sim = Simulation(
-        dataset, _rated(name, args.exchange_rate), CREATE_LATENCY_MS, progress=progress, folds=Folds() if drawing else None
+        dataset,
+        _rated(name, args.exchange_rate),
+        CREATE_LATENCY_MS,
+        progress=progress,
+        folds=Folds() if drawing else None,
     )
     run = sim.run()
     took = time.perf_counter() - started

@@ -53,8 +53,8 @@ What it decides:
 """
 
 import heapq
-from argparse import ArgumentTypeError
 import math
+from argparse import ArgumentTypeError
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 from itertools import repeat
