@@ -13,6 +13,7 @@ from scaler.controller.core.policy.learned import MAX_WAIT_GB, MIN_WAIT_GB, with
 from scaler.simulator.dataset import Dataset, FunctionMeta, Request
 from scaler.simulator.knobs import KnobError, with_knobs
 from scaler.simulator.offline import Simulation
+from tests.test_simulate import gentle, simulate_cli
 
 
 def dataset(keys: tuple[str, ...]) -> Dataset:
@@ -119,3 +120,11 @@ def test_a_bad_rate_on_the_command_line_is_refused_in_one_line(args, why):
     assert done.returncode != 0, done.stderr
     assert why in done.stderr.splitlines()[-1], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_simulate_takes_the_rate_for_learned_and_refuses_it_for_a_policy_without_one(tmp_path, capsys):
+    trace = gentle(tmp_path)
+    code, out, _ = simulate_cli(capsys, trace, "--offline", "--exchange-rate", "50")
+    assert code == 0 and "score" in out
+    code, _, err = simulate_cli(capsys, trace, "--offline", "--policy", "fixed10", "--exchange-rate", "5")
+    assert code == 1 and "--exchange-rate: policy fixed10 has no exchange rate" in err
