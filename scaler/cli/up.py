@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaler.controller import __main__ as controller_main
+from scaler.controller.policies import get_policy
 from scaler.runtime import durability, lifeline, service, storehealth
 from scaler.runtime.bus import close, connect
 from scaler.runtime.natsd import NatsServer, claim
@@ -219,6 +220,7 @@ class Supervisor:
         node_args += ["--max-behind", str(a.max_behind), "--store-wait", str(a.store_wait), *metrics]
         node_args += ["--limits", a.limits] if a.limits else []
         node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []
+        node_args += ["--exchange-rate", str(a.exchange_rate)] if a.exchange_rate is not None else []
         node_args += ["--retention-hours", str(a.retention_hours), "--store-limit-gb", str(a.store_limit_gb)]
         node_args += given(a, SECURITY_FLAGS)
         node = await self._part("node", "scaler", *node_args)
@@ -420,6 +422,7 @@ def _stop_signals() -> asyncio.Event:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    controller_main.rated(get_policy(args.policy), args.exchange_rate)  # refused before anything starts
 
     async def main() -> int:
         stop = _stop_signals()

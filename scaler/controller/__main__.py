@@ -11,7 +11,8 @@ import msgspec
 
 from scaler.controller import needs, policies
 from scaler.controller.core.limits import NO_LIMITS, Limits, limits_problem
-from scaler.controller.core.policy import DEFAULT_POLICY
+from scaler.controller.core.policy import DEFAULT_POLICY, Policy
+from scaler.controller.core.policy.learned import with_rate
 from scaler.controller.shell import MAX_BEHIND_S, STORE_WAIT_S, Controller
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
@@ -28,6 +29,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help=f"the scaling policy: {policies.choices()}; the node must be able to import it"
         " (docs/policies.md: A policy from outside the project) [SCALER_POLICY]",
     )
+    add_rate(p)
     p.add_argument(
         "--replicas",
         type=replicas,
@@ -84,6 +86,17 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_rate(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--exchange-rate",
+        type=policies.rate_arg,
+        default=service.env("EXCHANGE_RATE", None),
+        metavar="GB_S",
+        help="learned: slot GB·s one second of a request's waiting is worth (higher: fewer cold starts, more"
+        " idle memory); default: the run's own, the challenge's score (docs/policies.md) [SCALER_EXCHANGE_RATE]",
+    )
+
+
 def replicas(text: str) -> int:
     """An argparse type: a JetStream replica count, 1, 3 or 5, or auto (0: 3 on a cluster, else 1).
 
@@ -121,8 +134,16 @@ def load_limits(path: str) -> Limits:
     return limits
 
 
+def rated(policy: Policy, rate: float | None) -> Policy:
+    """The policy at the exchange rate asked for; a policy without one refuses it, said at the command line."""
+    try:
+        return with_rate(policy, rate)
+    except ValueError as e:
+        raise SystemExit(f"--exchange-rate: {e}") from None
+
+
 def make(a: argparse.Namespace) -> Controller:
-    policy = policies.get_policy(a.policy)
+    policy = rated(policies.get_policy(a.policy), a.exchange_rate)
     limits = load_limits(a.limits)
     if a.session_idle is not None:  # the flag over the limits file's session_idle_ms
         limits = msgspec.structs.replace(limits, session_idle_ms=round(a.session_idle * 1000))

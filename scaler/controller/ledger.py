@@ -17,6 +17,7 @@ from scaler.controller.core import decide as core
 from scaler.controller.core.decide import Decision
 from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Limits, Room, TenantQuota
 from scaler.controller.core.policy import Policy
+from scaler.controller.core.policy.learned import with_rate
 from scaler.controller.core.state import FnState, Totals, apply, newest_returns
 from scaler.controller.policies import get_policy
 from scaler.proto.commands import AnyCommand, Assign, Cue, Tick, command_id
@@ -45,6 +46,7 @@ class Ledger:
         self.others = Totals()  # ... and over the functions other nodes hold, as they last said
         self.limits = NO_LIMITS  # the operator's caps, those over all functions scaled to this ledger's share
         self.quotas: dict[str, TenantQuota] = {}  # tenants' quotas an operator set while running, over the file's
+        self._rated: dict[tuple[Policy, float], Policy] = {}  # policies at a function's own exchange rate
         self._policies: dict[str, Policy] = {}  # the policies functions chose (FnState.policy, the file's), by name
         self._merged: tuple[Limits, dict, Limits] = (NO_LIMITS, {}, NO_LIMITS)  # `_limits`, kept while they hold
         self.seq = 0  # the newest stream sequence folded or appended
@@ -95,11 +97,21 @@ class Ledger:
         """The policy that decides the function: the one an operator set for it, else the limits file's, else
         `default` (the node's)."""
         name = s.policy or self.limits.of(s.key).policy
-        if not name or name == default.name:
-            return default
-        if (chosen := self._policies.get(name)) is None:
-            chosen = self._policies[name] = _loaded_or(name, default)
-        return chosen
+        if name and name != default.name:
+            if (chosen := self._policies.get(name)) is None:
+                chosen = self._policies[name] = _loaded_or(name, default)
+            default = chosen
+        return self._own_rate(s, default)
+
+    def _own_rate(self, s: FnState, policy: Policy) -> Policy:
+        """`policy` at the function's own exchange rate, when the limits file sets one and the policy has one."""
+        rate = self.limits.of(s.key).exchange_rate
+        if rate is None or not hasattr(policy.config, "exchange_rate"):
+            return policy
+        key = (policy, rate)
+        if (own := self._rated.get(key)) is None:
+            own = self._rated[key] = with_rate(policy, rate)
+        return own
 
     def _room(self, s: FnState, totals: Totals, named: str = "", now: int = 0) -> Room:
         """The function's room, with until when the platform is failing starts (`StartsFailing`)."""

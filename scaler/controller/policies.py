@@ -16,6 +16,7 @@ import sys
 from scaler.controller.core import policy as core_policy
 from scaler.controller.core.limits import Limits
 from scaler.controller.core.policy import Policy, PolicyConfig
+from scaler.controller.core.policy.learned import rate_problem
 
 GROUP = "scaler.policies"
 
@@ -133,3 +134,14 @@ def limits_problem(limits: Limits) -> str | None:
         if f.policy and (problem := policy_problem(f.policy)):
             return f"{where}.policy: {problem}"
     return None
+
+
+def rate_arg(text: str) -> float:
+    """An argparse type: an exchange rate (`--exchange-rate`), refused when out of learned's bounds."""
+    try:
+        rate = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if problem := rate_problem(rate):
+        raise argparse.ArgumentTypeError(problem)
+    return rate

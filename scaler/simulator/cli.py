@@ -26,7 +26,8 @@ import msgspec
 
 from scaler import replay
 from scaler.controller import policies
-from scaler.controller.core.policy import DEFAULT_POLICY
+from scaler.controller.core.policy import DEFAULT_POLICY, Policy
+from scaler.controller.core.policy.learned import with_rate
 from scaler.controller.policies import get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime import service
@@ -119,6 +120,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=policies.checked,
         help=f"offline: the policy to score (default {DEFAULT_POLICY}; {policies.choices()}); live mode"
         " measures the running scaler's policy (scaler up --policy)",
+    )
+    p.add_argument(
+        "--exchange-rate",
+        type=policies.rate_arg,
+        metavar="GB_S",
+        help="offline, learned: slot GB·s one second of waiting is worth (default: the run's own; docs/policies.md)",
     )
     p.add_argument(
         "--speed", type=positive, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
@@ -260,6 +267,14 @@ def _load_run(path: Path) -> SavedRun:
         raise Failure(f"{path}: not a run saved with --save-run: {e}") from None
 
 
+def _rated(name: str, rate: float | None) -> Policy:
+    """The policy at the exchange rate asked for (--exchange-rate); one without an exchange rate refuses it."""
+    try:
+        return with_rate(get_policy(name), rate)
+    except ValueError as e:
+        raise Failure(f"--exchange-rate: {e}") from None
+
+
 def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Run, list[str], Recorded | None]:
     name = args.policy or DEFAULT_POLICY
     given = [flag for flag, value in (("--speed", args.speed), ("--gateway", args.gateway)) if value is not None]
@@ -269,7 +284,11 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
     started = time.perf_counter()
     progress = Progress(len(dataset.requests), dataset.span_ms, args.progress_every)
     sim = Simulation(
-        dataset, get_policy(name), CREATE_LATENCY_MS, progress=progress, folds=Folds() if drawing else None
+        dataset,
+        _rated(name, args.exchange_rate),
+        CREATE_LATENCY_MS,
+        progress=progress,
+        folds=Folds() if drawing else None,
     )
     run = sim.run()
     took = time.perf_counter() - started
@@ -297,6 +316,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     if args.policy is not None:
         name = args.policy
         _note(["--policy"], f"live mode measures the running scaler's policy; start it with `--policy {name}`")
+    if args.exchange_rate is not None:
+        _note(["--exchange-rate"], "live mode measures the running scaler's; start it with `--exchange-rate`")
     speed = args.speed or 1.0
     gateway = args.gateway or DEFAULT_GATEWAY
     started = time.perf_counter()

@@ -5,7 +5,7 @@ there are cores (`--jobs`); the points go into a runs store (`--db`, SQLite: doc
 from there into a table and a page (`--page`): each policy's cold-start rate against its wasted memory
 time as its knob moves, the challenge's score on each point, and the Pareto front of them all marked.
 `--compare` adds the seven peers and ours at their defaults. A knob is a numeric field of the policy's
-config (`demo`'s and `fixed10`'s `keep_alive_ms`, `learned`'s `wait_gb`; `--knobs` lists them with their
+config (`demo`'s and `fixed10`'s `keep_alive_ms`, `learned`'s `exchange_rate`; `--knobs` lists them with their
 descriptions); `--vary NAME=...` sets it on every given policy that has it, `--vary POLICY.NAME=...` on
 that one only. With several knobs a policy runs every combination.
 """

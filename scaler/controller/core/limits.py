@@ -26,6 +26,7 @@ from typing import Annotated
 import msgspec
 
 from scaler.controller.core.policy import policy_form_problem
+from scaler.controller.core.policy.learned import rate_problem
 from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, Totals, held
 
 Count = Annotated[int, msgspec.Meta(ge=0)]  # a cap or a reserve: 0 or more (a cap of 0: none)
@@ -38,6 +39,7 @@ class FunctionLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     min_warm: Count = 0
     tenant: str = ""  # whose quotas its instances count against (over what its Assigns name)
     policy: str = ""  # the policy that decides it ("": the node's --policy)
+    exchange_rate: float | None = None  # slot GB·s a second of its waiting is worth (learned's; None: the node's)
 
     def __post_init__(self) -> None:
         if self.max_instances and self.min_warm > self.max_instances:
@@ -115,6 +117,8 @@ def limits_problem(limits: Limits) -> str | None:
             return f"{where}.tenant: {problem}"
         if f.policy and (problem := policy_form_problem(f.policy)):
             return f"{where}.policy: {problem}"
+        if f.exchange_rate is not None and (problem := rate_problem(f.exchange_rate)):
+            return f"{where}.exchange_rate: {problem}"
     for tenant in limits.tenants:
         if problem := tenant_problem(tenant):
             return f"tenants: {problem}"

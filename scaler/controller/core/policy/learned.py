@@ -668,3 +668,22 @@ def _remaining(runs: list[int], elapsed: int) -> float | None:
     if elapsed > 2 * runs[-1]:
         return None
     return max(1.0, runs[len(runs) // 2] / 4)
+
+
+MIN_RATE, MAX_RATE = LearnedConfig().min_wait_gb, LearnedConfig().max_wait_gb  # an exchange rate one may set
+
+
+def rate_problem(rate: float) -> str | None:
+    """Why `rate` cannot be set as the exchange rate (`--exchange-rate`, a limits file's), or None when it can."""
+    if not MIN_RATE <= rate <= MAX_RATE:  # NaN too
+        return f"an exchange rate is {MIN_RATE:g} to {MAX_RATE:g} GB·s of slot per second of waiting, got {rate}"
+    return None
+
+
+def with_rate(policy: Policy, rate: float | None) -> Policy:
+    """`policy` at the exchange rate `rate` (None: as it is); only a policy whose config has one can take it."""
+    if rate is None:
+        return policy
+    if not hasattr(policy.config, "exchange_rate"):
+        raise ValueError(f"policy {policy.name} has no exchange rate (learned has)")
+    return type(policy)(msgspec.structs.replace(policy.config, exchange_rate=rate), name=policy.name)
