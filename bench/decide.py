@@ -3,9 +3,10 @@
     .venv/bin/python bench/decide.py [--datasets dataSet_1 dataSet_3] [--policies demo learned] [--requests N]
 
 Each dataset is simulated offline (scaler/simulator/offline.py) with each policy, and every decision is
-timed in CPU (time.process_time_ns around the core's `decide`, as the ledger calls it: the command's own
-change, the events it emits folded into the state, features included, and the policy's plans). Prints a
-Markdown table: dataset x policy x command kind -> decisions, p50, p99 and mean in µs, and their CPU in all;
+timed in CPU (time.process_time_ns around the ledger's `decide` and the `plan` after it: the command's own
+change and reply, the events they emit folded into the state, features included, and the policy's plans
+beside the reply). Prints a Markdown table: dataset x policy x command kind -> decisions, p50, p99 and mean
+in µs (and of the mean, the reply's: what the caller waits for), and their CPU in all;
 each policy's `all` row beside the simulation's own CPU and wall time (the simulator, the ledger and the
 platform model besides the decisions) and the run's score. Ratios are to the first policy on the same
 dataset, in the same run. `--requests N` simulates only each dataset's first N requests (dataSet_3's
@@ -35,36 +36,49 @@ class TimedLedger(Ledger):
 
     def __init__(self) -> None:
         super().__init__()
-        self.took: dict[str, list[int]] = defaultdict(list)
+        self.took: dict[str, list[int]] = defaultdict(list)  # the reply and the plan after it, per command
+        self.replied: dict[str, list[int]] = defaultdict(list)  # the reply alone (what its caller waits for)
+        self._kind = ""
 
     def decide(self, cmd, now, policy, after=None):
         began = time.process_time_ns()
         d = super().decide(cmd, now, policy, after)
-        self.took[type(cmd).__name__].append(time.process_time_ns() - began)
+        self._kind = type(cmd).__name__
+        self.replied[self._kind].append(time.process_time_ns() - began)
         return d
+
+    def plan(self, key, now, policy):
+        """The plan after the command just decided (the simulation plans once after each): its time is the
+        command's too."""
+        began = time.process_time_ns()
+        planned = super().plan(key, now, policy)
+        self.took[self._kind].append(self.replied[self._kind][-1] + time.process_time_ns() - began)
+        return planned
 
 
 def quantile(ordered: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
 
 
-def measure(dataset: Dataset, policy: str) -> tuple[dict[str, list[int]], float, float, float]:
-    """Each kind's decision times (ns), the simulation's CPU and wall seconds, and its score."""
+def measure(dataset: Dataset, policy: str) -> tuple[TimedLedger, float, float, float]:
+    """The ledger with each kind's decision times (ns), the simulation's CPU and wall seconds, and its score."""
     ledger = TimedLedger()
     wall, cpu = time.perf_counter(), time.process_time()
     run = Simulation(dataset, get_policy(policy), ledger=ledger).run()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    return ledger.took, cpu, wall, run.stats().score
+    return ledger, cpu, wall, run.stats().score
 
 
-def rows(name: str, policy: str, took: dict[str, list[int]], cpu: float, wall: float, score: float, base: float):
+def rows(name: str, policy: str, ledger: TimedLedger, cpu: float, wall: float, score: float, base: float):
+    took, replied = ledger.took, ledger.replied
     kinds = [k for k in KINDS if k in took] + sorted(k for k in took if k not in KINDS)
     everything = sorted(t for times in took.values() for t in times)
     for kind in [*kinds, "all"]:
         times = everything if kind == "all" else sorted(took[kind])
+        reply = [t for times in replied.values() for t in times] if kind == "all" else replied[kind]
         total = sum(times) / 1e9
         cells = [name, policy, kind, f"{len(times):,}", f"{quantile(times, 0.5):,.1f}", f"{quantile(times, 0.99):,.1f}"]
-        cells += [f"{sum(times) / len(times) / 1000:,.1f}", f"{total:,.2f}"]
+        cells += [f"{sum(times) / len(times) / 1000:,.1f}", f"{sum(reply) / len(reply) / 1000:,.1f}", f"{total:,.2f}"]
         if kind == "all":
             ratio = f"{cpu / base:.2f}x" if base else "1.00x"
             cells += [f"{cpu:,.1f} ({ratio})", f"{wall:,.1f}", f"{score:.2f}"]
@@ -80,7 +94,17 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=0, help="simulate only each dataset's first N requests")
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR, metavar="DIR")
     args = p.parse_args()
-    head = ("dataset", "policy", "command", "decisions", "p50 µs", "p99 µs", "mean µs", "decide CPU s")
+    head = (
+        "dataset",
+        "policy",
+        "command",
+        "decisions",
+        "p50 µs",
+        "p99 µs",
+        "mean µs",
+        "of it reply µs",
+        "decide CPU s",
+    )
     head += ("run CPU s (to the first policy)", "run wall s", "score")
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" if h in ("dataset", "policy", "command") else "---:" for h in head) + "|", flush=True)
@@ -91,8 +115,8 @@ def main() -> int:
             name = f"{name} (first {args.requests:,})"
         base = 0.0
         for policy in args.policies:
-            took, cpu, wall, score = measure(dataset, policy)
-            print("\n".join(rows(name, policy, took, cpu, wall, score, base)), flush=True)
+            ledger, cpu, wall, score = measure(dataset, policy)
+            print("\n".join(rows(name, policy, ledger, cpu, wall, score, base)), flush=True)
             base = base or cpu
     return 0
 

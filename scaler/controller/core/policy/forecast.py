@@ -200,14 +200,10 @@ def group_pause(
     clock's calls are groups of one, read the same way. None when groups of this size were too few, or their
     pauses vary (a session's calls with no such rhythm).
     """
-    size, ended = 0, []  # short gaps in the current group; (short gaps in a group, the pause after it)
-    for gap in gaps:
-        if gap > burst:
-            ended.append((size, gap))
-            size = 0
-        else:
-            size += 1
-    ended = ended[1:]  # the first group's start came before the gaps kept
+    pause_at = [j for j, gap in enumerate(gaps) if gap > burst]
+    size = len(gaps) - 1 - pause_at[-1] if pause_at else len(gaps)  # short gaps in the current group
+    # (short gaps in a group, the pause after it); the first group's start came before the gaps kept
+    ended = [(j - i - 1, gaps[j]) for i, j in pairwise(pause_at)]
     reached = sum(1 for n, _ in ended if n >= size)
     pauses = sorted(gap for n, gap in ended if n == size)
     if len(pauses) < groups_from or reached < groups_from or pauses[-1] > alike * pauses[0]:
@@ -224,13 +220,20 @@ def in_group(points: Points, ended: float, pauses: list[int], elapsed: float, bu
     later = [p * f for p in pauses for f in factors if p * f > elapsed]
     if not later or not total:
         return points
-    within = [(x, w) for x, w in points.pairs() if x <= burst]
+    within = [(x, w) for x, w in _pairs_to(points, burst) if x <= burst]
     share = sum(w for _, w in within)
     if not share:
         ended = 1.0
     out = [(x, w * (1 - ended) * total / share) for x, w in within] if ended < 1 else []
     out += [(x, ended * total / len(later)) for x in later]
     return Points.of(sorted(out))
+
+
+def _pairs_to(points: Points, until: float) -> list[Point]:
+    """`points.pairs()`, but for (some of) those after `until`: the points lie in order."""
+    if points.shift:
+        return points.pairs()
+    return points._replace(hi=bisect_right(points.x, until, points.lo, points.hi), never=0.0).pairs()
 
 
 def _rest_of_bin(i: int, weight: float, elapsed: float) -> list[Point]:
@@ -439,17 +442,16 @@ def restart_plan(
         value = list(map(sub, held, map(((miss - shortfall) / gb).__mul__, ps)))
         values.append((value, list(chain.from_iterable(map(repeat, value, points.k[lo:hi]))) if counts else value))
 
-    def sums(j: int) -> tuple[float, float, float]:
-        """The prefix sums of w, w x and w x^2 before index j (>= lo)."""
-        return (p[j - 1], q[j - 1], r[j - lo - 1]) if j > lo else (p0, q0, 0.0)
+    # the prefix sums of w, w x and w x^2 before each index from lo on (index j at j - lo)
+    before_p, before_q, before_r = [p0, *ps], [q0, *q[lo:hi]], [0.0, *r]
 
     best, plan = total * miss, None  # plan: (ready, until, count)
     for ready in readies:
         e1, w1 = bisect_left(x, ready - start, lo, hi), bisect_left(x, ready, lo, hi)
         if w1 >= hi:
             continue
-        pe, qe, re = sums(e1)
-        pw, qw, rw = sums(w1)
+        pe, qe, re = before_p[e1 - lo], before_q[e1 - lo], before_r[e1 - lo]
+        pw, qw, rw = before_p[w1 - lo], before_q[w1 - lo], before_r[w1 - lo]
         early, waiting, sx = pe - p0, pw - pe, qw - qe
         # over the arrivals that wait, w (1 + rate w / 2) with w = ready - x
         wait = waiting * ready - sx
