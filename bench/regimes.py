@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from scaler.controller.core.policy import Policy, get_policy
 from scaler.controller.core.policy.learned import Learned
-from scaler.controller.core.state import Totals
+from scaler.controller.core.totals import Totals
 from scaler.controller.ledger import Ledger
 from scaler.proto.commands import AnyCommand
 from scaler.simulator import shapes

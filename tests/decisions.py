@@ -17,7 +17,8 @@ from scaler.controller.core import decide as core
 from scaler.controller.core.decide import Decision
 from scaler.controller.core.limits import NO_ROOM, Room
 from scaler.controller.core.policy import get_policy
-from scaler.controller.core.state import FnState, Totals, replay
+from scaler.controller.core.state import FnState, replay
+from scaler.controller.core.totals import Totals
 from scaler.controller.ledger import PLAN
 from scaler.proto.commands import AnyCommand, command_id
 from scaler.proto.events import Batch

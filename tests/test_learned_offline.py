@@ -5,7 +5,8 @@ import random
 import pytest
 
 from scaler.controller.core.policy import get_policy
-from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.totals import Totals
 from scaler.proto import events as e
 from scaler.simulator.dataset import Dataset, FunctionMeta, Request
 from scaler.simulator.offline import Simulation

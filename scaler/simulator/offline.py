@@ -21,7 +21,7 @@ from msgspec.structs import replace
 
 from scaler.controller.core.decide import Decision
 from scaler.controller.core.policy import Policy
-from scaler.controller.core.state import Totals
+from scaler.controller.core.totals import Totals
 from scaler.controller.ledger import Ledger, came_back
 from scaler.proto import commands as c
 from scaler.proto import events as e

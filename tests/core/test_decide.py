@@ -144,11 +144,11 @@ def test_assigned_reply_goes_to_the_waiting_caller():
 
 
 def test_concurrent_assigns_never_share_an_instance():
-    s, _ = run(assign("r1"), assign("r2"), assign("r3"), ready("fn-2", "s2"), ready("fn-1", "s1"), ready("fn-3", "s3"))
+    s, ds = run(assign("r1"), assign("r2"), assign("r3"), ready("fn-2", "s2"), ready("fn-1", "s1"), ready("fn-3", "s3"))
     busy = s.in_phase(Phase.BUSY)
     assert sorted(i.request_id for i in busy) == ["r1", "r2", "r3"]
     assert len({i.id for i in busy}) == 3
-    assert s.stats.cold_starts == 3
+    assert ds[-1].features.cold_starts == 3
 
 
 def test_pooled_starts_the_first_ready_instance_serves_the_oldest_waiting_request():
@@ -168,10 +168,10 @@ def test_dedicated_starts_an_instance_freed_meanwhile_goes_idle_for_the_next_arr
     s, (*_, freed) = run(assign("r1"), ready("fn-1", "s1"), assign("r2"), idle("r1", "fn-1"))
     assert [type(ev) for ev in freed.events] == [e.Released, e.KeptAlive]  # r2 waits for fn-2, its own
     assert s.instances["fn-1"].phase is Phase.IDLE and [p.request_id for p in s.queue] == ["r2"]
-    s, (nxt, own) = run(assign("r3"), ready("fn-2", "s2"), s=s, at=100)
+    s, (nxt, own) = run(assign("r3"), ready("fn-2", "s2"), s=s, f=freed.features, at=100)
     assert [(a.request_id, a.instance_id) for a in nxt.events if isinstance(a, e.Assigned)] == [("r3", "fn-1")]
     assert [(a.request_id, a.instance_id) for a in own.events if isinstance(a, e.Assigned)] == [("r2", "fn-2")]
-    assert s.stats.cold_starts == 2  # one slot per cold Assign, as the Go starter
+    assert own.features.cold_starts == 2  # one slot per cold Assign, as the Go starter
 
 
 def test_dedicated_starts_count_each_request_without_a_start_of_its_own():
@@ -594,17 +594,17 @@ def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_
     s, decisions = run(assign("r1"), ready(), idle("r1"), assign("r2"), assign("r3"), at=0)  # fn-1 serves r2
     started = decisions[-1]
     assert [ev.instance_id for ev in started.events if isinstance(ev, e.SlotWanted)] == ["fn-2"]
-    bound = s.stats.start_ms + START_MARGIN_MS
+    bound = started.features.start_ms + START_MARGIN_MS
     assert started.wake_ms == 40 + bound  # r3's start is looked at again then
-    d = decide(s, c.Tick(key=KEY, due_ms=40 + bound - 1), 40 + bound - 1, DEMO)
+    d = decide(s, c.Tick(key=KEY, due_ms=40 + bound - 1), 40 + bound - 1, DEMO, features=started.features)
     assert not any(isinstance(ev, e.InstanceRetired) for ev in d.events)  # not yet: it may still come
-    d = decide(s, c.Tick(key=KEY, due_ms=40 + bound), 40 + bound, DEMO)
+    d = decide(s, c.Tick(key=KEY, due_ms=40 + bound), 40 + bound, DEMO, features=started.features)
     retired = [ev for ev in d.events if isinstance(ev, e.InstanceRetired)]
     assert [ev.instance_id for ev in retired] == ["fn-2"] and "a lost start" in retired[0].reason
     again = [ev for ev in d.events if isinstance(ev, e.SlotWanted)]
     assert [(ev.instance_id, ev.for_request) for ev in again] == [("fn-3", "r3")]
     # Should its report come after all, its slot is destroyed, never taken into service.
-    late = decide(d.state, ready("fn-2", "s9"), 50 + bound, DEMO)
+    late = decide(d.state, ready("fn-2", "s9"), 50 + bound, DEMO, features=d.features)
     assert [(ev.instance_id, ev.slot_id) for ev in late.events if isinstance(ev, e.InstanceRetired)] == [
         ("fn-2@s9", "s9")
     ]

@@ -4,9 +4,12 @@ and keeps the reserved instances of a function ready."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scaler.controller.core import folds
 from scaler.controller.core.decide import decide
+from scaler.controller.core.features import NO_STATS, FnStats
 from scaler.controller.core.limits import FunctionLimits, Limits, Room
-from scaler.controller.core.state import FnState, Phase, Totals, replay
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.totals import Totals
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from tests.core.factories import DEMO, KEY, META, assign, idle, ready
@@ -18,14 +21,14 @@ def room(**caps) -> Room:
     return Room(limits=FunctionLimits(**caps), throttle_after_ms=THROTTLE_MS)
 
 
-def run(cmds, r: Room, s: FnState | None = None, at: int = 0, step: int = 10):
+def run(cmds, r: Room, s: FnState | None = None, at: int = 0, step: int = 10, f: FnStats = NO_STATS):
     s = s or FnState(key=KEY)
     decisions = []
     for n, cmd in enumerate(cmds):
-        d = decide(s, cmd, at + n * step, DEMO, room=r)
-        assert replay(s, d.events) == d.state
+        d = decide(s, cmd, at + n * step, DEMO, room=r, features=f)
+        assert folds.replay(s, f, d.events) == (d.state, d.features)
         decisions.append(d)
-        s = d.state
+        s, f = d.state, d.features
     return s, decisions
 
 
@@ -105,21 +108,22 @@ def test_no_sequence_of_commands_starts_past_the_cap(kinds, cap):
 
 def test_an_idle_function_rests_then_is_forgotten_and_its_next_call_starts_afresh():
     r = Room(rest_after_ms=60_000, forget_after_ms=600_000)
-    s, _ = run([assign("r1"), ready("fn-1", "s1"), idle("r1", need_destroy=True)], r)
-    s, _ = run([c.SlotDestroyed(key=KEY, instance_id="fn-1", slot_id="s1")], r, s=s, at=100)
+    s, ds = run([assign("r1"), ready("fn-1", "s1"), idle("r1", need_destroy=True)], r)
+    s, ds = run([c.SlotDestroyed(key=KEY, instance_id="fn-1", slot_id="s1")], r, s=s, at=100, f=ds[-1].features)
     released = s.release_of("r1")
     assert not s.instances and released.instance_id == "fn-1"
-    idle_since = s.stats.last_end_ms
-    rest = decide(s, c.Tick(key=KEY, due_ms=idle_since + 60_000), idle_since + 60_000, DEMO, room=r)
+    f = ds[-1].features
+    idle_since = f.last_end_ms
+    rest = decide(s, c.Tick(key=KEY, due_ms=idle_since + 60_000), idle_since + 60_000, DEMO, room=r, features=f)
     assert rest.events == [e.FunctionRested(at_ms=idle_since + 60_000)]
     # A retry of r1 may still come (its lease window: 60 s timeout + 30 s grace): a rest keeps it.
     assert rest.state.finished == ({"r1": released},) and rest.state.rested and rest.wake_ms == idle_since + 600_000
-    gone = decide(rest.state, c.Tick(key=KEY, due_ms=rest.wake_ms), rest.wake_ms, DEMO, room=r)
+    gone = decide(rest.state, c.Tick(key=KEY, due_ms=rest.wake_ms), rest.wake_ms, DEMO, room=r, features=rest.features)
     assert gone.events == [e.FunctionForgotten(at_ms=idle_since + 600_000)]
-    assert gone.state == FnState(key=KEY) and gone.wake_ms is None
-    back = decide(gone.state, assign("r2"), idle_since + 700_000, DEMO, room=r)
+    assert gone.state == FnState(key=KEY) and gone.features == NO_STATS and gone.wake_ms is None
+    back = decide(gone.state, assign("r2"), idle_since + 700_000, DEMO, room=r, features=gone.features)
     assert [type(ev) for ev in back.events][:2] == [e.FunctionSeen, e.RequestArrived]
-    assert back.state.stats.arrivals == 1, "what was learned went with it"
+    assert back.features.arrivals == 1, "what was learned went with it"
 
 
 def test_a_function_with_an_instance_kept_neither_rests_nor_is_forgotten():

@@ -1,8 +1,10 @@
 """Sessions, restart and delete in the pure core: what each decides, as events and replies."""
 
+from scaler.controller.core import folds
 from scaler.controller.core.decide import decide, session_wait_ms
+from scaler.controller.core.features import NO_STATS
 from scaler.controller.core.limits import Room
-from scaler.controller.core.state import FnState, Phase, replay
+from scaler.controller.core.state import FnState, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from tests.core.factories import DEMO, KEY, META, idle, ready
@@ -15,12 +17,13 @@ class Fn:
 
     def __init__(self) -> None:
         self.s = FnState(key=KEY)
+        self.f = NO_STATS  # its features, folded beside the state
         self.events: list[e.Event] = []
 
     def __call__(self, cmd: c.AnyCommand, at: int):
-        d = decide(self.s, cmd, at, DEMO, room=ROOM)
-        assert replay(self.s, d.events) == d.state
-        self.s = d.state
+        d = decide(self.s, cmd, at, DEMO, room=ROOM, features=self.f)
+        assert folds.replay(self.s, self.f, d.events) == (d.state, d.features)
+        self.s, self.f = d.state, d.features
         self.events += d.events
         return d
 
@@ -77,7 +80,7 @@ def test_a_busy_instance_is_waited_for_then_the_session_moves():
     fn(assign("s-1", session="chat"), 400)  # fn-2, still busy
     d = fn(assign("s-2", session="chat"), 410)
     assert d.replies == [] and not any(isinstance(x, e.SlotWanted) for x in d.events)  # waits for fn-2
-    wait = session_wait_ms(fn.s)
+    wait = session_wait_ms(fn.f)
     assert d.wake_ms == 410 + wait
     d = fn(c.Tick(key=KEY, due_ms=410 + wait), 410 + wait)
     assert answered(d, "s-2") == "fn-1"
@@ -140,7 +143,7 @@ def test_delete_retires_everything_fails_the_waiting_and_forgets():
     assert {x.instance_id for x in d.events if isinstance(x, e.InstanceRetired)} == {"fn-1", "fn-2"}
     assert [(x.request_id, x.code) for x in d.replies if x.to == "to-q"] == [("q", c.Code.NOT_FOUND)]
     assert isinstance(d.events[-1], e.FunctionDeleted)
-    assert fn.s.meta is None and fn.s.sessions == {} and fn.s.queue == () and fn.s.stats.arrivals == 0
+    assert fn.s.meta is None and fn.s.sessions == {} and fn.s.queue == () and fn.f.arrivals == 0
     assert {i.phase for i in fn.s.instances.values()} == {Phase.RETIRING}
     d = fn(assign("again"), 600)  # a tombstone: refused until created again
     assert d.events == [] and d.replies[0].code is c.Code.NOT_FOUND and "was deleted: gone" in d.replies[0].message
@@ -160,7 +163,7 @@ def test_with_no_other_instance_a_session_waits_then_starts_one_and_moves():
     d = fn(assign("s-2", session="chat"), 200)
     assert [type(x) for x in d.events] == [e.RequestArrived, e.RequestWaiting]  # no start while it waits
     assert "fn-1" in d.events[-1].why
-    due = 200 + session_wait_ms(fn.s)
+    due = 200 + session_wait_ms(fn.f)
     assert d.wake_ms == due
     d = fn(c.Tick(key=KEY, due_ms=due), due)
     assert [x.instance_id for x in d.events if isinstance(x, e.SlotWanted)] == ["fn-2"]

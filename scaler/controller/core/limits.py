@@ -26,7 +26,8 @@ from typing import Annotated
 import msgspec
 
 from scaler.controller.core.policy import POLICIES
-from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, Totals, held
+from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, held
+from scaler.controller.core.totals import Totals
 
 Count = Annotated[int, msgspec.Meta(ge=0)]  # a cap or a reserve: 0 or more (a cap of 0: none)
 Wait = Annotated[int, msgspec.Meta(gt=0)]  # a time in ms: more than 0

@@ -3,7 +3,9 @@
 from dataclasses import dataclass
 from typing import Self
 
-from scaler.controller.core.state import FnState, Instance, Totals
+from scaler.controller.core.features import FnStats
+from scaler.controller.core.state import FnState, Instance
+from scaler.controller.core.totals import Totals
 
 
 @dataclass(frozen=True)
@@ -63,23 +65,23 @@ class Policy:
         """This policy with its parameters set from the whole run so far: a new value (most ignore the run)."""
         return self
 
-    def pick(self, s: FnState, idle: list[Instance], now: int) -> Instance:
+    def pick(self, s: FnState, f: FnStats, idle: list[Instance], now: int) -> Instance:
         """The idle instance that serves the next waiting request: the most recently idled one."""
         return max(idle, key=lambda i: (i.since_ms, i.id))
 
-    def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int) -> QueuePlan:
         """`uncovered` requests wait with no idle instance and no start for them: start one each."""
         return QueuePlan(starts=uncovered)
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
         """How long an instance that just became idle stays."""
         raise NotImplementedError
 
-    def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
+    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive | None:
         """An idle instance reached its deadline: keep it longer (a later deadline), or None to retire it."""
         return None
 
-    def prewarm(self, s: FnState, now: int) -> Prewarm:
+    def prewarm(self, s: FnState, f: FnStats, now: int) -> Prewarm:
         return NO_PREWARM
 
 
@@ -91,5 +93,5 @@ class FixedKeepAlive(Policy):
     name: str = "demo"
     dedicated_starts: bool = True
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
         return KeepAlive(now + self.keep_alive_ms, f"fixed keep-alive {self.keep_alive_ms / 1000:g}s")

@@ -18,6 +18,7 @@ own contribution, the queueing, alone.
 
 from dataclasses import dataclass
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy.base import KeepAlive, Policy, QueuePlan
 from scaler.controller.core.policy.estimate import expected_frees
 from scaler.controller.core.state import FnState, Instance, Phase
@@ -32,27 +33,27 @@ def _mean(values: tuple[int, ...]) -> float:
     return sum(recent) / len(recent) if recent else 0.0
 
 
-def cold_path(s: FnState) -> bool:
+def cold_path(s: FnState, f: FnStats) -> bool:
     """Whether waiting requests also start an instance: recent queueing outweighs recent execution."""
-    return TRIGGER * _mean(s.stats.queued) > _mean(s.stats.runs)
+    return TRIGGER * _mean(f.queued) > _mean(f.runs)
 
 
 @dataclass(frozen=True)
 class Cidre(Policy):
     name: str = "cidre"
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
         return KeepAlive(now + KEEP_ALIVE_MS, "CIDRE: no memory cap to evict under, 10-minute keep-alive")
 
-    def plan_queue(self, s: FnState, uncovered: int, now: int) -> QueuePlan:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int) -> QueuePlan:
         busy = s.in_phase(Phase.BUSY)
         if not busy:
             return QueuePlan(starts=uncovered, why="cold start: no idle or busy instance")
-        queued, runs = _mean(s.stats.queued), _mean(s.stats.runs)
-        if cold_path(s):
+        queued, runs = _mean(f.queued), _mean(f.runs)
+        if cold_path(s, f):
             why = f"queue for a busy instance and start one, first free serves (0.8 x {queued:.0f} > {runs:.0f} ms)"
             return QueuePlan(starts=uncovered, why=why)
-        frees = expected_frees(s, runs, now)
+        frees = expected_frees(s, f, runs, now)
         return QueuePlan(
             starts=0,
             why=f"delayed warm start: queue for a busy instance (0.8 x {queued:.0f} <= {runs:.0f} ms run)",

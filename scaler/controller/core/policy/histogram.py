@@ -12,6 +12,7 @@ numbers, so those get the long keep-alive too.
 
 from dataclasses import dataclass
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm
 from scaler.controller.core.state import FnState, Instance, Phase
 
@@ -27,11 +28,11 @@ class Windows:
     keep_ms: int  # after the end of an execution: when to unload
 
 
-def windows(s: FnState) -> Windows | None:
+def windows(s: FnState, f: FnStats) -> Windows | None:
     """The pre-warm and keep-alive windows, or None when the histogram is not representative."""
-    hist = s.stats.idle_hist
+    hist = f.idle_hist
     total = sum(hist)
-    if total < MIN_SAMPLES or s.stats.idle_oob * 2 >= total + s.stats.idle_oob:
+    if total < MIN_SAMPLES or f.idle_oob * 2 >= total + f.idle_oob:
         return None
     mean = total / len(hist)
     cv = (sum((c - mean) ** 2 for c in hist) / len(hist)) ** 0.5 / mean
@@ -55,21 +56,21 @@ def _percentile_bin(hist: tuple[int, ...], total: int, q: float) -> int:
 class HybridHistogram(Policy):
     name: str = "histogram"
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
-        w = windows(s)
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
+        w = windows(s, f)
         if w is None:
             return KeepAlive(now + LONG_KEEP_ALIVE_MS, "histogram not representative: 4 h keep-alive")
         if not inst.request_id:  # a pre-warmed instance: keep until the window closes
-            return KeepAlive(max(now, s.stats.last_end_ms + w.keep_ms), "pre-warmed: keep until 1.1 x p99 idle")
+            return KeepAlive(max(now, f.last_end_ms + w.keep_ms), "pre-warmed: keep until 1.1 x p99 idle")
         if w.prewarm_ms == 0:
             return KeepAlive(now + w.keep_ms, f"p5 idle < 1 min: keep {w.keep_ms / 1000:g}s (1.1 x p99)")
         return KeepAlive(now, f"unload; reload at {w.prewarm_ms / 1000:g}s (0.9 x p5 idle)")
 
-    def prewarm(self, s: FnState, now: int) -> Prewarm:
-        w = windows(s)
-        if w is None or w.prewarm_ms == 0 or s.queue or s.instances or not s.stats.last_end_ms:
+    def prewarm(self, s: FnState, f: FnStats, now: int) -> Prewarm:
+        w = windows(s, f)
+        if w is None or w.prewarm_ms == 0 or s.queue or s.instances or not f.last_end_ms:
             return NO_PREWARM
-        due, until = s.stats.last_end_ms + w.prewarm_ms, s.stats.last_end_ms + w.keep_ms
+        due, until = f.last_end_ms + w.prewarm_ms, f.last_end_ms + w.keep_ms
         if now < due:
             return Prewarm(next_ms=due)
         if now < until and not any(i.phase is not Phase.RETIRING for i in s.instances.values()):

@@ -15,6 +15,7 @@ kept for any function) has no counterpart in our protocol, whose slots belong to
 import math
 from dataclasses import dataclass
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm
 from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.state import FnState, Instance, Phase
@@ -27,9 +28,9 @@ ALIVE_MIN_S, ALIVE_MAX_S = 60, 600
 PREWARM_MIN_S = 1  # the pre-warm delay with no gap to go by
 
 
-def arrivals(s: FnState) -> list[int]:
+def arrivals(s: FnState, f: FnStats) -> list[int]:
     """The last HISTORY arrivals (ms), oldest first, from the last one and the gaps before it."""
-    st = s.stats
+    st = f
     if not st.arrivals:
         return []
     out = [st.last_arrival_ms]
@@ -38,23 +39,23 @@ def arrivals(s: FnState) -> list[int]:
     return out[::-1]
 
 
-def mean_gap_s(s: FnState, at: int) -> float:
+def mean_gap_s(s: FnState, f: FnStats, at: int) -> float:
     """RainbowCake's mean inter-arrival at `at`: (at - the oldest arrival kept) / arrivals kept, in seconds."""
-    kept = [t for t in arrivals(s) if at - t < HISTORY_MS]
+    kept = [t for t in arrivals(s, f) if at - t < HISTORY_MS]
     return (at - kept[0]) / 1000 / len(kept) if kept else 0.0
 
 
-def bound_s(s: FnState) -> int:
+def bound_s(s: FnState, f: FnStats) -> int:
     """UB: the keep-alive whose memory costs what a start costs, at most ALIVE_MAX_S."""
     memory = s.meta.memory_mb if s.meta else 0
-    if not s.stats.start_ms or not memory:
+    if not f.start_ms or not memory:
         return ALIVE_MAX_S
-    return min(ALIVE_MAX_S, math.ceil(ALPHA * s.stats.start_ms / 1000 / ((1 - ALPHA) * memory)))
+    return min(ALIVE_MAX_S, math.ceil(ALPHA * f.start_ms / 1000 / ((1 - ALPHA) * memory)))
 
 
-def alive_s(s: FnState, at: int) -> int:
-    mean = mean_gap_s(s, at)
-    upper = bound_s(s)
+def alive_s(s: FnState, f: FnStats, at: int) -> int:
+    mean = mean_gap_s(s, f, at)
+    upper = bound_s(s, f)
     if mean <= 0:
         return upper
     alive = math.ceil(QUANTILE * mean)
@@ -65,15 +66,15 @@ def alive_s(s: FnState, at: int) -> int:
 class RainbowCake(Policy):
     name: str = "rainbowcake"
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
-        keep = alive_s(s, now)
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
+        keep = alive_s(s, f, now)
         return KeepAlive(now + keep * 1000, f"RainbowCake keep-alive {keep}s (1.61 x mean gap, 60 s..UB)")
 
-    def prewarm(self, s: FnState, now: int) -> Prewarm:
-        if not s.stats.arrivals:
+    def prewarm(self, s: FnState, f: FnStats, now: int) -> Prewarm:
+        if not f.arrivals:
             return NO_PREWARM
-        last = s.stats.last_arrival_ms
-        mean = mean_gap_s(s, last)
+        last = f.last_arrival_ms
+        mean = mean_gap_s(s, f, last)
         due = last + (math.ceil(QUANTILE * mean) if mean > 0 else PREWARM_MIN_S) * 1000
         if now < due:
             return Prewarm(next_ms=due)
@@ -81,6 +82,6 @@ class RainbowCake(Policy):
             return NO_PREWARM
         if any(i.wanted_ms >= due for i in s.instances.values()):
             return NO_PREWARM  # pre-warmed for this arrival already
-        if now >= due + max(start_ms(s), 1_000):
+        if now >= due + max(start_ms(s, f), 1_000):
             return NO_PREWARM  # the event fired at `due`; a later look is not it
         return Prewarm(1, "RainbowCake pre-warm: 1.61 x mean gap after the last arrival, none idle")

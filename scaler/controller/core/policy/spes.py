@@ -24,7 +24,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from scaler.controller.core.features import ACTIVITY_BIN_MS
+from scaler.controller.core.features import ACTIVITY_BIN_MS, FnStats
 from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm
 from scaler.controller.core.policy.estimate import median
 from scaler.controller.core.state import FnState, Instance
@@ -89,10 +89,10 @@ def _std(values: list[int]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
-def windows(s: FnState, kind: Kind) -> list[Window]:
+def windows(s: FnState, f: FnStats, kind: Kind) -> list[Window]:
     """The predicted windows of the next call: one per mode (regular: the median run, std of all runs)."""
-    runs = s.stats.quiet_bins
-    last_bin = s.stats.last_arrival_ms // BIN_MS
+    runs = f.quiet_bins
+    last_bin = f.last_arrival_ms // BIN_MS
     if kind is Kind.REGULAR:
         predicted = [(median(list(runs)), _std(list(runs)))]
     elif kind is Kind.APPROX_REGULAR:
@@ -111,18 +111,18 @@ def windows(s: FnState, kind: Kind) -> list[Window]:
 class Spes(Policy):
     name: str = "spes"
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int) -> KeepAlive:
-        kind = classify(s.stats.quiet_bins)
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
+        kind = classify(f.quiet_bins)
         ahead = not inst.for_request and not inst.request_id
-        if ahead and s.stats.last_arrival_ms < inst.wanted_ms:  # pre-warmed, its call still to come
-            ends = [w.end_ms for w in windows(s, kind) if w.end_ms > now]
+        if ahead and f.last_arrival_ms < inst.wanted_ms:  # pre-warmed, its call still to come
+            ends = [w.end_ms for w in windows(s, f, kind) if w.end_ms > now]
             if ends:
                 return KeepAlive(min(ends), f"SPES {kind}: pre-warmed, held through the predicted window")
-        return self.expire(s, inst, now) or KeepAlive(now, f"SPES {kind}: unload")
+        return self.expire(s, f, inst, now) or KeepAlive(now, f"SPES {kind}: unload")
 
-    def expire(self, s: FnState, inst: Instance, now: int) -> KeepAlive | None:
-        kind = classify(s.stats.quiet_bins)
-        idle_from = max(inst.since_ms, s.stats.last_arrival_ms)
+    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive | None:
+        kind = classify(f.quiet_bins)
+        idle_from = max(inst.since_ms, f.last_arrival_ms)
         match kind:
             case Kind.ALWAYS_WARM:
                 return KeepAlive(now + ALWAYS_WARM_RECHECK_MS, "SPES always warm: never unloaded")
@@ -134,12 +134,12 @@ class Spes(Policy):
                 until, why = idle_from + UNKNOWN_KEEP_MS, "10-minute keep-alive"
         return KeepAlive(until, f"SPES {kind}: {why}") if until > now else None
 
-    def prewarm(self, s: FnState, now: int) -> Prewarm:
-        if not s.nothing_live() or not s.stats.arrivals:
+    def prewarm(self, s: FnState, f: FnStats, now: int) -> Prewarm:
+        if not s.nothing_live() or not f.arrivals:
             return NO_PREWARM
-        kind = classify(s.stats.quiet_bins)
+        kind = classify(f.quiet_bins)
         lead = PREWARM_LEAD_BINS * BIN_MS
-        for w in windows(s, kind):
+        for w in windows(s, f, kind):
             if now >= w.end_ms:
                 continue
             if now < w.start_ms - lead:
