@@ -80,7 +80,7 @@ async def test_replay_up_to_a_sequence_or_a_time(nats_url):
             assert early.batches == 1 and early.states["fn"].in_phase(Phase.CREATING)
             whole = await replay.replay(nc)
             assert whole.states == stack.controller.states
-            first_at = early.states["fn"].stats.last_arrival_ms
+            first_at = early.ledger.features_of("fn").last_arrival_ms
             by_time = await replay.replay(nc, until_ms=first_at)
             assert by_time.states == early.states
     assert replay.parse_time("2023-01-01T00:00:00") == 1_672_531_200_000 == replay.parse_time("1672531200000")
