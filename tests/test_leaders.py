@@ -68,7 +68,8 @@ async def test_a_leaders_return_prewarms_its_follower_on_the_node(nats_url):
     history = len(await stored(nats_url, "follower"))
     async with Stack(nats_url, sim.dataset.metas, policy="learned") as stack:
         follower = stack.controller.states["follower"]
-        assert follower.stats.leaders == lead and follower.nothing_live()  # rebuilt from the stream, quiet
+        followed = stack.controller.ledger.features_of("follower").leaders
+        assert followed == lead and follower.nothing_live()  # rebuilt from the stream, quiet
         await stack.idle(await stack.assign("live-1", key="leader", memory_mb=512))
         await prewarmed_for_the_leader(stack.controller, nats_url, history)
 

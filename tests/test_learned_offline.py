@@ -60,8 +60,8 @@ def test_the_run_totals_equal_the_sum_of_the_functions_stats():
     sim = Simulation(dataset(arrivals, key="a"), LEARNED)
     sim.run()
     again = Totals()
-    for s in sim.ledger.states.values():
-        again = again.change(None, s)
+    for key, s in sim.ledger.states.items():
+        again = again.change(None, s, None, sim.ledger.features.get(key))
     assert again == sim.ledger.totals and sim.ledger.totals.exec_ms == pytest.approx(200 * 50)
 
 

@@ -43,7 +43,8 @@ NO_PREWARM = Prewarm()
 
 
 class Policy:
-    """The choices the core leaves open. Pure: state and `now` in, a choice out.
+    """The choices the core leaves open. Pure: the function's state `s`, its features `f` (what its events say of
+    it: scaler/controller/core/features.py, folded beside the state) and `now` in, a choice out.
 
     The core does the bookkeeping (queueing, matching, replies, expiry); a policy only says
     which idle instance to reuse, how many instances to start for waiting requests (or to let
