@@ -1,4 +1,4 @@
-"""Clocks for tests: the scaler's clock, standing still until the test moves it."""
+"""Clocks for tests, standing still until the test moves them: the scaler's clock, and a monotonic one."""
 
 from scaler.runtime.clock import ANCHOR_MS, Clock
 
@@ -14,3 +14,16 @@ class Stopped(Clock):
 
     def advance(self, ms: int) -> None:
         self.at[0] += ms
+
+
+class Monotonic:
+    """A monotonic clock in seconds (as `time.monotonic`, which Admission takes), moving only when told."""
+
+    def __init__(self, at_s: float = 100.0) -> None:
+        self.now = at_s
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, s: float) -> None:
+        self.now += s

@@ -1,16 +1,9 @@
 """Admission without a node: a clock that only moves when told, and commands that never leave."""
 
 from scaler.controller.admission import Admission
-from scaler.proto.commands import Assign, Code, Idle
+from scaler.proto.commands import Assign, Code, Idle, Reply
 from scaler.proto.events import Meta
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clocks import Monotonic
 
 
 def assign(n: int = 1) -> Assign:
@@ -22,15 +15,15 @@ def idle() -> Idle:
 
 
 def test_an_assign_is_refused_once_the_oldest_undecided_command_waited_too_long():
-    clock = Clock()
+    clock = Monotonic()
     a = Admission(max_backlog=100, max_behind_s=2.0, clock=clock)
     first = a.arrived()
     a.arrived()
-    clock.now += 1.9
+    clock.advance(1.9)
     assert a.refuse(assign(), "n1") is None
-    clock.now += 0.2
-    refused = a.refuse(assign(), "n1")
-    assert refused.code is Code.RESOURCE_EXHAUSTED and "2 commands waiting" in refused.message
+    clock.advance(0.2)
+    said = "node n1 is overloaded (2 commands waiting to be decided, 2.1s behind); try again shortly"
+    assert a.refuse(assign(), "n1") == Reply(to="inbox", request_id="r1", code=Code.RESOURCE_EXHAUSTED, message=said)
     assert a.refuse(idle(), "n1") is None, "an Idle frees an instance: never refused"
     assert a.refuse(assign(), "n1", store_troubled=True) is None, "the store's backlog is not overload"
     a.decided(first)
@@ -39,7 +32,7 @@ def test_an_assign_is_refused_once_the_oldest_undecided_command_waited_too_long(
 
 
 def test_the_backlog_cap_and_a_late_event_loop_refuse_too_and_recover():
-    clock = Clock()
+    clock = Monotonic()
     a = Admission(max_backlog=2, max_behind_s=2.0, clock=clock)
     tokens = [a.arrived(), a.arrived()]
     assert a.refuse(assign(), "n1") is not None

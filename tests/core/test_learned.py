@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 from msgspec.structs import replace
 
-from scaler.controller.core.decide import decide
+from scaler.controller.core.decide import START_MARGIN_MS, decide
 from scaler.controller.core.features import GAP_BINS, NO_STATS, FnStats, gap_bin
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.learned import Learned, exchange_rate
@@ -13,25 +13,27 @@ from scaler.controller.core.state import FnState, Phase
 from scaler.controller.core.totals import Totals
 from scaler.proto import commands as c
 from scaler.proto import events as e
+from tests.core.given import given
 
 LEARNED = get_policy("learned")
+COLD = "cold start: no idle instance"
 
 
 class Fn(NamedTuple):
     """A function as a policy is given it: its state and its features (`*fn` in a policy's call)."""
 
-    s: FnState
-    f: FnStats
+    state: FnState
+    features: FnStats
 
     def with_stats(self, **changed) -> "Fn":
-        return self._replace(f=replace(self.f, **changed))
+        return self._replace(features=replace(self.features, **changed))
 
     def with_state(self, **changed) -> "Fn":
-        return self._replace(s=replace(self.s, **changed))
+        return self._replace(state=replace(self.state, **changed))
 
 
 def decide_on(fn: Fn, cmd: c.AnyCommand, now: int, policy: Learned = LEARNED):
-    return decide(fn.s, cmd, now, policy, features=fn.f)
+    return decide(fn.state, cmd, now, policy, features=fn.features)
 
 
 def keep_after_one_call(memory_mb: int, policy: Learned = LEARNED) -> int:
@@ -74,15 +76,31 @@ def _instance(id: str, phase: Phase, since: int):
 
 def test_a_request_waits_for_a_busy_instance_when_that_is_cheaper_than_a_start():
     s = busy_function(run_ms=20, start_ms=3_000)
-    d = decide_on(s, c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=1024)), 1_010)
-    assert [type(ev) for ev in d.events] == [e.RequestArrived, e.RequestWaiting]
-    assert d.wake_ms is not None and d.wake_ms < 1_010 + 3_000  # it looks again if the wait runs long
+    assign = c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=1024))
+    given(s=s, policy=LEARNED).when(assign, at=1_010).then(
+        events=[
+            e.RequestArrived(at_ms=1_010, request_id="r1"),
+            e.RequestWaiting(
+                at_ms=1_010,
+                request_id="r1",
+                expected_ms=1_020,
+                why="wait ~10 ms for a busy instance rather than a 3000 ms start",
+            ),
+        ],
+        wake_ms=1_025,  # it looks again if the wait runs long, well before a start would have come
+    )
 
 
 def test_a_request_gets_a_new_instance_when_the_busy_one_runs_long():
     s = busy_function(run_ms=10_000, start_ms=100)
-    d = decide_on(s, c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=1024)), 1_010)
-    assert [type(ev) for ev in d.events] == [e.RequestArrived, e.SlotWanted]
+    meta = e.Meta(memory_mb=1024)
+    given(s=s, policy=LEARNED).when(c.Assign(key="fn", request_id="r1", meta=meta), at=1_010).then(
+        events=[
+            e.RequestArrived(at_ms=1_010, request_id="r1"),
+            e.SlotWanted(at_ms=1_010, instance_id="fn-2", meta=meta, for_request="r1", reason=COLD),
+        ],
+        wake_ms=1_010 + 100 + START_MARGIN_MS,
+    )
 
 
 def test_spares_are_kept_for_instances_that_die_with_their_request():
@@ -287,7 +305,7 @@ def test_a_poisson_functions_next_call_may_come_sooner_than_the_shortest_recent_
     # Calls that came at once (ten gaps of 0 ms) after lulls of a minute: no gap is shorter than theirs
     # (taken for an exponential's of mean 0, they divided by it).
     at_once = history((0,) * 10, runs=(50,) * 10, start_ms=150, memory_mb=256)
-    hist = list(at_once.f.gap_hist)
+    hist = list(at_once.features.gap_hist)
     hist[gap_bin(60_000)] += 3
     at_once = at_once.with_stats(gap_hist=tuple(hist))
     assert policy.keep_alive(*at_once, idle, 50).why
@@ -332,13 +350,13 @@ def test_a_function_called_in_groups_is_retired_after_a_group_to_start_again_bef
     # be ready before the pause's end. (Taken as a whole, the gaps say the next may come after any call, 30
     # ms or a second later, which keeps the instance through every pause.)
     after_group = in_groups(trailing=(50, 25, 50, 70))
-    kept = LEARNED.keep_alive(*after_group, after_group.s.instances["fn-1"], 30)
+    kept = LEARNED.keep_alive(*after_group, after_group.state.instances["fn-1"], 30)
     assert kept.until_ms == 30 and kept.why == "cheaper to start again just before the next arrival"
     plan = LEARNED.prewarm(*after_group.with_state(instances={}), 30)
     assert plan.next_ms is not None and 930 - 2 * 156 < plan.next_ms <= 930 - 156
     # After its third call the next comes in tens of ms: the instance is kept.
     mid_group = in_groups(trailing=(50, 25))
-    assert LEARNED.keep_alive(*mid_group, mid_group.s.instances["fn-1"], 30).until_ms > 30
+    assert LEARNED.keep_alive(*mid_group, mid_group.state.instances["fn-1"], 30).until_ms > 30
 
 
 def test_only_a_group_whose_pauses_are_alike_has_a_pause_to_expect():

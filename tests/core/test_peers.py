@@ -3,12 +3,15 @@ mean gap, pre-warm and keep-alive bound), CIDRE (queueing for a busy instance, a
 
 import pytest
 
-from scaler.controller.core.features import FnStats
+from scaler.controller.core.decide import START_MARGIN_MS
+from scaler.controller.core.features import UNKNOWN_START_MS, FnStats
 from scaler.controller.core.policy import get_policy, spes
 from scaler.controller.core.policy import rainbowcake as rc
 from scaler.controller.core.state import FnState, Instance, Phase
+from scaler.proto import commands as c
 from scaler.proto import events as e
 from tests.core.factories import KEY, META, assign, idle, ready, run
+from tests.core.given import given
 
 SPES, RAINBOWCAKE, CIDRE = get_policy("spes"), get_policy("rainbowcake"), get_policy("cidre")
 
@@ -158,12 +161,45 @@ def test_cidre_starts_when_there_is_no_busy_instance_to_queue_for():
 def test_cidre_the_first_instance_free_serves_the_waiting_request_and_the_other_goes_idle():
     s = state(instances=(busy(),), queued=(200,) * 10, runs=(100,) * 10, arrivals=10)
     s, f = FnState(key=s[0].key, meta=s[0].meta, instances=s[0].instances, started=1), s[1]
-    s, (arrive, free, started) = run(assign("r1"), idle("r0", "fn-1"), ready("fn-2"), at=1_000, policy=CIDRE, s=s, f=f)
-    assert [type(ev) for ev in arrive.events] == [e.RequestArrived, e.SlotWanted]  # queues and starts at once
-    assert any(isinstance(ev, e.Assigned) and ev.instance_id == "fn-1" for ev in free.events)  # the busy one won
-    kept = [ev for ev in started.events if isinstance(ev, e.KeptAlive)]
-    assert [(k.instance_id, k.until_ms) for k in kept] == [("fn-2", 1_020 + 600_000)]  # the new one idles
-    assert s.instances["fn-2"].phase is Phase.IDLE and s.instances["fn-1"].phase is Phase.BUSY
+    why = "queue for a busy instance and start one, first free serves (0.8 x 200 > 100 ms)"
+    arrive = (
+        given(s=s, f=f, policy=CIDRE)
+        .when(assign("r1"), at=1_000)
+        .then(
+            events=[  # queues and starts at once
+                e.RequestArrived(at_ms=1_000, request_id="r1", reply_to="to-r1"),
+                e.SlotWanted(at_ms=1_000, instance_id="fn-2", meta=META, for_request="r1", reason=why),
+            ],
+            wake_ms=1_000 + UNKNOWN_START_MS + START_MARGIN_MS,
+        )
+    )
+    free = (
+        given(s=arrive, policy=CIDRE)
+        .when(idle("r0", "fn-1"), at=1_010)
+        .then(
+            events=[  # the busy one won
+                e.Released(at_ms=1_010, request_id="r0", instance_id="fn-1"),
+                e.Assigned(at_ms=1_010, request_id="r1", instance_id="fn-1"),
+            ],
+            replies=[
+                c.Reply(to="to-idle-r0", request_id="r0", instance_id="fn-1"),
+                c.Reply(to="to-r1", request_id="r1", instance_id="fn-1"),
+            ],
+            wake_ms=1_000 + UNKNOWN_START_MS + START_MARGIN_MS,
+        )
+    )
+    given(s=free, policy=CIDRE).when(ready("fn-2"), at=1_020).then(
+        events=[  # the new one idles
+            e.InstanceReady(at_ms=1_020, instance_id="fn-2", slot_id="s1", create_ms=100, init_ms=50),
+            e.KeptAlive(
+                at_ms=1_020,
+                instance_id="fn-2",
+                until_ms=1_020 + 600_000,
+                why="CIDRE: no memory cap to evict under, 10-minute keep-alive",
+            ),
+        ],
+        wake_ms=1_010 + META.timeout_s * 1000 + 30_000,  # r1's lease on fn-1
+    )
 
 
 def test_the_queued_feature_counts_only_waits_for_an_instance_that_existed():
