@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from scaler.controller import rebuild, state_service
-from scaler.controller.core.features import FnStats
+from scaler.controller.core.features import NO_STATS, FnStats
 from scaler.controller.core.state import FnState
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
@@ -216,7 +216,7 @@ async def verify(nc: Client, key: str | None, out=sys.stdout) -> int:
     bad = 0
     for k in sorted(set(replayed.states) | set(theirs)):
         diffs = list(explain.differences(replayed.states.get(k), theirs.get(k)))
-        learned = replayed.ledger.features.get(k), running.features.get(k)
+        learned = replayed.ledger.features_of(k), running.features.get(k, NO_STATS)  # none kept: none learned
         diffs += list(explain.differences(*learned, "features"))
         if diffs:
             bad += 1
