@@ -12,25 +12,15 @@ second of waiting from then on), and `histogram`, on each seed, and prints one M
 
 import argparse
 import sys
-from dataclasses import dataclass, replace
 
 from scaler.controller.core.policy import Policy, get_policy
-from scaler.controller.core.policy.learned import Learned
-from scaler.controller.core.totals import Totals
+from scaler.controller.core.policy.learned import Learned, LearnedConfig
 from scaler.controller.ledger import Ledger
 from scaler.proto.commands import AnyCommand
 from scaler.simulator import shapes
 from scaler.simulator.offline import Simulation
 
 HOLDING_GB = 1e6  # GB·s one second of waiting is worth while holding: every hold is worth its memory
-
-
-@dataclass(frozen=True)
-class FixedRate(Learned):
-    """`learned` with its exchange rate fixed rather than taken from the run."""
-
-    def tuned_to(self, totals: Totals) -> "FixedRate":
-        return replace(super().tuned_to(totals), wait_gb=self.wait_gb)
 
 
 class SwitchingLedger(Ledger):
@@ -54,7 +44,7 @@ def main() -> int:
     p.add_argument("--from-minutes", nargs="+", type=float, default=[0, 3, 6])
     p.add_argument("--trace", default="burst", choices=shapes.TRACES)
     args = p.parse_args()
-    holding = FixedRate(wait_gb=HOLDING_GB)
+    holding = Learned(LearnedConfig(exchange_rate=HOLDING_GB))  # its exchange rate fixed, not the run's
     switched = [f"holding from min {m:g}" for m in args.from_minutes]
     print(f"| gen-{args.trace} seed | learned | {' | '.join(switched)} | histogram |")
     print("|---:|---:|" + "---:|" * len(switched) + "---:|")

@@ -20,8 +20,9 @@ CreateSlot, a second Init refused, no list of its slots). The faults:
   refusals name the cause, the metric and /healthz say it, and nats-server is restarted once space is back;
 - stalled-nats: nats-server stopped (SIGSTOP) under callers with 10 s deadlines, then woken: every call
   refused within 3 s rather than held to its deadline;
-- skew, skew-ahead: a node's wall clock 120 s behind (600 s ahead: libfaketime, Debian's `faketime`) killed
-  while its requests are held; the node taking over must not release them as timed out;
+- skew, skew-far-behind, skew-ahead, skew-near-ahead: a node's wall clock 120 s behind (600 s behind, 600 s
+  ahead, 120 s ahead: libfaketime, Debian's `faketime`) killed while its requests are held; the node taking
+  over must not release them as timed out;
 - failing-platform: Init, then CreateSlot, failing 15 s under warm callers and callers of new functions.
 Each run ends with the same checks: no request assigned twice (in the stored log), no instance held by two
 requests at once (as the callers saw it), replay equal to the running state (`scaler replay --verify`),
@@ -653,7 +654,9 @@ FAULTS = {
     "full-disk": full_disk,
     "stalled-nats": stalled_nats,
     "skew": skew,
+    "skew-far-behind": lambda tmp, stub: skew(tmp, stub, -600),
     "skew-ahead": lambda tmp, stub: skew(tmp, stub, 600),
+    "skew-near-ahead": lambda tmp, stub: skew(tmp, stub, 120),
     "failing-platform": failing_platform,
 }
 

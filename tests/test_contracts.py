@@ -81,6 +81,7 @@ EVENT_TAGS = {
     "VersionSet": "version-set",
     "TenantSet": "tenant-set",
     "StartsHeld": "starts-held",
+    "ClockRebased": "clock-rebased",
     "FunctionCreated": "function-created",
 }
 

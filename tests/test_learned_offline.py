@@ -5,7 +5,7 @@ import random
 import pytest
 
 from scaler.controller.core.features import FnStats
-from scaler.controller.core.policy import get_policy
+from scaler.controller.core.policy import Capability, get_policy
 from scaler.controller.core.state import FnState, Phase
 from scaler.controller.core.totals import Totals
 from scaler.proto import events as e
@@ -162,7 +162,7 @@ def follower_calls(sim: Simulation) -> list:
 
 
 def test_a_function_another_one_calls_is_prewarmed_when_that_one_comes_back(monkeypatch):
-    """Once its lead held (LEAD_SHARE: nine in ten returns, eight straight at first), the follower is started at
+    """Once its lead held (`lead_share`: nine in ten returns, eight straight at first), the follower is started at
     the leader's return and is ready for its call 400 ms later; before, and without the cue, each call waits."""
     sim, seen = with_events(chained(400))
     calls = follower_calls(sim)
@@ -172,7 +172,7 @@ def test_a_function_another_one_calls_is_prewarmed_when_that_one_comes_back(monk
     lead = sim.ledger.features_of("follower").leaders
     assert [(x.key, x.trials == x.hits) for x in lead] == [("leader", True)] and lead[0].trials >= 25
     assert 350 <= min(lead[0].lags) and max(lead[0].lags) <= 450
-    monkeypatch.setattr(type(LEARNED), "follows_leaders", False)
+    monkeypatch.setattr(type(LEARNED), "capabilities", Capability.NONE)
     blind = follower_calls(simulate(chained(400)))
     assert sum(i.cold for i in blind[12:]) >= 15
 
@@ -197,7 +197,7 @@ def test_a_follower_called_sooner_than_a_start_after_its_leader_is_started_at_th
     soon = cued_prewarms(seen)
     assert len(soon) >= 15 and all("sooner than a start" in e.reason for e in soon), soon
     waited = [i.schedule_ms for i in follower_calls(sim)[12:]]
-    monkeypatch.setattr(type(LEARNED), "follows_leaders", False)
+    monkeypatch.setattr(type(LEARNED), "capabilities", Capability.NONE)
     blind = [i.schedule_ms for i in follower_calls(simulate(chained(10, jitter_ms=5)))[12:]]
     assert all(w > 0 for w in waited)  # started at the leader's return, still not ready for the call
     assert sum(blind) / len(blind) - sum(waited) / len(waited) >= 5  # the lag: 5-15 ms

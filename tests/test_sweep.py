@@ -3,26 +3,32 @@
 import json
 import sqlite3
 
+import msgspec
 import pytest
 
 from scaler.cli import main
 from scaler.controller.core.policy import get_policy
-from scaler.simulator.knobs import KnobError, with_knobs
+from scaler.controller.core.policy.base import knobs
+from scaler.controller.core.policy.spes import SpesConfig
+from scaler.simulator.knobs import KnobError, listing, with_knobs
 from scaler.simulator.sweep import Point, front, points
 from tests.test_run_metrics import by_hand_trace
+
+SPES_KNOBS = ", ".join(sorted(k.name for k in knobs(SpesConfig)))
 
 
 def test_a_knob_is_a_field_of_the_policy_set_from_text():
     policy, values = with_knobs(get_policy("fixed10"), {"keep_alive_ms": "7min"})
-    assert policy.keep_alive_ms == 420_000 and values == {"keep_alive_ms": 420_000}
-    assert policy.name == "fixed10" and get_policy("fixed10").keep_alive_ms == 600_000
-    assert with_knobs(get_policy("learned"), {"wait_gb": "2.5"})[0].wait_gb == 2.5
+    assert policy.config.keep_alive_ms == 420_000 and values == {"keep_alive_ms": 420_000}
+    assert policy.name == "fixed10" and get_policy("fixed10").config.keep_alive_ms == 600_000
+    assert with_knobs(get_policy("learned"), {"wait_gb": "2.5"})[0].config.wait_gb == 2.5
+    assert with_knobs(get_policy("learned"), {"exchange_rate": "10"})[0].config.exchange_rate == 10.0  # None: learned
 
 
 @pytest.mark.parametrize(
     "policy, settings, message",
     [
-        ("spes", {"keep_alive_ms": "1"}, "policy spes has no knob 'keep_alive_ms' (its knobs: none)"),
+        ("spes", {"keep_alive_ms": "1"}, f"policy spes has no knob 'keep_alive_ms' (its knobs: {SPES_KNOBS})"),
         ("demo", {"name": "x"}, "policy demo has no knob 'name' (its knobs: keep_alive_ms)"),
         ("demo", {"keep_alive_ms": "soon"}, "demo.keep_alive_ms=soon: not a number (a number of ms, or with a unit"),
         ("demo", {"keep_alive_ms": "-5"}, "demo.keep_alive_ms=-5: must be 0 or more"),
@@ -50,7 +56,9 @@ def test_points_are_every_combination_of_each_policys_knobs():
         "demo keep_alive_ms=1min",
         "demo keep_alive_ms=2min",
     ]  # one value, however written, is one point
-    with pytest.raises(KnobError, match=r"no policy swept has a knob 'keep_alive' .*demo: keep_alive_ms; spes: none"):
+    with pytest.raises(
+        KnobError, match=rf"no policy swept has a knob 'keep_alive' .*demo: keep_alive_ms; spes: {SPES_KNOBS}"
+    ):
         points(["demo", "spes"], ["keep_alive=1"])
     with pytest.raises(KnobError, match="'cidre' is not one of the policies swept"):
         points(["demo"], ["cidre.keep_alive_ms=1"])
@@ -93,7 +101,28 @@ def test_a_sweep_refuses_an_unknown_knob_before_it_starts(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
         main(["sweep", str(trace), "--policy", "spes", "--vary", "keep_alive_ms=1", "--db", str(tmp_path / "x")])
     assert exit.value.code == 1
-    assert "scaler sweep: error: no policy swept has a knob 'keep_alive_ms' (their knobs: spes: none)" in (
+    assert f"scaler sweep: error: no policy swept has a knob 'keep_alive_ms' (their knobs: spes: {SPES_KNOBS})" in (
         capsys.readouterr().err
     )
     assert not (tmp_path / "x").exists()
+
+
+def test_knobs_are_listed_with_their_defaults_and_descriptions(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["sweep", "--knobs", "--policy", "fixed10", "--policy", "learned"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert "fixed10:\n  keep_alive_ms  600000  how long an idle instance stays, ms" in out
+    assert "exchange_rate" in out and "None: learned from the run" in out and "spes" not in out
+    with pytest.raises(SystemExit) as exit:
+        main(["sweep", "--policy", "demo"])  # nothing to sweep
+    assert exit.value.code == 1
+    assert "a DATASET_DIR to sweep (or --knobs)" in capsys.readouterr().err
+
+
+def test_a_knob_set_makes_a_new_policy_and_leaves_the_shipped_one():
+    shipped = get_policy("spes")
+    tuned, values = with_knobs(shipped, {"dense_bins": "7"})
+    assert (tuned.config.dense_bins, values, tuned.name) == (7, {"dense_bins": 7}, "spes")
+    assert shipped.config.dense_bins == 5 and msgspec.structs.replace(tuned.config, dense_bins=5) == shipped.config
+    assert "dense_bins" in listing(shipped) and "idle runs mostly shorter than this" in listing(shipped)

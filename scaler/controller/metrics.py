@@ -110,6 +110,13 @@ class ControllerCollector:
             "Whether NATS syncs every write to disk before acknowledging it: 1 yes, 0 no, -1 unknown",
             c.sync.gauge,
         )
+        offset = c.partitions.clock_offset_ms if c.partitions is not None else None
+        if offset is not None:
+            yield GaugeMetricFamily(
+                "scaler_clock_offset_seconds",
+                "This node's clock less the NATS server's, as its last partition load read it (more than 1 s: a skew)",
+                offset / 1000,
+            )
         saved = getattr(c, "snapshot_saved_s", None)
         if saved is not None:
             yield GaugeMetricFamily(

@@ -20,18 +20,23 @@ from collections.abc import Awaitable, Callable
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from scaler.controller import rebuild
+from scaler.controller import clocks, rebuild
+from scaler.controller.clocks import Clocks
 from scaler.controller.core.limits import NO_LIMITS, Limits
-from scaler.controller.leases import EVERY_S, TTL_S, Leases, ranges
+from scaler.controller.leases import EVERY_S, LEASES, TTL_S, Leases, ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import SnapshotStore
 from scaler.controller.snapshotter import Snapshotter
 from scaler.proto.commands import OPERATOR, Assign, Code, Idle, Reply, decode_command, encode
-from scaler.proto.subjects import CMD, PARTITIONS, partition
+from scaler.proto.events import encode_batch
+from scaler.proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition
 from scaler.runtime.bus import Unavailable
-from scaler.store import EventStore
+from scaler.runtime.clock import Clock
+from scaler.store import Append, EventStore
 
 log = logging.getLogger("scaler.controller")
+
+OFFSET_READS = 4  # lease entries a load reads this node's clock offset off
 
 OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
 LOAD_ERROR_EVERY_S = 600.0
@@ -61,6 +66,7 @@ class Partitions:
         replicas: int = 1,
         drain_s: float = DRAIN_S,
         reclaim: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.nc = nc
         self.events = events
@@ -74,6 +80,9 @@ class Partitions:
         self.limits = limits  # the operator's caps; those over all functions are split by partitions held
         self.drain_s = drain_s
         self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas, reclaim)
+        self.clock = clock or Clock()
+        self.clocks = Clocks()  # the writers' clocks, as the batches a load reads say
+        self.clock_offset_ms: int | None = None  # this node's clock less the NATS server's, at the last load
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.loading: dict[int, asyncio.Task] = {}
         self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told
@@ -143,7 +152,10 @@ class Partitions:
                 if not (partitions := list(snaps)):
                     return
             after = rebuild.restore(self.ledger, snaps)
-            self.loaded_batches += await rebuild.fold_after(self.events, after, self.ledger.fold)
+            self.loaded_batches += await rebuild.fold_after(
+                self.events, after, self.ledger.fold, None, None, self.clocks.heard
+            )
+            await self._rebase(partitions)
             for p in partitions:
                 self.snapshotter.loaded(p, after[p], at.last_seq)
                 self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self.on_command)
@@ -162,6 +174,46 @@ class Partitions:
         finally:
             for p in partitions:
                 self.loading.pop(p, None)
+
+    async def _rebase(self, partitions: list[int]) -> None:
+        """Move the times of functions another node wrote on another clock onto this node's (clocks.py), each
+        with a ClockRebased batch stored before the partitions serve."""
+        keys = self.keys(partitions)
+        now, own = self.clock.now_ms(), None
+        if self.clock.speed == 1 and (held := [p for p in partitions if p in self.leases.held][:OFFSET_READS]):
+            own = await self._own_offset(held, now)
+            self.clock_offset_ms = own if own is not None else self.clock_offset_ms
+            await self.clocks.look_up(self.events.js, self.ledger, keys)
+            if own is not None and abs(own) > clocks.SKEW_TOLERANCE_MS:
+                log.warning("%s", clocks.own_said(self.leases.node, own))
+        shifts = {k: shift for k in keys if (shift := self.clocks.shift(k, clocks.newest(self.ledger, k), own, now))}
+        self.clocks.forget(keys)
+        if not shifts:
+            return
+        batches = [clocks.rebase_batch(self.ledger, k, shift, now) for k, shift in shifts.items()]
+        appends = [
+            Append(
+                event_subject(b.key, b.effects),
+                encode_batch(b),
+                function_events(b.key),
+                self.ledger.last_seq.get(b.key, 0),
+            )
+            for b in batches
+        ]
+        seqs = await asyncio.gather(*(self.events.append(a) for a in appends))
+        for seq, b in sorted(zip(seqs, batches, strict=True), key=lambda x: x[0]):
+            self.ledger.fold(seq, b)
+        log.warning("%s %s", self.leases.node, clocks.said(ranges(sorted(partitions)), shifts))
+
+    async def _own_offset(self, partitions: list[int], now: int) -> int | None:
+        """This node's offset from the server's clock, off its lease entries of `partitions`: the largest, as the
+        time a write takes to be stored only makes one look further behind."""
+        reads = []
+        for p in partitions:
+            sent = clocks.ms_at(now, self.leases.renewed.get(p, time.monotonic()))
+            reads.append(clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent))
+        offsets = [o for o in await asyncio.gather(*reads) if o is not None]
+        return max(offsets, default=None)
 
     async def _refuse(self, uncovered: rebuild.Uncovered) -> None:
         log.error("%s refuses partitions %s: %s", self.leases.node, ranges(uncovered.partitions), uncovered)

@@ -80,11 +80,13 @@ async def fold_after(
     on_batch: Callable[[int, Batch], bool | None],
     subject: str | None = None,
     until_seq: int | None = None,
+    on_stamp: Callable[[Batch, int], None] | None = None,
 ) -> int:
     """Call `on_batch` for each batch of the partitions in `after` above its watermark, in stream order.
 
     Reads `subject` when given (one function), else the partitions' own subjects, or the whole
-    stream once when they are most of it. Returns how many batches were passed on.
+    stream once when they are most of it. Returns how many batches were passed on. `on_stamp` is told
+    the server stamp of each one passed on (scaler/controller/clocks.py).
     """
     passed = 0
 
@@ -95,11 +97,15 @@ async def fold_after(
             return on_batch(seq, batch)
         return None
 
+    def stamped(batch: Batch, server_ms: int) -> None:
+        if on_stamp is not None and partition(batch.key) in after:
+            on_stamp(batch, server_ms)
+
     if not after:
         return 0
     if subject is not None or len(after) > PARTITIONS // 2:
-        await events.read(pass_on, subject or ALL, min(after.values()), until_seq)
+        await events.read(pass_on, subject or ALL, min(after.values()), until_seq, stamped)
     else:
-        reads = (events.read(pass_on, partition_events(p), seq, until_seq) for p, seq in after.items())
+        reads = (events.read(pass_on, partition_events(p), seq, until_seq, stamped) for p, seq in after.items())
         await asyncio.gather(*reads)
     return passed

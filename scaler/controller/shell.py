@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from scaler.controller import membership, state_service
 from scaler.controller.admission import MAX_BACKLOG, MAX_BEHIND_S, Admission
 from scaler.controller.core.limits import NO_LIMITS, Limits, TenantQuota
-from scaler.controller.core.policy import Policy
+from scaler.controller.core.policy import Capability, Policy
 from scaler.controller.core.state import FnState
 from scaler.controller.core.totals import Totals
 from scaler.controller.door import Door
@@ -200,13 +200,13 @@ class Controller:
         self.partitions = Partitions(
             self._nc, events, self.ledger, store, self.snapshots, serving, self._on_request,
             self.recovery.served, self.recovery.released, self.node, s.limits, s.lease_ttl_s, s.lease_every_s,
-            self.replicas, reclaim=self.reclaim_leases,
+            self.replicas, reclaim=self.reclaim_leases, clock=self.clock,
         )  # fmt: skip
         self.recovery.partitions = self.partitions
         self.started_ms = time.time_ns() // 1_000_000
         self.partitions.leases.about = lambda: membership.about(self.address, self.started_ms, self.policy.name)
         returns = Returns(self._nc, self.node, self.ledger, self.clock, lambda cues: self.lanes.cue(cues))
-        returns = returns if self.policy.follows_leaders else None
+        returns = returns if self.policy.can(Capability.FOLLOWS_LEADERS) else None
         self.lanes = Lanes(
             lane, replies, self.timers, self.admission, self.partitions, returns, self.recovery.lost, s.store_wait_s
         )

@@ -8,7 +8,7 @@ when it is certainly right:
 - it holds two bodies, each stamped with its own version: the lifecycle states (`body`,
   `scaler/controller/core/state.VERSION`, which covers the schema and the lifecycle fold) and the
   functions' features (`features_body`, `scaler/controller/core/features.VERSION`, the policy layer's),
-  so a new feature never bumps the lifecycle's version. (Before state version 10 the features were
+  so a new feature never bumps the lifecycle's version. (Before state version 11 the features were
   inside the states, in one body; the upcast splits them.) An older state version is upcast
   (scaler/controller/upcasts.py), so an upgrade keeps every snapshot; a newer one (a downgrade) is
   ignored, never misread. The features are folded from events, so
@@ -75,10 +75,10 @@ class _Stored(msgspec.Struct, frozen=True, kw_only=True):
     shape: str  # version 1's stamp (a hash); "" since
     stream: str
     seq: int
-    body: bytes  # the lifecycle (`_Lifecycle`; before version 10, the whole snapshot, features inside its states)
+    body: bytes  # the lifecycle (`_Lifecycle`; before version 11, the whole snapshot, features inside its states)
     version: int = 1  # scaler/controller/core/state.VERSION of the body
     features: int = 0  # scaler/controller/core/features.VERSION of the features (version 1: in `shape`)
-    features_body: bytes = b""  # each function's features, by key (since version 10)
+    features_body: bytes = b""  # each function's features, by key (since version 11)
 
 
 V1_SHAPES = {"88aab271c3044262": 2}  # version 1's stamp -> the features version it stood for

@@ -1,7 +1,7 @@
 """Snapshots of older state versions, brought to the current one: an upgrade keeps every snapshot.
 
 A snapshot's body is decoded as plain data (maps, lists, strings, numbers), each step below turns
-version N's data into N+1's, and the result is converted to today's structs. Since version 10 a
+version N's data into N+1's, and the result is converted to today's structs. Since version 11 a
 snapshot's features are a body of their own (scaler/controller/snapshots.py): a change to the features
 bumps `features.VERSION`, never `state.VERSION`, and needs no step here. A change to what
 `scaler/controller/core/state.py` stores or computes bumps `state.VERSION` and adds its step here;
@@ -81,7 +81,12 @@ def _v8(snapshot: Data) -> Data:
 
 
 def _v9(snapshot: Data) -> Data:
-    """Version 9 kept each function's features (`stats`) inside its state; version 10 keeps them beside the states,
+    """Version 9 had no ClockRebased: its times are on the clock of the node that wrote them, as they were."""
+    return snapshot
+
+
+def _v10(snapshot: Data) -> Data:
+    """Version 10 kept each function's features (`stats`) inside its state; version 11 keeps them beside the states,
     by function, in a body of their own: the split. A function that had learned nothing yet has none."""
     features = snapshot.setdefault("features", {})
     for key, fn in snapshot.get("states", {}).items():
@@ -101,6 +106,7 @@ STEPS: dict[int, Callable[[Data], Data]] = {
     7: _v7,
     8: _v8,
     9: _v9,
+    10: _v10,
 }
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories

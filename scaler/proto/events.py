@@ -270,6 +270,14 @@ class StartsHeld(Event, tag="starts-held"):
     reason: str = ""
 
 
+class ClockRebased(Event, tag="clock-rebased"):
+    """A node that loaded the function found its times on another clock (the node that wrote them was
+    `shift_ms` behind this one, or ahead when negative): every time its state holds is moved by `shift_ms`,
+    so that an elapsed time (a request's lease, a keep-alive, a rest) is the same on this node's clock."""
+
+    shift_ms: int
+
+
 class FunctionRested(Event, tag="function-rested"):
     """The function has had nothing in flight a while: what only a retry could still need is dropped."""
 
@@ -311,6 +319,7 @@ AnyEvent = (
     | TenantSet
     | FunctionCreated
     | StartsHeld
+    | ClockRebased
 )
 
 

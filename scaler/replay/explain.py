@@ -11,6 +11,7 @@ from scaler.controller.core.state import FnState, Instance, Phase
 from scaler.proto.events import (
     Assigned,
     Batch,
+    ClockRebased,
     Cued,
     Event,
     Followed,
@@ -134,6 +135,8 @@ def event(e: Event) -> str:
             return f"{leader} came back while this function has no instance: a trial of following it"
         case StartsHeld(until_ms=until, reason=why):
             return f"no new start until {clock(until)}{_why(why)}"
+        case ClockRebased(shift_ms=shift):
+            return f"times moved {shift / 1000:+.1f} s onto the clock of the node that loaded it"
     fields = ", ".join(f"{k}={v!r}" for k, v in msgspec.structs.asdict(e).items() if k != "at_ms")
     return f"{type(e).__name__}({fields})"
 

@@ -1,15 +1,19 @@
-"""A policy's knobs, for `scaler sweep --vary`: for now the numeric fields of its dataclass.
+"""A policy's knobs, for `scaler sweep --vary` and `--knobs`: the fields of its config (`PolicyConfig`).
 
-The one place a knob is set (`with_knobs`), so that the policy contract, when it gives every policy a
-documented config, replaces this module and nothing else.
+The one place a knob is read from text and set (`with_knobs`): a config's numeric fields, with their
+descriptions (`policy.base.knobs`), so a knob is documented where it is defined.
 """
 
-import dataclasses
 import re
+import types
+import typing
+
+import msgspec
 
 from scaler.controller.core.policy import Policy
+from scaler.controller.core.policy.base import Knob
+from scaler.controller.core.policy.base import knobs as config_knobs
 
-NOT_KNOBS = {"name", "dedicated_starts", "follows_leaders"}  # what it is and how the core treats it, not tuning
 UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|min|h)?")
 
@@ -18,16 +22,24 @@ class KnobError(ValueError):
     """A knob the policy does not have, or a value it cannot take; said in one line."""
 
 
+def _number(kind: object) -> type | None:
+    """int or float for a field of that type (or of it or None), else None: not a knob a sweep sets."""
+    if kind in (int, float):
+        return kind
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        numbers = [k for k in typing.get_args(kind) if k is not type(None)]
+        return numbers[0] if len(numbers) == 1 and numbers[0] in (int, float) else None
+    return None
+
+
+def described(policy: Policy) -> list[Knob]:
+    """Every knob of the policy's config, with its type, default and description."""
+    return config_knobs(type(policy.config))
+
+
 def knobs(policy: Policy) -> dict[str, type]:
-    """The policy's knobs and their types: the int and float fields of its dataclass."""
-    if not dataclasses.is_dataclass(policy):
-        return {}
-    found = {}
-    for f in dataclasses.fields(policy):
-        value = getattr(policy, f.name)
-        if f.name not in NOT_KNOBS and type(value) in (int, float):
-            found[f.name] = type(value)
-    return found
+    """The policy's knobs a sweep can set and their types: the int and float fields of its config."""
+    return {k.name: kind for k in described(policy) if (kind := _number(k.kind)) is not None}
 
 
 def with_knobs(policy: Policy, settings: dict[str, str]) -> tuple[Policy, dict[str, int | float]]:
@@ -39,7 +51,19 @@ def with_knobs(policy: Policy, settings: dict[str, str]) -> tuple[Policy, dict[s
             which = ", ".join(sorted(have)) or "none"
             raise KnobError(f"policy {policy.name} has no knob {name!r} (its knobs: {which})")
         values[name] = _value(policy.name, name, have[name], text)
-    return dataclasses.replace(policy, **values), values
+    config = msgspec.structs.replace(policy.config, **values)
+    return type(policy)(config, name=policy.name), values
+
+
+def listing(policy: Policy) -> str:
+    """The policy's knobs as lines: name, value as the policy has it, description (`scaler sweep --knobs`)."""
+    rows = [(k.name, repr(getattr(policy.config, k.name)), k.doc) for k in described(policy)]
+    if not rows:
+        return f"{policy.name}: no knobs"
+    width = max(len(n) for n, _, _ in rows), max(len(d) for _, d, _ in rows)
+    lines = [f"{policy.name}:"]
+    lines += [f"  {n:<{width[0]}}  {d:>{width[1]}}  {doc}" for n, d, doc in rows]
+    return "\n".join(lines)
 
 
 def _value(policy: str, name: str, kind: type, text: str) -> int | float:

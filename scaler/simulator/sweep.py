@@ -5,9 +5,9 @@ there are cores (`--jobs`); the points go into a runs store (`--db`, SQLite: doc
 from there into a table and a page (`--page`): each policy's cold-start rate against its wasted memory
 time as its knob moves, the challenge's score on each point, and the Pareto front of them all marked.
 `--compare` adds the seven peers and ours at their defaults. A knob is a numeric field of the policy's
-dataclass (`demo`'s and `fixed10`'s `keep_alive_ms`, `learned`'s `wait_gb`); `--vary NAME=...` sets
-it on every given policy that has it, `--vary POLICY.NAME=...` on that one only. With several knobs
-a policy runs every combination.
+config (`demo`'s and `fixed10`'s `keep_alive_ms`, `learned`'s `wait_gb`; `--knobs` lists them with their
+descriptions); `--vary NAME=...` sets it on every given policy that has it, `--vary POLICY.NAME=...` on
+that one only. With several knobs a policy runs every combination.
 """
 
 import argparse
@@ -25,7 +25,7 @@ from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES, get_policy
 from scaler.simulator import runs
 from scaler.simulator.cli import CREATE_LATENCY_MS
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
-from scaler.simulator.knobs import KnobError, knobs, with_knobs
+from scaler.simulator.knobs import KnobError, knobs, listing, with_knobs
 from scaler.simulator.offline import Simulation
 from scaler.simulator.score import FunctionRow, Stats, worst_functions
 
@@ -60,7 +60,9 @@ class Result:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dataset", metavar="DATASET_DIR", help="a folder with `metas` and `requests` (JSON lines)")
+    p.add_argument(
+        "dataset", nargs="?", metavar="DATASET_DIR", help="a folder with `metas` and `requests` (JSON lines)"
+    )
     p.add_argument(
         "--policy",
         action="append",
@@ -74,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="[POLICY.]KNOB=A,B,C",
         help="the values a knob takes (e.g. keep_alive_ms=5min,10min,20min); again for more knobs",
+    )
+    p.add_argument(
+        "--knobs", action="store_true", help="list the knobs of the policies given (or of all), with defaults, and stop"
     )
     p.add_argument("--compare", action="store_true", help="also every policy at its defaults: the peers and ours")
     p.add_argument("--jobs", type=int, default=CORES, help="points simulated at once, each in a process")
@@ -195,6 +200,12 @@ def table(results: list[Result]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.knobs:
+        print("\n".join(listing(get_policy(p)) for p in dict.fromkeys(args.policy or POLICIES)))
+        return 0
+    if not args.dataset:
+        print("scaler sweep: error: a DATASET_DIR to sweep (or --knobs)", file=sys.stderr)
+        return 1
     try:
         dataset = load_dataset(args.dataset)  # checked here, before any worker starts
         policies = list(dict.fromkeys(args.policy or [DEFAULT_POLICY]))

@@ -15,7 +15,7 @@ from scaler.proto.subjects import EVENTS
 from scaler.store import config, stream
 from scaler.store.commits import Commits
 from scaler.store.config import Retention
-from scaler.store.stream import ALL, Append, Kept, OnBatch
+from scaler.store.stream import ALL, Append, Kept, OnBatch, OnStamp
 
 APPEND_TIMEOUT_S = 5.0
 
@@ -58,10 +58,16 @@ class EventStore:
         return await stream.append_all(self.nc, appends, self.timeout_s)
 
     async def read(
-        self, on_batch: OnBatch, subject: str = ALL, after_seq: int = 0, until_seq: int | None = None
+        self,
+        on_batch: OnBatch,
+        subject: str = ALL,
+        after_seq: int = 0,
+        until_seq: int | None = None,
+        on_stamp: OnStamp | None = None,
     ) -> int:
-        """Every batch on `subject` after `after_seq` up to `until_seq` (or the last when the read starts), in order."""
-        return await stream.read(self.js, on_batch, subject, after_seq, until_seq)
+        """Every batch on `subject` after `after_seq` up to `until_seq` (or the last when the read starts), in order;
+        `on_stamp` is told each one's server stamp."""
+        return await stream.read(self.js, on_batch, subject, after_seq, until_seq, on_stamp)
 
     async def last_seq(self, subject: str = ALL) -> int:
         return await stream.last_seq(self.js, subject)

@@ -31,6 +31,7 @@ ALL = f"{EVT}.>"
 
 # Called for each batch in stream order with its stream sequence; returning True stops the read.
 OnBatch = Callable[[int, Batch], bool | None]
+OnStamp = Callable[[Batch, int], None]  # a batch read, and when the server stored it (epoch ms)
 
 
 class UnreadableStream(Exception):
@@ -218,11 +219,17 @@ async def kept(js: JetStreamContext) -> Kept:
 
 
 async def read(
-    js: JetStreamContext, on_batch: OnBatch, subject: str = ALL, after_seq: int = 0, until_seq: int | None = None
+    js: JetStreamContext,
+    on_batch: OnBatch,
+    subject: str = ALL,
+    after_seq: int = 0,
+    until_seq: int | None = None,
+    on_stamp: OnStamp | None = None,
 ) -> int:
     """Call `on_batch` for every batch on `subject` with after_seq < seq <= end, in order; return how many.
 
-    `end` is `until_seq`, or else the subject's last sequence when the read starts.
+    `end` is `until_seq`, or else the subject's last sequence when the read starts. `on_stamp`, when given,
+    is told each batch's server stamp (epoch ms, the server's clock) before `on_batch` is called.
     """
     end = await last_seq(js, subject)
     if until_seq is not None:
@@ -250,6 +257,8 @@ async def read(
             return
         count += 1
         try:
+            if on_stamp is not None:
+                on_stamp(batch, round(meta.timestamp.timestamp() * 1000))
             stop = on_batch(seq, batch)
         except Exception as e:
             done.set_exception(e)

@@ -4,7 +4,7 @@ from scaler.controller.core import folds
 from scaler.controller.core.decide import decide
 from scaler.controller.core.features import NO_STATS, FnStats
 from scaler.controller.core.policy import get_policy
-from scaler.controller.core.policy.base import FixedKeepAlive
+from scaler.controller.core.policy.base import Capability, FixedKeepAlive
 from scaler.controller.core.state import FnState
 from scaler.proto import commands as c
 from scaler.proto import events as e
@@ -14,7 +14,13 @@ META = e.Meta(memory_mb=512, runtime="python", timeout_s=60)
 DEMO = get_policy("demo")
 # The demo's choices with pooled starts (as `learned` has them): whoever waits longest takes the
 # first instance ready, whichever request it was started for.
-POOLED = FixedKeepAlive(5 * 60_000, "demo", dedicated_starts=False)
+
+
+class Pooled(FixedKeepAlive):
+    capabilities = Capability.NONE
+
+
+POOLED = Pooled(DEMO.config, name="demo")
 
 
 def assign(r: str = "r1", to: str = "", meta: e.Meta = META) -> c.Assign:

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaler.controller.core.decide import decide
-from scaler.controller.core.policy import POLICIES, get_policy
+from scaler.controller.core.policy import POLICIES, Capability, get_policy
 from scaler.controller.core.state import FnState, Phase, replay
 from scaler.proto import commands as c
 from tests.core.factories import KEY, META
@@ -49,9 +49,9 @@ def test_invariants_hold_after_any_sequence(policy, steps):
         assert not {p.request_id for p in s.queue} & {i.request_id for i in busy}
         # nobody waits while an instance idles; with dedicated starts, a request waits for its own
         # start, and only for that
-        own = {i.for_request for i in s.in_phase(Phase.CREATING)} if policy.dedicated_starts else set()
+        own = {i.for_request for i in s.in_phase(Phase.CREATING)} if policy.can(Capability.DEDICATED_STARTS) else set()
         assert not ([p for p in s.queue if p.request_id not in own] and s.in_phase(Phase.IDLE))
-        if policy.dedicated_starts:
+        if policy.can(Capability.DEDICATED_STARTS):
             assert all(p.request_id in own for p in s.queue)
         # every idle instance has a keep-alive in the future, and the next wake comes no later
         idle = s.in_phase(Phase.IDLE)

@@ -1,6 +1,5 @@
 """Our policy's behaviours that matter, pinned on the pure core."""
 
-import dataclasses
 from typing import NamedTuple
 
 from msgspec.structs import replace
@@ -8,7 +7,8 @@ from msgspec.structs import replace
 from scaler.controller.core.decide import START_MARGIN_MS, decide
 from scaler.controller.core.features import GAP_BINS, NO_STATS, FnStats, gap_bin
 from scaler.controller.core.policy import get_policy
-from scaler.controller.core.policy.learned import Learned, exchange_rate
+from scaler.controller.core.policy.base import score_rate as exchange_rate
+from scaler.controller.core.policy.learned import Learned, LearnedConfig
 from scaler.controller.core.state import FnState, Phase
 from scaler.controller.core.totals import Totals
 from scaler.proto import commands as c
@@ -243,14 +243,14 @@ def test_a_return_plan_may_hold_through_the_longest_gap_seen():
     from scaler.controller.core.policy.forecast import Points, restart_plan
 
     points = Points.of([(10_000.0 + i, 1.0) for i in range(34)])
-    plan, _ = restart_plan(points, 0.0, start=100, lam=10.0, miss=1e6, rate=0.0, options=[(1, 0.5, 0.0)])
+    plan = restart_plan(points, 0.0, start=100, lam=10.0, miss=1e6, rate=0.0, options=[(1, 0.5, 0.0)])
     assert plan.until == 10_033
 
 
 def test_a_pre_warm_allows_for_a_next_gap_shorter_than_any_seen_as_far_as_the_gaps_vary():
     # Four gaps of 51-145 s (Poisson calls, a mean of 36 s, whose first gaps happened to be long): the next
     # is the shortest yet one time in five, and it would miss a 3.7 s start; a clock's next is not earlier.
-    policy = dataclasses.replace(LEARNED, wait_gb=88.0)
+    policy = Learned(LearnedConfig(wait_gb=88.0))
     varied = sessions(period_ms=51_000, calls=1, lull_ms=55_000, lulls=2, start_ms=3_742, memory_mb=2048)
     varied = varied.with_stats(gaps=(51_000, 55_000, 56_000, 145_000))
     assert policy.prewarm(*varied, 4_300).next_ms < 51_000 - 2 * 3_742 - 10_000
@@ -283,7 +283,8 @@ def test_a_burst_served_by_one_ready_instance_queues_a_run_at_a_time_not_a_start
     idle = {f"fn-{i}": replace(_instance(f"fn-{i}", Phase.IDLE, since=30), request_id="") for i in (1, 2)}
     s = s.with_state(instances=idle, started=2)
     assert LEARNED.outlook(*s).need == 2
-    until, count, _ = LEARNED.lull(*s, 313)  # past two starts: the group is over
+    lull = LEARNED.lull(*s, 313)
+    until, count = lull.until_ms, lull.count  # past two starts: the group is over
     assert until > 313 and count == 1
 
 
@@ -292,7 +293,7 @@ def test_a_poisson_functions_next_call_may_come_sooner_than_the_shortest_recent_
     # as they are, no call comes within 18 s, and its instance was retired after each call to start again
     # later. Gaps that vary as an exponential's say how many shorter ones to expect: e^(-18.5/55) of them
     # are longer, so 28 % are shorter; the instance is kept.
-    policy = dataclasses.replace(LEARNED, wait_gb=88.0)
+    policy = Learned(LearnedConfig(wait_gb=88.0))
     gaps = (55_153, 55_997, 200_073, 50_772, 21_782, 34_358, 18_499, 29_913, 66_807, 18_486)
     s = history(gaps, runs=(50,) * 10, start_ms=3_742, memory_mb=2048)
     s = s.with_stats(lulls=gaps)
@@ -364,7 +365,8 @@ def test_only_a_group_whose_pauses_are_alike_has_a_pause_to_expect():
 
     group = (50, 25, 50, 70)
     alike = tuple(g for p in (950, 930, 990, 945, 960, 940, 975, 955, 935, 965) for g in (*group, p))
-    ended, pauses = group_pause((*alike, *group), burst=312)
+    found = group_pause((*alike, *group), burst=312)
+    ended, pauses = found.ended, found.pauses
     assert ended == 1.0 and pauses == sorted((930, 990, 945, 960, 940, 975, 955, 935, 965))
     assert group_pause((*alike, 50, 25), burst=312) is None  # no group of two calls seen
     varied = tuple(g for p in (400, 930, 620, 1_900, 960, 450, 975, 700, 935, 1_500) for g in (*group, p))
@@ -383,7 +385,7 @@ def test_a_leaders_return_stamped_in_the_future_spreads_its_lags_without_failing
     s = s.with_stats(leaders=(lead,), cues=(("leader", 100),))
     idle = {"fn-1": replace(_instance("fn-1", Phase.IDLE, since=30), request_id="")}
     s = s.with_state(instances=idle, started=1)
-    points, timed = LEARNED.next_arrival(*s, 200)
-    assert timed and points.total > 0
-    until, count, why = LEARNED.lull(*s, 200)
-    assert until >= 200 and count >= 0 and why
+    nxt = LEARNED.next_arrival(*s, 200)
+    assert nxt.timed and nxt.points.total > 0
+    lull = LEARNED.lull(*s, 200)
+    assert lull.until_ms >= 200 and lull.count >= 0 and lull.why

@@ -148,7 +148,8 @@ def keep_costs(points, elapsed, miss, options):
 def test_a_keep_plan_is_the_cheapest_of_its_candidates(points, elapsed, miss, gb, need, shortfall):
     points = [(x, w) for x, w in points if x > elapsed]
     options = [(1, gb, shortfall * miss / 2), (need, gb * need, 0.0)] if need > 1 else [(1, gb, 0.0)]
-    plan, count = keep_plan(Points.of(points), elapsed, miss, options)
+    plan = keep_plan(Points.of(points), elapsed, miss, options)
+    count = plan.count
     costs = keep_costs(points, elapsed, miss, options)
     cheapest = min(cost for cost, _, _ in costs)
     assert math.isclose(plan.cost, cheapest, rel_tol=1e-9, abs_tol=1e-6)
@@ -198,7 +199,7 @@ def test_a_restart_plan_is_the_cheapest_of_its_candidates(points, elapsed, start
     if found is None:
         assert math.isclose(costs[0][0], cheapest, rel_tol=1e-9, abs_tol=1e-6)
         return
-    plan, count = found
+    plan, count = found, found.count
     assert math.isclose(plan.cost, cheapest, rel_tol=1e-9, abs_tol=1e-6)
     chosen = [cost for cost, ready, until, k in costs if (ready, until, k) == (plan.ready, plan.until, count)]
     assert chosen and math.isclose(min(chosen), cheapest, rel_tol=1e-9, abs_tol=1e-6)

@@ -234,7 +234,7 @@ def test_the_run_check_catches_a_cache_filled_at_run_time(monkeypatch):
     compute = learned.Learned.pool_target
 
     def memoised(self, s, f, now, **kw):
-        key = (id(f), now, self.wait_gb, *kw.items())
+        key = (id(f), now, self.config.wait_gb, *kw.items())
         return learned._POOL_MEMO.setdefault(key, compute(self, s, f, now, **kw))
 
     monkeypatch.setattr(learned.Learned, "pool_target", memoised)

@@ -62,6 +62,16 @@ def test_an_instance_started_after_the_listing_is_not_dropped():
     assert decide(s, listing(), T + 5, DEMO).events == []
 
 
+def test_a_listing_from_a_gc_worker_whose_clock_is_ahead_of_the_nodes_never_makes_a_new_instance_look_old():
+    """Issue 41, item 3: a node 120 s behind the gc worker started fn-1 after the listing (on both clocks), and its
+    Reconcile stamped 120 s later than the node's now came in just after: fn-1 is not taken for gone (it was, with
+    its request, while its caller held it)."""
+    behind = 120_000
+    s, _ = run(assign("r1"), ready("fn-1", "s1"), at=T - behind + 100)  # after the listing, on the node's clock
+    assert decide(s, listing(), T - behind + 200, DEMO).events == []
+    assert s.instances["fn-1"].busy
+
+
 def test_a_slot_the_state_does_not_know_is_retired_unless_it_may_be_in_flight():
     s = two_instances()
     known = (slot("s1", "fn-1"), slot("s2", "fn-2"))

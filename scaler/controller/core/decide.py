@@ -47,7 +47,7 @@ from scaler.controller.core import folds, operator, reconcile
 from scaler.controller.core.features import FOLLOW_MS, NO_STATS, UNKNOWN_START_MS, FnStats, comes_back
 from scaler.controller.core.limits import NO_ROOM, Room
 from scaler.controller.core.operator import misfit, retire_past_max
-from scaler.controller.core.policy import Policy
+from scaler.controller.core.policy import UNSEEN, Capability, Policy, RunView
 from scaler.controller.core.state import FnState, Instance, Pending, Phase
 from scaler.controller.core.totals import Totals
 from scaler.proto.commands import (
@@ -135,11 +135,14 @@ class Decision(NamedTuple):
 class _Draft:
     """A decision being built: events are applied as they are emitted."""
 
-    def __init__(self, s: FnState, now: int, room: Room = NO_ROOM, features: FnStats = NO_STATS) -> None:
+    def __init__(
+        self, s: FnState, now: int, room: Room = NO_ROOM, run: RunView = UNSEEN, features: FnStats = NO_STATS
+    ) -> None:
         self.s = s
         self.f = features  # what the function's events say of it, folded beside `s`
         self.now = now
         self.room = room
+        self.run = run  # the whole run as this decision sees it, worked out once: every policy call gets it
         self.started = 0  # instances this decision starts: they count against caps over all functions
         self.events: list[Event] = []
         self.replies: list[Reply] = []
@@ -196,12 +199,11 @@ def decide(
     room: Room = NO_ROOM,
     features: FnStats = NO_STATS,
 ) -> Decision:
-    """`respond` then `plan`, as one decision at rest. `totals`: the whole run so far, for a policy tuned by
-    it (`Policy.tuned_to`); `room`: the caps and reserved instances the operator set
-    (scaler/controller/core/limits.py)."""
-    if totals is not None:
-        policy = policy.tuned_to(totals)
-    d = _Draft(s, now, room, features)
+    """`respond` then `plan`, as one decision at rest. `totals`: the whole run so far, which the policy sees
+    through its view (`RunView.of`, once per decision); `room`: the caps and reserved instances the operator
+    set (scaler/controller/core/limits.py); `features`: what the function's events say of it, folded beside
+    `s`, handed to the policy with it."""
+    d = _Draft(s, now, room, RunView.of(totals), features)
     asked = _respond(d, cmd, totals, policy)
     planned = _rest(d, policy)
     return Decision(d.events, d.replies, d.s, _earliest(asked, planned), d.f)
@@ -220,9 +222,7 @@ def respond(
 
     Its `wake_ms` is the earliest of its own deadlines (a lease, a recheck of the waiting, a
     throttle, a session's wait); `plan`'s are apart."""
-    if totals is not None:
-        policy = policy.tuned_to(totals)
-    d = _Draft(s, now, room, features)
+    d = _Draft(s, now, room, RunView.of(totals), features)
     wake = _respond(d, cmd, totals, policy)
     return Decision(d.events, d.replies, d.s, wake, d.f)
 
@@ -239,9 +239,7 @@ def plan(
 
     Its `wake_ms` is the earliest of its own deadlines (a keep-alive, a planned pre-warm, a session's
     idle end, rest); `respond`'s are apart."""
-    if totals is not None:
-        policy = policy.tuned_to(totals)
-    d = _Draft(s, now, room, features)
+    d = _Draft(s, now, room, RunView.of(totals), features)
     wake = _rest(d, policy)
     return Decision(d.events, [], d.s, wake, d.f)
 
@@ -300,7 +298,7 @@ def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy
     if d.s.meta != cmd.meta:
         d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
     _named(d, cmd)
-    if policy.follows_leaders and totals is not None and comes_back(d.f, d.now):
+    if policy.can(Capability.FOLLOWS_LEADERS) and totals is not None and comes_back(d.f, d.now):
         if leads := totals.leads(d.s.key, d.now):
             d.emit(Followed(at_ms=d.now, leads=leads))
     d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to, session=cmd.session, state=cmd.state))
@@ -431,7 +429,7 @@ def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
                 at_ms=d.now, instance_id=inst.id, slot_id=cmd.slot_id, create_ms=cmd.create_ms, init_ms=cmd.init_ms
             )
         )
-        own = d.s.pending(inst.for_request) if policy.dedicated_starts else None
+        own = d.s.pending(inst.for_request) if policy.can(Capability.DEDICATED_STARTS) else None
         if own is not None and _fits(d.s, inst) and not _holding(d.s, d.f, own, d.now):
             _assign(d, own, inst)
     elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
@@ -634,7 +632,7 @@ def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
                     held.add(waiting.request_id)
                     continue
             taken = {b.instance_id for b in d.s.sessions.values()}
-            inst = policy.pick(d.s, d.f, [i for i in idle if i.id not in taken] or idle, d.now)
+            inst = policy.pick(d.s, d.f, [i for i in idle if i.id not in taken] or idle, d.now, d.run)
         _assign(d, waiting, inst)
 
 
@@ -720,7 +718,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     uncovered = _uncovered(d.s, d.f, policy, d.now)
     if not uncovered or d.s.meta is None:
         return None
-    plan = policy.plan_queue(d.s, d.f, len(uncovered), d.now)
+    plan = policy.plan_queue(d.s, d.f, len(uncovered), d.now, d.run)
     starts = d.may_start(plan.starts)
     for waiting in uncovered[:starts]:
         d.start(for_request=waiting.request_id, why=plan.why)
@@ -739,7 +737,7 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
 
 def _free_to_take(s: FnState, st: FnStats, policy: Policy) -> tuple[Pending, ...]:
     """The waiting requests that may take any idle instance: all, or with dedicated starts those without their own."""
-    return _uncovered(s, st, policy) if policy.dedicated_starts else s.queue
+    return _uncovered(s, st, policy) if policy.can(Capability.DEDICATED_STARTS) else s.queue
 
 
 def _uncovered(s: FnState, st: FnStats, policy: Policy, now: int | None = None) -> tuple[Pending, ...]:
@@ -750,7 +748,7 @@ def _uncovered(s: FnState, st: FnStats, policy: Policy, now: int | None = None) 
     queue = s.queue
     if now is not None and (s.sessions or s.states):
         queue = tuple(p for p in queue if not _holding(s, st, p, now))
-    if policy.dedicated_starts:
+    if policy.can(Capability.DEDICATED_STARTS):
         own = {i.for_request for i in creating}
         return tuple(p for p in queue if p.request_id not in own)
     return queue[len(creating) :]
@@ -829,7 +827,7 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
         retire_past_max(d)
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
-            keep = policy.keep_alive(d.s, d.f, inst, d.now)
+            keep = policy.keep_alive(d.s, d.f, inst, d.now, d.run)
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
@@ -847,7 +845,7 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
             why = f"reserved: the function keeps {d.room.limits.min_warm} warm"
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=until, why=why))
             continue
-        longer = policy.expire(d.s, d.f, inst, d.now)
+        longer = policy.expire(d.s, d.f, inst, d.now, d.run)
         if longer is not None and longer.until_ms > d.now:
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=longer.until_ms, why=longer.why))
         else:
@@ -870,7 +868,7 @@ def _prewarm(d: _Draft, policy: Policy) -> int | None:
     """Pre-warm: instances the policy starts ahead of demand. Returns when its next planned start is due."""
     if d.s.meta is None:
         return None
-    warm = policy.prewarm(d.s, d.f, d.now)
+    warm = policy.prewarm(d.s, d.f, d.now, d.run)
     for _ in range(d.may_start(warm.count)):
         d.start(why=warm.why)
     if reserved := d.may_start(d.room.reserved(d.s), reserved=True):

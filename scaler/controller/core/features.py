@@ -25,6 +25,7 @@ from msgspec.structs import replace
 from scaler.controller.core.next_gap import GAP_BINS, NO_NEXT_GAP, NextGap, build
 from scaler.proto.events import (
     Assigned,
+    ClockRebased,
     Cued,
     Event,
     Followed,
@@ -151,7 +152,27 @@ def fold(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
             return replace(st, leaders=leaders, cues=(*(c for c in st.cues if c[0] != leader), (leader, t)))
         case FunctionForgotten() | FunctionDeleted():
             return NO_STATS
+        case ClockRebased(shift_ms=shift):
+            return shifted(st, shift)
     return st
+
+
+def shifted(st: FnStats, shift_ms: int) -> FnStats:
+    """The stats with every time they hold moved by `shift_ms` (ClockRebased); durations stay as they are."""
+    if st is NO_STATS:
+        return st
+
+    def at(t: int) -> int:
+        return t + shift_ms if t else 0
+
+    return replace(
+        st,
+        last_arrival_ms=at(st.last_arrival_ms),
+        last_end_ms=at(st.last_end_ms),
+        returned_ms=at(st.returned_ms),
+        cues=tuple((leader, at(t)) for leader, t in st.cues),
+        ideal_free=tuple(at(t) for t in st.ideal_free),
+    )
 
 
 def comes_back(st: FnStats, t: int) -> bool:

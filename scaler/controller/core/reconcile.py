@@ -31,9 +31,12 @@ def by_function(slots: Iterable[PlatformSlot], known: Iterable[str]) -> dict[str
 
 def events(s: FnState, cmd: Reconcile, now: int) -> list[Event]:
     listed = {p.id for p in cmd.slots}
+    # The listing was taken on the gc worker's clock, the instances' times on this node's: a listing is never
+    # later than its arrival here, so one that looks later (this node's clock behind the worker's) counts from now.
+    listed_here = min(cmd.listed_ms, now)
     out: list[Event] = []
     for inst in s.instances.values():
-        if inst.slot_id and inst.slot_id not in listed and inst.wanted_ms + cmd.grace_ms <= cmd.listed_ms:
+        if inst.slot_id and inst.slot_id not in listed and inst.wanted_ms + cmd.grace_ms <= listed_here:
             why = f"slot gone: the platform no longer lists {inst.slot_id}"
             out.append(InstanceDestroyed(at_ms=now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
     known = {i.slot_id for i in s.instances.values() if i.slot_id}

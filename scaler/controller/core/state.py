@@ -20,6 +20,7 @@ from msgspec.structs import replace
 
 from scaler.proto.events import (
     Assigned,
+    ClockRebased,
     Cued,
     Event,
     Followed,
@@ -132,8 +133,9 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
 # 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them; 5: no
 # leaders in the stats; 6: no tenants, states, versions, tombstones, live limits or policy; an instance
 # had no runtime, version or counts, and `restarting` for `retire_on_release`; 7: no hold of starts;
-# 8: no next gap's points in the stats; 9: the features (`stats`) inside the state
-VERSION = 10
+# 8: no next gap's points in the stats; 9: no ClockRebased (its times were never moved); 10: the features
+# (`stats`) inside the state
+VERSION = 11
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
@@ -473,6 +475,29 @@ def _starts_held(s: FnState, e: StartsHeld) -> FnState:
     return replace(s, starts_held_until_ms=e.until_ms, starts_held_why=e.reason)
 
 
+def _clock_rebased(s: FnState, e: ClockRebased) -> FnState:
+    """Every time the state holds, moved by `e.shift_ms` onto the clock of the node that loaded it (its features
+    are moved by `features.shifted`, in their own fold); what is not a time (a duration, a count) stays."""
+    shift = e.shift_ms
+
+    def at(t: int) -> int:
+        return t + shift if t else 0
+
+    def moved(i: Instance) -> Instance:
+        return replace(i, since_ms=at(i.since_ms), keep_until_ms=at(i.keep_until_ms), wanted_ms=at(i.wanted_ms))
+
+    return replace(
+        s,
+        instances={k: moved(i) for k, i in s.instances.items()},
+        queue=tuple(replace(p, since_ms=at(p.since_ms)) for p in s.queue),
+        finished=tuple({r: Finished(f.instance_id, at(f.at_ms)) for r, f in g.items()} for g in s.finished),
+        sessions={k: replace(b, used_ms=at(b.used_ms)) for k, b in s.sessions.items()},
+        states={k: replace(r, bound_ms=at(r.bound_ms)) for k, r in s.states.items()},
+        deleted=replace(s.deleted, at_ms=at(s.deleted.at_ms)) if s.deleted is not None else None,
+        starts_held_until_ms=at(s.starts_held_until_ms),
+    )
+
+
 def _explains(s: FnState, e: RequestWaiting) -> FnState:
     return s  # explains a decision; changes nothing
 
@@ -514,6 +539,7 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     TenantSet: _tenant_set,
     FunctionCreated: _function_created,
     StartsHeld: _starts_held,
+    ClockRebased: _clock_rebased,
 }
 
 

@@ -8,30 +8,37 @@ expected remaining run (Q minus what it already ran) is shorter than an instance
 """
 
 import math
-from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
 
 from scaler.controller.core.features import FnStats
-from scaler.controller.core.policy.base import KeepAlive, Policy, QueuePlan
+from scaler.controller.core.policy.base import UNSEEN, KeepAlive, Policy, PolicyConfig, QueuePlan, RunView
 from scaler.controller.core.policy.estimate import expected_frees, median, start_ms
 from scaler.controller.core.state import FnState, Instance
 
-MIN_MS, MAX_MS = 75_000, 230_000
+
+class AdaptiveConfig(PolicyConfig, frozen=True, kw_only=True):
+    min_ms: Annotated[int, msgspec.Meta(description="the shortest keep-alive, ms")] = 75_000
+    max_ms: Annotated[int, msgspec.Meta(description="the longest keep-alive, ms")] = 230_000
 
 
-@dataclass(frozen=True)
 class PublicAdaptive(Policy):
-    name: str = "public-adaptive"
+    name = "public-adaptive"
+    Config = AdaptiveConfig
+    config: AdaptiveConfig
 
     def threshold_ms(self, s: FnState, f: FnStats, at: int) -> float:
+        low, high = self.config.min_ms, self.config.max_ms
         d, q = median(f.gaps), median(f.runs)
         if not d or not q:
-            return MIN_MS
+            return low
         since = max(at - f.last_arrival_ms, 1)
-        return min(max(math.log2(since) * 10 * d / q * 1000, MIN_MS), MAX_MS)
+        return min(max(math.log2(since) * 10 * d / q * 1000, low), high)
 
-    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
         # The threshold grows with time since the last Assign: find when idle time first exceeds it.
-        until = now + MIN_MS
+        until = now + self.config.min_ms
         for _ in range(8):
             nxt = now + self.threshold_ms(s, f, until)
             if abs(nxt - until) < 100:  # the original checked every 100 ms
@@ -39,7 +46,7 @@ class PublicAdaptive(Policy):
             until = nxt
         return KeepAlive(int(until), f"adaptive keep-alive {(until - now) / 1000:.0f}s (D/Q threshold)")
 
-    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int) -> QueuePlan:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
         q = median(f.runs)
         if not q or not f.start_ms:
             return QueuePlan(starts=uncovered)

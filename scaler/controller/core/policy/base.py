@@ -1,11 +1,103 @@
-"""What a policy decides, and the defaults: the challenge's demo scaler."""
+"""The policy contract: what a policy decides, what it is told, what it declares; and the challenge's demo scaler.
 
+A policy is built from its config (`Policy(config)`), a frozen struct of documented knobs; it declares its
+capabilities (`Capability`), which the core asks through `Policy.can`; at each decision the core hands it
+the run as that decision sees it (`RunView`, worked out once per decision); it answers with named results
+(`KeepAlive`, `QueuePlan`, `Prewarm`). docs/policies.md, "Writing a policy", says the same for a user.
+"""
+
+import enum
+import typing
 from dataclasses import dataclass
-from typing import Self
+from typing import Annotated, ClassVar
+
+import msgspec
 
 from scaler.controller.core.features import FnStats
+from scaler.controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
 from scaler.controller.core.state import FnState, Instance
 from scaler.controller.core.totals import Totals
+
+
+class Capability(enum.Flag):
+    """How the core treats a policy's instances and arrivals, beyond the choices it asks the policy for."""
+
+    NONE = 0
+    # An instance started for a waiting request serves that request only (the challenge's Go starter: the
+    # Assign that misses creates its own slot and waits for it, while an instance freed meanwhile goes idle
+    # for the next arrival); without it, whoever waits longest takes whatever is ready first.
+    DEDICATED_STARTS = enum.auto()
+    # It learns which functions a function follows (comes back shortly after) and is cued when they come
+    # back (scaler/controller/core/decide.py, "Leaders"): the node then shares the run's returns.
+    FOLLOWS_LEADERS = enum.auto()
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """A policy's knobs: each field `Annotated[type, msgspec.Meta(description=...)]`, unit in its name
+    (`_ms`, `_s`) or its description, its default the policy as shipped (`knobs` lists them)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One field of a policy's config, as `scaler sweep --vary` and `scaler simulate --knobs` show it."""
+
+    name: str
+    kind: type
+    default: object
+    doc: str
+
+
+def knobs(config: type[PolicyConfig]) -> list[Knob]:
+    """The config's fields, in order, with their types, defaults and descriptions."""
+    hints = typing.get_type_hints(config, include_extras=True)
+    out = []
+    for f in msgspec.structs.fields(config):
+        hint = hints[f.name]
+        metas = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, msgspec.Meta)]
+        kind = typing.get_args(hint)[0] if metas else hint
+        out.append(Knob(f.name, kind, f.default, metas[0].description if metas else ""))
+    return out
+
+
+MIN_EXEC_MS = 1_000  # execution the run needs before the score's exchange rate is worked out from it
+
+
+@dataclass(frozen=True)
+class RunView:
+    """The whole run so far as one decision sees it: worked out once per decision from the run's `Totals`
+    (`RunView.of`), the same for every choice the decision asks of the policy. `UNSEEN`: no run to go by."""
+
+    # GB·s of slot time one second of waiting costs the score at the run's best reachable point
+    # (`score_rate`); None until the run has executed MIN_EXEC_MS.
+    exchange_rate: float | None = None
+    # How soon the run's functions came back while new (`Totals.early_gaps`), and since when those not back
+    # yet have been away (`Totals.early_open`).
+    new_gaps: tuple[int, ...] = ()
+    new_open: OpenGaps = NO_OPEN_GAPS
+
+    @classmethod
+    def of(cls, totals: Totals | None) -> "RunView":
+        if totals is None:
+            return UNSEEN
+        return cls(score_rate(totals), totals.early_gaps, totals.early_open)
+
+
+UNSEEN = RunView()
+
+
+def score_rate(t: Totals) -> float | None:
+    """GB·s of slot time that one second of waiting costs the score, at the run's best reachable point.
+
+    score = 50 E_gb / S + 50 E / (E + W): d/dW = -50 E / (E + W)^2, d/dS = -50 E_gb / S^2, so a
+    second of waiting is worth (E / (E + W)^2) / (E_gb / S^2) GB·s. Taken at the policy's own S and W, it
+    feeds on itself (keep more, memory looks cheaper, keep more); so it is taken where a clairvoyant
+    scaler would be on this workload: W = 0 and S = E_gb + the idle it could not avoid.
+    """
+    if t.exec_ms < MIN_EXEC_MS or t.exec_gb_ms <= 0:
+        return None
+    e, e_gb = t.exec_ms / 1000, t.exec_gb_ms / 1000
+    slot = e_gb + t.ideal_gb_ms / 1000
+    return slot * slot / (e * e_gb)
 
 
 @dataclass(frozen=True)
@@ -44,55 +136,67 @@ NO_PREWARM = Prewarm()
 
 class Policy:
     """The choices the core leaves open. Pure: the function's state `s`, its features `f` (what its events say of
-    it: scaler/controller/core/features.py, folded beside the state) and `now` in, a choice out.
+    it: scaler/controller/core/features.py, folded beside the state), `now` and the run's view in, a named
+    choice out.
 
     The core does the bookkeeping (queueing, matching, replies, expiry); a policy only says
     which idle instance to reuse, how many instances to start for waiting requests (or to let
     them wait), how long an idle instance stays, and when to start instances ahead of demand.
-    Every choice comes with a reason, which goes into the events.
+    Every choice comes with a reason, which goes into the events. A policy holds nothing but its
+    config and name: the same object serves every decision of a run, and many runs.
     """
 
-    name = "base"
-    # Whether an instance started for a waiting request serves that request only (the challenge's
-    # Go starter: the Assign that misses creates its own slot and waits for it, while an instance
-    # freed meanwhile goes idle for the next arrival); else whoever waits longest takes whatever is
-    # ready first.
-    dedicated_starts: bool = False
-    # Whether it learns which functions a function follows (comes back shortly after) and is cued when they
-    # come back (scaler/controller/core/decide.py, "Leaders").
-    follows_leaders: bool = False
+    name: str = "base"
+    Config: ClassVar[type[PolicyConfig]] = PolicyConfig
+    capabilities: ClassVar[Capability] = Capability.NONE
 
-    def tuned_to(self, totals: Totals) -> Self:
-        """This policy with its parameters set from the whole run so far: a new value (most ignore the run)."""
-        return self
+    def __init__(self, config: PolicyConfig | None = None, name: str | None = None) -> None:
+        self.config = self.Config() if config is None else config
+        if not isinstance(self.config, self.Config):
+            raise TypeError(f"{type(self).__name__} takes a {self.Config.__name__}, not {type(config).__name__}")
+        if name is not None:
+            self.name = name
 
-    def pick(self, s: FnState, f: FnStats, idle: list[Instance], now: int) -> Instance:
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config!r}, name={self.name!r})"
+
+    def can(self, capability: Capability) -> bool:
+        """Whether the policy declares `capability`: the one question the core and the shell ask of it."""
+        return capability in self.capabilities
+
+    def pick(self, s: FnState, f: FnStats, idle: list[Instance], now: int, run: RunView = UNSEEN) -> Instance:
         """The idle instance that serves the next waiting request: the most recently idled one."""
         return max(idle, key=lambda i: (i.since_ms, i.id))
 
-    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int) -> QueuePlan:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
         """`uncovered` requests wait with no idle instance and no start for them: start one each."""
         return QueuePlan(starts=uncovered)
 
-    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
         """How long an instance that just became idle stays."""
         raise NotImplementedError
 
-    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive | None:
+    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive | None:
         """An idle instance reached its deadline: keep it longer (a later deadline), or None to retire it."""
         return None
 
-    def prewarm(self, s: FnState, f: FnStats, now: int) -> Prewarm:
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
+        """Instances to start now with nothing waiting, and when to look again (`Prewarm.next_ms`)."""
         return NO_PREWARM
 
 
-@dataclass(frozen=True)
+class FixedConfig(PolicyConfig, frozen=True, kw_only=True):
+    keep_alive_ms: Annotated[int, msgspec.Meta(description="how long an idle instance stays, ms")] = 5 * 60_000
+
+
 class FixedKeepAlive(Policy):
     """Reuse the most recently idled instance, cold-start on a miss, keep idle ones a fixed time."""
 
-    keep_alive_ms: int = 5 * 60_000
-    name: str = "demo"
-    dedicated_starts: bool = True
+    name = "demo"
+    Config = FixedConfig
+    capabilities = Capability.DEDICATED_STARTS
+    config: FixedConfig
 
-    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
-        return KeepAlive(now + self.keep_alive_ms, f"fixed keep-alive {self.keep_alive_ms / 1000:g}s")
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+        keep = self.config.keep_alive_ms
+        return KeepAlive(now + keep, f"fixed keep-alive {keep / 1000:g}s")

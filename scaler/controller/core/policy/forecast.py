@@ -25,6 +25,7 @@ from scaler.controller.core.next_gap import LOWER, MAD_TO_SD, MIDDLE, ROBUST_FRO
 Point = tuple[float, float]  # (ms after the last arrival, weight)
 
 NEVER = math.inf  # a gap that has not ended: no keep-alive catches it
+# The defaults of what the functions below take as arguments: `learned` passes its config's (LearnedConfig).
 PRIOR_WEIGHT = 1.0  # what the run's new functions weigh against a function's own gaps: one gap's worth
 MIN_NEW_FUNCTIONS = 10  # gaps of new functions the run needs before they say anything
 RUN = 16  # points looked at together in a plan's search: a run is skipped when its least possible cost is beaten
@@ -150,7 +151,9 @@ BEAT_SDS = 4.0  # how far from the period a gap is still on the beat: in sds of 
 BEAT_SHARE = 0.02  # ...or in shares of the period: a tick 10 ms late is no call besides the ticks
 
 
-def since_beat(gaps: tuple[int, ...]) -> int:
+def since_beat(
+    gaps: tuple[int, ...], clock_share: float = CLOCK_SHARE, beat_sds: float = BEAT_SDS, beat_share: float = BEAT_SHARE
+) -> int:
     """How long before the last arrival a clock's last beat was, when the calls since were off it (0 when the
     last call was on it, or the function is not a clock's).
 
@@ -162,8 +165,8 @@ def since_beat(gaps: tuple[int, ...]) -> int:
         return 0
     period = median(list(gaps))
     off_beat = sorted(map(abs, map(period.__rsub__, gaps)))  # each gap's distance from the period
-    tolerance = max(BEAT_SDS * MAD_TO_SD * median(off_beat), BEAT_SHARE * period)
-    if bisect_right(off_beat, tolerance) < CLOCK_SHARE * len(gaps):
+    tolerance = max(beat_sds * MAD_TO_SD * median(off_beat), beat_share * period)
+    if bisect_right(off_beat, tolerance) < clock_share * len(gaps):
         return 0
     off = 0
     for gap in reversed(gaps):
@@ -177,7 +180,17 @@ GROUPS_FROM = ROBUST_FROM  # groups of the current one's size (with the pauses a
 GROUP_PAUSES_ALIKE = 1.25  # ...and those pauses alike: the longest at most this x the shortest
 
 
-def group_pause(gaps: tuple[int, ...], burst: float) -> tuple[float, list[int]] | None:
+@dataclass(frozen=True)
+class GroupPause:
+    """How likely the current group of calls has ended, and the pauses that came after groups of its size."""
+
+    ended: float
+    pauses: list[int]
+
+
+def group_pause(
+    gaps: tuple[int, ...], burst: float, groups_from: int = GROUPS_FROM, alike: float = GROUP_PAUSES_ALIKE
+) -> GroupPause | None:
     """For a function called in groups (calls closer than `burst`, then a pause): how likely the current group
     has ended, and the pauses that came after groups of its size, when enough came and they are alike.
 
@@ -197,9 +210,9 @@ def group_pause(gaps: tuple[int, ...], burst: float) -> tuple[float, list[int]] 
     ended = ended[1:]  # the first group's start came before the gaps kept
     reached = sum(1 for n, _ in ended if n >= size)
     pauses = sorted(gap for n, gap in ended if n == size)
-    if len(pauses) < GROUPS_FROM or reached < GROUPS_FROM or pauses[-1] > GROUP_PAUSES_ALIKE * pauses[0]:
+    if len(pauses) < groups_from or reached < groups_from or pauses[-1] > alike * pauses[0]:
         return None
-    return len(pauses) / reached, pauses
+    return GroupPause(len(pauses) / reached, pauses)
 
 
 def in_group(points: Points, ended: float, pauses: list[int], elapsed: float, burst: float) -> Points:
@@ -246,9 +259,15 @@ def beyond(elapsed: float, steps: int = 48) -> list[Point]:
     return [*points, (NEVER, 2 ** (-steps / 4))]
 
 
-def new_function_points(early_gaps: tuple[int, ...], open_ages: list[tuple[float, int]], elapsed: float) -> list[Point]:
-    """How soon the run's functions came back while new, as a prior of weight PRIOR_WEIGHT; the part of it
-    still possible after `elapsed`.
+def new_function_points(
+    early_gaps: tuple[int, ...],
+    open_ages: list[tuple[float, int]],
+    elapsed: float,
+    weight: float = PRIOR_WEIGHT,
+    min_new: int = MIN_NEW_FUNCTIONS,
+) -> list[Point]:
+    """How soon the run's functions came back while new, as a prior of weight `weight`; the part of it
+    still possible after `elapsed`; none until `min_new` gaps of new functions are known.
 
     Their first gaps by bin (`early_gaps`), and the early gaps still open (`open_ages`: how long they
     have lasted, ascending, with how many have, OpenGaps.ages): those are only known to last longer
@@ -261,9 +280,9 @@ def new_function_points(early_gaps: tuple[int, ...], open_ages: list[tuple[float
     for _, n in open_ages:
         below.append(below[-1] + n)
     at_risk = sum(early_gaps) + below[-1]
-    if at_risk < MIN_NEW_FUNCTIONS:
+    if at_risk < min_new:
         return []
-    survive, points, longest = PRIOR_WEIGHT, [], 0.0
+    survive, points, longest = weight, [], 0.0
     censored = 0  # open gaps no longer at risk: younger than the bins so far
     for i, ended in enumerate(early_gaps):
         young = below[bisect_left(ages, UPPER[i])] - censored  # open gaps whose age lies in this bin
@@ -289,11 +308,13 @@ def blend(own: list[Point], prior: list[Point]) -> list[Point]:
 
 @dataclass(frozen=True)
 class Plan:
-    """Instances ready at `ready` and held until `until` (ms after the last arrival), at an expected `cost`."""
+    """`count` instances ready at `ready` and held until `until` (ms after the last arrival), at an expected
+    `cost`."""
 
     ready: float
     until: float
     cost: float
+    count: int = 1
 
 
 Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
@@ -302,7 +323,7 @@ Option = tuple[int, float, float]  # instances, their GB in all, what an arrival
 Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
 
 
-def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]) -> tuple[Plan, int]:
+def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]) -> Plan:
     """Keep instances that are ready now until the cheapest `until` (`elapsed`: not at all, every arrival
     misses), and how many: the cheapest of `options`.
 
@@ -314,7 +335,7 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
     total, e = points.total, elapsed + points.shift
     best, until, count = total * miss, elapsed, options[0][0]
     if hi <= lo:
-        return Plan(elapsed, until, best), count
+        return Plan(elapsed, until, best, count)
     p0, q0 = points.before(lo)
     top = p0 + total
     found = []
@@ -326,7 +347,7 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
     cost, j, n = min(found)
     if cost < best:
         best, until, count = cost, x[j] - points.shift, options[n][0]
-    return Plan(elapsed, until, best), count
+    return Plan(elapsed, until, best, count)
 
 
 def _value(points: Points, top: float, rho: float, j: int) -> float:
@@ -380,7 +401,7 @@ def restart_plan(
     rate: float,
     options: list[Option],
     candidates: int = 16,
-) -> tuple[Plan, int] | None:
+) -> Plan | None:
     """Start instances to be ready at `ready` >= elapsed + start and hold them until `until`, and how many:
     the cheapest such plan over `options`, or None when letting the next arrival miss costs less.
 
@@ -449,7 +470,7 @@ def restart_plan(
         cost, j, n_option = min(found)
         if cost < best:
             best, plan = cost, (ready - shift, x[j] - shift, options[n_option][0])
-    return None if plan is None else (Plan(plan[0], plan[1], best), plan[2])
+    return None if plan is None else Plan(plan[0], plan[1], best, plan[2])
 
 
 def share_by(points: Points, until: float) -> float:

@@ -11,15 +11,32 @@ numbers, so those get the long keep-alive too.
 """
 
 from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
 
 from scaler.controller.core.features import FnStats
-from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm
+from scaler.controller.core.policy.base import NO_PREWARM, UNSEEN, KeepAlive, Policy, PolicyConfig, Prewarm, RunView
 from scaler.controller.core.state import FnState, Instance, Phase
 
-MINUTE = 60_000
-LONG_KEEP_ALIVE_MS = 4 * 60 * MINUTE
-MIN_SAMPLES = 10
-MIN_CV = 2.0
+MINUTE = 60_000  # the histogram's bin (FnStats.idle_hist)
+
+
+class HistogramConfig(PolicyConfig, frozen=True, kw_only=True):
+    long_keep_alive_ms: Annotated[
+        int, msgspec.Meta(description="keep-alive while the histogram is not representative, ms")
+    ] = 4 * 60 * MINUTE
+    min_samples: Annotated[int, msgspec.Meta(description="idle times the histogram needs to be representative")] = 10
+    min_cv: Annotated[
+        float, msgspec.Meta(description="coefficient of variation of the bin counts it needs to be representative")
+    ] = 2.0
+    head: Annotated[float, msgspec.Meta(description="the percentile of idle times that sets the pre-warm")] = 0.05
+    tail: Annotated[float, msgspec.Meta(description="the percentile of idle times that sets the keep-alive")] = 0.99
+    prewarm_margin: Annotated[float, msgspec.Meta(description="pre-warm at this x the head")] = 0.9
+    keep_margin: Annotated[float, msgspec.Meta(description="keep until this x the tail")] = 1.1
+
+
+DEFAULT = HistogramConfig()
 
 
 @dataclass(frozen=True)
@@ -28,19 +45,19 @@ class Windows:
     keep_ms: int  # after the end of an execution: when to unload
 
 
-def windows(s: FnState, f: FnStats) -> Windows | None:
+def windows(s: FnState, f: FnStats, c: HistogramConfig = DEFAULT) -> Windows | None:
     """The pre-warm and keep-alive windows, or None when the histogram is not representative."""
     hist = f.idle_hist
     total = sum(hist)
-    if total < MIN_SAMPLES or f.idle_oob * 2 >= total + f.idle_oob:
+    if total < c.min_samples or f.idle_oob * 2 >= total + f.idle_oob:
         return None
     mean = total / len(hist)
     cv = (sum((c - mean) ** 2 for c in hist) / len(hist)) ** 0.5 / mean
-    if cv < MIN_CV:
+    if cv < c.min_cv:
         return None
-    head = _percentile_bin(hist, total, 0.05) * MINUTE  # lower edge of the 5th percentile's bin
-    tail = (_percentile_bin(hist, total, 0.99) + 1) * MINUTE  # upper edge of the 99th's
-    return Windows(prewarm_ms=int(0.9 * head), keep_ms=int(1.1 * tail))
+    head = _percentile_bin(hist, total, c.head) * MINUTE  # lower edge of the head percentile's bin
+    tail = (_percentile_bin(hist, total, c.tail) + 1) * MINUTE  # upper edge of the tail's
+    return Windows(prewarm_ms=int(c.prewarm_margin * head), keep_ms=int(c.keep_margin * tail))
 
 
 def _percentile_bin(hist: tuple[int, ...], total: int, q: float) -> int:
@@ -52,27 +69,34 @@ def _percentile_bin(hist: tuple[int, ...], total: int, q: float) -> int:
     return len(hist) - 1
 
 
-@dataclass(frozen=True)
 class HybridHistogram(Policy):
-    name: str = "histogram"
+    name = "histogram"
+    Config = HistogramConfig
+    config: HistogramConfig
 
-    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
-        w = windows(s, f)
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+        c, w = self.config, windows(s, f, self.config)
+        head, tail = f"{c.prewarm_margin:g} x p{c.head * 100:g} idle", f"{c.keep_margin:g} x p{c.tail * 100:g}"
         if w is None:
-            return KeepAlive(now + LONG_KEEP_ALIVE_MS, "histogram not representative: 4 h keep-alive")
+            keep = self.config.long_keep_alive_ms
+            return KeepAlive(now + keep, f"histogram not representative: {keep / 3_600_000:g} h keep-alive")
         if not inst.request_id:  # a pre-warmed instance: keep until the window closes
-            return KeepAlive(max(now, f.last_end_ms + w.keep_ms), "pre-warmed: keep until 1.1 x p99 idle")
+            return KeepAlive(max(now, f.last_end_ms + w.keep_ms), f"pre-warmed: keep until {tail} idle")
         if w.prewarm_ms == 0:
-            return KeepAlive(now + w.keep_ms, f"p5 idle < 1 min: keep {w.keep_ms / 1000:g}s (1.1 x p99)")
-        return KeepAlive(now, f"unload; reload at {w.prewarm_ms / 1000:g}s (0.9 x p5 idle)")
+            return KeepAlive(now + w.keep_ms, f"p{c.head * 100:g} idle < 1 min: keep {w.keep_ms / 1000:g}s ({tail})")
+        return KeepAlive(now, f"unload; reload at {w.prewarm_ms / 1000:g}s ({head})")
 
-    def prewarm(self, s: FnState, f: FnStats, now: int) -> Prewarm:
-        w = windows(s, f)
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
+        c, w = self.config, windows(s, f, self.config)
         if w is None or w.prewarm_ms == 0 or s.queue or s.instances or not f.last_end_ms:
             return NO_PREWARM
         due, until = f.last_end_ms + w.prewarm_ms, f.last_end_ms + w.keep_ms
         if now < due:
             return Prewarm(next_ms=due)
         if now < until and not any(i.phase is not Phase.RETIRING for i in s.instances.values()):
-            return Prewarm(1, f"histogram pre-warm: 0.9 x p5 idle = {w.prewarm_ms / 1000:g}s after the last end")
+            return Prewarm(
+                1,
+                f"histogram pre-warm: {c.prewarm_margin:g} x p{c.head * 100:g} idle"
+                f" = {w.prewarm_ms / 1000:g}s after the last end",
+            )
         return NO_PREWARM

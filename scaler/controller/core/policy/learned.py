@@ -1,10 +1,11 @@
 """Our policy: learn each function from its own events, and weigh waiting against memory.
 
 The challenge's score trades slot memory x time (GB·s) against time requests wait. Every choice
-here goes through one exchange rate, `wait_gb`: the slot GB·s one second of waiting is worth. It
-is learned from the run itself (`exchange_rate`): the rate at which the score trades the two where
-a clairvoyant scaler would stand on this workload, whose slot time the features fold from the
-arrivals, concurrency included (`features._clairvoyant`).
+here goes through one exchange rate (`Learned.wait_gb`): the slot GB·s one second of waiting is worth.
+It is learned from the run itself (`RunView.exchange_rate`, `base.score_rate`): the rate at which the
+score trades the two where a clairvoyant scaler would stand on this workload, whose slot time the
+features fold from the arrivals, concurrency included (`features._clairvoyant`); a config may fix it
+instead (`LearnedConfig.exchange_rate`). Every knob is a field of `LearnedConfig`.
 
 What a function's history says (`next_arrival`, `outlook`; the arithmetic is in forecast.py):
 - The next arrival: the time-decayed histogram of its gaps, each bin's weight put where the recent
@@ -55,16 +56,29 @@ What it decides:
 import heapq
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import repeat
+from typing import Annotated
+
+import msgspec
 
 from scaler.controller.core.features import FOLLOW_MS, FnStats, Leader
 from scaler.controller.core.next_gap import KERNEL, NextGap, build
-from scaler.controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
-from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm, QueuePlan
+from scaler.controller.core.policy import forecast
+from scaler.controller.core.policy.base import (
+    NO_PREWARM,
+    UNSEEN,
+    Capability,
+    KeepAlive,
+    Policy,
+    PolicyConfig,
+    Prewarm,
+    QueuePlan,
+    RunView,
+)
 from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.policy.forecast import (
-    MIN_NEW_FUNCTIONS,
+    GroupPause,
     Option,
     Plan,
     Point,
@@ -87,7 +101,109 @@ from scaler.controller.core.policy.forecast import (
     since_beat,
 )
 from scaler.controller.core.state import FnState, Instance, Phase
-from scaler.controller.core.totals import Totals
+
+
+class LearnedConfig(PolicyConfig, frozen=True, kw_only=True):
+    wait_gb: Annotated[
+        float, msgspec.Meta(description="slot GB·s one second of waiting is worth, until the run says better")
+    ] = 5.0
+    exchange_rate: Annotated[
+        float | None,
+        msgspec.Meta(description="slot GB·s one second of waiting is worth, fixed; None: learned from the run"),
+    ] = None
+    min_wait_gb: Annotated[float, msgspec.Meta(description="the least exchange rate learned from a run, GB·s")] = 0.1
+    max_wait_gb: Annotated[float, msgspec.Meta(description="the most exchange rate learned from a run, GB·s")] = 1000.0
+    min_samples: Annotated[
+        int, msgspec.Meta(description="gaps of its own a function needs before its own history says when it comes")
+    ] = 3
+    memoryless_from: Annotated[
+        int, msgspec.Meta(description="gaps a function needs before they are taken for an exponential's")
+    ] = 5
+    memoryless_scv_min: Annotated[
+        float, msgspec.Meta(description="the least squared coefficient of variation taken for an exponential's")
+    ] = 0.5
+    memoryless_scv_max: Annotated[
+        float, msgspec.Meta(description="the most squared coefficient of variation taken for an exponential's")
+    ] = 2.0
+    early_weight: Annotated[
+        float, msgspec.Meta(description="weight, in gaps, of a next gap shorter than any seen (1 in n + 1)")
+    ] = 1.0
+    queue_simulated: Annotated[
+        int, msgspec.Meta(description="waiting and coming requests the queue plan simulates")
+    ] = 64
+    max_starts: Annotated[int, msgspec.Meta(description="instances started in one decision at most")] = 32
+    prior_weight: Annotated[
+        float, msgspec.Meta(description="what the run's new functions weigh against a function's own gaps, in gaps")
+    ] = forecast.PRIOR_WEIGHT
+    min_new_functions: Annotated[
+        int, msgspec.Meta(description="gaps of new functions the run needs before they say anything")
+    ] = forecast.MIN_NEW_FUNCTIONS
+    clock_share: Annotated[
+        float, msgspec.Meta(description="the share of recent gaps on the beat that makes a function a clock's")
+    ] = forecast.CLOCK_SHARE
+    beat_sds: Annotated[
+        float, msgspec.Meta(description="how far from the period a gap is still on the beat, in robust sds")
+    ] = forecast.BEAT_SDS
+    beat_share: Annotated[float, msgspec.Meta(description="... or in shares of the period, whichever is wider")] = (
+        forecast.BEAT_SHARE
+    )
+    groups_from: Annotated[
+        int, msgspec.Meta(description="groups of calls of the current one's size needed to read its rhythm")
+    ] = forecast.GROUPS_FROM
+    group_pauses_alike: Annotated[
+        float,
+        msgspec.Meta(description="the pauses after those groups are alike: the longest at most this x the shortest"),
+    ] = forecast.GROUP_PAUSES_ALIKE
+    lead_share: Annotated[
+        float,
+        msgspec.Meta(description="how reliably a leader's return must have brought the function's call to pre-warm"),
+    ] = 0.9
+
+
+@dataclass(frozen=True)
+class NextArrival:
+    """When the function's next call may come (ms after its last), and whether its own gaps say when."""
+
+    points: Points
+    timed: bool
+
+
+@dataclass(frozen=True)
+class LeaderCue:
+    """Where a leader's return puts the function's next call, how likely it comes then, and which leader says so
+    (empty: none does)."""
+
+    points: list[Point]
+    share: float
+    leader: str
+
+
+NO_CUE = LeaderCue([], 0.0, "")
+
+
+@dataclass(frozen=True)
+class Following:
+    """The leader whose return says when the function is called next, and when it came back."""
+
+    leader: Leader | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class Lull:
+    """How many instances to keep for the function's next arrival, until when (ms), and why."""
+
+    until_ms: int
+    count: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Arrivals per ms within a burst, and how many more a burst brings once it has begun, on average."""
+
+    rate: float
+    coming: float
 
 
 @dataclass(frozen=True)
@@ -126,88 +242,66 @@ class Outlook:
         return [(k, self.gb * k, cost(k)) for k in sorted({1, self.need})]
 
 
-@dataclass(frozen=True)
 class Learned(Policy):
-    name: str = "learned"
-    wait_gb: float = 5.0  # slot GB·s one second of waiting is worth, until the run says better
-    min_samples: int = 3
-    new_gaps: tuple[int, ...] = ()  # how soon the run's functions came back while new (Totals.early_gaps)
-    new_open: OpenGaps = NO_OPEN_GAPS  # ... and since when those not back yet have been away (Totals.early_open)
-    follows_leaders = True  # a function another one calls is pre-warmed when that one comes back (`_cue`)
+    name = "learned"
+    Config = LearnedConfig
+    capabilities = Capability.FOLLOWS_LEADERS  # a function another one calls is pre-warmed when that one comes back
+    config: LearnedConfig
 
-    def tuned_to(self, totals: Totals) -> "Learned":
-        """Value waiting at the rate the score trades it for memory, given the run so far; and know how
-        soon new functions came back in this run."""
-        rate = exchange_rate(totals)
-        wait_gb = self.wait_gb if rate is None else min(max(rate, MIN_WAIT_GB), MAX_WAIT_GB)
-        return replace(self, wait_gb=wait_gb, new_gaps=totals.early_gaps, new_open=totals.early_open)
+    def wait_gb(self, run: RunView) -> float:
+        """Slot GB·s one second of waiting is worth at this decision: the config's fixed rate, else the rate the
+        score trades waiting for memory given the run so far (`RunView.exchange_rate`), else `wait_gb`."""
+        c = self.config
+        if c.exchange_rate is not None:
+            return c.exchange_rate
+        rate = run.exchange_rate
+        return c.wait_gb if rate is None else min(max(rate, c.min_wait_gb), c.max_wait_gb)
 
     # --- what the history says -------------------------------------------------------------
 
-    def outlook(self, s: FnState, f: FnStats) -> Outlook:
+    def outlook(self, s: FnState, f: FnStats, run: RunView = UNSEEN) -> Outlook:
         """The function's next burst: how fast it comes, how many instances it needs, what missing it costs.
 
         A burst's followers (arrivals during one start after its first, at the rate within bursts, at
         most a burst's size) wait half a start each when it finds no instance, then in the queue they
         made, which the instances it needs drain a run at a time.
         """
-        gb, start, runs, gaps = _gb(s, f), start_ms(s, f), f.runs, f.gaps
+        gb, start, runs, gaps, lam = _gb(s, f), start_ms(s, f), f.runs, f.gaps, self.wait_gb(run)
         near = [g for g in gaps if g <= 2 * start]
-        run = _busy(s, f) if runs else 0.0
+        busy = _busy(s, f) if runs else 0.0
         rate = len(near) / max(sum(near), 1) if near else 0.0
         need, variability = 1, (scv(near) + scv(runs)) / 2
         if runs and len(near) >= 2:
-            need = pool_size(rate, run, gb, self.wait_gb, variability)
+            need = pool_size(rate, busy, gb, lam, variability)
         followers = min(rate * start, len(near) / max(len(gaps) - len(near), 1)) if near else 0.0
-        waits = followers * start / 2 + followers * followers * run / (2 * need)
-        miss = self.wait_gb * (start + waits) + gb * start
-        return Outlook(gb, start, rate, need, waits, miss, self.wait_gb, followers, run, variability)
+        waits = followers * start / 2 + followers * followers * busy / (2 * need)
+        miss = lam * (start + waits) + gb * start
+        return Outlook(gb, start, rate, need, waits, miss, lam, followers, busy, variability)
 
-    def pool_target(self, s: FnState, f: FnStats, now: int, margin: float = 0.0) -> int:
+    def pool_target(self, s: FnState, f: FnStats, now: int, margin: float = 0.0, run: RunView = UNSEEN) -> int:
         """Instances worth keeping for the recent load (`forecast.pool_size`), plus spares for those that die.
 
         `margin`: for the rate `margin` standard errors above its estimate (the recent gaps are a sample).
         """
-        runs, gaps = f.runs, f.gaps
+        runs, gaps, lam = f.runs, f.gaps, self.wait_gb(run)
         if not runs:
             return 1
-        run = _busy(s, f)
+        busy = _busy(s, f)
         rate, gb = _rate(s, f, now), _gb(s, f)
         arrivals = scv(gaps)
         if margin and gaps:
             rate *= 1 + margin * math.sqrt(arrivals / len(gaps))
         variability = (arrivals + scv(runs)) / 2
-        return pool_size(rate, run, gb, self.wait_gb, variability) + self._spares(s, f, rate, gb)
+        return pool_size(rate, busy, gb, lam, variability) + _spares(s, f, rate, gb, lam)
 
-    def _spares(self, s: FnState, f: FnStats, rate: float, gb: float) -> int:
-        """Instances kept beyond the load for those lost with their request (need_destroy).
-
-        Deaths come at `rate` x the share of requests that kill their instance; one that finds no
-        spare makes every arrival during a start wait. Keep the number of spares s that minimises
-        memory x s + wait_gb x (deaths that find none) x (their wait), deaths being Poisson within a start.
-        """
-        st = f
-        if not st.deaths or not rate:
-            return 0
-        deaths = rate * st.deaths / st.arrivals  # per ms
-        start = start_ms(s, f)
-        expected = deaths * start  # deaths within one start
-        cost_of_one = rate * start * start / 2  # ms of waiting when no spare covers it
-        best_s, best, tail, term = 0, math.inf, 1.0, math.exp(-expected)
-        for spare in range(8):
-            tail -= term  # P(more than `spare` deaths within a start)
-            cost = gb * spare + self.wait_gb * deaths * max(tail, 0.0) * cost_of_one
-            if cost >= best:
-                break
-            best_s, best = spare, cost
-            term *= expected / (spare + 1)
-        return best_s
-
-    def _little_history(self, s: FnState, f: FnStats) -> bool:
+    def _little_history(self, s: FnState, f: FnStats, run: RunView) -> bool:
         """Too few gaps of its own, and too few of the run's new functions to go by."""
-        return sum(f.gap_hist) < self.min_samples and sum(self.new_gaps) + len(self.new_open) < MIN_NEW_FUNCTIONS
+        return (
+            sum(f.gap_hist) < self.config.min_samples
+            and sum(run.new_gaps) + len(run.new_open) < self.config.min_new_functions
+        )
 
-    def next_arrival(self, s: FnState, f: FnStats, now: int) -> tuple[Points, bool]:
+    def next_arrival(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> NextArrival:
         """When the function's next call may come (ms after its last), given none came by `now`: its own
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
         whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
@@ -215,162 +309,171 @@ class Learned(Policy):
         as the recent gaps vary (`_shorter_than_seen`); for a Poisson function, as many as the exponential
         its gaps fit puts there, where it puts them (`forecast.memoryless_below`). A leader that came back
         just now says when as well (`_cue`), with the weight its lead has earned."""
-        points, timed = self._own_forecast(s, f, now)
-        cue, share, _ = self._cue(s, f, now)
-        if not cue:
-            return points, timed
-        total = points.total
-        own = [(x, w * (1 - share) / total) for x, w in points.pairs()] if total else []
-        return Points.of(sorted(own + cue)), True
+        own = self._own_forecast(s, f, now, run)
+        cue = self._cue(s, f, now)
+        if not cue.points:
+            return own
+        points, share, total = own.points, cue.share, own.points.total
+        mine = [(x, w * (1 - share) / total) for x, w in points.pairs()] if total else []
+        return NextArrival(Points.of(sorted(mine + cue.points)), True)
 
-    def _own_forecast(self, s: FnState, f: FnStats, now: int) -> tuple[Points, bool]:
+    def _own_forecast(self, s: FnState, f: FnStats, now: int, run: RunView) -> NextArrival:
         """The function's own gaps, counted from its last arrival (their points as the features fold keeps them,
         `next_gap`); a clock's from its last beat (`since_beat`); a function called in groups, as its current
         group's place says (`group_pause`)."""
         gaps = f.gaps
-        beat = since_beat(gaps)
+        c = self.config
+        beat = since_beat(gaps, c.clock_share, c.beat_sds, c.beat_share)
         elapsed = now - f.last_arrival_ms + beat
         burst = 2 * start_ms(s, f)  # a longer gap is a lull (or a group's pause)
         seen = sum(f.gap_hist)
         shorter = []
-        if _memoryless(gaps):
+        if _memoryless(gaps, c):
             shorter = memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)
         elif (early := _shorter_than_seen(gaps)) > elapsed:
-            shorter = [(early, EARLY_WEIGHT)]
+            shorter = [(early, c.early_weight)]
         own = own_points(_next_gap(s, f, burst), elapsed, shorter)
-        if seen >= self.min_samples:
+        if seen >= c.min_samples:
             points = own if own is not None else Points.of(beyond(max(elapsed, 1)))
         else:
-            prior = new_function_points(self.new_gaps, self.new_open.ages(now), elapsed)
+            ages = run.new_open.ages(now)
+            prior = new_function_points(run.new_gaps, ages, elapsed, c.prior_weight, c.min_new_functions)
             points = Points.of(blend(own.pairs() if own is not None else [], prior))
         if beat:
-            return points._replace(shift=points.shift + beat), own is not None
-        group = group_pause(gaps, burst) if own is not None else None
-        return (in_group(points, *group, elapsed, burst) if group else points), own is not None
+            return NextArrival(points._replace(shift=points.shift + beat), own is not None)
+        group: GroupPause | None = (
+            group_pause(gaps, burst, c.groups_from, c.group_pauses_alike) if own is not None else None
+        )
+        if group:
+            points = in_group(points, group.ended, group.pauses, elapsed, burst)
+        return NextArrival(points, own is not None)
 
-    def _cue(self, s: FnState, f: FnStats, now: int) -> tuple[list[Point], float, str]:
+    def _cue(self, s: FnState, f: FnStats, now: int) -> LeaderCue:
         """Where a leader's return puts the function's next call (ms after its last), how likely it comes
         then, and which leader says so (`_lead`), when it comes mostly a start or more after the leader's
         return: one sooner cannot be served warm, and pre-warming for it would hold an instance for a few ms
         saved (`_imminent` starts its burst's instances instead)."""
-        lead, at = self._lead(s, f, now)
+        lead, at = (following := self._lead(s, f, now)).leader, following.at_ms
         if lead is None or _median_lag(lead) < start_ms(s, f):
-            return [], 0.0, ""
+            return NO_CUE
         last = f.last_arrival_ms
         points = lag_points(lead.lags, at - last, now - last, lead.share())
-        return (points, lead.share(), lead.key) if points else ([], 0.0, "")
+        return LeaderCue(points, lead.share(), lead.key) if points else NO_CUE
 
-    def _lead(self, s: FnState, f: FnStats, now: int) -> tuple[Leader | None, int]:
+    def _lead(self, s: FnState, f: FnStats, now: int) -> Following:
         """The leader whose return says when the function is called next, and when it came back: one it
         follows came back under FOLLOW_MS ago while it had no instance (`Cued`), and the function came
-        within FOLLOW_MS of nearly every such return before (LEAD_SHARE). Of several, the most reliable."""
-        leaders, best = {x.key: x for x in f.leaders}, (None, 0)
+        within FOLLOW_MS of nearly every such return before (`lead_share`). Of several, the most reliable."""
+        leaders, best = {x.key: x for x in f.leaders}, Following(None, 0)
         for key, at in f.cues:
             lead = leaders.get(key)
-            if lead is None or not lead.lags or now - at > FOLLOW_MS or lead.share() < LEAD_SHARE:
+            if lead is None or not lead.lags or now - at > FOLLOW_MS or lead.share() < self.config.lead_share:
                 continue
-            if best[0] is None or lead.share() > best[0].share():
-                best = (lead, at)
+            if best.leader is None or lead.share() > best.leader.share():
+                best = Following(lead, at)
         return best
 
-    def _imminent(self, s: FnState, f: FnStats, now: int) -> Prewarm:
+    def _imminent(self, s: FnState, f: FnStats, now: int, run: RunView) -> Prewarm:
         """A leader came back and the function's call comes sooner than a start after it: no instance is
         ready for it, but those its burst needs can be started now rather than at the call, so each of the
         burst's requests waits that much less: as many as `plan_queue` would start for the call."""
-        lead, at = self._lead(s, f, now)
+        lead, at = (following := self._lead(s, f, now)).leader, following.at_ms
         if lead is None or (lag := _median_lag(lead)) >= start_ms(s, f) or now - at >= lag:
             return NO_PREWARM
-        plan = self._queue_plan(s, f, 1, 1, now)
+        plan = self._queue_plan(s, f, 1, 1, now, run)
         count = plan.starts + plan.ahead
         why = f"pre-warm: next arrival expected in {at + lag - now} ms, sooner than a start"
         return Prewarm(count, f"{why} ({lead.key} came back, and this function follows it)") if count else NO_PREWARM
 
     def return_plan(
-        self, s: FnState, f: FnStats, now: int, known: tuple[Points, bool, Outlook] | None = None
-    ) -> tuple[Plan, int] | None:
+        self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN, known: tuple[NextArrival, Outlook] | None = None
+    ) -> Plan | None:
         """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
-        `plan.until`, after the last arrival) and how many, one or as many as a burst needs; None when a
-        miss costs less, or when the function's history does not say when its next call comes. `known`: the
-        next arrival and the outlook at `now`, when worked out already."""
+        `plan.until`, after the last arrival) and how many (`plan.count`), one or as many as a burst needs;
+        None when a miss costs less, or when the function's history does not say when its next call comes.
+        `known`: the next arrival and the outlook at `now`, when worked out already."""
         st = f
-        if not st.start_ms or not st.arrivals or self._little_history(s, f):
+        if not st.start_ms or not st.arrivals or self._little_history(s, f, run):
             return None
-        points, timed, o = known or (*self.next_arrival(s, f, now), self.outlook(s, f))
-        if not timed:
+        nxt, o = known or (self.next_arrival(s, f, now, run), self.outlook(s, f, run))
+        if not nxt.timed:
             return None
         elapsed = now - st.last_arrival_ms
-        return restart_plan(points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
+        return restart_plan(nxt.points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
 
-    def lull(self, s: FnState, f: FnStats, now: int) -> tuple[int, int, str]:
+    def lull(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Lull:
         """How many instances to keep for the function's next arrival, until when, and why: the cheapest of
         keeping one or as many as a burst needs, retiring them (a miss), and, when the function is quiet,
         retiring them to start again just before the next arrival (`return_plan`)."""
-        o, st = self.outlook(s, f), f
+        o, st = self.outlook(s, f, run), f
         last = st.last_arrival_ms
         elapsed = now - last
-        if self._little_history(s, f):
+        if self._little_history(s, f, run):
             keep = (o.miss - o.kept_shortfall(1)) / o.gb  # nothing to go by: ski rental, idle as long as a miss costs
             if elapsed >= keep:
-                return now, 0, "little history, and idle longer than a miss would cost"
-            return (
+                return Lull(now, 0, "little history, and idle longer than a miss would cost")
+            return Lull(
                 last + int(keep),
                 1,
                 f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
             )
-        points, timed = self.next_arrival(s, f, now)
-        keep, count = keep_plan(points, elapsed, o.miss, o.options(kept=True))
+        nxt = self.next_arrival(s, f, now, run)
+        points = nxt.points
+        keep = keep_plan(points, elapsed, o.miss, o.options(kept=True))
+        count = keep.count
         quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
         # A restart costs at least what the arrivals within a start from now wait for it (or miss).
         if quiet and served_within(points, o.start, o.miss, o.lam, elapsed) < keep.cost:
-            back = self.return_plan(s, f, now, (points, timed, o))
-            if back is not None and back[0].cost < keep.cost and back[0].ready - o.start > elapsed:
-                return now, 0, "cheaper to start again just before the next arrival"
+            back = self.return_plan(s, f, now, run, (nxt, o))
+            if back is not None and back.cost < keep.cost and back.ready - o.start > elapsed:
+                return Lull(now, 0, "cheaper to start again just before the next arrival")
         if keep.until <= elapsed:
-            return now, 0, "a longer wait for the next arrival costs more than a miss"
+            return Lull(now, 0, "a longer wait for the next arrival costs more than a miss")
         burst_end = 2 * o.start  # a gap longer than this ends the burst: then look again (return, or keep)
         if elapsed < burst_end < keep.until:
-            return last + burst_end + 1, count, "keep through the burst, then look again"
+            return Lull(last + burst_end + 1, count, "keep through the burst, then look again")
         more, hit = (keep.until - elapsed) / 1000, share_by(points, keep.until)
-        return last + int(keep.until) + 1, count, f"keep {more:.3g}s more: {hit:.0%} of gaps end by then"
+        return Lull(last + int(keep.until) + 1, count, f"keep {more:.3g}s more: {hit:.0%} of gaps end by then")
 
     # --- the policy's choices -----------------------------------------------------------------
 
-    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
         ahead = not inst.for_request and not inst.request_id  # started for a predicted arrival...
         if ahead and f.last_arrival_ms < inst.wanted_ms:  # ...still to come: hold it through it
-            back = self.return_plan(s, f, inst.wanted_ms)
-            until = f.last_arrival_ms + int(back[0].until) + 1 if back is not None else 0
+            back = self.return_plan(s, f, inst.wanted_ms, run)
+            until = f.last_arrival_ms + int(back.until) + 1 if back is not None else 0
             if until > now:
                 return KeepAlive(until, "pre-warmed: held through the predicted arrival")
-        return self._keep(s, f, now)
+        return self._keep(s, f, now, run)
 
-    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive | None:
-        keep = self._keep(s, f, now)
+    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive | None:
+        keep = self._keep(s, f, now, run)
         return keep if keep.until_ms > now else None
 
-    def _keep(self, s: FnState, f: FnStats, now: int) -> KeepAlive:
+    def _keep(self, s: FnState, f: FnStats, now: int, run: RunView) -> KeepAlive:
         """Keep the instance for the lull's plan, unless the function has more than that plan and the load need:
         clearly more, the load taken a standard error above its estimate, so that a pool does not shrink and
         grow again with the noise of its rate. Until now (retire it) says why not."""
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        until, count, why = self.lull(s, f, now)
-        if live > count and live > self.pool_target(s, f, now, margin=0.5):
+        until, count, why = (lull := self.lull(s, f, now, run)).until_ms, lull.count, lull.why
+        if live > count and live > self.pool_target(s, f, now, margin=0.5, run=run):
             return KeepAlive(now, f"{live} live, more than the lull's {count} and the load's")
         return KeepAlive(until, why) if until > now else KeepAlive(now, why)
 
-    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int) -> QueuePlan:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
         """Start the number of instances that minimises the queue's total wait x `wait_gb` plus their cost.
 
         The queue is simulated first-come first-served against the busy instances' expected rests
         and the instances being created, and against m new ones ready after a start; a new one
         costs its start and as much again of idle tail.
         """
-        return self._queue_plan(s, f, len(s.queue), uncovered, now)
+        return self._queue_plan(s, f, len(s.queue), uncovered, now, run)
 
-    def _queue_plan(self, s: FnState, f: FnStats, queued: int, uncovered: int, now: int) -> QueuePlan:
+    def _queue_plan(self, s: FnState, f: FnStats, queued: int, uncovered: int, now: int, run: RunView) -> QueuePlan:
         """`plan_queue`, for `queued` requests waiting now (a call about to come counts as one)."""
+        c, lam = self.config, self.wait_gb(run)
         runs = sorted(f.runs)
-        if len(runs) < self.min_samples or not f.start_ms:
+        if len(runs) < c.min_samples or not f.start_ms:
             return QueuePlan(starts=uncovered)
         start = start_ms(s, f)
         typical = runs[len(runs) // 2]
@@ -379,11 +482,11 @@ class Learned(Policy):
         free = _when_free(s, f, runs, start, now)
         # Who will want an instance: the queue now, and arrivals over the next two starts (a queue that
         # cannot keep up with them keeps growing): at the rate within bursts, as many as a burst brings.
-        arrivals = [float(now)] * min(queued, QUEUE_SIMULATED)
-        rate, coming = _burst(s, f, start)
+        arrivals = [float(now)] * min(queued, c.queue_simulated)
+        rate, coming = (burst := _burst(s, f, start)).rate, burst.coming
         if rate:
             arrivals += [
-                now + (j + 1) / rate for j in range(min(int(rate * 2 * start), math.ceil(coming), QUEUE_SIMULATED))
+                now + (j + 1) / rate for j in range(min(int(rate * 2 * start), math.ceil(coming), c.queue_simulated))
             ]
 
         def waits(extra: int) -> tuple[float, float | None]:
@@ -403,19 +506,19 @@ class Learned(Policy):
         # a burst surely brings (the whole ones of its mean: a Poisson function's chance short gap
         # brings none, where a session's start brings dozens).
         cold = not any(i.phase in (Phase.BUSY, Phase.IDLE) for i in s.instances.values())
-        ahead = min(len(arrivals) - min(queued, QUEUE_SIMULATED), int(coming)) if cold else 0
+        ahead = min(len(arrivals) - min(queued, c.queue_simulated), int(coming)) if cold else 0
         best_m, (wait, first) = 0, waits(0)
-        best = self.wait_gb * wait
-        for m in range(1, min(uncovered + ahead, MAX_STARTS) + 1):
+        best = lam * wait
+        for m in range(1, min(uncovered + ahead, c.max_starts) + 1):
             total, at = waits(m)
-            cost = self.wait_gb * total + m * 2 * gb * start
+            cost = lam * total + m * 2 * gb * start
             if cost >= best:
                 break
             best_m, best, first = m, cost, at
         if best_m > uncovered:
             return QueuePlan(starts=uncovered, ahead=best_m - uncovered)
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        starts = min(max(best_m, self.pool_target(s, f, now) - live), uncovered)
+        starts = min(max(best_m, self.pool_target(s, f, now, run=run) - live), uncovered)
         if starts == uncovered or first is None or first == math.inf:
             return QueuePlan(starts=starts)
         return QueuePlan(
@@ -425,23 +528,48 @@ class Learned(Policy):
             expected_ms=int(first),
         )
 
-    def prewarm(self, s: FnState, f: FnStats, now: int) -> Prewarm:
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
         if not s.nothing_live():
             return NO_PREWARM  # a function with instances grows only for waiting requests (`plan_queue`)
-        if (soon := self._imminent(s, f, now)).count:
+        if (soon := self._imminent(s, f, now, run)).count:
             return soon
-        back = self.return_plan(s, f, now)
-        if back is None:
+        plan = self.return_plan(s, f, now, run)
+        if plan is None:
             return NO_PREWARM
-        plan, count = back
+        count = plan.count
         begin = f.last_arrival_ms + int(plan.ready) - start_ms(s, f)
         if begin > now:
             return Prewarm(next_ms=begin)
         expected = (f.last_arrival_ms + plan.ready - now) / 1000
         why = f"pre-warm: next arrival expected {expected:.3g}s from now"
-        if leader := self._cue(s, f, now)[2]:
+        if leader := self._cue(s, f, now).leader:
             why += f" ({leader} came back, and this function follows it)"
         return Prewarm(count, why)
+
+
+def _spares(s: FnState, f: FnStats, rate: float, gb: float, lam: float) -> int:
+    """Instances kept beyond the load for those lost with their request (need_destroy).
+
+    Deaths come at `rate` x the share of requests that kill their instance; one that finds no
+    spare makes every arrival during a start wait. Keep the number of spares s that minimises
+    memory x s + wait_gb x (deaths that find none) x (their wait), deaths being Poisson within a start.
+    """
+    st = f
+    if not st.deaths or not rate:
+        return 0
+    deaths = rate * st.deaths / st.arrivals  # per ms
+    start = start_ms(s, f)
+    expected = deaths * start  # deaths within one start
+    cost_of_one = rate * start * start / 2  # ms of waiting when no spare covers it
+    best_s, best, tail, term = 0, math.inf, 1.0, math.exp(-expected)
+    for spare in range(8):
+        tail -= term  # P(more than `spare` deaths within a start)
+        cost = gb * spare + lam * deaths * max(tail, 0.0) * cost_of_one
+        if cost >= best:
+            break
+        best_s, best = spare, cost
+        term *= expected / (spare + 1)
+    return best_s
 
 
 def _next_gap(s: FnState, f: FnStats, burst: int) -> NextGap:
@@ -483,16 +611,16 @@ def _rate(s: FnState, f: FnStats, now: int | None = None) -> float:
     return len(gaps) / max(span, 1)
 
 
-def _burst(s: FnState, f: FnStats, start: int) -> tuple[float, float]:
+def _burst(s: FnState, f: FnStats, start: int) -> Burst:
     """Arrivals per ms within a burst (gaps shorter than two starts), and how many more a burst brings once
     it has begun, on average: a gap is short with chance p, so p / (1 - p) (a busy function: all of its
     recent gaps)."""
     gaps = f.gaps
     near = [g for g in gaps if g <= 2 * start]
     if not near:
-        return _rate(s, f), len(gaps)
+        return Burst(_rate(s, f), len(gaps))
     far = len(gaps) - len(near)
-    return len(near) / max(sum(near), 1), len(near) / far if far else len(gaps)
+    return Burst(len(near) / max(sum(near), 1), len(near) / far if far else len(gaps))
 
 
 def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
@@ -506,35 +634,12 @@ def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
     return min(gaps) * math.exp(-KERNEL[-1] * sd)
 
 
-def _memoryless(gaps: tuple[int, ...]) -> bool:
+def _memoryless(gaps: tuple[int, ...], c: LearnedConfig) -> bool:
     """Gaps that vary as an exponential's do (a squared coefficient of variation near its 1): Poisson calls.
     Not calls that came at once (gaps of 0 ms): none can be shorter."""
-    return len(gaps) >= MEMORYLESS_FROM and min(gaps) > 0 and MEMORYLESS_SCV[0] <= scv(gaps) <= MEMORYLESS_SCV[1]
-
-
-MEMORYLESS_FROM = 5  # gaps a function needs before they are taken for an exponential's
-MEMORYLESS_SCV = (0.5, 2.0)  # the squared coefficients of variation taken for an exponential's
-EARLY_WEIGHT = 1.0  # the next gap may be shorter than any seen (1 in n + 1): one gap's weight, at half the shortest
-QUEUE_SIMULATED = 64  # waiting and coming requests the queue plan simulates (a longer queue behaves alike)
-MAX_STARTS = 32  # instances started in one decision at most
-MIN_EXEC_MS = 1_000  # execution the run needs before its exchange rate is trusted
-MIN_WAIT_GB, MAX_WAIT_GB = 0.1, 1000.0
-LEAD_SHARE = 0.9  # how reliably a leader's return must have brought the function's call to pre-warm for it
-
-
-def exchange_rate(t: Totals) -> float | None:
-    """GB·s of slot time that one second of waiting costs the score, at the run's best reachable point.
-
-    score = 50 E_gb / S + 50 E / (E + W): d/dW = -50 E / (E + W)^2, d/dS = -50 E_gb / S^2, so a
-    second of waiting is worth (E / (E + W)^2) / (E_gb / S^2) GB·s. Taken at our own S and W, this
-    feeds on itself (keep more, memory looks cheaper, keep more); so it is taken where a
-    clairvoyant scaler would be on this workload: W = 0 and S = E_gb + the idle it could not avoid.
-    """
-    if t.exec_ms < MIN_EXEC_MS or t.exec_gb_ms <= 0:
-        return None
-    e, e_gb = t.exec_ms / 1000, t.exec_gb_ms / 1000
-    slot = e_gb + t.ideal_gb_ms / 1000
-    return slot * slot / (e * e_gb)
+    return (
+        len(gaps) >= c.memoryless_from and min(gaps) > 0 and c.memoryless_scv_min <= scv(gaps) <= c.memoryless_scv_max
+    )
 
 
 def _when_free(s: FnState, f: FnStats, runs: list[int], start: int, now: int) -> list[float]:

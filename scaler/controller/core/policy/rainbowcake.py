@@ -1,6 +1,6 @@
 """RainbowCake (Yu et al., ASPLOS 2024), its function-level policy as its released ContainerPool.scala has it.
 
-Per function, the last HISTORY arrivals within a day; their mean gap m is (now - the oldest) / their
+Per function, the last `history` arrivals (6) within a day; their mean gap m is (now - the oldest) / their
 number, taken at each arrival, and arrivals are taken as exponential with that mean:
 - pre-warm: an instance is started 1.61 m after each arrival (the exponential's 80 % quantile,
   -m ln 0.2), when none of the function's instances is idle then;
@@ -13,69 +13,88 @@ kept for any function) has no counterpart in our protocol, whose slots belong to
 """
 
 import math
-from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
 
 from scaler.controller.core.features import FnStats
-from scaler.controller.core.policy.base import NO_PREWARM, KeepAlive, Policy, Prewarm
+from scaler.controller.core.policy.base import NO_PREWARM, UNSEEN, KeepAlive, Policy, PolicyConfig, Prewarm, RunView
 from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.state import FnState, Instance, Phase
 
-HISTORY = 6  # arrivals remembered
-HISTORY_MS = 24 * 3_600_000  # ... within a day
-QUANTILE = -math.log(1 - 0.8)  # the exponential's 80 % quantile, in means: 1.609
-ALPHA = 0.996  # weight of the start saved against the memory held (1 - ALPHA)
-ALIVE_MIN_S, ALIVE_MAX_S = 60, 600
-PREWARM_MIN_S = 1  # the pre-warm delay with no gap to go by
+
+class RainbowCakeConfig(PolicyConfig, frozen=True, kw_only=True):
+    history: Annotated[int, msgspec.Meta(description="arrivals remembered")] = 6
+    history_ms: Annotated[int, msgspec.Meta(description="... within this long, ms")] = 24 * 3_600_000
+    quantile: Annotated[
+        float, msgspec.Meta(description="the quantile of the exponential gap pre-warm and keep-alive are set at")
+    ] = 0.8
+    alpha: Annotated[
+        float, msgspec.Meta(description="weight of the start saved against the memory held (1 - alpha)")
+    ] = 0.996
+    alive_min_s: Annotated[int, msgspec.Meta(description="the shortest keep-alive, s")] = 60
+    alive_max_s: Annotated[int, msgspec.Meta(description="the longest keep-alive, s")] = 600
+    prewarm_min_s: Annotated[int, msgspec.Meta(description="the pre-warm delay with no gap to go by, s")] = 1
+
+    @property
+    def means(self) -> float:
+        """The quantile, in means of the exponential: 1.609 for 0.8."""
+        return -math.log(1 - self.quantile)
 
 
-def arrivals(s: FnState, f: FnStats) -> list[int]:
-    """The last HISTORY arrivals (ms), oldest first, from the last one and the gaps before it."""
+DEFAULT = RainbowCakeConfig()
+
+
+def arrivals(s: FnState, f: FnStats, c: RainbowCakeConfig = DEFAULT) -> list[int]:
+    """The last `history` arrivals (ms), oldest first, from the last one and the gaps before it."""
     st = f
     if not st.arrivals:
         return []
     out = [st.last_arrival_ms]
-    for gap in reversed(st.gaps[-(HISTORY - 1) :]):
+    for gap in reversed(st.gaps[-(c.history - 1) :]):
         out.append(out[-1] - gap)
     return out[::-1]
 
 
-def mean_gap_s(s: FnState, f: FnStats, at: int) -> float:
+def mean_gap_s(s: FnState, f: FnStats, at: int, c: RainbowCakeConfig = DEFAULT) -> float:
     """RainbowCake's mean inter-arrival at `at`: (at - the oldest arrival kept) / arrivals kept, in seconds."""
-    kept = [t for t in arrivals(s, f) if at - t < HISTORY_MS]
+    kept = [t for t in arrivals(s, f, c) if at - t < c.history_ms]
     return (at - kept[0]) / 1000 / len(kept) if kept else 0.0
 
 
-def bound_s(s: FnState, f: FnStats) -> int:
-    """UB: the keep-alive whose memory costs what a start costs, at most ALIVE_MAX_S."""
+def bound_s(s: FnState, f: FnStats, c: RainbowCakeConfig = DEFAULT) -> int:
+    """UB: the keep-alive whose memory costs what a start costs, at most `alive_max_s`."""
     memory = s.meta.memory_mb if s.meta else 0
     if not f.start_ms or not memory:
-        return ALIVE_MAX_S
-    return min(ALIVE_MAX_S, math.ceil(ALPHA * f.start_ms / 1000 / ((1 - ALPHA) * memory)))
+        return c.alive_max_s
+    return min(c.alive_max_s, math.ceil(c.alpha * f.start_ms / 1000 / ((1 - c.alpha) * memory)))
 
 
-def alive_s(s: FnState, f: FnStats, at: int) -> int:
-    mean = mean_gap_s(s, f, at)
-    upper = bound_s(s, f)
+def alive_s(s: FnState, f: FnStats, at: int, c: RainbowCakeConfig = DEFAULT) -> int:
+    mean = mean_gap_s(s, f, at, c)
+    upper = bound_s(s, f, c)
     if mean <= 0:
         return upper
-    alive = math.ceil(QUANTILE * mean)
-    return ALIVE_MIN_S if alive < ALIVE_MIN_S else min(alive, upper)
+    alive = math.ceil(c.means * mean)
+    return c.alive_min_s if alive < c.alive_min_s else min(alive, upper)
 
 
-@dataclass(frozen=True)
 class RainbowCake(Policy):
-    name: str = "rainbowcake"
+    name = "rainbowcake"
+    Config = RainbowCakeConfig
+    config: RainbowCakeConfig
 
-    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int) -> KeepAlive:
-        keep = alive_s(s, f, now)
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+        keep = alive_s(s, f, now, self.config)
         return KeepAlive(now + keep * 1000, f"RainbowCake keep-alive {keep}s (1.61 x mean gap, 60 s..UB)")
 
-    def prewarm(self, s: FnState, f: FnStats, now: int) -> Prewarm:
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
+        c = self.config
         if not f.arrivals:
             return NO_PREWARM
         last = f.last_arrival_ms
-        mean = mean_gap_s(s, f, last)
-        due = last + (math.ceil(QUANTILE * mean) if mean > 0 else PREWARM_MIN_S) * 1000
+        mean = mean_gap_s(s, f, last, c)
+        due = last + (math.ceil(c.means * mean) if mean > 0 else c.prewarm_min_s) * 1000
         if now < due:
             return Prewarm(next_ms=due)
         if s.queue or any(i.phase in (Phase.IDLE, Phase.CREATING) for i in s.instances.values()):
