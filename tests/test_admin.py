@@ -78,7 +78,7 @@ async def test_restart_and_delete_leave_no_slot_behind(nats_url):
         said = await admin(stack, "Create", key="fn", reason="back again")
         assert said.message == "created again: its calls are served"
         again = await stack.assign("f")  # starts afresh
-        assert stack.controller.states["fn"].stats.arrivals == 1
+        assert stack.controller.ledger.features_of("fn").arrivals == 1
         await stack.idle(again)
         where = ("--gateway", f"127.0.0.1:{stack.gateway.port}")
         code, out, _ = await scaler("functions", *where)

@@ -45,7 +45,7 @@ async def check_the_log(nats_url: str, driver: Driver, extra_arrivals: int = 0) 
         assert assigned and max(assigned.values()) == 1, [r for r, n in assigned.items() if n > 1]
         answered = {c.request_id for c in driver.calls if c.instance}
         assert answered <= set(assigned)
-        arrivals = sum(s.stats.arrivals for s in replayed.states.values())
+        arrivals = sum(f.arrivals for f in replayed.ledger.features.values())
         assert arrivals == len(driver.calls) + extra_arrivals
         out = io.StringIO()
         assert await replay.verify(nc, None, out) == 0, out.getvalue()

@@ -63,12 +63,13 @@ async def seeded(url: str) -> Simulation:
 
 async def test_a_leaders_return_prewarms_its_follower_on_the_node(nats_url):
     sim = await seeded(nats_url)
-    lead = sim.ledger.states["follower"].stats.leaders
+    lead = sim.ledger.features_of("follower").leaders
     assert [(x.key, x.hits == x.trials) for x in lead] == [("leader", True)]
     history = len(await stored(nats_url, "follower"))
     async with Stack(nats_url, sim.dataset.metas, policy="learned") as stack:
         follower = stack.controller.states["follower"]
-        assert follower.stats.leaders == lead and follower.nothing_live()  # rebuilt from the stream, quiet
+        followed = stack.controller.ledger.features_of("follower").leaders
+        assert followed == lead and follower.nothing_live()  # rebuilt from the stream, quiet
         await stack.idle(await stack.assign("live-1", key="leader", memory_mb=512))
         await prewarmed_for_the_leader(stack.controller, nats_url, history)
 
@@ -86,7 +87,7 @@ async def test_a_leaders_return_on_another_node_prewarms_its_follower(nats_url):
             await eventually(lambda: stack.controller.serves("follower") and other.serves("leader"))
             assert stack.controller.states["follower"].nothing_live()
             await stack.idle(await stack.assign("live-1", key="leader", memory_mb=512))  # forwarded to the other
-            assert other.states["leader"].stats.returned_ms, "the call brought the leader back on the other node"
+            assert other.ledger.features_of("leader").returned_ms, "the call brought the leader back on the other node"
             await prewarmed_for_the_leader(stack.controller, nats_url, history)
         finally:
             await other.stop()

@@ -4,8 +4,10 @@ import random
 
 import pytest
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy import Capability, get_policy
-from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.totals import Totals
 from scaler.proto import events as e
 from scaler.simulator.dataset import Dataset, FunctionMeta, Request
 from scaler.simulator.offline import Simulation
@@ -30,7 +32,7 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call():
     run = sim.result(40 * period)
     late = run.invocations[10:]  # once the period is learned
     assert sum(i.cold for i in late) == 0 and max(i.schedule_ms for i in late) == 0
-    stats = sim.ledger.states["fn"].stats
+    stats = sim.ledger.features_of("fn")
     assert stats.prewarms >= 25  # started ahead of the calls...
     # ...and not kept through the gaps: each slot lives about a start plus a run, not 30 s.
     assert run.slot_gb_s < 40 * 0.5 * 1.0
@@ -39,9 +41,9 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call():
 def test_prewarm_is_planned_just_before_the_predicted_arrival():
     period, start = 30_000, 150
     sim = simulate(dataset([n * period for n in range(20)]))
-    s = sim.ledger.states["fn"]
-    last = s.stats.last_arrival_ms
-    plan = LEARNED.prewarm(s, last + 1_000)
+    s, f = sim.ledger.states["fn"], sim.ledger.features_of("fn")
+    last = f.last_arrival_ms
+    plan = LEARNED.prewarm(s, f, last + 1_000)
     assert plan.count == 0 and plan.next_ms is not None
     assert last + period - 3 * start <= plan.next_ms <= last + period - start
 
@@ -58,8 +60,8 @@ def test_the_run_totals_equal_the_sum_of_the_functions_stats():
     sim = Simulation(dataset(arrivals, key="a"), LEARNED)
     sim.run()
     again = Totals()
-    for s in sim.ledger.states.values():
-        again = again.change(None, s)
+    for key, s in sim.ledger.states.items():
+        again = again.change(None, s, None, sim.ledger.features.get(key))
     assert again == sim.ledger.totals and sim.ledger.totals.exec_ms == pytest.approx(200 * 50)
 
 
@@ -69,17 +71,17 @@ class Recorded(Simulation):
 
     def __init__(self, ds: Dataset, policy=LEARNED) -> None:
         super().__init__(ds, policy)
-        self.prewarms: list[tuple[int, int, FnState]] = []  # (when, how many, the state before)
+        self.prewarms: list[tuple[int, int, FnState, FnStats]] = []  # (when, how many, the state and features before)
         self.ahead: list[int] = []  # how many, each time
 
     def command(self, cmd, now):
-        before = self.ledger.state(cmd.key)
+        before, learned = self.ledger.state(cmd.key), self.ledger.features_of(cmd.key)
         d = super().command(cmd, now)
         started = [ev for ev in d.events if isinstance(ev, e.SlotWanted) and not ev.for_request]
         if started and d.state.queue:
             self.ahead.append(len(started))
         elif started:
-            self.prewarms.append((now, len(started), before))
+            self.prewarms.append((now, len(started), before, learned))
         return d
 
 
@@ -98,12 +100,12 @@ def test_a_burst_end_starts_no_pool_of_prewarms():
     ds = dataset(bursts(10, 120, 3_000, 300_000), run_ms=1_500, memory_mb=1024, init_ms=6_000)
     sim = Recorded(ds)
     sim.run()
-    start = sim.ledger.states["fn"].stats.start_ms
+    start = sim.ledger.features_of("fn").start_ms
     assert sim.prewarms, "recurring bursts are pre-warmed"
-    for now, count, before in sim.prewarms:
+    for now, count, before, learned in sim.prewarms:
         live = [i for i in before.instances.values() if i.phase is not Phase.RETIRING]
         assert not live and not before.queue, f"pre-warm at {now} while the function had instances"
-        assert now - before.stats.last_arrival_ms > 2 * start, f"pre-warm at {now}, at a burst's end"
+        assert now - learned.last_arrival_ms > 2 * start, f"pre-warm at {now}, at a burst's end"
         assert count <= 2 * 60, f"{count} instances pre-warmed at {now} for a burst that keeps about 60 busy"
     assert max(sim.ahead, default=0) <= 2 * 60, "starts ahead of a burst's calls: no more than it keeps busy"
 
@@ -167,7 +169,7 @@ def test_a_function_another_one_calls_is_prewarmed_when_that_one_comes_back(monk
     assert sum(i.cold for i in calls[12:]) == 0, [i.cold for i in calls]
     assert all(i.cold for i in calls[:9])  # the lead not learned yet
     assert len(cued_prewarms(seen)) >= 18
-    lead = sim.ledger.states["follower"].stats.leaders
+    lead = sim.ledger.features_of("follower").leaders
     assert [(x.key, x.trials == x.hits) for x in lead] == [("leader", True)] and lead[0].trials >= 25
     assert 350 <= min(lead[0].lags) and max(lead[0].lags) <= 450
     monkeypatch.setattr(type(LEARNED), "capabilities", Capability.NONE)
@@ -190,7 +192,7 @@ def test_a_follower_called_sooner_than_a_start_after_its_leader_is_started_at_th
     """Called 10 ms after the leader comes back: no instance started then is ready for the call, but one started
     at the leader's return is ready 10 ms sooner than one the call starts itself, and the call waits that less."""
     sim, seen = with_events(chained(10, jitter_ms=5))
-    lead = sim.ledger.states["follower"].stats.leaders
+    lead = sim.ledger.features_of("follower").leaders
     assert lead and lead[0].hits >= 25
     soon = cued_prewarms(seen)
     assert len(soon) >= 15 and all("sooner than a start" in e.reason for e in soon), soon
@@ -208,7 +210,7 @@ def test_functions_that_only_happen_to_come_back_together_do_not_follow_each_oth
     metas = {k: FunctionMeta(key=k, memory_in_mb=256, init_duration_in_ms=30) for k in ("a", "b")}
     requests = [Request(rng.randrange(0, 1_800_000), k, 40) for k in ("a", "b") for _ in range(400)]
     sim, seen = with_events(Dataset("apart", metas, sorted(requests, key=lambda r: r.start_time)))
-    leaders = [x for s in sim.ledger.states.values() for x in s.stats.leaders]
+    leaders = [x for f in sim.ledger.features.values() for x in f.leaders]
     assert leaders and any(isinstance(event, e.Cued) for event in seen), "together often enough to be tried"
     assert all(x.failed() for x in leaders if x.trials >= 10), leaders
     assert not cued_prewarms(seen)

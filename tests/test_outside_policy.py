@@ -66,7 +66,7 @@ def test_an_outside_policy_is_named_as_it_was_given(outside):
     assert isinstance(made, Policy) and made.name == SPEC  # what a node's status and heartbeat say
     inst = type("I", (), {"memory_mb": 128})()
     assert made.config.budget_gb_s == 60.0
-    assert made.keep_alive(None, inst, 1_000).until_ms == 1_000 + 480_000  # 60 GB·s over 1/8 GB
+    assert made.keep_alive(None, None, inst, 1_000).until_ms == 1_000 + 480_000  # 60 GB·s over 1/8 GB
 
 
 BROKEN = """

@@ -108,3 +108,45 @@ def test_a_sideways_import_is_found(tmp_path):
     assert offences(tmp_path) == [
         "scaler/workers/w.py:2: scaler.workers imports scaler.controller.stream: points sideways"
     ]
+
+
+CORE = ROOT / "scaler" / "controller" / "core"
+
+
+def run_time_imports(path: Path) -> set[str]:
+    """The modules a file imports when it runs: those under `if TYPE_CHECKING:` (types alone) left out."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def test_the_lifecycle_and_the_features_fold_stand_apart():
+    """Issue 42: the lifecycle state (state.py) knows nothing of the features (features.py), which read it only as
+    the arguments of their fold; what reads both (totals.py, folds.py, the policies) stands above them."""
+    core = "scaler.controller.core."
+    lifecycle, learned = run_time_imports(CORE / "state.py"), run_time_imports(CORE / "features.py")
+    assert not {m for m in lifecycle if m.startswith(core) and not m.startswith(core + "state")}, lifecycle
+    assert not {m for m in learned if m.startswith(core + "state")}, learned
+
+
+def test_a_run_time_import_of_the_lifecycle_by_the_features_is_found(tmp_path):
+    (tmp_path / "features.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from a import b\n"
+        "from scaler.controller.core.state import FnState\n"
+    )
+    assert run_time_imports(tmp_path / "features.py") == {
+        "typing.TYPE_CHECKING",
+        "scaler.controller.core.state.FnState",
+    }

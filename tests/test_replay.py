@@ -13,6 +13,7 @@ from msgspec.structs import replace
 
 from scaler import replay
 from scaler.controller import state_service
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.state import FnState, Phase
 from scaler.controller.leases import LEASES, bucket
 from scaler.controller.snapshots import Snapshot
@@ -80,7 +81,7 @@ async def test_replay_up_to_a_sequence_or_a_time(nats_url):
             assert early.batches == 1 and early.states["fn"].in_phase(Phase.CREATING)
             whole = await replay.replay(nc)
             assert whole.states == stack.controller.states
-            first_at = early.states["fn"].stats.last_arrival_ms
+            first_at = early.ledger.features_of("fn").last_arrival_ms
             by_time = await replay.replay(nc, until_ms=first_at)
             assert by_time.states == early.states
     assert replay.parse_time("2023-01-01T00:00:00") == 1_672_531_200_000 == replay.parse_time("1672531200000")
@@ -101,6 +102,14 @@ async def test_verify_finds_the_running_state_equal_and_then_a_difference(nats_u
             out = io.StringIO()
             assert await replay.verify(nc, None, out) == 1
             assert "MISMATCH fn:\n  instances.fn-1.phase: replayed 'busy', controller 'idle'" in out.getvalue()
+            # The features are kept beside the state, and compared too.
+            stack.controller.states["fn"] = s
+            learned = stack.controller.ledger.features["fn"]
+            stack.controller.ledger.features["fn"] = replace(learned, arrivals=learned.arrivals + 5)
+            out = io.StringIO()
+            assert await replay.verify(nc, None, out) == 1
+            said = out.getvalue()
+            assert f"features.arrivals: replayed {learned.arrivals}, controller {learned.arrivals + 5}" in said, said
         code, out, _ = await scaler_replay("--nats", nats_url, "--verify")
         assert code == 1 and "MISMATCH fn" in out
 
@@ -176,12 +185,14 @@ async def test_each_partitions_functions_come_from_its_holder_alone(nats_url):
 
 def test_a_large_state_travels_in_several_messages():
     snap = Snapshot(seq=7, stream="s", last_seq={f"k{n}": n for n in range(50)}, states={})
-    with_states = replace(snap, states={k: state_service.FnState(key=k) for k in snap.last_seq})
+    learned = {k: FnStats(arrivals=n) for n, k in enumerate(snap.last_seq) if n % 2}  # some learned nothing yet
+    with_states = replace(snap, states={k: state_service.FnState(key=k) for k in snap.last_seq}, features=learned)
     parts = state_service.chunks(with_states, max_bytes=1200)
     assert len(parts) > 1 and all(len(p) <= 1200 for p in parts)
     decoded = [msgspec.msgpack.decode(p, type=state_service.StateChunk) for p in parts]
     assert [c.more for c in decoded] == [True] * (len(parts) - 1) + [False]
     assert {k: v for c in decoded for k, v in c.states.items()} == with_states.states
+    assert {k: v for c in decoded for k, v in c.features.items()} == learned
     assert {k: v for c in decoded for k, v in c.last_seq.items()} == snap.last_seq
 
 

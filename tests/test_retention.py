@@ -97,7 +97,7 @@ async def test_snapshots_stay_ahead_of_a_tiny_store_and_a_restart_is_exact(nats_
     await restarted.start()
     try:
         assert restarted.states == before
-        assert sum(s.stats.arrivals for s in restarted.states.values()) == 400
+        assert sum(f.arrivals for f in restarted.ledger.features.values()) == 400
     finally:
         await restarted.stop()
 
@@ -111,7 +111,7 @@ async def test_a_function_whose_batches_retention_dropped_goes_on(nats_url):
             js = nc.jetstream()
             assert await stream.last_seq(js, function_events("old")) == 0
         await rounds(stack, 1, ["old"], tag="o-again")
-        assert stack.controller.states["old"].stats.arrivals == 2
+        assert stack.controller.ledger.features_of("old").arrivals == 2
 
 
 async def test_replay_starts_from_the_snapshots_once_the_stream_is_truncated(nats_url):

@@ -199,7 +199,7 @@ async def test_a_retried_assign_is_not_a_second_command(nats_url):
         again = await stack.assign("r1")  # after the answer too
         assert again.assigment.instance_id == "fn-1"
         assert stack.stub.accounting.created == 1
-        assert stack.controller.states["fn"].stats.arrivals == 1
+        assert stack.controller.ledger.features_of("fn").arrivals == 1
 
 
 async def test_a_node_that_believes_it_serves_a_partition_it_holds_no_lease_for_decides_nothing(nats_url):

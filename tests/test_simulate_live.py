@@ -91,8 +91,8 @@ async def test_our_policy_live_on_dataSet_1s_busiest_minute_decides_as_the_core(
     live_stats = live.stats()
     assert live_stats.total_requests_count == offline.stats().total_requests_count == 2731
     assert live_stats.failed_requests_count == 0
-    states = await decisions.check(nats_url, "learned")
-    assert sum(s.stats.arrivals for s in states.values()) == 2731
+    await decisions.check(nats_url, "learned")
+    assert sum(f.arrivals for f in decisions.features.values()) == 2731
 
 
 async def test_a_scaler_using_another_platform_is_refused(nats_url, tmp_path):

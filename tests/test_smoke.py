@@ -33,5 +33,5 @@ async def test_smoke_test_all_succeed_without_leaks_as_the_core_decides(nats_url
         live = {s.id for s in stack.stub.accounting.live.values()}
         assert live == set(stack.live_instances().values())
         assert stack.stub.accounting.created == stats.total_live_slot_count > 0
-    states = await decisions.check(nats_url, "demo")
-    assert sum(s.stats.arrivals for s in states.values()) == 980
+    await decisions.check(nats_url, "demo")
+    assert sum(f.arrivals for f in decisions.features.values()) == 980

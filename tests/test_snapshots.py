@@ -7,6 +7,7 @@ import pytest
 
 from scaler.controller import snapshots
 from scaler.controller.core import features, state
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.state import FnState
 from scaler.controller.ledger import Ledger
@@ -23,11 +24,16 @@ from tests.stack import Stack
 DEMO = get_policy("demo")
 
 
-async def full_replay(nats_url: str) -> dict[str, FnState]:
+async def full_fold(nats_url: str) -> tuple[dict[str, FnState], dict[str, FnStats]]:
+    """Every function's state and features, folded from the whole stream."""
     async with connected(nats_url, "test") as nc:
         ledger = Ledger()
         await stream.read(nc.jetstream(), ledger.fold)
-        return ledger.states
+        return ledger.states, ledger.features
+
+
+async def full_replay(nats_url: str) -> dict[str, FnState]:
+    return (await full_fold(nats_url))[0]
 
 
 async def some_traffic(stack: Stack, tag: str, n: int = 12) -> None:
@@ -44,7 +50,7 @@ async def test_a_start_loads_the_snapshots_and_replays_only_what_follows(nats_ur
     description = await restarted.start()
     try:
         assert restarted.loaded_batches == 0 and "0 batches read" in description
-        assert restarted.states == await full_replay(nats_url)
+        assert (restarted.states, restarted.ledger.features) == await full_fold(nats_url)
         # Traffic after the snapshots: the next start folds just that on top of them.
         await restarted.call(stack_assign("late", "fn0"), 10)
     finally:
@@ -52,8 +58,8 @@ async def test_a_start_loads_the_snapshots_and_replays_only_what_follows(nats_ur
     again = Controller(nats_url, DEMO)
     await again.start()
     try:
-        assert again.states == await full_replay(nats_url)
-        assert sum(s.stats.arrivals for s in again.states.values()) == 13
+        assert (again.states, again.ledger.features) == await full_fold(nats_url)
+        assert sum(f.arrivals for f in again.ledger.features.values()) == 13
     finally:
         await again.stop()
 
@@ -102,23 +108,27 @@ async def test_every_snapshot_taken_under_load_restores_the_replayed_state(nats_
 
         stack.controller.snapshots.store.save = keep
         await some_traffic(stack, "a", n=40)
-    expected = await full_replay(nats_url)
+    expected, learned = await full_fold(nats_url)
     assert len(taken) > 3
     async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
         for p, snap in taken:
             ledger = Ledger()
-            ledger.restore(snap.states, snap.last_seq, snap.wake, snap.seq)
+            ledger.restore(snap.states, snap.features, snap.last_seq, snap.wake, snap.seq)
             await stream.read(js, ledger.fold, partition_events(p), after_seq=snap.seq)
             mine = {k: s for k, s in expected.items() if partition(k) == p}
             assert ledger.states == mine, f"the snapshot of partition {p} at seq {snap.seq} restores another state"
+            assert ledger.features == {k: f for k, f in learned.items() if partition(k) == p}, "other features"
 
 
 async def test_only_a_snapshot_known_to_fit_is_used(nats_url, monkeypatch):
     async with connected(nats_url, "test") as nc:
         js = nc.jetstream()
         await ensure_stream(js)
-        snap = Snapshot(seq=5, stream=await stream.stream_id(js), last_seq={}, states={})
+        learned = {"fn": FnStats(arrivals=3, gaps=(10, 20))}  # the features' body, beside the states'
+        snap = Snapshot(
+            seq=5, stream=await stream.stream_id(js), last_seq={}, states={"fn": FnState(key="fn")}, features=learned
+        )
         store = SnapshotStore(js)
         await store.open()
         await store.save(3, snap)

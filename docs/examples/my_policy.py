@@ -22,7 +22,7 @@ class EqualIdleMemory(Policy):
     name = "equal-idle-memory"
     Config = EqualIdleMemoryConfig
 
-    def keep_alive(self, s, inst, now, run=UNSEEN) -> KeepAlive:
+    def keep_alive(self, s, f, inst, now, run=UNSEEN) -> KeepAlive:
         c, gb = self.config, max(inst.memory_mb, 1) / 1024
         keep_ms = min(c.cap_ms, max(c.floor_ms, round(c.budget_gb_s / gb * 1000)))
         return KeepAlive(now + keep_ms, f"equal idle memory: {c.budget_gb_s:g} GB·s over {gb:g} GB")

@@ -48,7 +48,7 @@ class Clocks:
     async def look_up(self, js: JetStreamContext, ledger: Ledger, keys: list[str]) -> None:
         """The writers of those functions' last batches that no read passed on (a snapshot holds them): looked up
         by sequence, for the functions holding something a time bounds only (an instance, a request waiting, a
-        release a late retry may still come for): a function at rest keeps only its stats."""
+        release a late retry may still come for): a function at rest keeps only its features."""
         wanted = [
             (k, seq)
             for k in keys
@@ -102,12 +102,13 @@ def ms_at(now_ms: int, monotonic_s: float) -> int:
 
 
 def newest(ledger: Ledger, key: str) -> int:
-    """The newest time the function's state holds that a node stamped when it happened (a deadline it set is
-    in the future by design and left out)."""
+    """The newest time the function's state and features hold that a node stamped when it happened (a deadline it
+    set is in the future by design and left out)."""
     s = ledger.states.get(key)
     if s is None:
         return 0
-    times = [s.stats.last_arrival_ms, s.stats.last_end_ms]
+    f = ledger.features_of(key)
+    times = [f.last_arrival_ms, f.last_end_ms]
     times += [max(i.since_ms, i.wanted_ms) for i in s.instances.values()]
     times += [p.since_ms for p in s.queue]
     if (last := s.last_release()) is not None:

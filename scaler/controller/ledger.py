@@ -14,11 +14,14 @@ import msgspec
 
 from scaler.controller import platform_health
 from scaler.controller.core import decide as core
+from scaler.controller.core import folds
 from scaler.controller.core.decide import Decision
+from scaler.controller.core.features import NO_STATS, FnStats
 from scaler.controller.core.limits import NO_LIMITS, NO_ROOM, Limits, Room, TenantQuota
 from scaler.controller.core.policy import Policy
 from scaler.controller.core.policy.learned import with_rate
-from scaler.controller.core.state import FnState, Totals, apply, newest_returns
+from scaler.controller.core.state import FnState
+from scaler.controller.core.totals import Totals, newest_returns
 from scaler.controller.policies import get_policy
 from scaler.proto.commands import AnyCommand, Assign, Cue, Tick, command_id
 from scaler.proto.events import Batch, RequestArrived
@@ -31,13 +34,14 @@ PLAN = "plan"  # the cause of a plan's batch: no command caused it, the function
 
 def came_back(d: Decision) -> int:
     """When the decision's call brought its function back from a lull (FnStats.returned_ms); 0 when it did not."""
-    back = d.state.stats.returned_ms
+    back = d.features.returned_ms
     return back if back and any(isinstance(e, RequestArrived) and e.at_ms == back for e in d.events) else 0
 
 
 class Ledger:
     def __init__(self) -> None:
         self.states: dict[str, FnState] = {}
+        self.features: dict[str, FnStats] = {}  # per function: what its events say of it, folded beside its state
         self.last_seq: dict[str, int] = {}  # per function: stream sequence of its last batch
         self.wake: dict[str, int] = {}  # per function: when it next wants a Tick (the earlier of the two below)
         self._asked: dict[str, int] = {}  # ... by what its last decisions serve (leases, waiting requests)
@@ -57,15 +61,16 @@ class Ledger:
     def state(self, key: str) -> FnState:
         return self.states.get(key) or FnState(key=key)
 
+    def features_of(self, key: str) -> FnStats:
+        return self.features.get(key, NO_STATS)
+
     def fold(self, seq: int, batch: Batch) -> None:
         """Fold a stored batch, unless the function's state already holds it (a snapshot's, or a repeat)."""
         self.seq = max(self.seq, seq)
         if seq <= self.last_seq.get(batch.key, 0):
             return
-        s = self.state(batch.key)
-        for event in batch.events:
-            s = apply(s, event)
-        self._put(batch.key, s, seq)
+        s, st = folds.replay(self.state(batch.key), self.features_of(batch.key), batch.events)
+        self._put(batch.key, s, st, seq)
         self._asked.pop(batch.key, None)  # a stored batch's deadline is the earliest of both
         self._set(self._planned, batch.key, batch.wake_ms)
         self._wake(batch.key)
@@ -77,21 +82,22 @@ class Ledger:
         `after`: a decision on the same function just taken and not yet committed (a group commit decides
         each command on the state the one before it left, and with the totals that state makes).
         """
-        s, totals = self.state(cmd.key), self.totals
+        s, st, totals = self.state(cmd.key), self.features_of(cmd.key), self.totals
         if after is not None:
-            s, totals = after.state, totals.change(self.states.get(cmd.key), after.state)
+            s, st = after.state, after.features
+            totals = totals.change(self.states.get(cmd.key), s, self.features.get(cmd.key), st)
         named = cmd.tenant if isinstance(cmd, Assign) else ""
         if s.policy or self.limits is not NO_LIMITS:
             policy = self.policy_of(s, policy)
         self.starts_failing.saw(cmd, now)
-        return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(s, totals, named, now))
+        return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(s, totals, named, now), st)
 
     def plan(self, key: str, now: int, policy: Policy) -> Decision:
         """The core's plan for the function as stored: keep-alives, retirements, pre-warms, rest."""
         s = self.state(key)
         if s.policy or self.limits is not NO_LIMITS:
             policy = self.policy_of(s, policy)
-        return core.plan(s, now, policy, self.run_totals(), self._room(s, self.totals, now=now))
+        return core.plan(s, now, policy, self.run_totals(), self._room(s, self.totals, now=now), self.features_of(key))
 
     def policy_of(self, s: FnState, default: Policy) -> Policy:
         """The policy that decides the function: the one an operator set for it, else the limits file's, else
@@ -168,7 +174,7 @@ class Ledger:
         the deadline as it was (the one a restart finds in the last batch).
         """
         if seq is not None:
-            self._put(cmd.key, d.state, seq)
+            self._put(cmd.key, d.state, d.features, seq)
             self.seq = max(self.seq, seq)
         if seq is not None or isinstance(cmd, Tick):
             self._set(self._asked, cmd.key, d.wake_ms)
@@ -177,7 +183,7 @@ class Ledger:
     def commit_plan(self, key: str, d: Decision, seq: int | None) -> None:
         """The plan is done: its batch stored at `seq` (None when it had nothing to store); its deadlines count."""
         if seq is not None:
-            self._put(key, d.state, seq)
+            self._put(key, d.state, d.features, seq)
             self.seq = max(self.seq, seq)
         self._set(self._planned, key, d.wake_ms)
         self._wake(key)
@@ -201,8 +207,7 @@ class Ledger:
 
     def forget(self, key: str) -> None:
         """Drop one function, to fold it again from its own batches (after another writer's append)."""
-        self._follow(key, self.states.get(key), None)
-        self.totals = self.totals.change(self.states.pop(key, None), None)
+        self._drop(key)
         self.last_seq.pop(key, None)
         for deadlines in (self.wake, self._asked, self._planned):
             deadlines.pop(key, None)
@@ -222,31 +227,48 @@ class Ledger:
         for key in gone:
             del self.last_seq[key]
 
-    def restore(self, states: dict[str, FnState], last_seq: dict[str, int], wake: dict[str, int], seq: int) -> None:
-        """Start from a snapshot: these states hold every batch up to `seq`, and each one's up to its last_seq."""
+    def restore(
+        self,
+        states: dict[str, FnState],
+        features: dict[str, FnStats],
+        last_seq: dict[str, int],
+        wake: dict[str, int],
+        seq: int,
+    ) -> None:
+        """Start from a snapshot: these states (and features) hold every batch up to `seq`, and each one's up to its
+        last_seq."""
         for key, s in states.items():
-            self._put(key, s, last_seq.get(key, 0))
+            self._put(key, s, features.get(key, NO_STATS), last_seq.get(key, 0))
         self.wake.update(wake)
         self._planned.update(wake)
         self.seq = max(self.seq, seq)
 
-    def _put(self, key: str, s: FnState, seq: int) -> None:
-        """The function's new state; one that holds nothing (forgotten, or a stray slot's bookkeeping done)
-        is dropped, keeping only where its last batch is (the next append's order check needs it)."""
+    def _put(self, key: str, s: FnState, st: FnStats, seq: int) -> None:
+        """The function's new state and features; one that holds nothing (forgotten, or a stray slot's bookkeeping
+        done) is dropped, keeping only where its last batch is (the next append's order check needs it)."""
         if seq:
             self.last_seq[key] = seq
         if s.meta is None and not s.instances and not s.queue and not s.configured():
-            self._follow(key, self.states.get(key), None)
-            self.totals = self.totals.change(self.states.pop(key, None), None)
+            self._drop(key)
             return
-        self._follow(key, self.states.get(key), s)
-        self.totals = self.totals.change(self.states.get(key), s)
+        self._follow(key, self.features.get(key), st)
+        self.totals = self.totals.change(self.states.get(key), s, self.features.get(key), st)
         self.states[key] = s
+        if st is NO_STATS:
+            self.features.pop(key, None)
+        else:
+            self.features[key] = st
 
-    def _follow(self, key: str, old: FnState | None, new: FnState | None) -> None:
-        """Keep `followers` as the functions' leaders say, once one function's state `old` becomes `new`."""
-        was = old.stats.leaders if old is not None else ()
-        now = new.stats.leaders if new is not None else ()
+    def _drop(self, key: str) -> None:
+        """The function holds nothing any more: its state and features go, and what they counted."""
+        was = self.features.pop(key, None)
+        self._follow(key, was, None)
+        self.totals = self.totals.change(self.states.pop(key, None), None, was)
+
+    def _follow(self, key: str, old: FnStats | None, new: FnStats | None) -> None:
+        """Keep `followers` as the functions' leaders say, once one function's features `old` become `new`."""
+        was = old.leaders if old is not None else ()
+        now = new.leaders if new is not None else ()
         if was is now:
             return
         followed, follows = {x.key for x in was if not x.failed()}, {x.key for x in now if not x.failed()}

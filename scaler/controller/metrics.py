@@ -66,7 +66,7 @@ class ControllerCollector:
                 by_phase[instance.phase] += 1
             for phase, n in by_phase.items():
                 instances.add_metric([key, phase.value], n)
-            st = s.stats
+            st = c.ledger.features_of(key)
             waiting.add_metric([key], len(s.queue))
             arrivals.add_metric([key], st.arrivals)
             cold.add_metric([key], st.cold_starts)

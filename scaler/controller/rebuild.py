@@ -70,7 +70,7 @@ def restore(ledger: Ledger, snaps: dict[int, Snapshot | None]) -> dict[int, int]
     for p, snap in snaps.items():
         after[p] = snap.seq if snap is not None else 0
         if snap is not None:
-            ledger.restore(snap.states, snap.last_seq, snap.wake, snap.seq)
+            ledger.restore(snap.states, snap.features, snap.last_seq, snap.wake, snap.seq)
     return after
 
 

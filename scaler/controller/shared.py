@@ -24,7 +24,8 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from scaler.controller.core.state import Held, Totals
+from scaler.controller.core.state import Held
+from scaler.controller.core.totals import Totals
 from scaler.controller.leases import bucket
 from scaler.controller.ledger import Ledger
 from scaler.runtime.kv import entries

@@ -19,7 +19,8 @@ from scaler.controller import membership, state_service
 from scaler.controller.admission import MAX_BACKLOG, MAX_BEHIND_S, Admission
 from scaler.controller.core.limits import NO_LIMITS, Limits, TenantQuota
 from scaler.controller.core.policy import Capability, Policy
-from scaler.controller.core.state import FnState, Totals
+from scaler.controller.core.state import FnState
+from scaler.controller.core.totals import Totals
 from scaler.controller.door import Door
 from scaler.controller.lane import Lane
 from scaler.controller.lanes import STORE_WAIT_S, Lanes

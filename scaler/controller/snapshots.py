@@ -5,10 +5,13 @@ its snapshot, and the stream may drop what every snapshot already holds (its ret
 snapshot is an optimisation and never a source of truth while the stream still holds everything:
 deleting the bucket changes nothing but start time. That holds because a snapshot is used only
 when it is certainly right:
-- it is stamped with the version of the state it holds (`scaler/controller/core/state.VERSION`, which
-  covers the schema and the lifecycle fold) and of the features fold (`features.VERSION`). An
-  older state version is upcast (scaler/controller/upcasts.py), so an upgrade keeps every snapshot; a
-  newer one (a downgrade) is ignored, never misread. The features are folded from events, so
+- it holds two bodies, each stamped with its own version: the lifecycle states (`body`,
+  `scaler/controller/core/state.VERSION`, which covers the schema and the lifecycle fold) and the
+  functions' features (`features_body`, `scaler/controller/core/features.VERSION`, the policy layer's),
+  so a new feature never bumps the lifecycle's version. (Before state version 11 the features were
+  inside the states, in one body; the upcast splits them.) An older state version is upcast
+  (scaler/controller/upcasts.py), so an upgrade keeps every snapshot; a newer one (a downgrade) is
+  ignored, never misread. The features are folded from events, so
   they cannot be recomputed from a snapshot: a features version that only adds histories carries
   on from the earlier one's (`upcasts.FEATURES_CONTINUED`, the new histories starting empty); a
   snapshot of any other features version is ignored (full replay), which is why a test pins the
@@ -33,6 +36,7 @@ from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.errors import BucketNotFoundError, DigestMismatchError, NotFoundError, ObjectNotFoundError
 
 from scaler.controller.core import features, state
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.state import FnState
 from scaler.controller.upcasts import FEATURES_CONTINUED, upcast
 
@@ -49,8 +53,20 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     stream: str
     last_seq: dict[str, int]
     states: dict[str, FnState]
+    features: dict[str, FnStats] = {}  # each function's features (none: nothing learned yet), folded beside its state
     wake: dict[str, int] = {}  # each function's next deadline (clock ms)
     at_ms: int = 0  # when it was taken (clock ms): it holds no batch decided after that
+
+
+class _Lifecycle(msgspec.Struct, frozen=True, kw_only=True):
+    """The lifecycle body: the snapshot without its features (stamped with state.VERSION)."""
+
+    seq: int
+    stream: str
+    last_seq: dict[str, int]
+    states: dict[str, FnState]
+    wake: dict[str, int] = {}
+    at_ms: int = 0
 
 
 class _Stored(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,9 +75,10 @@ class _Stored(msgspec.Struct, frozen=True, kw_only=True):
     shape: str  # version 1's stamp (a hash); "" since
     stream: str
     seq: int
-    body: bytes
+    body: bytes  # the lifecycle (`_Lifecycle`; before version 11, the whole snapshot, features inside its states)
     version: int = 1  # scaler/controller/core/state.VERSION of the body
-    features: int = 0  # scaler/controller/core/features.VERSION of the body (version 1: in `shape`)
+    features: int = 0  # scaler/controller/core/features.VERSION of the features (version 1: in `shape`)
+    features_body: bytes = b""  # each function's features, by key (since version 11)
 
 
 V1_SHAPES = {"88aab271c3044262": 2}  # version 1's stamp -> the features version it stood for
@@ -69,7 +86,31 @@ V1_SHAPES = {"88aab271c3044262": 2}  # version 1's stamp -> the features version
 
 _encoder = msgspec.msgpack.Encoder()
 _stored = msgspec.msgpack.Decoder(_Stored)
-_snapshot = msgspec.msgpack.Decoder(Snapshot)
+_lifecycle = msgspec.msgpack.Decoder(_Lifecycle)
+_features = msgspec.msgpack.Decoder(dict[str, FnStats])
+
+
+def _lifecycle_of(snapshot: Snapshot) -> _Lifecycle:
+    return _Lifecycle(
+        seq=snapshot.seq,
+        stream=snapshot.stream,
+        last_seq=snapshot.last_seq,
+        states=snapshot.states,
+        wake=snapshot.wake,
+        at_ms=snapshot.at_ms,
+    )
+
+
+def _joined(lifecycle: _Lifecycle, learned: dict[str, FnStats]) -> Snapshot:
+    return Snapshot(
+        seq=lifecycle.seq,
+        stream=lifecycle.stream,
+        last_seq=lifecycle.last_seq,
+        states=lifecycle.states,
+        features=learned,
+        wake=lifecycle.wake,
+        at_ms=lifecycle.at_ms,
+    )
 
 
 def name(partition: int) -> str:
@@ -98,9 +139,10 @@ class SnapshotStore:
             shape="",
             stream=snapshot.stream,
             seq=snapshot.seq,
-            body=_encoder.encode(snapshot),
+            body=_encoder.encode(_lifecycle_of(snapshot)),
             version=state.VERSION,
             features=features.VERSION,
+            features_body=_encoder.encode(snapshot.features),
         )
         body = _encoder.encode(stored)
         await self._store.put(name(partition), body)
@@ -131,7 +173,7 @@ class SnapshotStore:
         else:
             try:
                 if version == state.VERSION:
-                    return _snapshot.decode(stored.body)
+                    return _joined(_lifecycle.decode(stored.body), _features.decode(stored.features_body))
                 return upcast(stored.body, version, Snapshot)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 log.warning("snapshot of partition %d ignored: unreadable (%s)", partition, e)

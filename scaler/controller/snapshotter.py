@@ -101,6 +101,7 @@ class Snapshotter:
             stream=self.stream_id,
             last_seq={k: ledger.last_seq[k] for k in keys if k in ledger.last_seq},
             states={k: ledger.states[k] for k in keys},
+            features={k: ledger.features[k] for k in keys if k in ledger.features},
             wake={k: ledger.wake[k] for k in keys if k in ledger.wake},
         )
 

@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.state import FnState
 from scaler.controller.leases import holders
 from scaler.controller.snapshots import Snapshot
@@ -36,6 +37,7 @@ class _Chunk(msgspec.Struct, frozen=True, kw_only=True):
     states: dict[str, msgspec.Raw]
     more: bool
     serving: list[int]
+    features: dict[str, msgspec.Raw] = {}  # each function's features beside its state, in the same message
 
 
 class StateChunk(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +49,7 @@ class StateChunk(msgspec.Struct, frozen=True, kw_only=True):
     node: str = ""
     more: bool = False
     serving: list[int] = []
+    features: dict[str, FnStats] = {}
 
 
 class Running(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,6 +61,7 @@ class Running(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: dict[str, int]
     states: dict[str, FnState]
     unserved: list[int] = []
+    features: dict[str, FnStats] = {}  # the functions' features (those that learned something), by key
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -71,21 +75,27 @@ def chunks(snap: Snapshot, max_bytes: int, node: str = "", serving: list[int] | 
     serving = sorted({partition(k) for k in snap.states}) if serving is None else serving
     out: list[bytes] = []
     states: dict[str, msgspec.Raw] = {}
+    learned: dict[str, msgspec.Raw] = {}
     size = _ENVELOPE
 
     def flush(more: bool) -> None:
-        nonlocal states, size
+        nonlocal states, learned, size
         last = {k: snap.last_seq[k] for k in states if k in snap.last_seq}
-        chunk = _Chunk(node=node, seq=snap.seq, last_seq=last, states=states, more=more, serving=serving)
+        chunk = _Chunk(
+            node=node, seq=snap.seq, last_seq=last, states=states, more=more, serving=serving, features=learned
+        )
         out.append(_encoder.encode(chunk))
-        states, size = {}, _ENVELOPE
+        states, learned, size = {}, {}, _ENVELOPE
 
     for key, state in snap.states.items():
         body = _encoder.encode(state)
-        cost = len(body) + 2 * len(key.encode()) + 16
+        features = _encoder.encode(snap.features[key]) if key in snap.features else None
+        cost = len(body) + (len(features) if features is not None else 0) + 3 * len(key.encode()) + 24
         if states and size + cost > max_bytes:
             flush(more=True)
         states[key] = msgspec.Raw(body)
+        if features is not None:
+            learned[key] = msgspec.Raw(features)
         size += cost
     flush(more=False)
     return out
@@ -155,7 +165,7 @@ async def _ask(nc: Client, timeout_s: float, partitions: set[int] | None = None)
     try:
         asked = b"" if partitions is None else msgspec.msgpack.encode(sorted(partitions))
         await nc.publish(SUBJECT, asked, reply=inbox)
-        seqs, last_seq, states, served, done = [], {}, {}, set(), set()
+        seqs, last_seq, states, learned, served, done = [], {}, {}, {}, set(), set()
         async with asyncio.timeout(timeout_s):
             while not expected or not expected <= done:
                 msg = await parts.get()
@@ -164,6 +174,7 @@ async def _ask(nc: Client, timeout_s: float, partitions: set[int] | None = None)
                 chunk = _decoder.decode(msg.data)
                 mine = {p for p in chunk.serving if held.get(p, chunk.node) == chunk.node}
                 states.update((k, v) for k, v in chunk.states.items() if partition(k) in mine)
+                learned.update((k, v) for k, v in chunk.features.items() if partition(k) in mine)
                 last_seq.update((k, v) for k, v in chunk.last_seq.items() if partition(k) in mine)
                 if not chunk.more:
                     seqs.append(chunk.seq)
@@ -171,6 +182,7 @@ async def _ask(nc: Client, timeout_s: float, partitions: set[int] | None = None)
                     done.add(chunk.node)
                     if not expected:  # no lease bucket: a single controller, whoever answers
                         break
-        return Running(seq=min(seqs), last_seq=last_seq, states=states, unserved=sorted(set(held) - served))
+        unserved = sorted(set(held) - served)
+        return Running(seq=min(seqs), last_seq=last_seq, states=states, unserved=unserved, features=learned)
     finally:
         await sub.unsubscribe()

@@ -1,7 +1,9 @@
 """Snapshots of older state versions, brought to the current one: an upgrade keeps every snapshot.
 
 A snapshot's body is decoded as plain data (maps, lists, strings, numbers), each step below turns
-version N's data into N+1's, and the result is converted to today's structs. A change to what
+version N's data into N+1's, and the result is converted to today's structs. Since version 11 a
+snapshot's features are a body of their own (scaler/controller/snapshots.py): a change to the features
+bumps `features.VERSION`, never `state.VERSION`, and needs no step here. A change to what
 `scaler/controller/core/state.py` stores or computes bumps `state.VERSION` and adds its step here;
 `tests/test_upgrade.py` pins the shape per version and loads a store written by every release.
 """
@@ -83,8 +85,29 @@ def _v9(snapshot: Data) -> Data:
     return snapshot
 
 
+def _v10(snapshot: Data) -> Data:
+    """Version 10 kept each function's features (`stats`) inside its state; version 11 keeps them beside the states,
+    by function, in a body of their own: the split. A function that had learned nothing yet has none."""
+    features = snapshot.setdefault("features", {})
+    for key, fn in snapshot.get("states", {}).items():
+        if (stats := fn.pop("stats", None)) is not None:
+            features[key] = stats
+    return snapshot
+
+
 # from version N to N+1
-STEPS: dict[int, Callable[[Data], Data]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
+STEPS: dict[int, Callable[[Data], Data]] = {
+    1: _v1,
+    2: _v2,
+    3: _v3,
+    4: _v4,
+    5: _v5,
+    6: _v6,
+    7: _v7,
+    8: _v8,
+    9: _v9,
+    10: _v10,
+}
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
 # (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the

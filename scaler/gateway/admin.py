@@ -23,7 +23,8 @@ import grpc
 import msgspec
 
 from scaler.controller.core.limits import TenantQuota, tenant_problem
-from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.totals import Totals
 from scaler.gateway import admin_key
 from scaler.proto.commands import Admin, Code, Configure, Create, Delete, DeleteState, Reply, Restart, Stop
 from scaler.proto.subjects import key_problem

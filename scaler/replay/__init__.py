@@ -28,6 +28,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from scaler.controller import rebuild, state_service
+from scaler.controller.core.features import NO_STATS, FnStats
 from scaler.controller.core.state import FnState
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
@@ -215,6 +216,8 @@ async def verify(nc: Client, key: str | None, out=sys.stdout) -> int:
     bad = 0
     for k in sorted(set(replayed.states) | set(theirs)):
         diffs = list(explain.differences(replayed.states.get(k), theirs.get(k)))
+        learned = replayed.ledger.features_of(k), running.features.get(k, NO_STATS)  # none kept: none learned
+        diffs += list(explain.differences(*learned, "features"))
         if diffs:
             bad += 1
             print(f"MISMATCH {explain.name(k)}:", file=out)
@@ -243,8 +246,8 @@ class Told:
                 self.fold.event(e)
             self.fold.step(d.at_ms, seq, explain.batch(seq, d))
 
-    def timeline(self, state: FnState | None) -> Timeline:
-        return self.fold.done(state.stats.gap_hist if state is not None else ())
+    def timeline(self, st: FnStats | None) -> Timeline:
+        return self.fold.done(st.gap_hist if st is not None else ())
 
 
 async def timeline(nc: Client, key: str, until_seq: int | None = None, until_ms: int | None = None) -> Timeline | None:
@@ -252,7 +255,7 @@ async def timeline(nc: Client, key: str, until_seq: int | None = None, until_ms:
     start = await origin(nc, key)
     told = Told(key, start)
     replayed = await replay(nc, key, until_seq, until_ms, seen=told, start=start)
-    return told.timeline(replayed.states[key]) if key in replayed.states else None
+    return told.timeline(replayed.ledger.features_of(key)) if key in replayed.states else None
 
 
 async def timelines(url: Nats, keys: list[str]) -> list[Timeline]:
@@ -279,7 +282,7 @@ async def show(
         if key not in replayed.states:
             print(f"no events for function {key!r}", file=out)
             return 1
-        t = told.timeline(replayed.states[key])
+        t = told.timeline(replayed.ledger.features_of(key))
         print(f"timeline of {key}{since}:", file=out)
         for step in t.steps:
             print(f"  {step.text}", file=out)
@@ -289,10 +292,13 @@ async def show(
             upto = f" up to seq {until_seq:,}" if until_seq is not None else upto
             from scaler.replay.page import replay_page  # plotly: only to draw
 
-            _write(html, replay_page(t, replayed.states[key], f"{key}: replayed{upto}", since))
+            page = replay_page(
+                t, replayed.states[key], replayed.ledger.features_of(key), f"{key}: replayed{upto}", since
+            )
+            _write(html, page)
             print(f"wrote {html}", file=out)
     for k in sorted(replayed.states):
-        for line in explain.state(replayed.states[k], replayed.ledger.last_seq[k]):
+        for line in explain.state(replayed.states[k], replayed.ledger.features_of(k), replayed.ledger.last_seq[k]):
             print(line, file=out)
     states, batches = plural(len(replayed.states), "function"), plural(replayed.batches, "batch", "batches")
     print(f"\n{states} from {batches}, {plural(replayed.events, 'event')}{since}", file=out)
@@ -327,7 +333,9 @@ def _only(snap: Snapshot | None, key: str) -> Snapshot | None:
     def pick(by_key: dict) -> dict:
         return {k: v for k, v in by_key.items() if k == key}
 
-    return msgspec.structs.replace(snap, states=pick(snap.states), last_seq=pick(snap.last_seq), wake=pick(snap.wake))
+    return msgspec.structs.replace(
+        snap, states=pick(snap.states), features=pick(snap.features), last_seq=pick(snap.last_seq), wake=pick(snap.wake)
+    )
 
 
 def _since(start: Origin | None) -> str:

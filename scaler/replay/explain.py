@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from scaler.controller.core.features import NO_STATS, FnStats
 from scaler.controller.core.state import FnState, Instance, Phase
 from scaler.proto.events import (
     Assigned,
@@ -168,10 +169,10 @@ def _instance(i: Instance) -> str:
             return f"{i.id:<14} {i.phase.value:<9} {slot}, since {clock(i.since_ms)}"
 
 
-def state(s: FnState, last_seq: int = 0) -> Iterator[str]:
+def state(s: FnState, st: FnStats = NO_STATS, last_seq: int = 0) -> Iterator[str]:
+    """The function's state in words, with its features' counters (`st`)."""
     meta = f"  {s.meta.memory_mb} MB {s.meta.runtime}".rstrip() if s.meta else ""
     yield f"{name(s.key)}{meta}" + (f"  (last batch seq {last_seq})" if last_seq else "")
-    st = s.stats
     counts = f"arrivals {st.arrivals}, cold starts {st.cold_starts}, pre-warms {st.prewarms}, failures {st.failures}"
     yield "  " + counts + (f", last arrival {clock(st.last_arrival_ms)}" if st.last_arrival_ms else "")
     for p in s.queue:

@@ -5,6 +5,7 @@ policy's reason on hover), the gaps between its requests against the keep-alives
 decision in words, as `scaler replay --key K` prints them.
 """
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.state import FnState
 from scaler.report.draw import Page, gaps_figure, lanes_figure, timeline_figure
 from scaler.report.timeline import Timeline
@@ -12,9 +13,8 @@ from scaler.report.timeline import Timeline
 LISTED = 5_000  # decisions listed in words; the newest, when there are more
 
 
-def replay_page(t: Timeline, s: FnState, title: str, since: str = "") -> str:
+def replay_page(t: Timeline, s: FnState, st: FnStats, title: str, since: str = "") -> str:
     p = Page(title)
-    st = s.stats
     p.scores(
         [
             ("arrivals", f"{st.arrivals:,}"),

@@ -296,7 +296,7 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
     if sim.folds is not None:
         recorded = Recorded(
             f"{dataset.name}: offline, policy {name}",
-            [fold.done(sim.ledger_of(key).state(key).stats.gap_hist) for key, fold in sim.folds.by_key.items()],
+            [fold.done(sim.ledger_of(key).features_of(key).gap_hist) for key, fold in sim.folds.by_key.items()],
             dataset.start_ms,
             sim.end_ms,
             policy=name,

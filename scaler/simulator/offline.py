@@ -21,7 +21,7 @@ from msgspec.structs import replace
 
 from scaler.controller.core.decide import Decision
 from scaler.controller.core.policy import Policy
-from scaler.controller.core.state import Totals
+from scaler.controller.core.totals import Totals
 from scaler.controller.ledger import Ledger, came_back
 from scaler.proto import commands as c
 from scaler.proto import events as e
@@ -153,7 +153,7 @@ class Simulation:
             cues += [cue for other in self.ledgers if other is not ledger for cue in other.hear(cmd.key, back)]
         for cue in cues:
             self.command(cue, now)
-        return Decision(d.events + planned.events, d.replies, planned.state, wake)
+        return Decision(d.events + planned.events, d.replies, planned.state, wake, planned.features)
 
     def _stored(self, batch: Batch | None) -> int | None:
         """The stream sequence a batch would get (None: nothing to store)."""

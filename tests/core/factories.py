@@ -1,9 +1,11 @@
 """Small builders for core tests: commands and events with sensible defaults."""
 
+from scaler.controller.core import folds
 from scaler.controller.core.decide import decide
+from scaler.controller.core.features import NO_STATS, FnStats
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.base import Capability, FixedKeepAlive
-from scaler.controller.core.state import FnState, replay
+from scaler.controller.core.state import FnState
 from scaler.proto import commands as c
 from scaler.proto import events as e
 
@@ -33,13 +35,14 @@ def ready(i: str = "fn-1", slot: str = "s1") -> c.SlotReady:
     return c.SlotReady(key=KEY, instance_id=i, slot_id=slot, create_ms=100, init_ms=50)
 
 
-def run(*cmds, at: int = 0, step: int = 10, policy=DEMO, s: FnState | None = None):
-    """Decide each command in turn, `step` ms apart; return the final state and every decision."""
+def run(*cmds, at: int = 0, step: int = 10, policy=DEMO, s: FnState | None = None, f: FnStats = NO_STATS):
+    """Decide each command in turn, `step` ms apart, from the state `s` and its features `f`; return the final state
+    and every decision (the last one's `features` are the final features)."""
     s = s or FnState(key=KEY)
     decisions = []
     for n, cmd in enumerate(cmds):
-        d = decide(s, cmd, at + n * step, policy)
-        assert replay(s, d.events) == d.state, "Decision.state must equal the replayed events"
+        d = decide(s, cmd, at + n * step, policy, features=f)
+        assert folds.replay(s, f, d.events) == (d.state, d.features), "Decision.state must equal the replayed events"
         decisions.append(d)
-        s = d.state
+        s, f = d.state, d.features
     return s, decisions

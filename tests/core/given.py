@@ -2,19 +2,21 @@
 
     given(assign("r1")).when(ready(), at=10).then(events=[...], replies=[...], wake_ms=...)
 
-`then` compares the whole `Decision` the core returned, its state included: the state expected is the one
-the expected events make of the state before (as `Decision.state` must be `replay(before, events)`). On a
-difference it says which part differs, one event or reply a line, as a diff.
+`then` compares the whole `Decision` the core returned, its state and features included: those expected are the
+ones the expected events make of the state and features before (as `Decision.state` must be `replay(before,
+events)`). On a difference it says which part differs, one event or reply a line, as a diff.
 """
 
 import difflib
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from scaler.controller.core import folds
 from scaler.controller.core.decide import Decision, decide
+from scaler.controller.core.features import NO_STATS, FnStats
 from scaler.controller.core.limits import NO_ROOM, Room
 from scaler.controller.core.policy import Policy
-from scaler.controller.core.state import FnState, replay
+from scaler.controller.core.state import FnState
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from tests.core.factories import DEMO, KEY
@@ -25,16 +27,22 @@ class Decided(NamedTuple):
 
     before: FnState
     decision: Decision
+    learned: FnStats = NO_STATS  # the function's features before
 
     @property
     def state(self) -> FnState:
         return self.decision.state
 
+    @property
+    def features(self) -> FnStats:
+        return self.decision.features
+
     def then(
         self, events: Sequence[e.Event] = (), replies: Sequence[c.Reply] = (), wake_ms: int | None = None
     ) -> Decision:
         """The decision is these events, replies and wake-up, and the state they make: returns it."""
-        expected = Decision(list(events), list(replies), replay(self.before, list(events)), wake_ms)
+        s, f = folds.replay(self.before, self.learned, list(events))
+        expected = Decision(list(events), list(replies), s, wake_ms, f)
         if self.decision != expected:
             raise AssertionError(_difference(expected, self.decision))
         return self.decision
@@ -46,9 +54,11 @@ class Given(NamedTuple):
     state: FnState
     policy: Policy
     room: Room
+    features: FnStats = NO_STATS
 
     def when(self, cmd: c.Command, at: int, policy: Policy | None = None) -> Decided:
-        return Decided(self.state, decide(self.state, cmd, at, policy or self.policy, room=self.room))
+        d = decide(self.state, cmd, at, policy or self.policy, room=self.room, features=self.features)
+        return Decided(self.state, d, self.features)
 
 
 def given(
@@ -57,15 +67,19 @@ def given(
     step: int = 10,
     policy: Policy = DEMO,
     room: Room = NO_ROOM,
-    s: FnState | None = None,
+    s: "FnState | Decision | Decided | Given | None" = None,
+    f: FnStats = NO_STATS,
 ) -> Given:
-    """The state after `history`, decided `step` ms apart from `at` (on `s`, or a new function's state)."""
+    """The state (and features) after `history`, decided `step` ms apart from `at` (on `s` and its features `f`, or
+    a new function's). `s` may be what an earlier `given`, `when` or `then` left: its state and features both."""
+    if s is not None and not isinstance(s, FnState):
+        s, f = s.state, s.features
     s = s or FnState(key=KEY)
     for n, cmd in enumerate(history):
-        d = decide(s, cmd, at + n * step, policy, room=room)
-        assert replay(s, d.events) == d.state, "Decision.state must equal the replayed events"
-        s = d.state
-    return Given(s, policy, room)
+        d = decide(s, cmd, at + n * step, policy, room=room, features=f)
+        assert folds.replay(s, f, d.events) == (d.state, d.features), "Decision.state must equal the replayed events"
+        s, f = d.state, d.features
+    return Given(s, policy, room, f)
 
 
 def _lines(d: Decision) -> list[str]:
@@ -81,6 +95,8 @@ def _lines(d: Decision) -> list[str]:
 def _difference(expected: Decision, got: Decision) -> str:
     diff = difflib.unified_diff(_lines(expected), _lines(got), "expected", "decided", lineterm="", n=20)
     said = "\n".join(diff)
-    if not said:  # the same events, replies and wake-up: the state is not what they make
+    if not said and expected.state != got.state:  # the same events, replies and wake-up: not the state they make
         said = f"the state is not the events replayed:\n  expected {expected.state!r}\n  decided  {got.state!r}"
+    elif not said:
+        said = f"the features are not the events folded:\n  expected {expected.features!r}\n  decided  {got.features!r}"
     return "the decision differs:\n" + said

@@ -6,7 +6,8 @@ from scaler.controller.core.decide import decide
 from scaler.controller.core.policy import POLICIES, UNSEEN, Capability, RunView, get_policy
 from scaler.controller.core.policy.base import FixedKeepAlive, KeepAlive, knobs, score_rate
 from scaler.controller.core.policy.learned import Learned, LearnedConfig
-from scaler.controller.core.state import FnState, Totals
+from scaler.controller.core.state import FnState
+from scaler.controller.core.totals import Totals
 from tests.core.factories import KEY, assign, idle, ready, run
 
 RUN = Totals(exec_ms=60_000, exec_gb_ms=30_000, ideal_gb_ms=90_000)  # a run whose exchange rate is known
@@ -45,17 +46,17 @@ class Spy(FixedKeepAlive):
         super().__init__()
         self.seen: list[RunView] = []
 
-    def plan_queue(self, s, uncovered, now, run=UNSEEN):
+    def plan_queue(self, s, f, uncovered, now, run=UNSEEN):
         self.seen.append(run)
-        return super().plan_queue(s, uncovered, now, run)
+        return super().plan_queue(s, f, uncovered, now, run)
 
-    def keep_alive(self, s, inst, now, run=UNSEEN) -> KeepAlive:
+    def keep_alive(self, s, f, inst, now, run=UNSEEN) -> KeepAlive:
         self.seen.append(run)
-        return super().keep_alive(s, inst, now, run)
+        return super().keep_alive(s, f, inst, now, run)
 
-    def prewarm(self, s, now, run=UNSEEN):
+    def prewarm(self, s, f, now, run=UNSEEN):
         self.seen.append(run)
-        return super().prewarm(s, now, run)
+        return super().prewarm(s, f, now, run)
 
 
 def test_one_decision_hands_every_policy_call_one_view_of_the_run():

@@ -161,11 +161,11 @@ def test_assigned_reply_goes_to_the_waiting_caller():
 
 
 def test_concurrent_assigns_never_share_an_instance():
-    s, _ = run(assign("r1"), assign("r2"), assign("r3"), ready("fn-2", "s2"), ready("fn-1", "s1"), ready("fn-3", "s3"))
+    s, ds = run(assign("r1"), assign("r2"), assign("r3"), ready("fn-2", "s2"), ready("fn-1", "s1"), ready("fn-3", "s3"))
     busy = s.in_phase(Phase.BUSY)
     assert sorted(i.request_id for i in busy) == ["r1", "r2", "r3"]
     assert len({i.id for i in busy}) == 3
-    assert s.stats.cold_starts == 3
+    assert ds[-1].features.cold_starts == 3
 
 
 def test_pooled_starts_the_first_ready_instance_serves_the_oldest_waiting_request():
@@ -202,7 +202,7 @@ def test_dedicated_starts_an_instance_freed_meanwhile_goes_idle_for_the_next_arr
         replies=[ok("to-idle-r1", "r1", "fn-1")],
         wake_ms=20 + 10 + START_MARGIN_MS,  # fn-2's start
     )
-    given(s=freed.state).when(assign("r3"), at=100).then(
+    given(s=freed).when(assign("r3"), at=100).then(
         events=[
             e.RequestArrived(at_ms=100, request_id="r3", reply_to="to-r3"),
             e.Assigned(at_ms=100, request_id="r3", instance_id="fn-1"),
@@ -210,7 +210,7 @@ def test_dedicated_starts_an_instance_freed_meanwhile_goes_idle_for_the_next_arr
         replies=[ok("to-r3", "r3", "fn-1")],
         wake_ms=20 + 10 + START_MARGIN_MS,
     )
-    given(assign("r3"), s=freed.state, at=100).when(ready("fn-2", "s2"), at=110).then(
+    given(assign("r3"), s=freed, at=100).when(ready("fn-2", "s2"), at=110).then(
         events=[
             e.InstanceReady(at_ms=110, instance_id="fn-2", slot_id="s2", create_ms=100, init_ms=50),
             e.Assigned(at_ms=110, request_id="r2", instance_id="fn-2"),
@@ -290,7 +290,7 @@ def test_idle_errors_are_clear():
         replies=[refused_("to-idle-r2", "r2", "instance 'fn-1' serves request 'r1', not request 'r2'")],
         wake_ms=starting,
     )
-    moved_on = given(idle("r1"), s=waiting.state, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
+    moved_on = given(idle("r1"), s=waiting, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
     moved_on.when(idle("r3", i="fn-1"), at=200).then(  # r3 never held fn-1
         replies=[refused_("to-idle-r3", "r3", "instance 'fn-1' serves request 'r2', not request 'r3'")],
         wake_ms=starting,
@@ -299,15 +299,13 @@ def test_idle_errors_are_clear():
 
 def test_an_idle_repeated_after_its_release_was_recorded_is_ok_whatever_became_of_the_instance():
     waiting = given(assign("r1"), ready(), assign("r2"), policy=POOLED)
-    moved_on = given(idle("r1"), s=waiting.state, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
+    moved_on = given(idle("r1"), s=waiting, policy=POOLED)  # r2 was waiting: fn-1 went straight to it
     starting = 20 + 10 + START_MARGIN_MS  # fn-2's start, for r2
     already = "instance fn-1 was already released by request {}"
     moved_on.when(idle("r1"), at=200).then(
         replies=[ok("to-idle-r1", "r1", message=already.format("r1"))], wake_ms=starting
     )
-    gone = given(
-        idle("r2", need_destroy=True), c.SlotDestroyed(key=KEY, instance_id="fn-1"), s=moved_on.state, policy=POOLED
-    )
+    gone = given(idle("r2", need_destroy=True), c.SlotDestroyed(key=KEY, instance_id="fn-1"), s=moved_on, policy=POOLED)
     for r in ("r1", "r2"):
         gone.when(idle(r), at=300).then(replies=[ok(f"to-idle-{r}", r, message=already.format(r))], wake_ms=starting)
     gone.when(idle("r9"), at=300).then(
@@ -372,7 +370,7 @@ def test_a_second_caller_of_a_served_request_holds_it_too_so_the_first_ones_canc
         wake_ms=10 + LEASE,
     )
     assert retried.state.instances["fn-1"].waiters == ("first", "second")
-    given(s=retried.state).when(c.Cancel(key=KEY, request_id="r1", reply_to="first"), at=30).then(wake_ms=10 + LEASE)
+    given(s=retried).when(c.Cancel(key=KEY, request_id="r1", reply_to="first"), at=30).then(wake_ms=10 + LEASE)
 
 
 def test_idle_retried_while_the_instance_is_still_idle_is_ok():
@@ -422,7 +420,7 @@ def test_a_failed_start_of_a_warm_function_leaves_its_request_to_an_instance_tha
         ],
         wake_ms=30 + 10 + START_MARGIN_MS,
     )
-    given(s=failed.state, policy=POOLED).when(idle("r1", "fn-2"), at=100).then(
+    given(s=failed, policy=POOLED).when(idle("r1", "fn-2"), at=100).then(
         events=[
             e.Released(at_ms=100, request_id="r1", instance_id="fn-2"),
             e.Assigned(at_ms=100, request_id="r2", instance_id="fn-2"),
@@ -461,7 +459,7 @@ def test_a_start_refused_by_an_open_circuit_holds_the_functions_starts_and_its_c
         f"and no instance freed up within {HELD_WAIT_MS} ms"
     )
     throttled = (
-        given(s=held.state)
+        given(s=held)
         .when(c.Tick(key=KEY, due_ms=0), at=1_000 + HELD_WAIT_MS)
         .then(
             events=[e.RequestFailed(at_ms=1_000 + HELD_WAIT_MS, request_id="r1", message=message)],
@@ -471,7 +469,7 @@ def test_a_start_refused_by_an_open_circuit_holds_the_functions_starts_and_its_c
     )
     waits = "the function's starts are held (the platform's circuit is open): waits for an instance to free up"
     during = (
-        given(s=throttled.state)
+        given(s=throttled)
         .when(assign("r2"), at=4_500)
         .then(
             events=[
@@ -481,7 +479,7 @@ def test_a_start_refused_by_an_open_circuit_holds_the_functions_starts_and_its_c
             wake_ms=6_010,  # the hold's end, before r2's wait is over (4,500 + HELD_WAIT_MS)
         )
     )
-    given(s=during.state).when(c.Tick(key=KEY, due_ms=0), at=6_010).then(  # the hold is over: r2 gets a start
+    given(s=during).when(c.Tick(key=KEY, due_ms=0), at=6_010).then(  # the hold is over: r2 gets a start
         events=[e.SlotWanted(at_ms=6_010, instance_id="fn-2", meta=META, for_request="r2", reason=COLD)],
         wake_ms=6_010 + UNKNOWN_START_MS + START_MARGIN_MS,
     )
@@ -502,7 +500,7 @@ def test_while_starts_are_held_a_warm_functions_request_waits_for_an_instance_to
         wake_ms=20 + HELD_WAIT_MS,  # r1 waits for fn-1
     )
     freed = (
-        given(s=failed.state, policy=policy)
+        given(s=failed, policy=policy)
         .when(idle("r0"), at=500)
         .then(
             events=[
@@ -515,7 +513,7 @@ def test_while_starts_are_held_a_warm_functions_request_waits_for_an_instance_to
     )
     waiting = "the function's starts are held (the platform's circuit is open): waits for an instance to free up"
     waits = (
-        given(s=freed.state, policy=policy)
+        given(s=freed, policy=policy)
         .when(assign("r2"), at=1_000)
         .then(
             events=[
@@ -525,7 +523,7 @@ def test_while_starts_are_held_a_warm_functions_request_waits_for_an_instance_to
             wake_ms=1_000 + HELD_WAIT_MS,
         )
     )
-    then = given(s=waits.state, policy=policy)
+    then = given(s=waits, policy=policy)
     then.when(c.Tick(key=KEY, due_ms=0), at=1_000 + HELD_WAIT_MS - 1).then(wake_ms=1_000 + HELD_WAIT_MS)
     message = (
         f"throttled: no start of the function for 7030 ms more, the platform's circuit open ({why}), "
@@ -558,7 +556,7 @@ def test_a_created_slot_is_recorded_before_init_and_a_repeat_changes_nothing():
         wake_ms=starting,
     )
     assert first.state.instances["fn-1"].phase is Phase.CREATING and first.state.instances["fn-1"].slot_id == "s1"
-    given(s=first.state).when(created(), at=20).then(replies=[ok("to-created-fn-1", "fn-1", "fn-1")], wake_ms=starting)
+    given(s=first).when(created(), at=20).then(replies=[ok("to-created-fn-1", "fn-1", "fn-1")], wake_ms=starting)
 
 
 def test_a_slot_created_for_an_instance_no_longer_wanted_is_destroyed_and_init_is_refused():
@@ -672,7 +670,7 @@ def test_a_request_served_anew_after_a_cancel_is_found_on_its_new_instance_not_o
         )
     )
     assert served_anew.state.instances["fn-1"].request_id == "r1"
-    again = given(s=served_anew.state)
+    again = given(s=served_anew)
     again.when(assign("r1", to="inbox.3"), at=100).then(
         events=[e.RequestRetried(at_ms=100, request_id="r1", reply_to="inbox.3")],
         replies=[ok("inbox.3", "r1", "fn-2")],
@@ -702,7 +700,7 @@ def test_assign_retried_after_assignment_gets_the_same_instance():
         replies=[ok("inbox.again", "r1", "fn-1")],
         wake_ms=10 + LEASE,
     )
-    given(s=again.state).when(assign("r1", to="inbox.again"), at=110).then(  # the same caller again: no event
+    given(s=again).when(assign("r1", to="inbox.again"), at=110).then(  # the same caller again: no event
         replies=[ok("inbox.again", "r1", "fn-1")], wake_ms=10 + LEASE
     )
 
@@ -794,7 +792,7 @@ def test_an_instance_held_past_the_function_timeout_is_freed_and_retired():
         e.InstanceRetired(at_ms=10 + lease, instance_id="fn-1", slot_id="s1", reason=why),
     ]
     assert late.state.instances["fn-1"].phase is Phase.RETIRING
-    given(s=late.state).when(idle("r1"), at=10 + lease + 5).then(  # the lost caller comes back after all
+    given(s=late).when(idle("r1"), at=10 + lease + 5).then(  # the lost caller comes back after all
         replies=[ok("to-idle-r1", "r1", message="instance fn-1 was already released by request r1")]
     )
 
@@ -817,7 +815,7 @@ def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_
     """Issue 41, item 1: after a lost tail, an instance stayed *creating* forever and covered its waiting request,
     so nothing started for it. A start not reported within the function's last start plus the margin is lost."""
     served = given(assign("r1"), ready(), idle("r1"), assign("r2"))  # fn-1 serves r2
-    bound = served.state.stats.start_ms + START_MARGIN_MS  # r1's start took 10 ms
+    bound = served.features.start_ms + START_MARGIN_MS  # r1's start took 10 ms
     started = served.when(assign("r3"), at=40).then(
         events=[
             e.RequestArrived(at_ms=40, request_id="r3", reply_to="to-r3"),
@@ -825,7 +823,7 @@ def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_
         ],
         wake_ms=40 + bound,  # r3's start is looked at again then
     )
-    waiting = given(s=started.state)
+    waiting = given(s=started)
     # not yet: it may still come
     waiting.when(c.Tick(key=KEY, due_ms=40 + bound - 1), at=40 + bound - 1).then(wake_ms=40 + bound)
     lost = "not ready within 30.01s (its function's last start and a margin): a lost start"
@@ -838,7 +836,7 @@ def test_a_start_never_reported_is_retired_at_its_bound_and_its_request_started_
     )
     # Should its report come after all, its slot is destroyed, never taken into service.
     why = "ready for an instance no longer wanted"
-    given(s=retried.state).when(ready("fn-2", "s9"), at=50 + bound).then(
+    given(s=retried).when(ready("fn-2", "s9"), at=50 + bound).then(
         events=[e.InstanceRetired(at_ms=50 + bound, instance_id="fn-2@s9", slot_id="s9", reason=why)],
         wake_ms=40 + bound + bound,  # fn-3 still starts for r3
     )
@@ -868,7 +866,7 @@ def test_an_idle_instance_outliving_its_keep_alive_is_kept_while_its_functions_s
     kept = held.when(c.Tick(key=KEY, due_ms=keep), at=keep).then(
         events=[e.KeptAlive(at_ms=keep, instance_id="fn-1", until_ms=held_until, why=why)], wake_ms=held_until
     )
-    given(s=kept.state).when(c.Tick(key=KEY, due_ms=held_until), at=held_until).then(
+    given(s=kept).when(c.Tick(key=KEY, due_ms=held_until), at=held_until).then(
         events=[
             e.InstanceRetired(
                 at_ms=held_until, instance_id="fn-1", slot_id="s1", reason="keep-alive expired after 599.98s idle"

@@ -1,14 +1,16 @@
 """Our policy's behaviours that matter, pinned on the pure core."""
 
-import msgspec
+from typing import NamedTuple
+
 from msgspec.structs import replace
 
 from scaler.controller.core.decide import START_MARGIN_MS, decide
-from scaler.controller.core.features import GAP_BINS, gap_bin
+from scaler.controller.core.features import GAP_BINS, NO_STATS, FnStats, gap_bin
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.base import score_rate as exchange_rate
 from scaler.controller.core.policy.learned import Learned, LearnedConfig
-from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.totals import Totals
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from tests.core.given import given
@@ -17,17 +19,34 @@ LEARNED = get_policy("learned")
 COLD = "cold start: no idle instance"
 
 
+class Fn(NamedTuple):
+    """A function as a policy is given it: its state and its features (`*fn` in a policy's call)."""
+
+    state: FnState
+    features: FnStats
+
+    def with_stats(self, **changed) -> "Fn":
+        return self._replace(features=replace(self.features, **changed))
+
+    def with_state(self, **changed) -> "Fn":
+        return self._replace(state=replace(self.state, **changed))
+
+
+def decide_on(fn: Fn, cmd: c.AnyCommand, now: int, policy: Learned = LEARNED):
+    return decide(fn.state, cmd, now, policy, features=fn.features)
+
+
 def keep_after_one_call(memory_mb: int, policy: Learned = LEARNED) -> int:
     """How long the policy keeps an instance after a function's first (and only) call."""
     meta = e.Meta(memory_mb=memory_mb)
-    s = FnState(key="fn")
+    s, f = FnState(key="fn"), NO_STATS
     for cmd, now in [
         (c.Assign(key="fn", request_id="r1", meta=meta), 0),
         (c.SlotReady(key="fn", instance_id="fn-1", slot_id="s1"), 150),
         (c.Idle(key="fn", request_id="r1", instance_id="fn-1"), 200),
     ]:
-        d = decide(s, cmd, now, policy)
-        s = d.state
+        d = decide(s, cmd, now, policy, features=f)
+        s, f = d.state, d.features
     (kept,) = [ev for ev in d.events if isinstance(ev, e.KeptAlive)]
     return kept.until_ms - 200
 
@@ -41,12 +60,12 @@ def test_a_large_function_is_kept_for_less_time_than_a_small_one():
     assert keep_after_one_call(4096) < keep_after_one_call(256)
 
 
-def busy_function(run_ms: int, start_ms: int) -> FnState:
+def busy_function(run_ms: int, start_ms: int) -> Fn:
     """One instance busy since t=1000, with a history of `run_ms` runs and `start_ms` starts."""
     runs = (run_ms,) * 10
-    stats = replace(FnState(key="fn").stats, runs=runs, start_ms=start_ms, gaps=(run_ms * 3,) * 10, arrivals=10)
+    stats = replace(NO_STATS, runs=runs, start_ms=start_ms, gaps=(run_ms * 3,) * 10, arrivals=10)
     busy = {"fn-1": _instance("fn-1", Phase.BUSY, since=1_000)}
-    return FnState(key="fn", meta=e.Meta(memory_mb=1024), instances=busy, stats=stats, started=1)
+    return Fn(FnState(key="fn", meta=e.Meta(memory_mb=1024), instances=busy, started=1), stats)
 
 
 def _instance(id: str, phase: Phase, since: int):
@@ -86,9 +105,9 @@ def test_a_request_gets_a_new_instance_when_the_busy_one_runs_long():
 
 def test_spares_are_kept_for_instances_that_die_with_their_request():
     s = busy_function(run_ms=15, start_ms=3_000)
-    healthy = LEARNED.pool_target(s, 1_010)
-    dying = replace(s, stats=replace(s.stats, deaths=5, arrivals=100))  # 5% of requests kill their instance
-    assert LEARNED.pool_target(dying, 1_010) > healthy
+    healthy = LEARNED.pool_target(*s, 1_010)
+    dying = s.with_stats(deaths=5, arrivals=100)  # 5% of requests kill their instance
+    assert LEARNED.pool_target(*dying, 1_010) > healthy
 
 
 def test_exchange_rate_values_waiting_more_when_executions_are_tiny():
@@ -99,14 +118,14 @@ def test_exchange_rate_values_waiting_more_when_executions_are_tiny():
     assert exchange_rate(Totals(exec_ms=500, exec_gb_ms=500)) is None  # too little history yet
 
 
-def periodic(period_ms: int, start_ms: int, calls: int = 20) -> FnState:
+def periodic(period_ms: int, start_ms: int, calls: int = 20) -> Fn:
     """A function called every `period_ms` for a while, each call 50 ms, its instances taking `start_ms`; its
     last call at t=0 and nothing live."""
     gaps = (period_ms,) * calls
     hist = [0.0] * GAP_BINS
     hist[gap_bin(period_ms)] = float(calls)
     stats = replace(
-        FnState(key="fn").stats,
+        NO_STATS,
         arrivals=calls + 1,
         gaps=gaps,
         lulls=gaps,
@@ -115,7 +134,7 @@ def periodic(period_ms: int, start_ms: int, calls: int = 20) -> FnState:
         start_ms=start_ms,
         last_arrival_ms=0,
     )
-    return FnState(key="fn", meta=e.Meta(memory_mb=1024), stats=stats, started=calls)
+    return Fn(FnState(key="fn", meta=e.Meta(memory_mb=1024), started=calls), stats)
 
 
 def creating(id: str, wanted_ms: int, for_request: str = ""):
@@ -129,14 +148,14 @@ def creating(id: str, wanted_ms: int, for_request: str = ""):
 def test_only_an_instance_started_for_a_predicted_arrival_is_held_for_it():
     period, start = 30_000, 2_000
     s = periodic(period, start)
-    plan = LEARNED.prewarm(s, 1_000)
+    plan = LEARNED.prewarm(*s, 1_000)
     assert plan.count == 0 and plan.next_ms is not None and period - 2 * start < plan.next_ms <= period - start
     ahead = creating("fn-21", plan.next_ms)  # the pre-warm the plan asked for
     spare = creating("fn-22", plan.next_ms, for_request="r7")  # started for r7, which another instance served
-    s = msgspec.structs.replace(s, instances={"fn-21": ahead, "fn-22": spare})
+    s = s.with_state(instances={"fn-21": ahead, "fn-22": spare})
     ready = plan.next_ms + start
     for inst, held in (("fn-21", True), ("fn-22", False)):
-        d = decide(s, c.SlotReady(key="fn", instance_id=inst, slot_id=f"s-{inst}"), ready, LEARNED)
+        d = decide_on(s, c.SlotReady(key="fn", instance_id=inst, slot_id=f"s-{inst}"), ready)
         (kept,) = [ev for ev in d.events if isinstance(ev, e.KeptAlive)]
         assert (kept.why == "pre-warmed: held through the predicted arrival") is held, kept
         if held:
@@ -165,21 +184,21 @@ def own_points(gaps: tuple[int, ...], hist: tuple[float, ...]) -> list[tuple[flo
     return points.pairs() if points is not None else []
 
 
-def sessions(period_ms: int, calls: int, lull_ms: int, lulls: int, start_ms: int, memory_mb: int = 256) -> FnState:
+def sessions(period_ms: int, calls: int, lull_ms: int, lulls: int, start_ms: int, memory_mb: int = 256) -> Fn:
     """A function called in sessions (`calls` gaps of `period_ms`, runs as long) after `lulls` lulls of
     `lull_ms`; its last call at t=0 and nothing live."""
     gaps = (period_ms,) * calls + (lull_ms,) * lulls
     s = history(gaps, runs=(period_ms,) * calls, start_ms=start_ms, memory_mb=memory_mb)
-    return replace(s, stats=replace(s.stats, lulls=(lull_ms,) * lulls), started=lulls + 1)
+    return s.with_stats(lulls=(lull_ms,) * lulls).with_state(started=lulls + 1)
 
 
-def history(gaps: tuple[int, ...], runs: tuple[int, ...], start_ms: int, memory_mb: int) -> FnState:
+def history(gaps: tuple[int, ...], runs: tuple[int, ...], start_ms: int, memory_mb: int) -> Fn:
     """A function with these recent gaps (all of its gap histogram) and runs; its last call at t=0."""
     hist = [0.0] * GAP_BINS
     for gap in gaps:
         hist[gap_bin(gap)] += 1
     stats = replace(
-        FnState(key="fn").stats,
+        NO_STATS,
         arrivals=len(gaps) + 1,
         gaps=gaps,
         gap_hist=tuple(hist),
@@ -187,11 +206,11 @@ def history(gaps: tuple[int, ...], runs: tuple[int, ...], start_ms: int, memory_
         start_ms=start_ms,
         last_arrival_ms=0,
     )
-    return FnState(key="fn", meta=e.Meta(memory_mb=memory_mb), stats=stats)
+    return Fn(FnState(key="fn", meta=e.Meta(memory_mb=memory_mb)), stats)
 
 
-def starts_on_arrival(s: FnState, now: int) -> list[e.SlotWanted]:
-    d = decide(s, c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=256)), now, LEARNED)
+def starts_on_arrival(s: Fn, now: int) -> list[e.SlotWanted]:
+    d = decide_on(s, c.Assign(key="fn", request_id="r1", meta=e.Meta(memory_mb=256)), now)
     return [ev for ev in d.events if isinstance(ev, e.SlotWanted)]
 
 
@@ -233,10 +252,10 @@ def test_a_pre_warm_allows_for_a_next_gap_shorter_than_any_seen_as_far_as_the_ga
     # is the shortest yet one time in five, and it would miss a 3.7 s start; a clock's next is not earlier.
     policy = Learned(LearnedConfig(wait_gb=88.0))
     varied = sessions(period_ms=51_000, calls=1, lull_ms=55_000, lulls=2, start_ms=3_742, memory_mb=2048)
-    varied = replace(varied, stats=replace(varied.stats, gaps=(51_000, 55_000, 56_000, 145_000)))
-    assert policy.prewarm(varied, 4_300).next_ms < 51_000 - 2 * 3_742 - 10_000
+    varied = varied.with_stats(gaps=(51_000, 55_000, 56_000, 145_000))
+    assert policy.prewarm(*varied, 4_300).next_ms < 51_000 - 2 * 3_742 - 10_000
     clock = sessions(period_ms=60_000, calls=4, lull_ms=60_000, lulls=0, start_ms=3_742, memory_mb=2048)
-    assert policy.prewarm(clock, 4_300).next_ms > 60_000 - 2 * 3_742
+    assert policy.prewarm(*clock, 4_300).next_ms > 60_000 - 2 * 3_742
 
 
 def test_an_instance_retired_at_once_says_why():
@@ -244,7 +263,7 @@ def test_an_instance_retired_at_once_says_why():
     # the KeptAlive event says so (it said "no reason to keep it").
     s = periodic(30_000, 2_000)
     idle = replace(_instance("fn-20", Phase.IDLE, since=100), request_id="")
-    kept = LEARNED.keep_alive(s, idle, 100)
+    kept = LEARNED.keep_alive(*s, idle, 100)
     assert kept.until_ms == 100 and kept.why == "cheaper to start again just before the next arrival"
 
 
@@ -262,9 +281,9 @@ def test_a_burst_served_by_one_ready_instance_queues_a_run_at_a_time_not_a_start
     gaps = (26, 75, 40, 60, 900, 26, 75, 40, 60, 950, 26, 75, 40, 60, 400, 26, 75, 40, 60, 620) * 3
     s = history(gaps, runs=(25, 30, 35, 45) * 8, start_ms=156, memory_mb=256)
     idle = {f"fn-{i}": replace(_instance(f"fn-{i}", Phase.IDLE, since=30), request_id="") for i in (1, 2)}
-    s = replace(s, instances=idle, started=2)
-    assert LEARNED.outlook(s).need == 2
-    lull = LEARNED.lull(s, 313)
+    s = s.with_state(instances=idle, started=2)
+    assert LEARNED.outlook(*s).need == 2
+    lull = LEARNED.lull(*s, 313)
     until, count = lull.until_ms, lull.count  # past two starts: the group is over
     assert until > 313 and count == 1
 
@@ -277,20 +296,20 @@ def test_a_poisson_functions_next_call_may_come_sooner_than_the_shortest_recent_
     policy = Learned(LearnedConfig(wait_gb=88.0))
     gaps = (55_153, 55_997, 200_073, 50_772, 21_782, 34_358, 18_499, 29_913, 66_807, 18_486)
     s = history(gaps, runs=(50,) * 10, start_ms=3_742, memory_mb=2048)
-    s = replace(s, stats=replace(s.stats, lulls=gaps))
+    s = s.with_stats(lulls=gaps)
     idle = replace(_instance("fn-1", Phase.IDLE, since=50), request_id="")
-    kept = policy.keep_alive(s, idle, 50)
+    kept = policy.keep_alive(*s, idle, 50)
     assert kept.why == "keep through the burst, then look again"
-    assert policy.keep_alive(s, idle, kept.until_ms).until_ms > 18_000  # looked at again: still kept
+    assert policy.keep_alive(*s, idle, kept.until_ms).until_ms > 18_000  # looked at again: still kept
     # A clock's calls do not vary so: its instance is still retired between ticks.
-    assert policy.keep_alive(periodic(30_000, 2_000), idle, 50).until_ms == 50
+    assert policy.keep_alive(*periodic(30_000, 2_000), idle, 50).until_ms == 50
     # Calls that came at once (ten gaps of 0 ms) after lulls of a minute: no gap is shorter than theirs
     # (taken for an exponential's of mean 0, they divided by it).
     at_once = history((0,) * 10, runs=(50,) * 10, start_ms=150, memory_mb=256)
-    hist = list(at_once.stats.gap_hist)
+    hist = list(at_once.features.gap_hist)
     hist[gap_bin(60_000)] += 3
-    at_once = replace(at_once, stats=replace(at_once.stats, gap_hist=tuple(hist)))
-    assert policy.keep_alive(at_once, idle, 50).why
+    at_once = at_once.with_stats(gap_hist=tuple(hist))
+    assert policy.keep_alive(*at_once, idle, 50).why
 
 
 def test_a_call_besides_a_timers_ticks_does_not_move_where_its_next_tick_is_expected():
@@ -299,11 +318,11 @@ def test_a_call_besides_a_timers_ticks_does_not_move_where_its_next_tick_is_expe
     start = 150
     ticks = (30_000, 29_998, 30_003, 29_999, 30_001) * 4
     s = history((*ticks, 3_884), runs=(50,) * 21, start_ms=start, memory_mb=512)
-    plan = LEARNED.prewarm(s, 1_000)
+    plan = LEARNED.prewarm(*s, 1_000)
     assert plan.next_ms is not None and 26_116 - 2 * start < plan.next_ms <= 26_116 - start
     # The tick after that call is back on the beat; so is a tick 10 ms late, no call besides the ticks.
     for gaps in ((*ticks, 3_884, 26_116), (*ticks, 30_010)):
-        plan = LEARNED.prewarm(history(gaps, runs=(50,) * len(gaps), start_ms=start, memory_mb=512), 1_000)
+        plan = LEARNED.prewarm(*history(gaps, runs=(50,) * len(gaps), start_ms=start, memory_mb=512), 1_000)
         assert plan.next_ms is not None and 30_000 - 2 * start < plan.next_ms <= 30_000 - start
 
 
@@ -316,7 +335,7 @@ def test_only_a_clock_called_off_its_beat_has_a_beat_to_count_from():
     assert since_beat((30_000,) * 5 + (3_884,)) == 0  # too few gaps to tell
 
 
-def in_groups(trailing: tuple[int, ...]) -> FnState:
+def in_groups(trailing: tuple[int, ...]) -> Fn:
     """Groups of five calls 25-70 ms apart, each followed by a pause of 930-990 ms (dataSet_1's roles1: a
     client that makes five calls, then sleeps a second), runs of 30 ms, starts of 156 ms; the last call
     after `trailing` gaps of the current group, at t=0, with one idle instance that served it."""
@@ -324,7 +343,7 @@ def in_groups(trailing: tuple[int, ...]) -> FnState:
     gaps = (*(g for p in pauses for g in (*group, p)), *trailing)[-64:]
     s = history(gaps, runs=(30,) * 32, start_ms=156, memory_mb=256)
     idle = {"fn-1": replace(_instance("fn-1", Phase.IDLE, since=30), request_id="")}
-    return replace(s, instances=idle, started=1)
+    return s.with_state(instances=idle, started=1)
 
 
 def test_a_function_called_in_groups_is_retired_after_a_group_to_start_again_before_the_next():
@@ -332,13 +351,13 @@ def test_a_function_called_in_groups_is_retired_after_a_group_to_start_again_bef
     # be ready before the pause's end. (Taken as a whole, the gaps say the next may come after any call, 30
     # ms or a second later, which keeps the instance through every pause.)
     after_group = in_groups(trailing=(50, 25, 50, 70))
-    kept = LEARNED.keep_alive(after_group, after_group.instances["fn-1"], 30)
+    kept = LEARNED.keep_alive(*after_group, after_group.state.instances["fn-1"], 30)
     assert kept.until_ms == 30 and kept.why == "cheaper to start again just before the next arrival"
-    plan = LEARNED.prewarm(replace(after_group, instances={}), 30)
+    plan = LEARNED.prewarm(*after_group.with_state(instances={}), 30)
     assert plan.next_ms is not None and 930 - 2 * 156 < plan.next_ms <= 930 - 156
     # After its third call the next comes in tens of ms: the instance is kept.
     mid_group = in_groups(trailing=(50, 25))
-    assert LEARNED.keep_alive(mid_group, mid_group.instances["fn-1"], 30).until_ms > 30
+    assert LEARNED.keep_alive(*mid_group, mid_group.state.instances["fn-1"], 30).until_ms > 30
 
 
 def test_only_a_group_whose_pauses_are_alike_has_a_pause_to_expect():
@@ -363,10 +382,10 @@ def test_a_leaders_return_stamped_in_the_future_spreads_its_lags_without_failing
 
     s = history((5_000,) * 10, runs=(50,) * 10, start_ms=-400, memory_mb=512)
     lead = Leader(key="leader", lags=(-300, -250, -200), trials=20, hits=20)
-    s = replace(s, stats=replace(s.stats, leaders=(lead,), cues=(("leader", 100),)))
+    s = s.with_stats(leaders=(lead,), cues=(("leader", 100),))
     idle = {"fn-1": replace(_instance("fn-1", Phase.IDLE, since=30), request_id="")}
-    s = replace(s, instances=idle, started=1)
-    nxt = LEARNED.next_arrival(s, 200)
+    s = s.with_state(instances=idle, started=1)
+    nxt = LEARNED.next_arrival(*s, 200)
     assert nxt.timed and nxt.points.total > 0
-    lull = LEARNED.lull(s, 200)
+    lull = LEARNED.lull(*s, 200)
     assert lull.until_ms >= 200 and lull.count >= 0 and lull.why

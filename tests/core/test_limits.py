@@ -5,10 +5,12 @@ from hypothesis import given as generated
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from scaler.controller.core import folds
 from scaler.controller.core.decide import START_MARGIN_MS, decide
-from scaler.controller.core.features import UNKNOWN_START_MS
+from scaler.controller.core.features import NO_STATS, UNKNOWN_START_MS, FnStats
 from scaler.controller.core.limits import FunctionLimits, Limits, Room
-from scaler.controller.core.state import FnState, Phase, Totals, replay
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.totals import Totals
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from tests.core.factories import DEMO, KEY, META, assign, idle, ready
@@ -22,14 +24,14 @@ def room(**caps) -> Room:
     return Room(limits=FunctionLimits(**caps), throttle_after_ms=THROTTLE_MS)
 
 
-def run(cmds, r: Room, s: FnState | None = None, at: int = 0, step: int = 10):
+def run(cmds, r: Room, s: FnState | None = None, at: int = 0, step: int = 10, f: FnStats = NO_STATS):
     s = s or FnState(key=KEY)
     decisions = []
     for n, cmd in enumerate(cmds):
-        d = decide(s, cmd, at + n * step, DEMO, room=r)
-        assert replay(s, d.events) == d.state
+        d = decide(s, cmd, at + n * step, DEMO, room=r, features=f)
+        assert folds.replay(s, f, d.events) == (d.state, d.features)
         decisions.append(d)
-        s = d.state
+        s, f = d.state, d.features
     return s, decisions
 
 
@@ -46,7 +48,7 @@ def test_past_the_instance_cap_a_request_waits_then_is_throttled():
         wake_ms=20 + THROTTLE_MS,
     )
     message = f"throttled: {why} and no instance freed up within {THROTTLE_MS} ms"
-    given(s=third.state, room=r).when(c.Tick(key=KEY, due_ms=third.wake_ms), at=third.wake_ms).then(
+    given(s=third, room=r).when(c.Tick(key=KEY, due_ms=third.wake_ms), at=third.wake_ms).then(
         events=[e.RequestFailed(at_ms=third.wake_ms, request_id="r3", message=message)],
         replies=[c.Reply(to="to-r3", request_id="r3", code=c.Code.THROTTLED, message=message)],
         wake_ms=0 + UNKNOWN_START_MS + START_MARGIN_MS,  # the starts of r1 and r2, looked at again
@@ -124,20 +126,21 @@ def test_no_sequence_of_commands_starts_past_the_cap(kinds, cap):
 
 def test_an_idle_function_rests_then_is_forgotten_and_its_next_call_starts_afresh():
     r = Room(rest_after_ms=60_000, forget_after_ms=600_000)
-    s, _ = run([assign("r1"), ready("fn-1", "s1"), idle("r1", need_destroy=True)], r)
-    s, _ = run([c.SlotDestroyed(key=KEY, instance_id="fn-1", slot_id="s1")], r, s=s, at=100)
+    s, ds = run([assign("r1"), ready("fn-1", "s1"), idle("r1", need_destroy=True)], r)
+    s, ds = run([c.SlotDestroyed(key=KEY, instance_id="fn-1", slot_id="s1")], r, s=s, at=100, f=ds[-1].features)
     released = s.release_of("r1")
     assert not s.instances and released.instance_id == "fn-1"
-    idle_since = s.stats.last_end_ms
-    rest = decide(s, c.Tick(key=KEY, due_ms=idle_since + 60_000), idle_since + 60_000, DEMO, room=r)
+    f = ds[-1].features
+    idle_since = f.last_end_ms
+    rest = decide(s, c.Tick(key=KEY, due_ms=idle_since + 60_000), idle_since + 60_000, DEMO, room=r, features=f)
     assert rest.events == [e.FunctionRested(at_ms=idle_since + 60_000)]
     # A retry of r1 may still come (its lease window: 60 s timeout + 30 s grace): a rest keeps it.
     assert rest.state.finished == ({"r1": released},) and rest.state.rested and rest.wake_ms == idle_since + 600_000
-    gone = decide(rest.state, c.Tick(key=KEY, due_ms=rest.wake_ms), rest.wake_ms, DEMO, room=r)
+    gone = decide(rest.state, c.Tick(key=KEY, due_ms=rest.wake_ms), rest.wake_ms, DEMO, room=r, features=rest.features)
     assert gone.events == [e.FunctionForgotten(at_ms=idle_since + 600_000)]
-    assert gone.state == FnState(key=KEY) and gone.wake_ms is None
+    assert gone.state == FnState(key=KEY) and gone.features == NO_STATS and gone.wake_ms is None
     back = idle_since + 700_000
-    came_back = given(s=gone.state, room=r).when(assign("r2"), at=back)
+    came_back = given(s=gone, f=gone.features, room=r).when(assign("r2"), at=back)
     came_back.then(
         events=[
             e.FunctionSeen(at_ms=back, meta=META),
@@ -148,7 +151,7 @@ def test_an_idle_function_rests_then_is_forgotten_and_its_next_call_starts_afres
         ],
         wake_ms=back + UNKNOWN_START_MS + START_MARGIN_MS,  # what was learned of its starts went with it
     )
-    assert came_back.state.stats.arrivals == 1, "what was learned went with it"
+    assert came_back.features.arrivals == 1, "what was learned went with it"
 
 
 def test_a_function_with_an_instance_kept_neither_rests_nor_is_forgotten():

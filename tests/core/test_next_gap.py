@@ -12,7 +12,8 @@ from bisect import bisect_left
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaler.controller.core.features import GAP_BINS, UNKNOWN_START_MS, gap_bin
+from scaler.controller.core import folds
+from scaler.controller.core.features import GAP_BINS, NO_STATS, UNKNOWN_START_MS, FnStats, gap_bin
 from scaler.controller.core.next_gap import LOWER, MIDDLE, UPPER, build, spread
 from scaler.controller.core.policy.forecast import (
     NEVER,
@@ -23,7 +24,7 @@ from scaler.controller.core.policy.forecast import (
     served_within,
     share_by,
 )
-from scaler.controller.core.state import FnState, apply
+from scaler.controller.core.state import FnState
 from scaler.proto import events as e
 
 META = e.Meta(memory_mb=512)
@@ -37,43 +38,42 @@ gap = st.one_of(
 step = st.one_of(st.tuples(st.just("call"), gap), st.tuples(st.just("start"), st.integers(20, 6_000)))
 
 
-def burst(s: FnState) -> int:
-    return 2 * (s.stats.start_ms or UNKNOWN_START_MS)
+def burst(f: FnStats) -> int:
+    return 2 * (f.start_ms or UNKNOWN_START_MS)
 
 
 @settings(max_examples=25, deadline=None)
 @given(st.lists(step, min_size=1, max_size=110))
 def test_kept_as_the_gaps_come_it_is_what_the_stats_build(steps):
-    s, t = FnState(key="fn"), 0
+    s, t = (FnState(key="fn"), NO_STATS), 0
     for n, (kind, ms) in enumerate(steps):
         if kind == "call":
             t += ms
-            s = apply(s, e.RequestArrived(at_ms=t, request_id=f"r{n}"))
+            s = folds.apply(s, e.RequestArrived(at_ms=t, request_id=f"r{n}"))
         else:  # an instance that took `ms` to start: a new start, and what counts as a lull with it
-            s = apply(s, e.SlotWanted(at_ms=t, instance_id=f"i{n}", meta=META))
+            s = folds.apply(s, e.SlotWanted(at_ms=t, instance_id=f"i{n}", meta=META))
             t += ms
-            s = apply(s, e.InstanceReady(at_ms=t, instance_id=f"i{n}", slot_id=f"s{n}"))
-        st_ = s.stats
-        assert st_.next_gap == build(st_.gaps, st_.lulls, st_.gap_hist, burst(s))
+            s = folds.apply(s, e.InstanceReady(at_ms=t, instance_id=f"i{n}", slot_id=f"s{n}"))
+        st_ = s[1]
+        assert st_.next_gap == build(st_.gaps, st_.lulls, st_.gap_hist, burst(st_))
 
 
-def history(gaps: list[int], start_ms: int) -> FnState:
-    s, t = FnState(key="fn"), 0
-    s = apply(s, e.SlotWanted(at_ms=t, instance_id="i", meta=META))
-    s = apply(s, e.InstanceReady(at_ms=start_ms, instance_id="i", slot_id="s"))
+def history(gaps: list[int], start_ms: int) -> FnStats:
+    s, t = (FnState(key="fn"), NO_STATS), 0
+    s = folds.apply(s, e.SlotWanted(at_ms=t, instance_id="i", meta=META))
+    s = folds.apply(s, e.InstanceReady(at_ms=start_ms, instance_id="i", slot_id="s"))
     for n, g in enumerate([0, *gaps]):
         t += g
-        s = apply(s, e.RequestArrived(at_ms=t, request_id=f"r{n}"))
-    return s
+        s = folds.apply(s, e.RequestArrived(at_ms=t, request_id=f"r{n}"))
+    return s[1]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(gap, min_size=1, max_size=100), st.integers(20, 5_000), st.floats(0, 500_000))
 def test_its_points_are_those_the_gaps_give_worked_out_whole(gaps, start_ms, elapsed):
-    s = history(gaps, start_ms)
-    st_ = s.stats
+    st_ = history(gaps, start_ms)
     points = own_points(st_.next_gap, elapsed, [])
-    whole = gap_points(st_.gap_hist, st_.gaps + st_.lulls, elapsed, burst(s))
+    whole = gap_points(st_.gap_hist, st_.gaps + st_.lulls, elapsed, burst(st_))
     assert (points is None) == (not whole)
     if points is not None:
         assert by_place(points.pairs()) == by_place(whole)
@@ -112,13 +112,12 @@ def gap_points(hist, recent, elapsed, spread_from):
 def test_a_bins_weight_moves_to_its_end_once_the_time_since_is_inside_it():
     hist = [0.0] * GAP_BINS
     hist[gap_bin(10_000)] = 3.0  # gaps of ~10 s seen long ago, none recent
-    s = FnState(key="fn")
     gaps = build((), (), tuple(hist), 2_000)
     (before,) = own_points(gaps, 100.0, []).pairs()
     (inside,) = own_points(gaps, 9_000.0, []).pairs()
     assert before == (MIDDLE[gap_bin(10_000)], 3.0)
     assert inside[0] == UPPER[gap_bin(10_000)] and 0 < inside[1] < 3.0
-    assert own_points(gaps, UPPER[gap_bin(10_000)], []) is None and s.stats.next_gap.bins == ()
+    assert own_points(gaps, UPPER[gap_bin(10_000)], []) is None and NO_STATS.next_gap.bins == ()
 
 
 # The plans: the cheapest over every candidate, as the policy looked for it before the prefix sums.

@@ -16,8 +16,10 @@ import pytest
 
 import scaler.controller.core
 from scaler.controller.core.decide import decide
+from scaler.controller.core.features import NO_STATS
 from scaler.controller.core.policy import POLICIES, get_policy
-from scaler.controller.core.state import FnState, Phase, Totals
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.totals import Totals
 from scaler.proto import commands as c
 from scaler.proto import events as e
 
@@ -194,13 +196,14 @@ def globals_of_the_core() -> dict[str, dict[str, object]]:
 
 def busy_run(policy_name: str) -> None:
     """Decisions of one policy over a few functions, long enough for the learned policy to tune itself."""
-    policy, totals, states = get_policy(policy_name), Totals(), {}
+    policy, totals, states, learned = get_policy(policy_name), Totals(), {}, {}
 
     def step(cmd: c.AnyCommand, now: int) -> FnState:
         nonlocal totals
-        old = states.get(cmd.key)
-        d = decide(old or FnState(key=cmd.key), cmd, now, policy, totals)
-        totals, states[cmd.key] = totals.change(old, d.state), d.state
+        old, was = states.get(cmd.key), learned.get(cmd.key, NO_STATS)
+        d = decide(old or FnState(key=cmd.key), cmd, now, policy, totals, features=was)
+        totals = totals.change(old, d.state, was, d.features)
+        states[cmd.key], learned[cmd.key] = d.state, d.features
         return d.state
 
     meta, now = e.Meta(memory_mb=256, timeout_s=60), 0
@@ -213,7 +216,7 @@ def busy_run(policy_name: str) -> None:
             step(c.Idle(key=key, request_id=inst.request_id, instance_id=inst.id), now + 250)
         now += 450 + (n % 11) * 900
         step(c.Tick(key=key, due_ms=now), now)
-    assert sum(st.stats.arrivals for st in states.values()) == 300
+    assert sum(st.arrivals for st in learned.values()) == 300
     assert totals.exec_ms >= 30_000  # enough for the learned policy to tune itself to the run
 
 
@@ -230,9 +233,9 @@ def test_the_run_check_catches_a_cache_filled_at_run_time(monkeypatch):
     monkeypatch.setattr(learned, "_POOL_MEMO", {}, raising=False)
     compute = learned.Learned.pool_target
 
-    def memoised(self, s, now, **kw):
-        key = (id(s.stats), now, self.config.wait_gb, *kw.items())
-        return learned._POOL_MEMO.setdefault(key, compute(self, s, now, **kw))
+    def memoised(self, s, f, now, **kw):
+        key = (id(f), now, self.config.wait_gb, *kw.items())
+        return learned._POOL_MEMO.setdefault(key, compute(self, s, f, now, **kw))
 
     monkeypatch.setattr(learned.Learned, "pool_target", memoised)
     before = globals_of_the_core()

@@ -2,6 +2,7 @@
 
 from scaler.controller.core import reconcile
 from scaler.controller.core.decide import decide
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.state import FnState, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
@@ -21,14 +22,19 @@ def slot(id: str, instance: str = "", age_ms: int = 60_000) -> c.PlatformSlot:
     return c.PlatformSlot(id=id, instance_id=instance, memory_mb=512, created_ms=T - age_ms)
 
 
-def two_instances() -> FnState:
+def two_instances_learned() -> tuple[FnState, FnStats]:
     """fn-1 idle on s1, fn-2 busy on s2, both started long before the listing; fn-3 being created since shortly
-    before it (a start older than its bound is taken as lost: decide.START_MARGIN_MS)."""
+    before it (a start older than its bound is taken as lost: decide.START_MARGIN_MS). With its features."""
     # Built a little before the listing, so fn-1's keep-alive is still running when it is decided.
-    s, _ = run(assign("r1"), assign("r2"), ready("fn-1", "s1"), ready("fn-2", "s2"), at=T - 50_000)
-    s, _ = run(assign("r3"), idle("r1", "fn-1"), idle("r3", "fn-1"), s=s, at=T - 10_000)  # r3 took fn-1 first
+    s, ds = run(assign("r1"), assign("r2"), ready("fn-1", "s1"), ready("fn-2", "s2"), at=T - 50_000)
+    at = T - 10_000
+    s, ds = run(assign("r3"), idle("r1", "fn-1"), idle("r3", "fn-1"), s=s, f=ds[-1].features, at=at)  # r3 took fn-1
     assert [i.phase for i in s.instances.values()] == [Phase.IDLE, Phase.BUSY, Phase.CREATING]
-    return s
+    return s, ds[-1].features
+
+
+def two_instances() -> FnState:
+    return two_instances_learned()[0]
 
 
 def test_everything_in_place_changes_nothing():
@@ -38,8 +44,8 @@ def test_everything_in_place_changes_nothing():
 
 
 def test_an_instance_whose_slot_is_gone_is_dropped_with_the_reason():
-    s = two_instances()
-    d = given(s=s).when(listing(slot("s1", "fn-1")), at=T + 5)
+    s, f = two_instances_learned()
+    d = given(s=s, f=f).when(listing(slot("s1", "fn-1")), at=T + 5)
     d.then(
         events=[
             e.InstanceDestroyed(

@@ -1,9 +1,10 @@
 """Sessions, restart and delete in the pure core: what each decides, as events and replies."""
 
+from scaler.controller.core import folds
 from scaler.controller.core.decide import START_MARGIN_MS, decide, session_wait_ms
-from scaler.controller.core.features import UNKNOWN_START_MS
+from scaler.controller.core.features import NO_STATS, UNKNOWN_START_MS
 from scaler.controller.core.limits import Room
-from scaler.controller.core.state import FnState, Phase, replay
+from scaler.controller.core.state import FnState, Phase
 from scaler.proto import commands as c
 from scaler.proto import events as e
 from tests.core.factories import DEMO, KEY, META, idle, ready
@@ -20,19 +21,20 @@ class Fn:
 
     def __init__(self) -> None:
         self.s = FnState(key=KEY)
+        self.f = NO_STATS  # its features, folded beside the state
         self.events: list[e.Event] = []
 
     def __call__(self, cmd: c.AnyCommand, at: int):
-        d = decide(self.s, cmd, at, DEMO, room=ROOM)
-        assert replay(self.s, d.events) == d.state
-        self.s = d.state
+        d = decide(self.s, cmd, at, DEMO, room=ROOM, features=self.f)
+        assert folds.replay(self.s, self.f, d.events) == (d.state, d.features)
+        self.s, self.f = d.state, d.features
         self.events += d.events
         return d
 
     def when(self, cmd: c.AnyCommand, at: int) -> Decided:
         """The decision on `cmd`, to be stated whole with `.then(...)`; the function moves on to its state."""
-        decided = given(s=self.s, room=ROOM).when(cmd, at)
-        self.s = decided.state
+        decided = given(s=self.s, f=self.f, room=ROOM).when(cmd, at)
+        self.s, self.f = decided.state, decided.features
         self.events += decided.decision.events
         return decided
 
@@ -93,7 +95,7 @@ def test_a_busy_instance_is_waited_for_then_the_session_moves():
     fn = Fn()
     two_idle_instances(fn)
     fn(assign("s-1", session="chat"), 400)  # fn-2, still busy
-    wait = session_wait_ms(fn.s)
+    wait = session_wait_ms(fn.f)
     fn.when(assign("s-2", session="chat"), 410).then(
         events=[  # waits for fn-2, and starts nothing
             e.RequestArrived(at_ms=410, request_id="s-2", reply_to="to-s-2", session="chat"),
@@ -202,7 +204,7 @@ def test_delete_retires_everything_fails_the_waiting_and_forgets():
             ),
         ],
     )
-    assert fn.s.meta is None and fn.s.sessions == {} and fn.s.queue == () and fn.s.stats.arrivals == 0
+    assert fn.s.meta is None and fn.s.sessions == {} and fn.s.queue == () and fn.f.arrivals == 0
     assert {i.phase for i in fn.s.instances.values()} == {Phase.RETIRING}
     refused = (
         "function 'fn' was deleted: gone; it serves calls again once created (`scaler create`) "
@@ -232,7 +234,7 @@ def test_with_no_other_instance_a_session_waits_then_starts_one_and_moves():
     fn = Fn()
     fn(assign("s-1", session="chat"), 0)
     fn(ready("fn-1", "s1"), 100)  # s-1 on fn-1
-    due = 200 + session_wait_ms(fn.s)
+    due = 200 + session_wait_ms(fn.f)
     fn.when(assign("s-2", session="chat"), 200).then(
         events=[  # no start while it waits
             e.RequestArrived(at_ms=200, request_id="s-2", reply_to="to-s-2", session="chat"),

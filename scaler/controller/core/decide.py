@@ -35,18 +35,21 @@ them comes back while it has no instance (`Cued`, a trial the function's next ca
 policy may pre-warm it.
 
 Each half applies each event as it emits it, so every later choice sees the state that earlier ones
-produced, and `Decision.state` equals `replay(s, Decision.events)`.
+produced, and `Decision.state` equals `replay(s, Decision.events)`. The function's features (`features`: what its
+events say of it, features.py) are folded beside the state, given in and handed back in `Decision.features`, and
+are what the policies learn from.
 """
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from scaler.controller.core import operator, reconcile
-from scaler.controller.core.features import FOLLOW_MS, UNKNOWN_START_MS, comes_back
+from scaler.controller.core import folds, operator, reconcile
+from scaler.controller.core.features import FOLLOW_MS, NO_STATS, UNKNOWN_START_MS, FnStats, comes_back
 from scaler.controller.core.limits import NO_ROOM, Room
 from scaler.controller.core.operator import misfit, retire_past_max
 from scaler.controller.core.policy import UNSEEN, Capability, Policy, RunView
-from scaler.controller.core.state import FnState, Instance, Pending, Phase, Totals, apply
+from scaler.controller.core.state import FnState, Instance, Pending, Phase
+from scaler.controller.core.totals import Totals
 from scaler.proto.commands import (
     QUOTA_STATUS,
     AnyCommand,
@@ -126,13 +129,17 @@ class Decision(NamedTuple):
     replies: list[Reply]
     state: FnState  # the state after the events
     wake_ms: int | None  # when the function next wants a Tick
+    features: FnStats = NO_STATS  # the function's features after the events (features.fold)
 
 
 class _Draft:
     """A decision being built: events are applied as they are emitted."""
 
-    def __init__(self, s: FnState, now: int, room: Room = NO_ROOM, run: RunView = UNSEEN) -> None:
+    def __init__(
+        self, s: FnState, now: int, room: Room = NO_ROOM, run: RunView = UNSEEN, features: FnStats = NO_STATS
+    ) -> None:
         self.s = s
+        self.f = features  # what the function's events say of it, folded beside `s`
         self.now = now
         self.room = room
         self.run = run  # the whole run as this decision sees it, worked out once: every policy call gets it
@@ -170,7 +177,7 @@ class _Draft:
 
     def emit(self, e: Event) -> None:
         self.events.append(e)
-        self.s = apply(self.s, e)
+        self.s, self.f = folds.apply((self.s, self.f), e)
 
     def reply(self, to: str, request_id: str, code: Code = Code.OK, instance_id: str = "", message: str = "") -> None:
         if to:
@@ -184,37 +191,57 @@ class _Draft:
 
 
 def decide(
-    s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM
+    s: FnState,
+    cmd: AnyCommand,
+    now: int,
+    policy: Policy,
+    totals: Totals | None = None,
+    room: Room = NO_ROOM,
+    features: FnStats = NO_STATS,
 ) -> Decision:
     """`respond` then `plan`, as one decision at rest. `totals`: the whole run so far, which the policy sees
     through its view (`RunView.of`, once per decision); `room`: the caps and reserved instances the operator
-    set (scaler/controller/core/limits.py)."""
-    d = _Draft(s, now, room, RunView.of(totals))
+    set (scaler/controller/core/limits.py); `features`: what the function's events say of it, folded beside
+    `s`, handed to the policy with it."""
+    d = _Draft(s, now, room, RunView.of(totals), features)
     asked = _respond(d, cmd, totals, policy)
     planned = _rest(d, policy)
-    return Decision(d.events, d.replies, d.s, _earliest(asked, planned))
+    return Decision(d.events, d.replies, d.s, _earliest(asked, planned), d.f)
 
 
 def respond(
-    s: FnState, cmd: AnyCommand, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM
+    s: FnState,
+    cmd: AnyCommand,
+    now: int,
+    policy: Policy,
+    totals: Totals | None = None,
+    room: Room = NO_ROOM,
+    features: FnStats = NO_STATS,
 ) -> Decision:
     """What the command's caller waits for: its own change, and what serves the waiting requests.
 
     Its `wake_ms` is the earliest of its own deadlines (a lease, a recheck of the waiting, a
     throttle, a session's wait); `plan`'s are apart."""
-    d = _Draft(s, now, room, RunView.of(totals))
+    d = _Draft(s, now, room, RunView.of(totals), features)
     wake = _respond(d, cmd, totals, policy)
-    return Decision(d.events, d.replies, d.s, wake)
+    return Decision(d.events, d.replies, d.s, wake, d.f)
 
 
-def plan(s: FnState, now: int, policy: Policy, totals: Totals | None = None, room: Room = NO_ROOM) -> Decision:
+def plan(
+    s: FnState,
+    now: int,
+    policy: Policy,
+    totals: Totals | None = None,
+    room: Room = NO_ROOM,
+    features: FnStats = NO_STATS,
+) -> Decision:
     """The function brought to rest: keep-alives, retirements, sessions' ends, pre-warms, rest. No replies.
 
     Its `wake_ms` is the earliest of its own deadlines (a keep-alive, a planned pre-warm, a session's
     idle end, rest); `respond`'s are apart."""
-    d = _Draft(s, now, room, RunView.of(totals))
+    d = _Draft(s, now, room, RunView.of(totals), features)
     wake = _rest(d, policy)
-    return Decision(d.events, [], d.s, wake)
+    return Decision(d.events, [], d.s, wake, d.f)
 
 
 def _respond(d: "_Draft", cmd: AnyCommand, totals: Totals | None, policy: Policy) -> int | None:
@@ -271,7 +298,7 @@ def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy
     if d.s.meta != cmd.meta:
         d.emit(FunctionSeen(at_ms=d.now, meta=cmd.meta))
     _named(d, cmd)
-    if policy.can(Capability.FOLLOWS_LEADERS) and totals is not None and comes_back(d.s.stats, d.now):
+    if policy.can(Capability.FOLLOWS_LEADERS) and totals is not None and comes_back(d.f, d.now):
         if leads := totals.leads(d.s.key, d.now):
             d.emit(Followed(at_ms=d.now, leads=leads))
     d.emit(RequestArrived(at_ms=d.now, request_id=r, reply_to=to, session=cmd.session, state=cmd.state))
@@ -307,7 +334,7 @@ def _cued(d: _Draft, cmd: Cue) -> None:
     it needs no pre-warm), which the pre-warm at rest may act on. A cue older than FOLLOW_MS is stale."""
     if not d.s.nothing_live():
         return
-    if d.now - cmd.at_ms <= FOLLOW_MS and any(x.key == cmd.leader and not x.failed() for x in d.s.stats.leaders):
+    if d.now - cmd.at_ms <= FOLLOW_MS and any(x.key == cmd.leader and not x.failed() for x in d.f.leaders):
         d.emit(Cued(at_ms=d.now, leader=cmd.leader))
 
 
@@ -403,7 +430,7 @@ def _instance_ready(d: _Draft, cmd: SlotReady, policy: Policy) -> None:
             )
         )
         own = d.s.pending(inst.for_request) if policy.can(Capability.DEDICATED_STARTS) else None
-        if own is not None and _fits(d.s, inst) and not _holding(d.s, own, d.now):
+        if own is not None and _fits(d.s, inst) and not _holding(d.s, d.f, own, d.now):
             _assign(d, own, inst)
     elif inst is None or inst.slot_id != cmd.slot_id:  # not a repeated report: a slot we did not want
         _retire_orphan(d, cmd.instance_id, cmd.slot_id, "ready for an instance no longer wanted")
@@ -524,7 +551,7 @@ def _serve(d: _Draft, policy: Policy) -> int | None:
     _answer_waiting_requests(d, policy)
     recheck_ms = _start_instances_for_waiting(d, policy)
     throttle_ms = _throttle(d, policy)
-    return _next_wake(d, recheck_ms, throttle_ms, *_serving_deadlines(d.s, d.now))
+    return _next_wake(d, recheck_ms, throttle_ms, *_serving_deadlines(d.s, d.f, d.now))
 
 
 def _rest(d: _Draft, policy: Policy) -> int | None:
@@ -554,15 +581,15 @@ def _free_lost_leases(d: _Draft) -> None:
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
 
-def start_bound_ms(s: FnState) -> int:
+def start_bound_ms(st: FnStats) -> int:
     """How long an instance may be being created before its start is taken as lost (see START_MARGIN_MS)."""
-    return (s.stats.start_ms or UNKNOWN_START_MS) + START_MARGIN_MS
+    return (st.start_ms or UNKNOWN_START_MS) + START_MARGIN_MS
 
 
 def _retire_lost_starts(d: _Draft) -> None:
     """Lost starts: an instance being created past its bound is retired (its slot destroyed, should it ever be
     reported), so it no longer covers a waiting request: the request gets a start of its own again."""
-    bound = start_bound_ms(d.s)
+    bound = start_bound_ms(d.f)
     for inst in d.s.in_phase(Phase.CREATING):
         if inst.since_ms + bound <= d.now:
             why = f"not ready within {bound / 1000:g}s (its function's last start and a margin): a lost start"
@@ -586,14 +613,16 @@ def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
     session's request takes its bound instance when idle, and waits while it is busy (`_holding`).
     """
     held: set[str] = set()
-    while (free := _free_to_take(d.s, policy)) and (idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]):
+    while (free := _free_to_take(d.s, d.f, policy)) and (
+        idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]
+    ):
         waiting = next((p for p in free if p.request_id not in held), None)
         if waiting is None:
             return
         bound = _holding_state(d.s, waiting.state) if waiting.state else _bound(d.s, waiting.session)
         if bound is not None and bound.phase is Phase.IDLE and _fits(d.s, bound):
             inst = bound
-        elif _holding(d.s, waiting, d.now):
+        elif _holding(d.s, d.f, waiting, d.now):
             held.add(waiting.request_id)
             continue
         else:
@@ -603,7 +632,7 @@ def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
                     held.add(waiting.request_id)
                     continue
             taken = {b.instance_id for b in d.s.sessions.values()}
-            inst = policy.pick(d.s, [i for i in idle if i.id not in taken] or idle, d.now, d.run)
+            inst = policy.pick(d.s, d.f, [i for i in idle if i.id not in taken] or idle, d.now, d.run)
         _assign(d, waiting, inst)
 
 
@@ -652,12 +681,12 @@ def _bound(s: FnState, session: str) -> Instance | None:
     return inst if inst is not None and inst.phase is not Phase.RETIRING else None
 
 
-def session_wait_ms(s: FnState) -> int:
+def session_wait_ms(st: FnStats) -> int:
     """How long a session's request waits for its busy instance (see MAX_SESSION_WAIT_MS)."""
-    return min(s.stats.start_ms or UNKNOWN_START_MS, MAX_SESSION_WAIT_MS)
+    return min(st.start_ms or UNKNOWN_START_MS, MAX_SESSION_WAIT_MS)
 
 
-def _holding(s: FnState, waiting: Pending, now: int) -> bool:
+def _holding(s: FnState, st: FnStats, waiting: Pending, now: int) -> bool:
     """Whether a session's request still waits for its bound instance, busy now, rather than take another; a
     state's request waits for the instance holding its state as long as that one is busy."""
     if waiting.state:
@@ -667,7 +696,7 @@ def _holding(s: FnState, waiting: Pending, now: int) -> bool:
     return (
         bound is not None
         and bound.phase is Phase.BUSY
-        and now < waiting.since_ms + session_wait_ms(s)
+        and now < waiting.since_ms + session_wait_ms(st)
         and _fits(s, bound)
     )
 
@@ -679,17 +708,17 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     for its own busy instance gets no start (and says so when it arrives).
     """
     for waiting in d.s.queue if d.s.sessions or d.s.states else ():
-        if waiting.since_ms == d.now and _holding(d.s, waiting, d.now):
+        if waiting.since_ms == d.now and _holding(d.s, d.f, waiting, d.now):
             if waiting.state:
                 why, expected = f"waits for {d.s.states[waiting.state].instance_id}, busy, which holds its state", 0
             else:
-                bound, wait_ms = d.s.sessions[waiting.session].instance_id, session_wait_ms(d.s)
+                bound, wait_ms = d.s.sessions[waiting.session].instance_id, session_wait_ms(d.f)
                 why, expected = f"waits up to {wait_ms} ms for its session's instance {bound}, busy", d.now + wait_ms
             d.emit(RequestWaiting(at_ms=d.now, request_id=waiting.request_id, expected_ms=expected, why=why))
-    uncovered = _uncovered(d.s, policy, d.now)
+    uncovered = _uncovered(d.s, d.f, policy, d.now)
     if not uncovered or d.s.meta is None:
         return None
-    plan = policy.plan_queue(d.s, len(uncovered), d.now, d.run)
+    plan = policy.plan_queue(d.s, d.f, len(uncovered), d.now, d.run)
     starts = d.may_start(plan.starts)
     for waiting in uncovered[:starts]:
         d.start(for_request=waiting.request_id, why=plan.why)
@@ -706,19 +735,19 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     return plan.recheck_ms
 
 
-def _free_to_take(s: FnState, policy: Policy) -> tuple[Pending, ...]:
+def _free_to_take(s: FnState, st: FnStats, policy: Policy) -> tuple[Pending, ...]:
     """The waiting requests that may take any idle instance: all, or with dedicated starts those without their own."""
-    return _uncovered(s, policy) if policy.can(Capability.DEDICATED_STARTS) else s.queue
+    return _uncovered(s, st, policy) if policy.can(Capability.DEDICATED_STARTS) else s.queue
 
 
-def _uncovered(s: FnState, policy: Policy, now: int | None = None) -> tuple[Pending, ...]:
+def _uncovered(s: FnState, st: FnStats, policy: Policy, now: int | None = None) -> tuple[Pending, ...]:
     """The waiting requests no instance under creation is for: with dedicated starts, those without
     one started for them; else any creation covers one, the oldest first. Given `now`, without the
     sessions' requests that still wait for their busy instance."""
     creating = [i for i in s.in_phase(Phase.CREATING) if _fits(s, i)]
     queue = s.queue
     if now is not None and (s.sessions or s.states):
-        queue = tuple(p for p in queue if not _holding(s, p, now))
+        queue = tuple(p for p in queue if not _holding(s, st, p, now))
     if policy.can(Capability.DEDICATED_STARTS):
         own = {i.for_request for i in creating}
         return tuple(p for p in queue if p.request_id not in own)
@@ -767,7 +796,7 @@ def _throttle(d: _Draft, policy: Policy) -> int | None:
     else:
         wait_ms, why = d.room.throttle_after_ms, f"at the cap ({_caps(d.s, d.room)})"
     due = []
-    for waiting in _uncovered(d.s, policy, d.now):
+    for waiting in _uncovered(d.s, d.f, policy, d.now):
         deadline = waiting.since_ms + wait_ms
         if deadline > d.now:
             due.append(deadline)
@@ -798,7 +827,7 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
         retire_past_max(d)
     for inst in d.s.in_phase(Phase.IDLE):
         if not inst.keep_until_ms:
-            keep = policy.keep_alive(d.s, inst, d.now, d.run)
+            keep = policy.keep_alive(d.s, d.f, inst, d.now, d.run)
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=keep.until_ms, why=keep.why))
     for inst in d.s.in_phase(Phase.IDLE):
         if inst.keep_until_ms > d.now:
@@ -814,7 +843,7 @@ def _keep_or_retire_idle(d: _Draft, policy: Policy) -> None:
             why = f"reserved: the function keeps {d.room.limits.min_warm} warm"
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=until, why=why))
             continue
-        longer = policy.expire(d.s, inst, d.now, d.run)
+        longer = policy.expire(d.s, d.f, inst, d.now, d.run)
         if longer is not None and longer.until_ms > d.now:
             d.emit(KeptAlive(at_ms=d.now, instance_id=inst.id, until_ms=longer.until_ms, why=longer.why))
         else:
@@ -854,7 +883,7 @@ def _prewarm(d: _Draft, policy: Policy) -> int | None:
     """Pre-warm: instances the policy starts ahead of demand. Returns when its next planned start is due."""
     if d.s.meta is None:
         return None
-    warm = policy.prewarm(d.s, d.now, d.run)
+    warm = policy.prewarm(d.s, d.f, d.now, d.run)
     for _ in range(d.may_start(warm.count)):
         d.start(why=warm.why)
     if reserved := d.may_start(d.room.reserved(d.s), reserved=True):
@@ -871,7 +900,7 @@ def _rest_or_forget(d: _Draft) -> int | None:
     s = d.s
     if s.meta is None or s.instances or s.queue:
         return None
-    idle_since = max(s.stats.last_arrival_ms, s.stats.last_end_ms)
+    idle_since = max(d.f.last_arrival_ms, d.f.last_end_ms)
     forget_at = idle_since + d.room.forget_after_ms
     if (last := s.last_release()) is not None:  # not before a retry of its last release can no longer come
         forget_at = max(forget_at, last.at_ms + s.lease_ms())
@@ -891,14 +920,14 @@ def _live(s: FnState) -> int:
     return sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
 
 
-def _serving_deadlines(s: FnState, now: int) -> list[int]:
+def _serving_deadlines(s: FnState, st: FnStats, now: int) -> list[int]:
     """Leases of busy instances, bounds of starts, and the waits of sessions' requests for their own busy instance."""
     wakes = [i.since_ms + s.lease_ms() for i in s.in_phase(Phase.BUSY)]
-    wakes += [i.since_ms + start_bound_ms(s) for i in s.in_phase(Phase.CREATING)]
+    wakes += [i.since_ms + start_bound_ms(st) for i in s.in_phase(Phase.CREATING)]
     if s.queue:  # those still waiting get a start once the hold ends
         wakes.append(s.starts_held_until_ms)
     if s.sessions:
-        wakes += [p.since_ms + session_wait_ms(s) for p in s.queue if not p.state and _holding(s, p, now)]
+        wakes += [p.since_ms + session_wait_ms(st) for p in s.queue if not p.state and _holding(s, st, p, now)]
     return wakes
 
 

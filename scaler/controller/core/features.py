@@ -1,12 +1,14 @@
 """What a function's events say about it, for policies and people: its own fold, beside the lifecycle's.
 
-`state.apply` folds an event in two steps: the lifecycle (instances, queue) in `state.py`, then
-`observe` here, which reads the state before and after the event and changes only `FnStats`.
-The features are history (counters, recent gaps, lulls and runs, histograms, the score's
-figures), so nothing in the lifecycle depends on them.
+Owned by the policy layer. Each function's features (`FnStats`) are kept in their own map beside its
+lifecycle state (`state.FnState`, which knows nothing of them): `fold` takes the features, the event
+and the lifecycle before and after `state.apply` folded it, and returns the new features. The features
+are history (counters, recent gaps, lulls and runs, histograms, the score's figures), so nothing in
+the lifecycle depends on them; the core hands them to the policies beside the state.
 
-`VERSION` stamps what this fold computes, for snapshots (scaler/controller/snapshots.py): a snapshot
-taken under another version holds other features, so it is not used. Tidying this module keeps
+`VERSION` stamps what this fold computes, for snapshots (scaler/controller/snapshots.py, which keeps
+them in a body of their own): a snapshot taken under another version holds other features, so it is
+not used. A new feature bumps this version only, never the lifecycle's (`state.VERSION`). Tidying this module keeps
 the version; changing what it computes must bump it, and `tests/core/test_features.py` fails until
 it does (it pins the features of a reference event log).
 """
@@ -37,7 +39,7 @@ from scaler.proto.events import (
     SlotWanted,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the lifecycle is read, never imported at run time: state.py and this module stand apart
     from scaler.controller.core.state import FnState, Instance
 
 VERSION = 5
@@ -117,8 +119,11 @@ def gap_bin(gap_ms: int) -> int:
     return min(GAP_BINS - 1, max(0, int(2 * math.log2(max(gap_ms, 1)))))
 
 
-def observe(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
-    """The function's stats once `e` is folded: `before` and `after` are its lifecycle around `e`."""
+Features = dict[str, FnStats]  # every function's features, by metaKey
+
+
+def fold(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
+    """The function's features once `e` is folded: `before` and `after` are its lifecycle around `e`."""
     match e:
         case RequestArrived(at_ms=t):
             return _arrival(st, t, before)

@@ -27,7 +27,8 @@ import msgspec
 
 from scaler.controller.core.policy import policy_form_problem
 from scaler.controller.core.policy.learned import rate_problem
-from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, Totals, held
+from scaler.controller.core.state import NOTHING_HELD, FnState, Held, Phase, held
+from scaler.controller.core.totals import Totals
 
 Count = Annotated[int, msgspec.Meta(ge=0)]  # a cap or a reserve: 0 or more (a cap of 0: none)
 Wait = Annotated[int, msgspec.Meta(gt=0)]  # a time in ms: more than 0

@@ -1,8 +1,9 @@
 """Per-function state, rebuilt only by folding events: `replay(FnState(key), events)`.
 
-`apply` folds one event in two steps: the lifecycle here (the function's meta, its instances and
-their phases, its queue of waiting requests), then the features (`features.observe`: the
-function's history, `FnStats`), which read the lifecycle and never change it.
+`apply` folds one event into the lifecycle: the function's meta, its instances and their phases, its
+queue of waiting requests. What the events say of the function's history (its features, `FnStats`)
+is another fold, owned by the policy layer and kept beside this one (scaler/controller/core/features.py):
+it reads the lifecycle and never changes it, and this module knows nothing of it.
 
 `VERSION` stamps what this fold computes and the shape it stores, for snapshots
 (scaler/controller/snapshots.py): a change to either bumps it, with an upcast from the version before
@@ -17,8 +18,6 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
-from scaler.controller.core.features import EARLY_GAPS, FOLLOW_MS, GAP_BINS, NO_STATS, FnStats, gap_bin, observe
-from scaler.controller.core.open_gaps import ACTIVE_MS, NO_OPEN_GAPS, RESTED_MS, Opened, OpenGaps
 from scaler.proto.events import (
     Assigned,
     ClockRebased,
@@ -37,7 +36,6 @@ from scaler.proto.events import (
     InstanceRetired,
     InstanceToRetire,
     KeptAlive,
-    Lead,
     LimitsSet,
     Meta,
     PolicySet,
@@ -135,8 +133,9 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
 # 3: no queueing times or quiet bins in the stats; 4: `finished` one map, not generations of them; 5: no
 # leaders in the stats; 6: no tenants, states, versions, tombstones, live limits or policy; an instance
 # had no runtime, version or counts, and `restarting` for `retire_on_release`; 7: no hold of starts;
-# 8: no next gap's points in the stats; 9: no ClockRebased (its times were never moved)
-VERSION = 10
+# 8: no next gap's points in the stats; 9: no ClockRebased (its times were never moved); 10: the features
+# (`stats`) inside the state
+VERSION = 11
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
@@ -164,7 +163,6 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
     instances: dict[str, Instance] = {}
     queue: tuple[Pending, ...] = ()
     started: int = 0  # instances ever wanted: numbers the next instance id
-    stats: FnStats = NO_STATS
     finished: tuple[dict[str, Finished], ...] = ()  # the releases within the lease window, by request, in generations
     slot_gb_ms: float = 0.0  # memory x life (from wanted to gone) of the instances already gone
     rested: bool = False  # nothing in flight since it rested (FunctionRested): only forgetting is left
@@ -243,9 +241,7 @@ def apply(s: FnState, e: Event) -> FnState:
     step = _LIFECYCLE.get(type(e))
     if step is None:
         raise TypeError(f"no state change defined for {type(e).__name__}")
-    after = step(s, e)
-    stats = observe(s.stats, e, s, after)
-    return after if stats is after.stats else replace(after, stats=stats)
+    return step(s, e)
 
 
 def replay(s: FnState, events: Iterable[Event]) -> FnState:
@@ -480,8 +476,8 @@ def _starts_held(s: FnState, e: StartsHeld) -> FnState:
 
 
 def _clock_rebased(s: FnState, e: ClockRebased) -> FnState:
-    """Every time the state holds, moved by `e.shift_ms` onto the clock of the node that loaded it (its stats are
-    moved by `features.shifted`); what is not a time (a duration, a count) stays."""
+    """Every time the state holds, moved by `e.shift_ms` onto the clock of the node that loaded it (its features
+    are moved by `features.shifted`, in their own fold); what is not a time (a duration, a count) stays."""
     shift = e.shift_ms
 
     def at(t: int) -> int:
@@ -506,8 +502,8 @@ def _explains(s: FnState, e: RequestWaiting) -> FnState:
     return s  # explains a decision; changes nothing
 
 
-def _stats_only(s: FnState, e: Followed | Cued) -> FnState:
-    return s  # what the function follows: its stats learn it (features.observe), its instances are as they were
+def _features_only(s: FnState, e: Followed | Cued) -> FnState:
+    return s  # what the function follows: its features learn it (features.fold), its instances are as they were
 
 
 _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
@@ -532,8 +528,8 @@ _LIFECYCLE: dict[type[Event], Callable[[FnState, Any], FnState]] = {
     SessionEnded: _session_ended,
     FunctionRestarted: _function_restarted,
     FunctionDeleted: _function_deleted,
-    Followed: _stats_only,
-    Cued: _stats_only,
+    Followed: _features_only,
+    Cued: _features_only,
     InstanceToRetire: _instance_to_retire,
     StateBound: _state_bound,
     StateDeleted: _state_deleted,
@@ -576,9 +572,6 @@ def _waiters(s: FnState, request_id: str, change: Callable[[tuple[str, ...]], tu
     return replace(s, queue=queue, instances={**s.instances, **held} if held else s.instances)
 
 
-RETURNS_KEPT = 64  # the run's latest returns from a lull, at most (Totals.returns)
-
-
 class Held(msgspec.Struct, frozen=True, array_like=True):
     """A tenant's instances: started on demand, and kept as its functions' reserved ones (min_warm)."""
 
@@ -598,148 +591,3 @@ def held(s: FnState | None) -> Held:
         return NOTHING_HELD
     reserved = sum(1 for i in s.instances.values() if i.reserved)
     return Held(len(s.instances) - reserved, reserved)
-
-
-class Totals(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole run so far, summed over functions: what the score is made of, and the instances held
-    now (what caps over all functions count). A value: `change` makes a new one."""
-
-    exec_ms: float = 0.0
-    exec_gb_ms: float = 0.0
-    wait_ms: float = 0.0
-    ideal_gb_ms: float = 0.0
-    instances: int = 0  # every instance in a state, retiring ones too (they hold a slot until destroyed)
-    memory_mb: int = 0
-    # How soon functions come back while they are new: every function's first gaps (FnStats.early_gaps)
-    # by gap bin, and when the early gaps still open began (a function's last arrival, while it is one of
-    # its first EARLY_GAPS), by coarse start: those have lasted at least until now.
-    early_gaps: tuple[int, ...] = (0,) * GAP_BINS
-    early_open: OpenGaps = NO_OPEN_GAPS
-    # The functions that came back from a lull lately (FnStats.returned_ms, within FOLLOW_MS of the newest),
-    # oldest first: those a function coming back now came shortly after are the ones it may follow.
-    returns: tuple[tuple[str, int], ...] = ()
-    tenants: dict[str, Held] = {}  # by tenant: the instances of its functions (only functions with a tenant)
-
-    def plus(self, other: "Totals") -> "Totals":
-        """The run's totals from two sets of functions (another node's partitions, say)."""
-        return Totals(
-            exec_ms=self.exec_ms + other.exec_ms,
-            exec_gb_ms=self.exec_gb_ms + other.exec_gb_ms,
-            wait_ms=self.wait_ms + other.wait_ms,
-            ideal_gb_ms=self.ideal_gb_ms + other.ideal_gb_ms,
-            instances=self.instances + other.instances,
-            memory_mb=self.memory_mb + other.memory_mb,
-            early_gaps=tuple(a + b for a, b in zip(self.early_gaps, other.early_gaps, strict=True)),
-            early_open=self.early_open.plus(other.early_open),
-            returns=newest_returns([*self.returns, *other.returns]),
-            tenants=_summed(self.tenants, other.tenants) if other.tenants else self.tenants,
-        )
-
-    def held(self, tenant: str) -> Held:
-        return self.tenants.get(tenant, NOTHING_HELD)
-
-    def change(self, old: FnState | None, new: FnState | None) -> "Totals":
-        """The totals once one function's state `old` is replaced by `new` (None: no state)."""
-        was = old.stats if old is not None else NO_STATS
-        now = new.stats if new is not None else NO_STATS
-        early = self.early_gaps
-        if was.early_gaps != now.early_gaps:
-            counts = list(early)
-            for gap in was.early_gaps:
-                counts[gap_bin(gap)] -= 1
-            for gap in now.early_gaps:
-                counts[gap_bin(gap)] += 1
-            early = tuple(counts)
-        before = old.instances if old is not None else {}
-        after = new.instances if new is not None else {}
-        return Totals(
-            exec_ms=self.exec_ms - was.exec_ms + now.exec_ms,
-            exec_gb_ms=self.exec_gb_ms - was.exec_gb_ms + now.exec_gb_ms,
-            wait_ms=self.wait_ms - was.wait_ms + now.wait_ms,
-            ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
-            instances=self.instances - len(before) + len(after),
-            memory_mb=self.memory_mb - _memory(before) + _memory(after),
-            early_gaps=early,
-            early_open=_still_open(self.early_open, old, new),
-            returns=_returned(self.returns, old, new),
-            tenants=_tenants(self.tenants, old, new) if (old and old.tenant) or (new and new.tenant) else self.tenants,
-        )
-
-    def with_returns(self, returns: tuple[tuple[str, int], ...]) -> "Totals":
-        """These totals, with other functions' returns heard of besides (Ledger.hear)."""
-        return msgspec.structs.replace(self, returns=newest_returns([*self.returns, *returns]))
-
-    def leads(self, key: str, now: int) -> tuple[Lead, ...]:
-        """The other functions that came back within FOLLOW_MS before `now`, each with how long before (its latest
-        return)."""
-        latest: dict[str, int] = {}
-        for other, at in self.returns:
-            if other != key and 0 <= now - at <= FOLLOW_MS:
-                latest[other] = at
-        return tuple(Lead(key=other, lag_ms=now - at) for other, at in latest.items())
-
-
-def _returned(returns: tuple[tuple[str, int], ...], old: FnState | None, new: FnState | None):
-    """The recent returns, once one function's state `old` becomes `new` (None: no state): each function's latest,
-    those within FOLLOW_MS of the newest, at most RETURNS_KEPT of them; the same whatever order the functions
-    change in, as the other totals are."""
-    was = old.stats.returned_ms if old is not None else 0
-    now = new.stats.returned_ms if new is not None else 0
-    if was == now:
-        return returns
-    key = new.key if new is not None else old.key
-    kept = [r for r in returns if r[0] != key]
-    return newest_returns([*kept, (key, now)] if now else kept)
-
-
-def newest_returns(returns: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
-    """Each function's latest return, those within FOLLOW_MS of the newest, at most RETURNS_KEPT, oldest first."""
-    if not returns:
-        return ()
-    latest: dict[str, int] = {}
-    for key, at in returns:
-        latest[key] = max(at, latest.get(key, at))
-    newest = max(latest.values())
-    within = sorted(((k, at) for k, at in latest.items() if newest - at <= FOLLOW_MS), key=lambda r: (r[1], r[0]))
-    return tuple(within[-RETURNS_KEPT:])
-
-
-def _summed(a: dict[str, Held], b: dict[str, Held]) -> dict[str, Held]:
-    return {t: a.get(t, NOTHING_HELD).plus(b.get(t, NOTHING_HELD)) for t in a.keys() | b.keys()}
-
-
-def _tenants(tenants: dict[str, Held], old: FnState | None, new: FnState | None) -> dict[str, Held]:
-    """The tenants' instances, once one function's state `old` becomes `new` (the same map when no tenant's
-    count changed: functions without a tenant cost nothing here)."""
-    was = (old.tenant, held(old)) if old is not None and old.tenant else ("", NOTHING_HELD)
-    now = (new.tenant, held(new)) if new is not None and new.tenant else ("", NOTHING_HELD)
-    if was == now:
-        return tenants
-    out = dict(tenants)
-    if was[0]:
-        out[was[0]] = out.get(was[0], NOTHING_HELD).plus(was[1], -1)
-    if now[0]:
-        out[now[0]] = out.get(now[0], NOTHING_HELD).plus(now[1])
-    return {t: h for t, h in out.items() if h != NOTHING_HELD}
-
-
-def _memory(instances: dict[str, Instance]) -> int:
-    return sum(i.memory_mb for i in instances.values()) if instances else 0
-
-
-def _still_open(opened: OpenGaps, old: FnState | None, new: FnState | None) -> OpenGaps:
-    """The early gaps still open, once one function's state `old` becomes `new`."""
-    before, after = _open_gap(old), _open_gap(new)
-    if before == after:
-        return opened
-    if before is not None:
-        opened = opened.add(before, -1)
-    return opened.add(after) if after is not None else opened
-
-
-def _open_gap(s: FnState | None) -> Opened | None:
-    """Where the function's early gap still open is counted, if it has one."""
-    if s is None or not 0 < s.stats.arrivals <= EARLY_GAPS:
-        return None
-    t = s.stats.last_arrival_ms
-    return Opened(True, t // RESTED_MS) if s.rested else Opened(False, t // ACTIVE_MS)

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import msgspec
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy.base import UNSEEN, KeepAlive, Policy, PolicyConfig, QueuePlan, RunView
 from scaler.controller.core.policy.estimate import expected_frees, median, start_ms
 from scaler.controller.core.state import FnState, Instance
@@ -27,36 +28,36 @@ class PublicAdaptive(Policy):
     Config = AdaptiveConfig
     config: AdaptiveConfig
 
-    def threshold_ms(self, s: FnState, at: int) -> float:
+    def threshold_ms(self, s: FnState, f: FnStats, at: int) -> float:
         low, high = self.config.min_ms, self.config.max_ms
-        d, q = median(s.stats.gaps), median(s.stats.runs)
+        d, q = median(f.gaps), median(f.runs)
         if not d or not q:
             return low
-        since = max(at - s.stats.last_arrival_ms, 1)
+        since = max(at - f.last_arrival_ms, 1)
         return min(max(math.log2(since) * 10 * d / q * 1000, low), high)
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
         # The threshold grows with time since the last Assign: find when idle time first exceeds it.
         until = now + self.config.min_ms
         for _ in range(8):
-            nxt = now + self.threshold_ms(s, until)
+            nxt = now + self.threshold_ms(s, f, until)
             if abs(nxt - until) < 100:  # the original checked every 100 ms
                 break
             until = nxt
         return KeepAlive(int(until), f"adaptive keep-alive {(until - now) / 1000:.0f}s (D/Q threshold)")
 
-    def plan_queue(self, s: FnState, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
-        q = median(s.stats.runs)
-        if not q or not s.stats.start_ms:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
+        q = median(f.runs)
+        if not q or not f.start_ms:
             return QueuePlan(starts=uncovered)
-        soon = [end for end in expected_frees(s, q, now) if end - now < start_ms(s)]
+        soon = [end for end in expected_frees(s, f, q, now) if end - now < start_ms(s, f)]
         waiting = min(uncovered, len(soon))
         if not waiting:
             return QueuePlan(starts=uncovered)
         last = soon[waiting - 1]
         return QueuePlan(
             starts=uncovered - waiting,
-            why=f"wait for a busy instance: {last - now:.0f} ms left < {start_ms(s)} ms start",
+            why=f"wait for a busy instance: {last - now:.0f} ms left < {start_ms(s, f)} ms start",
             recheck_ms=int(last + max(10, 0.2 * q)),
             expected_ms=int(soon[0]),
         )

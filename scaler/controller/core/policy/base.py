@@ -13,8 +13,10 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.open_gaps import NO_OPEN_GAPS, OpenGaps
-from scaler.controller.core.state import FnState, Instance, Totals
+from scaler.controller.core.state import FnState, Instance
+from scaler.controller.core.totals import Totals
 
 
 class Capability(enum.Flag):
@@ -133,7 +135,9 @@ NO_PREWARM = Prewarm()
 
 
 class Policy:
-    """The choices the core leaves open. Pure: state, `now` and the run's view in, a named choice out.
+    """The choices the core leaves open. Pure: the function's state `s`, its features `f` (what its events say of
+    it: scaler/controller/core/features.py, folded beside the state), `now` and the run's view in, a named
+    choice out.
 
     The core does the bookkeeping (queueing, matching, replies, expiry); a policy only says
     which idle instance to reuse, how many instances to start for waiting requests (or to let
@@ -160,23 +164,23 @@ class Policy:
         """Whether the policy declares `capability`: the one question the core and the shell ask of it."""
         return capability in self.capabilities
 
-    def pick(self, s: FnState, idle: list[Instance], now: int, run: RunView = UNSEEN) -> Instance:
+    def pick(self, s: FnState, f: FnStats, idle: list[Instance], now: int, run: RunView = UNSEEN) -> Instance:
         """The idle instance that serves the next waiting request: the most recently idled one."""
         return max(idle, key=lambda i: (i.since_ms, i.id))
 
-    def plan_queue(self, s: FnState, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
         """`uncovered` requests wait with no idle instance and no start for them: start one each."""
         return QueuePlan(starts=uncovered)
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
         """How long an instance that just became idle stays."""
         raise NotImplementedError
 
-    def expire(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive | None:
+    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive | None:
         """An idle instance reached its deadline: keep it longer (a later deadline), or None to retire it."""
         return None
 
-    def prewarm(self, s: FnState, now: int, run: RunView = UNSEEN) -> Prewarm:
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
         """Instances to start now with nothing waiting, and when to look again (`Prewarm.next_ms`)."""
         return NO_PREWARM
 
@@ -193,6 +197,6 @@ class FixedKeepAlive(Policy):
     capabilities = Capability.DEDICATED_STARTS
     config: FixedConfig
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
         keep = self.config.keep_alive_ms
         return KeepAlive(now + keep, f"fixed keep-alive {keep / 1000:g}s")

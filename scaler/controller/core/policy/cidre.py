@@ -20,6 +20,7 @@ from typing import Annotated
 
 import msgspec
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy.base import UNSEEN, KeepAlive, Policy, PolicyConfig, QueuePlan, RunView
 from scaler.controller.core.policy.estimate import expected_frees
 from scaler.controller.core.state import FnState, Instance, Phase
@@ -41,9 +42,9 @@ def _mean(values: tuple[int, ...], window: int) -> float:
     return sum(recent) / len(recent) if recent else 0.0
 
 
-def cold_path(s: FnState, c: CidreConfig = DEFAULT) -> bool:
+def cold_path(s: FnState, f: FnStats, c: CidreConfig = DEFAULT) -> bool:
     """Whether waiting requests also start an instance: recent queueing outweighs recent execution."""
-    return c.trigger * _mean(s.stats.queued, c.window) > _mean(s.stats.runs, c.window)
+    return c.trigger * _mean(f.queued, c.window) > _mean(f.runs, c.window)
 
 
 class Cidre(Policy):
@@ -51,21 +52,21 @@ class Cidre(Policy):
     Config = CidreConfig
     config: CidreConfig
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
         keep = self.config.keep_alive_ms
         return KeepAlive(now + keep, f"CIDRE: no memory cap to evict under, {keep / 60_000:g}-minute keep-alive")
 
-    def plan_queue(self, s: FnState, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
         c = self.config
         busy = s.in_phase(Phase.BUSY)
         if not busy:
             return QueuePlan(starts=uncovered, why="cold start: no idle or busy instance")
-        queued, runs = _mean(s.stats.queued, c.window), _mean(s.stats.runs, c.window)
-        if cold_path(s, c):
+        queued, runs = _mean(f.queued, c.window), _mean(f.runs, c.window)
+        if cold_path(s, f, c):
             why = "queue for a busy instance and start one, first free serves"
             why += f" ({c.trigger:g} x {queued:.0f} > {runs:.0f} ms)"
             return QueuePlan(starts=uncovered, why=why)
-        frees = expected_frees(s, runs, now)
+        frees = expected_frees(s, f, runs, now)
         return QueuePlan(
             starts=0,
             why=f"delayed warm start: queue for a busy instance ({c.trigger:g} x {queued:.0f} <= {runs:.0f} ms run)",

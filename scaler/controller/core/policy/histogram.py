@@ -15,6 +15,7 @@ from typing import Annotated
 
 import msgspec
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy.base import NO_PREWARM, UNSEEN, KeepAlive, Policy, PolicyConfig, Prewarm, RunView
 from scaler.controller.core.state import FnState, Instance, Phase
 
@@ -44,11 +45,11 @@ class Windows:
     keep_ms: int  # after the end of an execution: when to unload
 
 
-def windows(s: FnState, c: HistogramConfig = DEFAULT) -> Windows | None:
+def windows(s: FnState, f: FnStats, c: HistogramConfig = DEFAULT) -> Windows | None:
     """The pre-warm and keep-alive windows, or None when the histogram is not representative."""
-    hist = s.stats.idle_hist
+    hist = f.idle_hist
     total = sum(hist)
-    if total < c.min_samples or s.stats.idle_oob * 2 >= total + s.stats.idle_oob:
+    if total < c.min_samples or f.idle_oob * 2 >= total + f.idle_oob:
         return None
     mean = total / len(hist)
     cv = (sum((c - mean) ** 2 for c in hist) / len(hist)) ** 0.5 / mean
@@ -73,23 +74,23 @@ class HybridHistogram(Policy):
     Config = HistogramConfig
     config: HistogramConfig
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
-        c, w = self.config, windows(s, self.config)
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+        c, w = self.config, windows(s, f, self.config)
         head, tail = f"{c.prewarm_margin:g} x p{c.head * 100:g} idle", f"{c.keep_margin:g} x p{c.tail * 100:g}"
         if w is None:
             keep = self.config.long_keep_alive_ms
             return KeepAlive(now + keep, f"histogram not representative: {keep / 3_600_000:g} h keep-alive")
         if not inst.request_id:  # a pre-warmed instance: keep until the window closes
-            return KeepAlive(max(now, s.stats.last_end_ms + w.keep_ms), f"pre-warmed: keep until {tail} idle")
+            return KeepAlive(max(now, f.last_end_ms + w.keep_ms), f"pre-warmed: keep until {tail} idle")
         if w.prewarm_ms == 0:
             return KeepAlive(now + w.keep_ms, f"p{c.head * 100:g} idle < 1 min: keep {w.keep_ms / 1000:g}s ({tail})")
         return KeepAlive(now, f"unload; reload at {w.prewarm_ms / 1000:g}s ({head})")
 
-    def prewarm(self, s: FnState, now: int, run: RunView = UNSEEN) -> Prewarm:
-        c, w = self.config, windows(s, self.config)
-        if w is None or w.prewarm_ms == 0 or s.queue or s.instances or not s.stats.last_end_ms:
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
+        c, w = self.config, windows(s, f, self.config)
+        if w is None or w.prewarm_ms == 0 or s.queue or s.instances or not f.last_end_ms:
             return NO_PREWARM
-        due, until = s.stats.last_end_ms + w.prewarm_ms, s.stats.last_end_ms + w.keep_ms
+        due, until = f.last_end_ms + w.prewarm_ms, f.last_end_ms + w.keep_ms
         if now < due:
             return Prewarm(next_ms=due)
         if now < until and not any(i.phase is not Phase.RETIRING for i in s.instances.values()):

@@ -62,7 +62,7 @@ from typing import Annotated
 
 import msgspec
 
-from scaler.controller.core.features import FOLLOW_MS, Leader
+from scaler.controller.core.features import FOLLOW_MS, FnStats, Leader
 from scaler.controller.core.next_gap import KERNEL, NextGap, build
 from scaler.controller.core.policy import forecast
 from scaler.controller.core.policy.base import (
@@ -259,16 +259,16 @@ class Learned(Policy):
 
     # --- what the history says -------------------------------------------------------------
 
-    def outlook(self, s: FnState, run: RunView = UNSEEN) -> Outlook:
+    def outlook(self, s: FnState, f: FnStats, run: RunView = UNSEEN) -> Outlook:
         """The function's next burst: how fast it comes, how many instances it needs, what missing it costs.
 
         A burst's followers (arrivals during one start after its first, at the rate within bursts, at
         most a burst's size) wait half a start each when it finds no instance, then in the queue they
         made, which the instances it needs drain a run at a time.
         """
-        gb, start, runs, gaps, lam = _gb(s), start_ms(s), s.stats.runs, s.stats.gaps, self.wait_gb(run)
+        gb, start, runs, gaps, lam = _gb(s, f), start_ms(s, f), f.runs, f.gaps, self.wait_gb(run)
         near = [g for g in gaps if g <= 2 * start]
-        busy = _busy(s) if runs else 0.0
+        busy = _busy(s, f) if runs else 0.0
         rate = len(near) / max(sum(near), 1) if near else 0.0
         need, variability = 1, (scv(near) + scv(runs)) / 2
         if runs and len(near) >= 2:
@@ -278,30 +278,30 @@ class Learned(Policy):
         miss = lam * (start + waits) + gb * start
         return Outlook(gb, start, rate, need, waits, miss, lam, followers, busy, variability)
 
-    def pool_target(self, s: FnState, now: int, margin: float = 0.0, run: RunView = UNSEEN) -> int:
+    def pool_target(self, s: FnState, f: FnStats, now: int, margin: float = 0.0, run: RunView = UNSEEN) -> int:
         """Instances worth keeping for the recent load (`forecast.pool_size`), plus spares for those that die.
 
         `margin`: for the rate `margin` standard errors above its estimate (the recent gaps are a sample).
         """
-        runs, gaps, lam = s.stats.runs, s.stats.gaps, self.wait_gb(run)
+        runs, gaps, lam = f.runs, f.gaps, self.wait_gb(run)
         if not runs:
             return 1
-        busy = _busy(s)
-        rate, gb = _rate(s, now), _gb(s)
+        busy = _busy(s, f)
+        rate, gb = _rate(s, f, now), _gb(s, f)
         arrivals = scv(gaps)
         if margin and gaps:
             rate *= 1 + margin * math.sqrt(arrivals / len(gaps))
         variability = (arrivals + scv(runs)) / 2
-        return pool_size(rate, busy, gb, lam, variability) + _spares(s, rate, gb, lam)
+        return pool_size(rate, busy, gb, lam, variability) + _spares(s, f, rate, gb, lam)
 
-    def _little_history(self, s: FnState, run: RunView) -> bool:
+    def _little_history(self, s: FnState, f: FnStats, run: RunView) -> bool:
         """Too few gaps of its own, and too few of the run's new functions to go by."""
         return (
-            sum(s.stats.gap_hist) < self.config.min_samples
+            sum(f.gap_hist) < self.config.min_samples
             and sum(run.new_gaps) + len(run.new_open) < self.config.min_new_functions
         )
 
-    def next_arrival(self, s: FnState, now: int, run: RunView = UNSEEN) -> NextArrival:
+    def next_arrival(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> NextArrival:
         """When the function's next call may come (ms after its last), given none came by `now`: its own
         gaps, and how soon the run's new functions came back, weighing as much as one gap of its own; and
         whether its own gaps say when. Past its longest gap they do not (`forecast.beyond`). The next gap
@@ -309,30 +309,30 @@ class Learned(Policy):
         as the recent gaps vary (`_shorter_than_seen`); for a Poisson function, as many as the exponential
         its gaps fit puts there, where it puts them (`forecast.memoryless_below`). A leader that came back
         just now says when as well (`_cue`), with the weight its lead has earned."""
-        own = self._own_forecast(s, now, run)
-        cue = self._cue(s, now)
+        own = self._own_forecast(s, f, now, run)
+        cue = self._cue(s, f, now)
         if not cue.points:
             return own
         points, share, total = own.points, cue.share, own.points.total
         mine = [(x, w * (1 - share) / total) for x, w in points.pairs()] if total else []
         return NextArrival(Points.of(sorted(mine + cue.points)), True)
 
-    def _own_forecast(self, s: FnState, now: int, run: RunView) -> NextArrival:
+    def _own_forecast(self, s: FnState, f: FnStats, now: int, run: RunView) -> NextArrival:
         """The function's own gaps, counted from its last arrival (their points as the features fold keeps them,
         `next_gap`); a clock's from its last beat (`since_beat`); a function called in groups, as its current
         group's place says (`group_pause`)."""
-        gaps = s.stats.gaps
+        gaps = f.gaps
         c = self.config
         beat = since_beat(gaps, c.clock_share, c.beat_sds, c.beat_share)
-        elapsed = now - s.stats.last_arrival_ms + beat
-        burst = 2 * start_ms(s)  # a longer gap is a lull (or a group's pause)
-        seen = sum(s.stats.gap_hist)
+        elapsed = now - f.last_arrival_ms + beat
+        burst = 2 * start_ms(s, f)  # a longer gap is a lull (or a group's pause)
+        seen = sum(f.gap_hist)
         shorter = []
         if _memoryless(gaps, c):
             shorter = memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)
         elif (early := _shorter_than_seen(gaps)) > elapsed:
             shorter = [(early, c.early_weight)]
-        own = own_points(_next_gap(s, burst), elapsed, shorter)
+        own = own_points(_next_gap(s, f, burst), elapsed, shorter)
         if seen >= c.min_samples:
             points = own if own is not None else Points.of(beyond(max(elapsed, 1)))
         else:
@@ -348,24 +348,24 @@ class Learned(Policy):
             points = in_group(points, group.ended, group.pauses, elapsed, burst)
         return NextArrival(points, own is not None)
 
-    def _cue(self, s: FnState, now: int) -> LeaderCue:
+    def _cue(self, s: FnState, f: FnStats, now: int) -> LeaderCue:
         """Where a leader's return puts the function's next call (ms after its last), how likely it comes
         then, and which leader says so (`_lead`), when it comes mostly a start or more after the leader's
         return: one sooner cannot be served warm, and pre-warming for it would hold an instance for a few ms
         saved (`_imminent` starts its burst's instances instead)."""
-        lead, at = (f := self._lead(s, now)).leader, f.at_ms
-        if lead is None or _median_lag(lead) < start_ms(s):
+        lead, at = (following := self._lead(s, f, now)).leader, following.at_ms
+        if lead is None or _median_lag(lead) < start_ms(s, f):
             return NO_CUE
-        last = s.stats.last_arrival_ms
+        last = f.last_arrival_ms
         points = lag_points(lead.lags, at - last, now - last, lead.share())
         return LeaderCue(points, lead.share(), lead.key) if points else NO_CUE
 
-    def _lead(self, s: FnState, now: int) -> Following:
+    def _lead(self, s: FnState, f: FnStats, now: int) -> Following:
         """The leader whose return says when the function is called next, and when it came back: one it
         follows came back under FOLLOW_MS ago while it had no instance (`Cued`), and the function came
         within FOLLOW_MS of nearly every such return before (`lead_share`). Of several, the most reliable."""
-        leaders, best = {x.key: x for x in s.stats.leaders}, Following(None, 0)
-        for key, at in s.stats.cues:
+        leaders, best = {x.key: x for x in f.leaders}, Following(None, 0)
+        for key, at in f.cues:
             lead = leaders.get(key)
             if lead is None or not lead.lags or now - at > FOLLOW_MS or lead.share() < self.config.lead_share:
                 continue
@@ -373,42 +373,42 @@ class Learned(Policy):
                 best = Following(lead, at)
         return best
 
-    def _imminent(self, s: FnState, now: int, run: RunView) -> Prewarm:
+    def _imminent(self, s: FnState, f: FnStats, now: int, run: RunView) -> Prewarm:
         """A leader came back and the function's call comes sooner than a start after it: no instance is
         ready for it, but those its burst needs can be started now rather than at the call, so each of the
         burst's requests waits that much less: as many as `plan_queue` would start for the call."""
-        lead, at = (f := self._lead(s, now)).leader, f.at_ms
-        if lead is None or (lag := _median_lag(lead)) >= start_ms(s) or now - at >= lag:
+        lead, at = (following := self._lead(s, f, now)).leader, following.at_ms
+        if lead is None or (lag := _median_lag(lead)) >= start_ms(s, f) or now - at >= lag:
             return NO_PREWARM
-        plan = self._queue_plan(s, 1, 1, now, run)
+        plan = self._queue_plan(s, f, 1, 1, now, run)
         count = plan.starts + plan.ahead
         why = f"pre-warm: next arrival expected in {at + lag - now} ms, sooner than a start"
         return Prewarm(count, f"{why} ({lead.key} came back, and this function follows it)") if count else NO_PREWARM
 
     def return_plan(
-        self, s: FnState, now: int, run: RunView = UNSEEN, known: tuple[NextArrival, Outlook] | None = None
+        self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN, known: tuple[NextArrival, Outlook] | None = None
     ) -> Plan | None:
         """With nothing live: the instances to start for the next arrival (ready at `plan.ready`, held until
         `plan.until`, after the last arrival) and how many (`plan.count`), one or as many as a burst needs;
         None when a miss costs less, or when the function's history does not say when its next call comes.
         `known`: the next arrival and the outlook at `now`, when worked out already."""
-        st = s.stats
-        if not st.start_ms or not st.arrivals or self._little_history(s, run):
+        st = f
+        if not st.start_ms or not st.arrivals or self._little_history(s, f, run):
             return None
-        nxt, o = known or (self.next_arrival(s, now, run), self.outlook(s, run))
+        nxt, o = known or (self.next_arrival(s, f, now, run), self.outlook(s, f, run))
         if not nxt.timed:
             return None
         elapsed = now - st.last_arrival_ms
         return restart_plan(nxt.points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
 
-    def lull(self, s: FnState, now: int, run: RunView = UNSEEN) -> Lull:
+    def lull(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Lull:
         """How many instances to keep for the function's next arrival, until when, and why: the cheapest of
         keeping one or as many as a burst needs, retiring them (a miss), and, when the function is quiet,
         retiring them to start again just before the next arrival (`return_plan`)."""
-        o, st = self.outlook(s, run), s.stats
+        o, st = self.outlook(s, f, run), f
         last = st.last_arrival_ms
         elapsed = now - last
-        if self._little_history(s, run):
+        if self._little_history(s, f, run):
             keep = (o.miss - o.kept_shortfall(1)) / o.gb  # nothing to go by: ski rental, idle as long as a miss costs
             if elapsed >= keep:
                 return Lull(now, 0, "little history, and idle longer than a miss would cost")
@@ -417,14 +417,14 @@ class Learned(Policy):
                 1,
                 f"little history: break-even keep-alive {keep / 1000:.3g}s after the last arrival",
             )
-        nxt = self.next_arrival(s, now, run)
+        nxt = self.next_arrival(s, f, now, run)
         points = nxt.points
         keep = keep_plan(points, elapsed, o.miss, o.options(kept=True))
         count = keep.count
         quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
         # A restart costs at least what the arrivals within a start from now wait for it (or miss).
         if quiet and served_within(points, o.start, o.miss, o.lam, elapsed) < keep.cost:
-            back = self.return_plan(s, now, run, (nxt, o))
+            back = self.return_plan(s, f, now, run, (nxt, o))
             if back is not None and back.cost < keep.cost and back.ready - o.start > elapsed:
                 return Lull(now, 0, "cheaper to start again just before the next arrival")
         if keep.until <= elapsed:
@@ -437,53 +437,53 @@ class Learned(Policy):
 
     # --- the policy's choices -----------------------------------------------------------------
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
         ahead = not inst.for_request and not inst.request_id  # started for a predicted arrival...
-        if ahead and s.stats.last_arrival_ms < inst.wanted_ms:  # ...still to come: hold it through it
-            back = self.return_plan(s, inst.wanted_ms, run)
-            until = s.stats.last_arrival_ms + int(back.until) + 1 if back is not None else 0
+        if ahead and f.last_arrival_ms < inst.wanted_ms:  # ...still to come: hold it through it
+            back = self.return_plan(s, f, inst.wanted_ms, run)
+            until = f.last_arrival_ms + int(back.until) + 1 if back is not None else 0
             if until > now:
                 return KeepAlive(until, "pre-warmed: held through the predicted arrival")
-        return self._keep(s, now, run)
+        return self._keep(s, f, now, run)
 
-    def expire(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive | None:
-        keep = self._keep(s, now, run)
+    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive | None:
+        keep = self._keep(s, f, now, run)
         return keep if keep.until_ms > now else None
 
-    def _keep(self, s: FnState, now: int, run: RunView) -> KeepAlive:
+    def _keep(self, s: FnState, f: FnStats, now: int, run: RunView) -> KeepAlive:
         """Keep the instance for the lull's plan, unless the function has more than that plan and the load need:
         clearly more, the load taken a standard error above its estimate, so that a pool does not shrink and
         grow again with the noise of its rate. Until now (retire it) says why not."""
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        until, count, why = (lull := self.lull(s, now, run)).until_ms, lull.count, lull.why
-        if live > count and live > self.pool_target(s, now, margin=0.5, run=run):
+        until, count, why = (lull := self.lull(s, f, now, run)).until_ms, lull.count, lull.why
+        if live > count and live > self.pool_target(s, f, now, margin=0.5, run=run):
             return KeepAlive(now, f"{live} live, more than the lull's {count} and the load's")
         return KeepAlive(until, why) if until > now else KeepAlive(now, why)
 
-    def plan_queue(self, s: FnState, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
+    def plan_queue(self, s: FnState, f: FnStats, uncovered: int, now: int, run: RunView = UNSEEN) -> QueuePlan:
         """Start the number of instances that minimises the queue's total wait x `wait_gb` plus their cost.
 
         The queue is simulated first-come first-served against the busy instances' expected rests
         and the instances being created, and against m new ones ready after a start; a new one
         costs its start and as much again of idle tail.
         """
-        return self._queue_plan(s, len(s.queue), uncovered, now, run)
+        return self._queue_plan(s, f, len(s.queue), uncovered, now, run)
 
-    def _queue_plan(self, s: FnState, queued: int, uncovered: int, now: int, run: RunView) -> QueuePlan:
+    def _queue_plan(self, s: FnState, f: FnStats, queued: int, uncovered: int, now: int, run: RunView) -> QueuePlan:
         """`plan_queue`, for `queued` requests waiting now (a call about to come counts as one)."""
         c, lam = self.config, self.wait_gb(run)
-        runs = sorted(s.stats.runs)
-        if len(runs) < c.min_samples or not s.stats.start_ms:
+        runs = sorted(f.runs)
+        if len(runs) < c.min_samples or not f.start_ms:
             return QueuePlan(starts=uncovered)
-        start = start_ms(s)
+        start = start_ms(s, f)
         typical = runs[len(runs) // 2]
-        busy = typical + _death_share(s) * start  # an instance that dies with its request is gone a start
-        gb = _gb(s)
-        free = _when_free(s, runs, start, now)
+        busy = typical + _death_share(s, f) * start  # an instance that dies with its request is gone a start
+        gb = _gb(s, f)
+        free = _when_free(s, f, runs, start, now)
         # Who will want an instance: the queue now, and arrivals over the next two starts (a queue that
         # cannot keep up with them keeps growing): at the rate within bursts, as many as a burst brings.
         arrivals = [float(now)] * min(queued, c.queue_simulated)
-        rate, coming = (burst := _burst(s, start)).rate, burst.coming
+        rate, coming = (burst := _burst(s, f, start)).rate, burst.coming
         if rate:
             arrivals += [
                 now + (j + 1) / rate for j in range(min(int(rate * 2 * start), math.ceil(coming), c.queue_simulated))
@@ -518,7 +518,7 @@ class Learned(Policy):
         if best_m > uncovered:
             return QueuePlan(starts=uncovered, ahead=best_m - uncovered)
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        starts = min(max(best_m, self.pool_target(s, now, run=run) - live), uncovered)
+        starts = min(max(best_m, self.pool_target(s, f, now, run=run) - live), uncovered)
         if starts == uncovered or first is None or first == math.inf:
             return QueuePlan(starts=starts)
         return QueuePlan(
@@ -528,37 +528,37 @@ class Learned(Policy):
             expected_ms=int(first),
         )
 
-    def prewarm(self, s: FnState, now: int, run: RunView = UNSEEN) -> Prewarm:
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
         if not s.nothing_live():
             return NO_PREWARM  # a function with instances grows only for waiting requests (`plan_queue`)
-        if (soon := self._imminent(s, now, run)).count:
+        if (soon := self._imminent(s, f, now, run)).count:
             return soon
-        plan = self.return_plan(s, now, run)
+        plan = self.return_plan(s, f, now, run)
         if plan is None:
             return NO_PREWARM
         count = plan.count
-        begin = s.stats.last_arrival_ms + int(plan.ready) - start_ms(s)
+        begin = f.last_arrival_ms + int(plan.ready) - start_ms(s, f)
         if begin > now:
             return Prewarm(next_ms=begin)
-        expected = (s.stats.last_arrival_ms + plan.ready - now) / 1000
+        expected = (f.last_arrival_ms + plan.ready - now) / 1000
         why = f"pre-warm: next arrival expected {expected:.3g}s from now"
-        if leader := self._cue(s, now).leader:
+        if leader := self._cue(s, f, now).leader:
             why += f" ({leader} came back, and this function follows it)"
         return Prewarm(count, why)
 
 
-def _spares(s: FnState, rate: float, gb: float, lam: float) -> int:
+def _spares(s: FnState, f: FnStats, rate: float, gb: float, lam: float) -> int:
     """Instances kept beyond the load for those lost with their request (need_destroy).
 
     Deaths come at `rate` x the share of requests that kill their instance; one that finds no
     spare makes every arrival during a start wait. Keep the number of spares s that minimises
     memory x s + wait_gb x (deaths that find none) x (their wait), deaths being Poisson within a start.
     """
-    st = s.stats
+    st = f
     if not st.deaths or not rate:
         return 0
     deaths = rate * st.deaths / st.arrivals  # per ms
-    start = start_ms(s)
+    start = start_ms(s, f)
     expected = deaths * start  # deaths within one start
     cost_of_one = rate * start * start / 2  # ms of waiting when no spare covers it
     best_s, best, tail, term = 0, math.inf, 1.0, math.exp(-expected)
@@ -572,9 +572,9 @@ def _spares(s: FnState, rate: float, gb: float, lam: float) -> int:
     return best_s
 
 
-def _next_gap(s: FnState, burst: int) -> NextGap:
+def _next_gap(s: FnState, f: FnStats, burst: int) -> NextGap:
     """The function's NextGap as the features fold keeps it, or (for stats put together otherwise) as built now."""
-    st = s.stats
+    st = f
     gaps = st.next_gap
     if gaps.fits(st.gaps, st.lulls, st.gap_hist, burst):
         return gaps
@@ -586,39 +586,39 @@ def _median_lag(lead: Leader) -> int:
     return sorted(lead.lags)[len(lead.lags) // 2]
 
 
-def _gb(s: FnState) -> float:
+def _gb(s: FnState, f: FnStats) -> float:
     return (s.meta.memory_mb if s.meta else 1024) / 1024
 
 
-def _death_share(s: FnState) -> float:
+def _death_share(s: FnState, f: FnStats) -> float:
     """The share of requests that kill their instance (need_destroy)."""
-    return s.stats.deaths / s.stats.arrivals if s.stats.arrivals else 0.0
+    return f.deaths / f.arrivals if f.arrivals else 0.0
 
 
-def _busy(s: FnState) -> float:
+def _busy(s: FnState, f: FnStats) -> float:
     """How long a request keeps an instance from the next one, on average: its run, and when it kills the
     instance (need_destroy), the start of another."""
-    runs = s.stats.runs
-    return max(sum(runs) / len(runs), 1.0) + _death_share(s) * start_ms(s)
+    runs = f.runs
+    return max(sum(runs) / len(runs), 1.0) + _death_share(s, f) * start_ms(s, f)
 
 
-def _rate(s: FnState, now: int | None = None) -> float:
+def _rate(s: FnState, f: FnStats, now: int | None = None) -> float:
     """Recent arrivals per ms; with `now`, the gap still open counts too (a lull lowers it)."""
-    gaps = s.stats.gaps
+    gaps = f.gaps
     if not gaps:
         return 0.0
-    span = sum(gaps) + (max(0, now - s.stats.last_arrival_ms) if now is not None else 0)
+    span = sum(gaps) + (max(0, now - f.last_arrival_ms) if now is not None else 0)
     return len(gaps) / max(span, 1)
 
 
-def _burst(s: FnState, start: int) -> Burst:
+def _burst(s: FnState, f: FnStats, start: int) -> Burst:
     """Arrivals per ms within a burst (gaps shorter than two starts), and how many more a burst brings once
     it has begun, on average: a gap is short with chance p, so p / (1 - p) (a busy function: all of its
     recent gaps)."""
-    gaps = s.stats.gaps
+    gaps = f.gaps
     near = [g for g in gaps if g <= 2 * start]
     if not near:
-        return Burst(_rate(s), len(gaps))
+        return Burst(_rate(s, f), len(gaps))
     far = len(gaps) - len(near)
     return Burst(len(near) / max(sum(near), 1), len(near) / far if far else len(gaps))
 
@@ -642,7 +642,7 @@ def _memoryless(gaps: tuple[int, ...], c: LearnedConfig) -> bool:
     )
 
 
-def _when_free(s: FnState, runs: list[int], start: int, now: int) -> list[float]:
+def _when_free(s: FnState, f: FnStats, runs: list[int], start: int, now: int) -> list[float]:
     """When each instance is expected to take its next waiting request: busy ones after their expected
     rest, those being created when ready; a busy one not worth waiting for is left out."""
     free = []

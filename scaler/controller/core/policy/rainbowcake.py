@@ -17,6 +17,7 @@ from typing import Annotated
 
 import msgspec
 
+from scaler.controller.core.features import FnStats
 from scaler.controller.core.policy.base import NO_PREWARM, UNSEEN, KeepAlive, Policy, PolicyConfig, Prewarm, RunView
 from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.state import FnState, Instance, Phase
@@ -44,9 +45,9 @@ class RainbowCakeConfig(PolicyConfig, frozen=True, kw_only=True):
 DEFAULT = RainbowCakeConfig()
 
 
-def arrivals(s: FnState, c: RainbowCakeConfig = DEFAULT) -> list[int]:
+def arrivals(s: FnState, f: FnStats, c: RainbowCakeConfig = DEFAULT) -> list[int]:
     """The last `history` arrivals (ms), oldest first, from the last one and the gaps before it."""
-    st = s.stats
+    st = f
     if not st.arrivals:
         return []
     out = [st.last_arrival_ms]
@@ -55,23 +56,23 @@ def arrivals(s: FnState, c: RainbowCakeConfig = DEFAULT) -> list[int]:
     return out[::-1]
 
 
-def mean_gap_s(s: FnState, at: int, c: RainbowCakeConfig = DEFAULT) -> float:
+def mean_gap_s(s: FnState, f: FnStats, at: int, c: RainbowCakeConfig = DEFAULT) -> float:
     """RainbowCake's mean inter-arrival at `at`: (at - the oldest arrival kept) / arrivals kept, in seconds."""
-    kept = [t for t in arrivals(s, c) if at - t < c.history_ms]
+    kept = [t for t in arrivals(s, f, c) if at - t < c.history_ms]
     return (at - kept[0]) / 1000 / len(kept) if kept else 0.0
 
 
-def bound_s(s: FnState, c: RainbowCakeConfig = DEFAULT) -> int:
+def bound_s(s: FnState, f: FnStats, c: RainbowCakeConfig = DEFAULT) -> int:
     """UB: the keep-alive whose memory costs what a start costs, at most `alive_max_s`."""
     memory = s.meta.memory_mb if s.meta else 0
-    if not s.stats.start_ms or not memory:
+    if not f.start_ms or not memory:
         return c.alive_max_s
-    return min(c.alive_max_s, math.ceil(c.alpha * s.stats.start_ms / 1000 / ((1 - c.alpha) * memory)))
+    return min(c.alive_max_s, math.ceil(c.alpha * f.start_ms / 1000 / ((1 - c.alpha) * memory)))
 
 
-def alive_s(s: FnState, at: int, c: RainbowCakeConfig = DEFAULT) -> int:
-    mean = mean_gap_s(s, at, c)
-    upper = bound_s(s, c)
+def alive_s(s: FnState, f: FnStats, at: int, c: RainbowCakeConfig = DEFAULT) -> int:
+    mean = mean_gap_s(s, f, at, c)
+    upper = bound_s(s, f, c)
     if mean <= 0:
         return upper
     alive = math.ceil(c.means * mean)
@@ -83,16 +84,16 @@ class RainbowCake(Policy):
     Config = RainbowCakeConfig
     config: RainbowCakeConfig
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
-        keep = alive_s(s, now, self.config)
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+        keep = alive_s(s, f, now, self.config)
         return KeepAlive(now + keep * 1000, f"RainbowCake keep-alive {keep}s (1.61 x mean gap, 60 s..UB)")
 
-    def prewarm(self, s: FnState, now: int, run: RunView = UNSEEN) -> Prewarm:
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
         c = self.config
-        if not s.stats.arrivals:
+        if not f.arrivals:
             return NO_PREWARM
-        last = s.stats.last_arrival_ms
-        mean = mean_gap_s(s, last, c)
+        last = f.last_arrival_ms
+        mean = mean_gap_s(s, f, last, c)
         due = last + (math.ceil(c.means * mean) if mean > 0 else c.prewarm_min_s) * 1000
         if now < due:
             return Prewarm(next_ms=due)
@@ -100,6 +101,6 @@ class RainbowCake(Policy):
             return NO_PREWARM
         if any(i.wanted_ms >= due for i in s.instances.values()):
             return NO_PREWARM  # pre-warmed for this arrival already
-        if now >= due + max(start_ms(s), 1_000):
+        if now >= due + max(start_ms(s, f), 1_000):
             return NO_PREWARM  # the event fired at `due`; a later look is not it
         return Prewarm(1, "RainbowCake pre-warm: 1.61 x mean gap after the last arrival, none idle")

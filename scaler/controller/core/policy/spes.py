@@ -28,7 +28,7 @@ from typing import Annotated
 
 import msgspec
 
-from scaler.controller.core.features import ACTIVITY_BIN_MS
+from scaler.controller.core.features import ACTIVITY_BIN_MS, FnStats
 from scaler.controller.core.policy.base import NO_PREWARM, UNSEEN, KeepAlive, Policy, PolicyConfig, Prewarm, RunView
 from scaler.controller.core.policy.estimate import median
 from scaler.controller.core.state import FnState, Instance
@@ -110,10 +110,10 @@ def _std(values: list[int]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
-def windows(s: FnState, kind: Kind, c: SpesConfig = DEFAULT) -> list[Window]:
+def windows(s: FnState, f: FnStats, kind: Kind, c: SpesConfig = DEFAULT) -> list[Window]:
     """The predicted windows of the next call: one per mode (regular: the median run, std of all runs)."""
-    runs = s.stats.quiet_bins
-    last_bin = s.stats.last_arrival_ms // BIN_MS
+    runs = f.quiet_bins
+    last_bin = f.last_arrival_ms // BIN_MS
     if kind is Kind.REGULAR:
         predicted = [(median(list(runs)), _std(list(runs)))]
     elif kind is Kind.APPROX_REGULAR:
@@ -133,19 +133,19 @@ class Spes(Policy):
     Config = SpesConfig
     config: SpesConfig
 
-    def keep_alive(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
-        kind = classify(s.stats.quiet_bins, self.config)
+    def keep_alive(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive:
+        kind = classify(f.quiet_bins, self.config)
         ahead = not inst.for_request and not inst.request_id
-        if ahead and s.stats.last_arrival_ms < inst.wanted_ms:  # pre-warmed, its call still to come
-            ends = [w.end_ms for w in windows(s, kind, self.config) if w.end_ms > now]
+        if ahead and f.last_arrival_ms < inst.wanted_ms:  # pre-warmed, its call still to come
+            ends = [w.end_ms for w in windows(s, f, kind, self.config) if w.end_ms > now]
             if ends:
                 return KeepAlive(min(ends), f"SPES {kind}: pre-warmed, held through the predicted window")
-        return self.expire(s, inst, now) or KeepAlive(now, f"SPES {kind}: unload")
+        return self.expire(s, f, inst, now) or KeepAlive(now, f"SPES {kind}: unload")
 
-    def expire(self, s: FnState, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive | None:
+    def expire(self, s: FnState, f: FnStats, inst: Instance, now: int, run: RunView = UNSEEN) -> KeepAlive | None:
         c = self.config
-        kind = classify(s.stats.quiet_bins, c)
-        idle_from = max(inst.since_ms, s.stats.last_arrival_ms)
+        kind = classify(f.quiet_bins, c)
+        idle_from = max(inst.since_ms, f.last_arrival_ms)
         match kind:
             case Kind.ALWAYS_WARM:
                 return KeepAlive(now + ALWAYS_WARM_RECHECK_MS, "SPES always warm: never unloaded")
@@ -159,13 +159,13 @@ class Spes(Policy):
                 until, why = idle_from + c.unknown_keep_ms, f"{c.unknown_keep_ms / 60_000:g}-minute keep-alive"
         return KeepAlive(until, f"SPES {kind}: {why}") if until > now else None
 
-    def prewarm(self, s: FnState, now: int, run: RunView = UNSEEN) -> Prewarm:
+    def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
         c = self.config
-        if not s.nothing_live() or not s.stats.arrivals:
+        if not s.nothing_live() or not f.arrivals:
             return NO_PREWARM
-        kind = classify(s.stats.quiet_bins, c)
+        kind = classify(f.quiet_bins, c)
         lead = c.prewarm_lead_bins * BIN_MS
-        for w in windows(s, kind, c):
+        for w in windows(s, f, kind, c):
             if now >= w.end_ms:
                 continue
             if now < w.start_ms - lead:
