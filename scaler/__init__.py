@@ -1,6 +1,6 @@
 """scaler: an event-sourced autoscaler for serverless functions, installed as this one import package.
 
-Its parts, lowest first (a part imports only from those before it; tests/test_packages.py):
+Its parts, lowest first (a part imports only from those before it; tests/project/test_packages.py):
 `proto` (the wire and the events), `runtime` (what every process shares), `controller.core` (pure
 state, decisions and policies), the services `controller`, `gateway` and `workers`, and the tools
 `platform_stub`, `simulator`, `report` and `cli` (the `scaler` command).

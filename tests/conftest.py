@@ -23,8 +23,8 @@ STARTERS = frozenset(
 )
 # Tests whose processes the scaler's own code starts, out of sight of the names above.
 THROUGH_THE_SCALER = {
-    "tests/test_runs.py": "a saved run records its commit (`git describe`)",
-    "tests/test_sweep.py::test_a_sweep_runs_its_points_in_processes": "a sweep runs its points in processes",
+    "tests/simulator/test_runs.py": "a saved run records its commit (`git describe`)",
+    "tests/simulator/test_sweep.py::test_a_sweep_runs_its_points_in_processes": "a sweep runs its points in processes",
 }
 
 
@@ -65,9 +65,9 @@ def _starts_a_process(roots: list[object], seen: set[int]) -> str:
 
 # Tests that start no process but simulate whole traces offline, seconds each: the `slow` tier.
 WHOLE_TRACES = (
-    "tests/test_nodes.py::test_sharing_the_totals_gives_the_scores_of_one_node",
-    "tests/test_shapes.py::test_no_policy_executes_more_than_it_holds_slots_for",
-    "tests/test_simulate.py::test_offline_runs_the_five_hour_trace",
+    "tests/system/test_nodes.py::test_sharing_the_totals_gives_the_scores_of_one_node",
+    "tests/simulator/test_shapes.py::test_no_policy_executes_more_than_it_holds_slots_for",
+    "tests/simulator/test_simulate.py::test_offline_runs_the_five_hour_trace",
 )
 
 

@@ -1,7 +1,7 @@
 """What a node must be permitted on NATS, checked at its start (scaler/runtime/permissions.py).
 
 The operator's side of it, a NATS configuration granting exactly this, is in docs/operations.md ("NATS
-permissions"); tests/test_security.py runs a node under that configuration.
+permissions"); tests/system/test_security.py runs a node under that configuration.
 """
 
 from scaler.controller import shared, snapshots, state_service, tenants

@@ -5,7 +5,7 @@ version N's data into N+1's, and the result is converted to today's structs. Sin
 snapshot's features are a body of their own (scaler/controller/snapshots.py): a change to the features
 bumps `features.VERSION`, never `state.VERSION`, and needs no step here. A change to what
 `scaler/controller/core/state.py` stores or computes bumps `state.VERSION` and adds its step here;
-`tests/test_upgrade.py` pins the shape per version and loads a store written by every release.
+`tests/controller/test_upgrade.py` pins the shape per version and loads a store written by every release.
 """
 
 from collections.abc import Callable

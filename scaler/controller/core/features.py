@@ -9,7 +9,7 @@ the lifecycle depends on them; the core hands them to the policies beside the st
 `VERSION` stamps what this fold computes, for snapshots (scaler/controller/snapshots.py, which keeps
 them in a body of their own): a snapshot taken under another version holds other features, so it is
 not used. A new feature bumps this version only, never the lifecycle's (`state.VERSION`). Tidying this module keeps
-the version; changing what it computes must bump it, and `tests/core/test_features.py` fails until
+the version; changing what it computes must bump it, and `tests/controller/core/test_features.py` fails until
 it does (it pins the features of a reference event log).
 """
 
