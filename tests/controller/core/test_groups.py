@@ -13,6 +13,7 @@ from scaler.controller.core.policy.forecast import (
     GROUP_PAUSES_ALIKE,
     GROUPS_FROM,
     NEVER,
+    GroupPause,
     Points,
     group_pause,
     in_group,
@@ -51,7 +52,7 @@ def test_group_pause_reads_the_groups_a_walk_through_the_gaps_finds(gaps, burst)
     if len(pauses) < GROUPS_FROM or reached < GROUPS_FROM or pauses[-1] > GROUP_PAUSES_ALIKE * pauses[0]:
         assert found is None
     else:
-        assert found == (len(pauses) / reached, pauses)
+        assert found == GroupPause(len(pauses) / reached, pauses)
 
 
 point = st.tuples(st.sampled_from([1.0, 10.0, 100.0, 250.0, 900.0, 5_000.0]), st.floats(0.01, 5.0))
