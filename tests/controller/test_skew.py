@@ -20,6 +20,7 @@ from scaler.store import stream
 from scripts.faults import FAKETIME, HAVE_FAKETIME, released_under_their_callers
 from tests.processes import Driver, Parts
 from tests.stack import Stack, eventually
+from tests.system.test_nodes import shared_between
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ async def test_a_take_over_from_a_node_whose_wall_clock_is_off_releases_no_reque
     clock = {"LD_PRELOAD": FAKETIME, "FAKETIME": f"{off_s:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     keys = tuple(f"fn{n}" for n in range(8))
     async with Parts(nats_url, f"127.0.0.1:{stub.port}", nodes=2, env={"node-1": clock}) as parts:
+        await shared_between(nats_url, 2)  # node-1 decides for half the functions before the load begins
         # through node-1: its own partitions decided there, the others' forwarded
         driver = Driver(parts.address("node"), keys=keys, clients=6, hold_s=4, function_timeout_s=60, retry_assign=True)
         load = asyncio.create_task(driver.run())
