@@ -23,6 +23,10 @@ from tests.store.test_group_commit import stored
 from tests.system.test_nodes import shared_between
 
 LEAD_MS = 400
+# The nodes' clock, a tenth of the wall's speed: a cue is worth something within FOLLOW_MS (1 s) of its
+# leader's return, which a loaded machine may pass between the two on the wall clock. At this speed a node
+# takes stamps as they are (no rebase), so the history the simulator wrote minutes ago reads as such.
+SLOW = Clock(speed=0.1)
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,11 @@ class OnTheClock(Dataset):
         return 0
 
 
-async def seeded(url: str) -> Simulation:
+async def seeded(url: str, clock: Clock = SLOW) -> Simulation:
     """The offline run of a leader and its follower, ending minutes ago, its batches appended to the stream in
     the order decided: as history only, on subjects no worker acts on (its slots were the simulator's)."""
     trace = chained(LEAD_MS)
-    at_ms = Clock().now_ms() - trace.span_ms - 10 * 60_000
+    at_ms = clock.now_ms() - trace.span_ms - 10 * 60_000
     trace = chained(LEAD_MS, at_ms=at_ms)
     sim = Simulation(OnTheClock(trace.name, trace.metas, trace.requests), get_policy("learned"))
     batches, command = [], sim.command
@@ -66,7 +70,7 @@ async def test_a_leaders_return_prewarms_its_follower_on_the_node(nats_url):
     lead = sim.ledger.features_of("follower").leaders
     assert [(x.key, x.hits == x.trials) for x in lead] == [("leader", True)]
     history = len(await stored(nats_url, "follower"))
-    async with Stack(nats_url, sim.dataset.metas, policy="learned") as stack:
+    async with Stack(nats_url, sim.dataset.metas, policy="learned", clock=SLOW) as stack:
         follower = stack.controller.states["follower"]
         followed = stack.controller.ledger.features_of("follower").leaders
         assert followed == lead and follower.nothing_live()  # rebuilt from the stream, quiet
@@ -79,8 +83,8 @@ async def test_a_leaders_return_on_another_node_prewarms_its_follower(nats_url):
     (6) and the leader's (23). Without the returns told across nodes, the follower is never cued."""
     sim = await seeded(nats_url)
     history = len(await stored(nats_url, "follower"))
-    async with Stack(nats_url, sim.dataset.metas, policy="learned") as stack:
-        other = Controller(nats_url, get_policy("learned"))
+    async with Stack(nats_url, sim.dataset.metas, policy="learned", clock=SLOW) as stack:
+        other = Controller(nats_url, get_policy("learned"), SLOW)
         await other.start()
         try:
             await shared_between(nats_url, 2)
