@@ -1,6 +1,6 @@
 """The fault suite: each fault done to a scaler serving real callers, then the same checks, printed as a table.
 
-    .venv/bin/python scripts/faults.py                 # every fault (about 12 minutes)
+    .venv/bin/python scripts/faults.py                 # every fault (about 6 minutes)
     .venv/bin/python scripts/faults.py pause torn      # some of them
 
 Real processes throughout: nats-server (syncing every write), the nodes and workers as `scaler up` runs
