@@ -77,7 +77,7 @@ class Door:
         for nobody."""
         if not self.partitions.serves(cmd.key):
             return await self.forwarder.call(cmd, timeout_s)
-        if (refused := self.overloaded(cmd)) is not None:
+        if (refused := self.refused(cmd)) is not None:
             return refused
         answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         to = self.replies.expect(answer)
@@ -126,11 +126,15 @@ class Door:
         if not done.cancelled() and isinstance(done.exception(), Told):
             self.persist(replace(cmd, reply_to=""))
 
-    def overloaded(self, cmd: AnyCommand) -> Reply | None:
-        """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds;
-        and a function's policy this node cannot load (the core checks only a name's form)."""
+    def refused(self, cmd: AnyCommand) -> Reply | None:
+        """The answer refusing `cmd` before it is decided, or None to take it: a function's policy this node
+        cannot load (the core checks only a name's form), or a new Assign while the node is overloaded."""
         if isinstance(cmd, Configure) and cmd.policy and (problem := policy_problem(cmd.policy)) is not None:
             return Reply(to=cmd.reply_to, request_id=command_id(cmd), code=Code.INVALID_ARGUMENT, message=problem)
+        return self.overloaded(cmd)
+
+    def overloaded(self, cmd: AnyCommand) -> Reply | None:
+        """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds."""
         if not isinstance(cmd, Assign):
             return None
         lag = self.admission.lag_s
@@ -161,7 +165,7 @@ class Door:
         is_call = isinstance(cmd, Assign | Idle | SlotCreated) or isinstance(cmd, OPERATOR)
         if is_call:
             cmd = replace(cmd, reply_to=msg.reply)
-            if (refused := self.overloaded(cmd)) is not None:
+            if (refused := self.refused(cmd)) is not None:
                 await self.nc.publish(msg.reply, encode(refused))
                 return
         try:
