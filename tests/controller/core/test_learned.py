@@ -240,10 +240,10 @@ def test_a_timers_jitter_of_a_millisecond_still_spreads_where_its_next_tick_may_
 def test_a_return_plan_may_hold_through_the_longest_gap_seen():
     # 34 gaps, looked at every other one: the longest must still be a place to hold until, when a miss
     # costs far more than holding.
-    from scaler.controller.core.policy.forecast import Points, restart_plan
+    from scaler.controller.core.policy.forecast import Option, Points, restart_plan
 
     points = Points.of([(10_000.0 + i, 1.0) for i in range(34)])
-    plan = restart_plan(points, 0.0, start=100, lam=10.0, miss=1e6, rate=0.0, options=[(1, 0.5, 0.0)])
+    plan = restart_plan(points, 0.0, start=100, lam=10.0, miss=1e6, rate=0.0, options=[Option(1, 0.5, 0.0)])
     assert plan.until == 10_033
 
 

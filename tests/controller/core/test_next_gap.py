@@ -17,6 +17,7 @@ from scaler.controller.core.features import GAP_BINS, NO_STATS, UNKNOWN_START_MS
 from scaler.controller.core.next_gap import LOWER, MIDDLE, UPPER, build, spread
 from scaler.controller.core.policy.forecast import (
     NEVER,
+    Option,
     Points,
     keep_plan,
     own_points,
@@ -147,7 +148,7 @@ def keep_costs(points, elapsed, miss, options):
 @given(many_points, st.floats(0, 2_000), st.floats(1.0, 1e6), st.floats(0.1, 8.0), st.integers(1, 4), st.floats(0, 1))
 def test_a_keep_plan_is_the_cheapest_of_its_candidates(points, elapsed, miss, gb, need, shortfall):
     points = [(x, w) for x, w in points if x > elapsed]
-    options = [(1, gb, shortfall * miss / 2), (need, gb * need, 0.0)] if need > 1 else [(1, gb, 0.0)]
+    options = [Option(1, gb, shortfall * miss / 2), Option(need, gb * need, 0.0)] if need > 1 else [Option(1, gb, 0.0)]
     plan = keep_plan(Points.of(points), elapsed, miss, options)
     count = plan.count
     costs = keep_costs(points, elapsed, miss, options)
@@ -192,7 +193,7 @@ def restart_costs(points, elapsed, start, lam, miss, rate, options, candidates=1
 def test_a_restart_plan_is_the_cheapest_of_its_candidates(points, elapsed, start, lam, rate, need, never):
     points = [(x, w) for x, w in points if x > elapsed] + ([(NEVER, 0.5)] if never else [])
     miss, gb = lam * start * 3, 0.5
-    options = [(1, gb, lam * 10.0), (need, gb * need, 0.0)] if need > 1 else [(1, gb, 0.0)]
+    options = [Option(1, gb, lam * 10.0), Option(need, gb * need, 0.0)] if need > 1 else [Option(1, gb, 0.0)]
     found = restart_plan(Points.of(points), elapsed, start, lam, miss, rate, options)
     costs = restart_costs(points, elapsed, start, lam, miss, rate, options)
     cheapest = min(cost for cost, *_ in costs)

@@ -320,10 +320,13 @@ class Plan:
     count: int = 1
 
 
-Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
+class Option(NamedTuple):
+    """A way to be ready for the next arrival: `count` instances, `gb` their memory in all, and what an arrival
+    they serve still costs (`shortfall`: its burst's followers waiting for want of more)."""
 
-
-Option = tuple[int, float, float]  # instances, their GB in all, what an arrival they serve still costs
+    count: int
+    gb: float
+    shortfall: float
 
 
 def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]) -> Plan:
@@ -336,7 +339,7 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
     """
     x, p, q, lo, hi = points.x, points.p, points.q, points.lo, points.hi
     total, e = points.total, elapsed + points.shift
-    best, until, count = total * miss, elapsed, options[0][0]
+    best, until, count = total * miss, elapsed, options[0].count
     if hi <= lo:
         return Plan(elapsed, until, best, count)
     p0, q0 = points.before(lo)
@@ -349,7 +352,7 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
         found.append((cost, j, n))
     cost, j, n = min(found)
     if cost < best:
-        best, until, count = cost, x[j] - points.shift, options[n][0]
+        best, until, count = cost, x[j] - points.shift, options[n].count
     return Plan(elapsed, until, best, count)
 
 
@@ -471,7 +474,7 @@ def restart_plan(
             found.append((base + cost + late * (gb * (start + x[j] - ready) + miss), j, n_option))
         cost, j, n_option = min(found)
         if cost < best:
-            best, plan = cost, (ready - shift, x[j] - shift, options[n_option][0])
+            best, plan = cost, (ready - shift, x[j] - shift, options[n_option].count)
     return None if plan is None else Plan(plan[0], plan[1], best, plan[2])
 
 

@@ -239,7 +239,7 @@ class Outlook:
         """What to have ready for the next arrival: one instance, or as many as a burst needs (`kept`: of
         those live now)."""
         cost = self.kept_shortfall if kept else self.shortfall
-        return [(k, self.gb * k, cost(k)) for k in sorted({1, self.need})]
+        return [Option(k, self.gb * k, cost(k)) for k in sorted({1, self.need})]
 
 
 class Learned(Policy):
