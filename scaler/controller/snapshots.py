@@ -82,6 +82,7 @@ class _Stored(msgspec.Struct, frozen=True, kw_only=True):
 
 
 V1_SHAPES = {"88aab271c3044262": 2}  # version 1's stamp -> the features version it stood for
+FEATURES_APART = 11  # the state version from which the features are a body of their own
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -174,6 +175,8 @@ class SnapshotStore:
             try:
                 if version == state.VERSION:
                     return _joined(_lifecycle.decode(stored.body), _features.decode(stored.features_body))
+                if version >= FEATURES_APART:  # the lifecycle upcast, the features beside it as they are
+                    return _joined(upcast(stored.body, version, _Lifecycle), _features.decode(stored.features_body))
                 return upcast(stored.body, version, Snapshot)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 log.warning("snapshot of partition %d ignored: unreadable (%s)", partition, e)
