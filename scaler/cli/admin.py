@@ -103,7 +103,7 @@ class List:
                 )
             said = [f"tenant {f.tenant}" if f.tenant else "", f"version {f.version}" if f.version else ""]
             said += [f"policy {f.policy}" if f.policy else ""]
-            said += [", ".join(f"{k} {v}" for k, v in f.limits.items())]
+            said += [", ".join(f"{k} {v:g}" for k, v in f.limits.items())]
             extra += "".join(f"; {x}" for x in said if x)
             if f.deleted:
                 yield f"{f.key}  DELETED ({f.deleted}): its calls are refused until `scaler create {f.key}`"
@@ -203,7 +203,7 @@ class DeleteState(_Change):
 
 
 class Set(_Change):
-    """Set a function's limits, policy or version while it runs (each an event; the rest left as it is).
+    """Set a function's limits, exchange rate, policy or version while it runs (each an event; the rest as it is).
 
     A lowered --max retires idle instances past it at once and starts none beyond it; a new --version
     retires instances of another version as they become idle. The limits go over the limits file's."""
@@ -215,6 +215,13 @@ class Set(_Change):
         p.add_argument("--max", type=int, dest="max_instances", metavar="N", help="at most N instances (0: no cap)")
         p.add_argument("--max-memory", type=int, metavar="MB", help="at most MB of their memory (0: no cap)")
         p.add_argument("--min", type=int, dest="min_warm", metavar="N", help="keep N reserved instances ready")
+        p.add_argument(
+            "--exchange-rate",
+            type=float,
+            metavar="GB_S",
+            help="learned's exchange rate for it: slot GB·s a second of its waiting is worth (0.1 to 1000;"
+            " docs/policies.md)",
+        )
         p.add_argument("--reset-limits", action="store_true", help="the limits file's limits again (before the rest)")
         p.add_argument(
             "--policy",
@@ -232,6 +239,7 @@ class Set(_Change):
             max_instances=a.max_instances,
             max_memory_mb=a.max_memory,
             min_warm=a.min_warm,
+            exchange_rate=a.exchange_rate,
             reset_limits=a.reset_limits,
             policy=a.policy,
             version=a.version,

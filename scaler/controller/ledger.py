@@ -110,8 +110,9 @@ class Ledger:
         return self._own_rate(s, default)
 
     def _own_rate(self, s: FnState, policy: Policy) -> Policy:
-        """`policy` at the function's own exchange rate, when the limits file sets one and the policy has one."""
-        rate = self.limits.of(s.key).exchange_rate
+        """`policy` at the function's own exchange rate, when an operator (`scaler set`) or the limits file sets one
+        and the policy has one."""
+        rate = self.limits.of(s.key).over(s).exchange_rate
         if rate is None or not hasattr(policy.config, "exchange_rate"):
             return policy
         key = (policy, rate)

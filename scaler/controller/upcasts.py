@@ -95,6 +95,11 @@ def _v10(snapshot: Data) -> Data:
     return snapshot
 
 
+def _v11(snapshot: Data) -> Data:
+    """Version 11's limits set by an operator had no exchange rate: the default says the file's, or the node's."""
+    return snapshot
+
+
 # from version N to N+1
 STEPS: dict[int, Callable[[Data], Data]] = {
     1: _v1,
@@ -107,6 +112,7 @@ STEPS: dict[int, Callable[[Data], Data]] = {
     8: _v8,
     9: _v9,
     10: _v10,
+    11: _v11,
 }
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories

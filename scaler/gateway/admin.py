@@ -73,6 +73,7 @@ class Ask(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_instances: int | None = None  # Set: None leaves it as it is
     max_memory_mb: int | None = None
     min_warm: int | None = None
+    exchange_rate: float | None = None
     reset_limits: bool = False
     policy: str | None = None
     version: str | None = None  # Set, Create
@@ -96,7 +97,7 @@ class Function(msgspec.Struct, frozen=True, omit_defaults=True):
     tenant: str = ""
     version: str = ""
     policy: str = ""
-    limits: dict[str, int] = {}  # set while running, over the limits file's
+    limits: dict[str, float] = {}  # set while running, over the limits file's
     deleted: str = ""  # why, when it is deleted (a tombstone)
 
 
@@ -246,7 +247,12 @@ def _command(method: str, ask: Ask) -> Admin:
         case "Create":
             return Create(**asked, version=ask.version or "")
         case _:
-            limits = dict(max_instances=ask.max_instances, max_memory_mb=ask.max_memory_mb, min_warm=ask.min_warm)
+            limits = dict(
+                max_instances=ask.max_instances,
+                max_memory_mb=ask.max_memory_mb,
+                min_warm=ask.min_warm,
+                exchange_rate=ask.exchange_rate,
+            )
             return Configure(**asked, **limits, reset_limits=ask.reset_limits, policy=ask.policy, version=ask.version)
 
 

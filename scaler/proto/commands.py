@@ -126,6 +126,7 @@ class Configure(Command, tag="configure"):
     max_instances: int | None = None
     max_memory_mb: int | None = None
     min_warm: int | None = None
+    exchange_rate: float | None = None  # slot GB·s a second of its waiting is worth (learned's)
     reset_limits: bool = False
     policy: str | None = None  # "": the node's (or the limits file's) policy again
     version: str | None = None

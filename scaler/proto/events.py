@@ -208,6 +208,7 @@ class LimitsSet(Event, tag="limits-set"):
     max_instances: int | None = None
     max_memory_mb: int | None = None
     min_warm: int | None = None
+    exchange_rate: float | None = None  # slot GB·s a second of its waiting is worth (learned's)
     reason: str = ""
 
 

@@ -5,6 +5,7 @@ instance restarted or stopped. Each decision is checked to equal its replayed ev
 import msgspec
 
 from scaler.controller.core.limits import NO_LIMITS, FunctionLimits, Limits, TenantQuota
+from scaler.controller.core.policy import get_policy
 from scaler.controller.core.state import Override, Phase, replay
 from scaler.controller.ledger import Ledger
 from scaler.proto import commands as c
@@ -242,6 +243,23 @@ def test_a_function_keeps_the_policy_the_limits_file_or_an_operator_chose_for_it
     node(idle("b", i), 40)
     assert node.of(e.KeptAlive)[-1].why == "fixed keep-alive 300s"
     assert operator(node, c.Configure(key="fn", policy="nope"), 50).code is c.Code.INVALID_ARGUMENT
+
+
+def test_an_exchange_rate_set_live_decides_the_function_at_it_over_the_files_until_reset():
+    learned = get_policy("learned")
+    node = Node(Limits(functions={"fn": FunctionLimits(exchange_rate=5.0)}))
+    served(node, "a", 0)
+    assert node.ledger.policy_of(node.s(), learned).config.exchange_rate == 5.0  # the limits file's
+    said = operator(node, c.Configure(key="fn", exchange_rate=1000.0, reason="latency first"), 10)
+    assert (said.code, said.message) == (c.Code.OK, "limits exchange_rate 1000")
+    assert node.of(e.LimitsSet)[-1].exchange_rate == 1000.0 and node.s().limits == Override(exchange_rate=1000.0)
+    assert node.ledger.policy_of(node.s(), learned).config.exchange_rate == 1000.0
+    assert node.ledger.policy_of(node.s(), DEMO) is DEMO  # a policy without a rate decides as it did
+    refused = operator(node, c.Configure(key="fn", exchange_rate=5000.0), 20)
+    assert refused.code is c.Code.INVALID_ARGUMENT and "0.1 to 1000" in refused.message
+    assert len(node.of(e.LimitsSet)) == 1  # nothing stored for it
+    operator(node, c.Configure(key="fn", reset_limits=True), 30)
+    assert node.s().limits is None and node.ledger.policy_of(node.s(), learned).config.exchange_rate == 5.0
 
 
 # --- one instance ---------------------------------------------------------------------------

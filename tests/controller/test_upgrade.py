@@ -33,6 +33,7 @@ SCHEMAS = {
     9: "275276e0eb9b38e3",
     10: "275276e0eb9b38e3",  # ClockRebased: the same shape, a new event in the fold
     11: "9975b7d96cc655c9",  # the features beside the states, not in them
+    12: "04aeaf2cc6f33f62",  # an exchange rate in the limits an operator sets
 }
 RELEASES = sorted(p.name.removeprefix("store-").removesuffix(".tar.gz") for p in FIXTURES.glob("store-*.tar.gz"))
 

@@ -143,6 +143,23 @@ async def test_a_function_is_decided_by_its_own_policy_set_live(nats_url):
     assert kept == ["fixed keep-alive 600s", "fixed keep-alive 300s"]
 
 
+async def test_an_exchange_rate_set_live_is_stored_shown_and_a_bad_one_refused(nats_url):
+    async with Stack(nats_url) as stack:
+        reply, _ = await assign(stack.scaler, "a")
+        await idle(stack, reply)
+        gateway = ("--gateway", f"127.0.0.1:{stack.gateway.port}")
+        code, out, err = await scaler("set", "fn", "--policy", "learned", "--exchange-rate", "1000", *gateway)
+        assert code == 0 and out == "fn: limits exchange_rate 1000; policy learned\n", err
+        code, out, err = await scaler("functions", *gateway)
+        assert code == 0 and "policy learned; exchange_rate 1000" in out, (out, err)
+        code, out, err = await scaler("set", "fn", "--exchange-rate", "0", *gateway)
+        assert code != 0 and "an exchange rate is 0.1 to 1000" in err, (out, err)
+    rates = [x.exchange_rate for batch in await stored_events(nats_url) for x in batch if isinstance(x, e.LimitsSet)]
+    assert rates == [1000.0]
+    code, out, err = await scaler_replay("--nats", nats_url, "--key", "fn")
+    assert code == 0 and "limits set while running: exchange_rate 1000" in out, err
+
+
 async def test_a_policy_the_owner_cannot_load_is_refused_at_its_door(nats_url):
     async with Stack(nats_url) as stack:
         with pytest.raises(grpc.aio.AioRpcError) as refused:

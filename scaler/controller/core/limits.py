@@ -59,6 +59,7 @@ class FunctionLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             max_instances=most,
             max_memory_mb=self.max_memory_mb if o.max_memory_mb is None else o.max_memory_mb,
             min_warm=min(least, most) if most else least,
+            exchange_rate=self.exchange_rate if o.exchange_rate is None else o.exchange_rate,
         )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from msgspec.structs import replace
 
 from scaler.controller.core.policy import policy_form_problem
+from scaler.controller.core.policy.learned import rate_problem
 from scaler.controller.core.state import FnState, Instance, Override, Phase
 from scaler.proto.commands import Code, Configure, Create, DeleteState, Restart, Stop
 from scaler.proto.events import (
@@ -135,6 +136,8 @@ def _configure_problem(cmd: Configure) -> str | None:
     for name in ("max_instances", "max_memory_mb", "min_warm"):
         if (value := getattr(cmd, name)) is not None and value < 0:
             return f"{name} must be 0 or more, got {value}"
+    if cmd.exchange_rate is not None and (problem := rate_problem(cmd.exchange_rate)):
+        return problem
     if cmd.policy and (problem := policy_form_problem(cmd.policy)):
         return problem
     return version_problem(cmd.version or "")
@@ -153,12 +156,17 @@ def _limits(s: FnState, cmd: Configure) -> Override:
     return replace(base, **given)
 
 
-def _fields(x: Any) -> dict[str, int | None]:
-    return {"max_instances": x.max_instances, "max_memory_mb": x.max_memory_mb, "min_warm": x.min_warm}
+def _fields(x: Any) -> dict[str, float | None]:
+    return {
+        "max_instances": x.max_instances,
+        "max_memory_mb": x.max_memory_mb,
+        "min_warm": x.min_warm,
+        "exchange_rate": x.exchange_rate,
+    }
 
 
 def _limits_said(lim: Any) -> str:
-    named = [f"{k} {v}" for k, v in _fields(lim).items() if v]
+    named = [f"{k} {v:g}" for k, v in _fields(lim).items() if v]
     return "limits " + (", ".join(named) if named else "none")
 
 

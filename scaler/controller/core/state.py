@@ -119,6 +119,7 @@ class Override(msgspec.Struct, frozen=True, kw_only=True):
     max_instances: int | None = None
     max_memory_mb: int | None = None
     min_warm: int | None = None
+    exchange_rate: float | None = None
 
 
 class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,8 +135,8 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
 # leaders in the stats; 6: no tenants, states, versions, tombstones, live limits or policy; an instance
 # had no runtime, version or counts, and `restarting` for `retire_on_release`; 7: no hold of starts;
 # 8: no next gap's points in the stats; 9: no ClockRebased (its times were never moved); 10: the features
-# (`stats`) inside the state
-VERSION = 11
+# (`stats`) inside the state; 11: no exchange rate in the limits an operator set
+VERSION = 12
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
@@ -455,7 +456,9 @@ def _state_deleted(s: FnState, e: StateDeleted) -> FnState:
 
 
 def _limits_set(s: FnState, e: LimitsSet) -> FnState:
-    given = Override(max_instances=e.max_instances, max_memory_mb=e.max_memory_mb, min_warm=e.min_warm)
+    given = Override(
+        max_instances=e.max_instances, max_memory_mb=e.max_memory_mb, min_warm=e.min_warm, exchange_rate=e.exchange_rate
+    )
     return replace(s, limits=None if given == Override() else given)
 
 
