@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from scaler.controller import policies as outside
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES
@@ -154,6 +155,46 @@ def front(points: list[tuple[float, float]]) -> list[bool]:
     return [not any(o != mine and o[0] <= mine[0] and o[1] <= mine[1] for o in points) for mine in points]
 
 
+class Reach(NamedTuple):
+    """Whether a policy's curve reaches another point: the curve's point at least as good on both (cold-start rate
+    and wasted memory time; of several, the one wasting least), or None and where the curve falls short."""
+
+    by: int | None
+    short: str = ""
+
+
+def reach(curve: list[tuple[float, float]], point: tuple[float, float]) -> Reach:
+    """Whether some point of `curve` (cold-start rate, wasted GB·s) is at least as good as `point` on both."""
+    cold, wasted = point
+    better = [j for j, (c, w) in enumerate(curve) if c <= cold and w <= wasted]
+    if better:
+        return Reach(min(better, key=lambda j: curve[j][1]))
+    as_few = [w for c, w in curve if c <= cold]
+    if not as_few:
+        return Reach(None, f"its fewest cold starts are {min(c for c, _ in curve):.2%} of the invocations")
+    return Reach(None, f"at {cold:.2%} cold starts or fewer it wastes {min(as_few):,.0f} GB·s or more")
+
+
+def reaches(results: list[Result]) -> list[str]:
+    """Whether each policy swept over several points (a curve) reaches each other policy's point, a line each."""
+    lines = []
+    for policy in dict.fromkeys(r.point.policy for r in results):
+        mine = [r for r in results if r.point.policy == policy]
+        if len(mine) < 2:
+            continue
+        curve = [(r.stats.cold_start_rate, r.stats.wasted_memory_time_in_g_bs) for r in mine]
+        for other in (r for r in results if r.point.policy != policy):
+            at = (other.stats.cold_start_rate, other.stats.wasted_memory_time_in_g_bs)
+            found = reach(curve, at)
+            theirs = f"{at[0]:.2%} and {at[1]:,.0f} GB·s"
+            if found.by is None:
+                lines.append(f"{policy} does not reach {other.point.label} ({theirs}): {found.short}")
+            else:
+                ours = f"{mine[found.by].point.label} ({curve[found.by][0]:.2%} and {curve[found.by][1]:,.0f})"
+                lines.append(f"{policy} reaches {other.point.label} ({theirs}) at {ours}")
+    return lines
+
+
 def pareto(results: list[Result]) -> None:
     """Mark the points no other point beats on both cold-start rate and wasted memory time."""
     on = front([(r.stats.cold_start_rate, r.stats.wasted_memory_time_in_g_bs) for r in results])
@@ -237,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
         print("scaler sweep: interrupted", file=sys.stderr)
         return 130
     print("\n".join(table(results)))
+    if lines := reaches(results):
+        print("\n" + "\n".join(lines))
     processes = len({r.pid for r in results})
     print(f"\n{len(results)} points in {processes} processes; kept in {args.db} (sweep {sweep_id!r}); page {args.page}")
     return 0

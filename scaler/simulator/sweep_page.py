@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from scaler.report.draw import Page, span
 from scaler.simulator import runs
-from scaler.simulator.sweep import front
+from scaler.simulator.sweep import front, reach
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 COLUMNS = "id, policy, knobs, title, cold_start_rate, wasted_memory_time_in_g_bs, wait_p99_in_ms, score, code"
@@ -122,4 +122,35 @@ async def page(db: Path, sweep_id: str) -> str:
             for r, yes in zip(rows, on_front, strict=True)
         ],
     )
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == policy]
+        if len(mine) > 1:  # a curve: does it reach the other points?
+            _reaches(p, policy, mine, [r for r in rows if r["policy"] != policy])
     return p.html()
+
+
+def _reaches(p: Page, policy: str, mine: list[dict], others: list[dict]) -> None:
+    def at(r: dict) -> tuple[float, float]:
+        return r["cold_start_rate"], r["wasted_memory_time_in_g_bs"]
+
+    curve = [at(r) for r in mine]
+    p.heading(f"Where {policy}'s curve reaches the other points")
+    p.text(
+        f"For each other point: the point of {policy} at least as good on both (as few cold starts, as little wasted"
+        " memory time; of several, the one wasting least), or where its curve falls short. Why it falls short where"
+        " it does is the trace's to say: docs/policies.md says it for the shared datasets."
+    )
+    found = [reach(curve, at(r)) for r in others]
+    p.table(
+        ["point", "cold-start rate", "wasted GB·s", f"{policy} at least as good on both", "where not"],
+        [
+            [
+                f"{r['policy']} {_label(r)}",
+                f"{r['cold_start_rate']:.2%}",
+                f"{r['wasted_memory_time_in_g_bs']:,.0f}",
+                "" if f.by is None else f"{_label(mine[f.by])}: {curve[f.by][0]:.2%}, {curve[f.by][1]:,.0f} GB·s",
+                f.short,
+            ]
+            for r, f in zip(others, found, strict=True)
+        ],
+    )

@@ -11,7 +11,7 @@ from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.base import knobs
 from scaler.controller.core.policy.spes import SpesConfig
 from scaler.simulator.knobs import KnobError, listing, with_knobs
-from scaler.simulator.sweep import Point, front, points
+from scaler.simulator.sweep import Point, Reach, front, points, reach
 from tests.simulator.test_run_metrics import by_hand_trace
 
 SPES_KNOBS = ", ".join(sorted(k.name for k in knobs(SpesConfig)))
@@ -70,6 +70,14 @@ def test_the_pareto_front_is_what_nothing_beats_on_both():
     assert front([(0.5, 10), (0.25, 20), (0.5, 30), (0.25, 20), (0.6, 5)]) == [True, True, False, True, True]
 
 
+def test_a_curve_reaches_a_point_when_one_of_its_points_is_as_good_on_both_else_it_says_where_it_falls_short():
+    curve = [(0.05, 100.0), (0.02, 400.0), (0.01, 900.0)]
+    assert reach(curve, (0.03, 500.0)) == Reach(1)  # (0.02, 400) is better on both
+    assert reach(curve, (0.01, 2_000.0)) == Reach(2)  # as few cold starts, less memory
+    assert reach(curve, (0.005, 5_000.0)) == Reach(None, "its fewest cold starts are 1.00% of the invocations")
+    assert reach(curve, (0.02, 300.0)) == Reach(None, "at 2.00% cold starts or fewer it wastes 400 GB·s or more")
+
+
 def test_a_sweep_runs_its_points_in_processes_keeps_them_and_draws_them(tmp_path, capsys):
     trace, db, page = by_hand_trace(tmp_path / "by-hand"), tmp_path / "runs.sqlite", tmp_path / "sweep.html"
     args = ["sweep", trace, "--policy", "demo", "--policy", "fixed10", "--vary", "keep_alive_ms=1min,7min"]
@@ -92,8 +100,11 @@ def test_a_sweep_runs_its_points_in_processes_keeps_them_and_draws_them(tmp_path
     lines = out.splitlines()
     assert [line.endswith("*") for line in lines[1:5]] == [True] * 4  # each trades one for the other
     assert "4 points in " in out
+    # each policy's curve against the other's points: the same keep-alive, the same point
+    assert "demo reaches fixed10 keep_alive_ms=7min (25.00% and 420 GB·s) at demo keep_alive_ms=7min" in out
     html = page.read_text()
     assert "Pareto front" in html and "keep_alive_ms=7 min" in html
+    assert "Where demo&#x27;s curve reaches the other points" in html
 
 
 def test_a_sweep_refuses_an_unknown_knob_before_it_starts(tmp_path, capsys):
