@@ -219,7 +219,7 @@ class Set(_Change):
             "--exchange-rate",
             type=float,
             metavar="GB_S",
-            help="learned's exchange rate for it: slot GB·s a second of its waiting is worth (0.1 to 1000;"
+            help="learned's exchange rate for it: slot GB·s a second of its waiting is worth (0.1 to 1,000,000;"
             " docs/policies.md)",
         )
         p.add_argument("--reset-limits", action="store_true", help="the limits file's limits again (before the rest)")

@@ -3,13 +3,15 @@
 import random
 import subprocess
 import sys
+from itertools import accumulate
 
 import pytest
 
 from scaler.controller.__main__ import limits_file, load_limits
 from scaler.controller.core.limits import FunctionLimits, Limits
 from scaler.controller.core.policy import get_policy
-from scaler.controller.core.policy.learned import MAX_RATE, MIN_RATE, with_rate
+from scaler.controller.core.policy.base import RunView
+from scaler.controller.core.policy.learned import MAX_RATE, MIN_RATE, rate_problem, with_rate
 from scaler.simulator.dataset import Dataset, FunctionMeta, Request
 from scaler.simulator.knobs import KnobError, with_knobs
 from scaler.simulator.offline import Simulation
@@ -87,8 +89,8 @@ def test_the_rate_is_a_sweep_knob():
 @pytest.mark.parametrize(
     ("text", "why"),
     [
-        ('{"functions": {"f": {"exchange_rate": 0}}}', "functions.f.exchange_rate: an exchange rate is 0.1 to 1000"),
-        ('{"default": {"exchange_rate": 5000}}', "default.exchange_rate: an exchange rate is 0.1 to 1000"),
+        ('{"functions": {"f": {"exchange_rate": 0}}}', "functions.f.exchange_rate: an exchange rate is 0.1 to "),
+        ('{"default": {"exchange_rate": 5e6}}', "default.exchange_rate: an exchange rate is 0.1 to 1,000,000"),
         ('{"default": {"exchange_rate": "high"}}', "Expected `float | null`"),
     ],
 )
@@ -109,10 +111,10 @@ def test_a_good_rate_in_the_limits_file_is_read(tmp_path):
 @pytest.mark.parametrize(
     ("args", "why"),
     [
-        (["up", "--exchange-rate", "0"], "argument --exchange-rate: an exchange rate is 0.1 to 1000"),
+        (["up", "--exchange-rate", "0"], "argument --exchange-rate: an exchange rate is 0.1 to 1,000,000"),
         (["up", "--exchange-rate", "cheap"], "argument --exchange-rate: not a number: 'cheap'"),
-        (["up", "--exchange-rate", "nan"], "argument --exchange-rate: an exchange rate is 0.1 to 1000"),
-        (["simulate", "x", "--exchange-rate", "2000"], "argument --exchange-rate: an exchange rate is 0.1 to 1000"),
+        (["up", "--exchange-rate", "nan"], "argument --exchange-rate: an exchange rate is 0.1 to 1,000,000"),
+        (["simulate", "x", "--exchange-rate", "2e6"], "argument --exchange-rate: an exchange rate is 0.1 to 1,000,000"),
         (["up", "--policy", "fixed10", "--exchange-rate", "5"], "--exchange-rate: policy fixed10 has no exchange rate"),
     ],
 )
@@ -129,3 +131,22 @@ def test_simulate_takes_the_rate_for_learned_and_refuses_it_for_a_policy_without
     assert code == 0 and "score" in out
     code, _, err = simulate_cli(capsys, trace, "--offline", "--policy", "fixed10", "--exchange-rate", "5")
     assert code == 1 and "--exchange-rate: policy fixed10 has no exchange rate" in err
+
+
+def test_a_rate_above_what_a_run_teaches_may_be_set_and_is_used_as_set():
+    """An operator may value waiting above the most a run can teach (max_wait_gb, the clamp of the default's
+    learned rate): the setting is taken as it is, while the learned rate stays clamped."""
+    learned = get_policy("learned")
+    high = 40 * learned.config.max_wait_gb
+    assert rate_problem(high) is None
+    assert with_rate(learned, high).wait_gb(RunView()) == high
+    assert rate_problem(MAX_RATE * 2) is not None
+    # A start of 110 ms and lulls of 200-600 s: at 1000 GB·s a second a miss (110 GB·s) costs less than
+    # holding 1 GB through a lull; at 40 times that it costs more.
+    rng = random.Random(7)
+    metas = {"fn": FunctionMeta(key="fn", memory_in_mb=1024, init_duration_in_ms=10)}
+    starts = list(accumulate(rng.choice((200_000, 400_000, 600_000)) for _ in range(30)))
+    ds = Dataset("t", metas, [Request(start_time=t, meta_key="fn", durations_in_ms=200) for t in starts])
+    top = per_function(simulate(ds, with_rate(learned, learned.config.max_wait_gb)), end_of(ds))["fn"]
+    higher = per_function(simulate(ds, with_rate(learned, high)), end_of(ds))["fn"]
+    assert higher[0] < top[0] and higher[1] > top[1], (top, higher)

@@ -255,8 +255,8 @@ def test_an_exchange_rate_set_live_decides_the_function_at_it_over_the_files_unt
     assert node.of(e.LimitsSet)[-1].exchange_rate == 1000.0 and node.s().limits == Override(exchange_rate=1000.0)
     assert node.ledger.policy_of(node.s(), learned).config.exchange_rate == 1000.0
     assert node.ledger.policy_of(node.s(), DEMO) is DEMO  # a policy without a rate decides as it did
-    refused = operator(node, c.Configure(key="fn", exchange_rate=5000.0), 20)
-    assert refused.code is c.Code.INVALID_ARGUMENT and "0.1 to 1000" in refused.message
+    refused = operator(node, c.Configure(key="fn", exchange_rate=5e6), 20)
+    assert refused.code is c.Code.INVALID_ARGUMENT and "0.1 to 1,000,000" in refused.message
     assert len(node.of(e.LimitsSet)) == 1  # nothing stored for it
     operator(node, c.Configure(key="fn", reset_limits=True), 30)
     assert node.s().limits is None and node.ledger.policy_of(node.s(), learned).config.exchange_rate == 5.0

@@ -153,7 +153,7 @@ async def test_an_exchange_rate_set_live_is_stored_shown_and_a_bad_one_refused(n
         code, out, err = await scaler("functions", *gateway)
         assert code == 0 and "policy learned; exchange_rate 1000" in out, (out, err)
         code, out, err = await scaler("set", "fn", "--exchange-rate", "0", *gateway)
-        assert code != 0 and "an exchange rate is 0.1 to 1000" in err, (out, err)
+        assert code != 0 and "an exchange rate is 0.1 to 1,000,000" in err, (out, err)
     rates = [x.exchange_rate for batch in await stored_events(nats_url) for x in batch if isinstance(x, e.LimitsSet)]
     assert rates == [1000.0]
     code, out, err = await scaler_replay("--nats", nats_url, "--key", "fn")

@@ -670,13 +670,16 @@ def _remaining(runs: list[int], elapsed: int) -> float | None:
     return max(1.0, runs[len(runs) // 2] / 4)
 
 
-MIN_RATE, MAX_RATE = LearnedConfig().min_wait_gb, LearnedConfig().max_wait_gb  # an exchange rate one may set
+# An exchange rate one may set. Its top is far above the most a run teaches (`max_wait_gb`): an operator
+# with a latency objective may want fewer cold starts than 1000 buys (on dataSet_1, 4000 is at least as good
+# on both cold-start rate and idle memory as fixed10, and 2750 as demo; docs/policies.md).
+MIN_RATE, MAX_RATE = LearnedConfig().min_wait_gb, 1_000_000.0
 
 
 def rate_problem(rate: float) -> str | None:
     """Why `rate` cannot be set as the exchange rate (`--exchange-rate`, a limits file's), or None when it can."""
     if not MIN_RATE <= rate <= MAX_RATE:  # NaN too
-        return f"an exchange rate is {MIN_RATE:g} to {MAX_RATE:g} GB·s of slot per second of waiting, got {rate}"
+        return f"an exchange rate is {MIN_RATE:g} to {MAX_RATE:,.0f} GB·s of slot per second of waiting, got {rate}"
     return None
 
 
