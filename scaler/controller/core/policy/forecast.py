@@ -16,11 +16,21 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import compress, pairwise, repeat
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
-from scaler.controller.core.next_gap import LOWER, MAD_TO_SD, MIDDLE, ROBUST_FROM, UPPER, NextGap, median, spread
+from scaler.controller.core.next_gap import (
+    LOWER,
+    MAD_TO_SD,
+    MIDDLE,
+    ROBUST_FROM,
+    UPPER,
+    NextGap,
+    median,
+    median_of_ordered,
+    spread,
+)
 
 Point = tuple[float, float]  # (ms after the last arrival, weight)
 
@@ -104,15 +114,28 @@ _EMPTY.flags.writeable = False
 
 def _alike(x: np.ndarray, w: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Points at the same place as one (in order), weighing and standing for what they did in all: the weights
-    of each run of equal places added one after the other, as a running sum does."""
+    of each run of equal places added one after the other, as a running sum does (a few runs of a few points
+    at once; long runs, a point standing for many apart, one by one)."""
     n = len(x)
     first = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
     sizes = np.diff(np.append(first, n))
-    ws = w[first]
-    for d in range(1, int(sizes.max())):
-        more = sizes > d
-        ws[more] += w[first[more] + d]
+    if sizes.max() <= ALIKE_AT_ONCE:
+        ws = w[first]
+        for d in range(1, int(sizes.max())):
+            more = sizes > d
+            ws[more] += w[first[more] + d]
+    else:
+        weights, out = w.tolist(), []
+        for i, size in zip(first.tolist(), sizes.tolist(), strict=True):
+            total = weights[i]
+            for weight in weights[i + 1 : i + size]:
+                total += weight
+            out.append(total)
+        ws = np.array(out)
     return x[first], ws, np.add.reduceat(k, first)
+
+
+ALIKE_AT_ONCE = 4  # runs of equal places up to this long are added up as arrays, longer ones point by point
 
 
 def own_points(gaps: NextGap, elapsed: float, shorter: list[Point]) -> Points | None:
@@ -149,7 +172,7 @@ def own_points(gaps: NextGap, elapsed: float, shorter: list[Point]) -> Points | 
             sizes.append(len(bx))
     if not sizes:
         return None
-    x, k = np.array(x), np.array(k)
+    x, k = np.fromiter(x, np.float64, len(x)), np.fromiter(k, np.int64, len(k))
     w = np.array(shares).repeat(sizes) * k
     if not in_order:
         order = x.argsort(kind="stable")
@@ -187,7 +210,7 @@ def since_beat(
         return 0
     period = median(list(gaps))
     off_beat = sorted(map(abs, map(period.__rsub__, gaps)))  # each gap's distance from the period
-    tolerance = max(beat_sds * MAD_TO_SD * median(off_beat), beat_share * period)
+    tolerance = max(beat_sds * MAD_TO_SD * median_of_ordered(off_beat), beat_share * period)
     if bisect_right(off_beat, tolerance) < clock_share * len(gaps):
         return 0
     off = 0
@@ -435,33 +458,26 @@ def restart_plan(
     x, p, q, lo, hi, shift = points.x, points.p, points.q, points.lo, points.hi, points.shift
     e = elapsed + shift
     total = points.total
-    p0, q0 = points.before(lo)
-    xs, ps = x[lo:hi], p[lo:hi]
-    counts = np.cumsum(points.k[lo:hi]) if points.k is not None else None  # points apart, up to each
-    n = (int(counts[-1]) if len(counts) else 0) if counts is not None else hi - lo
-
-    def entries(t: np.ndarray) -> np.ndarray:
-        """The index (from lo) of the t-th point (each apart) from `lo`."""
-        return counts.searchsorted(t, "right") if counts is not None else t
-
+    p0 = points.before(lo)[0]
+    xs, ps, qs = x[lo:hi], p[lo:hi], q[lo:hi]
+    # the points apart before each point from lo (and in all): the t-th apart is the point counts.searchsorted(t)
+    counts = np.concatenate(((0,), points.k[lo:hi].cumsum())) if points.k is not None else None
+    n = int(counts[-1]) if counts is not None else hi - lo
     step = max(1, n // candidates)
-    firsts = xs[entries(np.arange(0, n, step))]
-    readies = sorted(set(firsts[firsts - start >= e].tolist()) | ({e + start} if n else set()))
-    if not readies:
-        return None
+    firsts = np.arange(0, n, step)
+    firsts = xs[counts[1:].searchsorted(firsts, "right") if counts is not None else firsts].tolist()
+    readies = sorted({v for v in firsts if v - start >= e} | ({e + start} if n else set()))
     ready = np.array(readies)
-    e1, w1 = xs.searchsorted(ready - start, "left"), xs.searchsorted(ready, "left")
-    if (ok := w1 < hi - lo).all():
-        ok = None
-    else:
-        ready, e1, w1 = ready[ok], e1[ok], w1[ok]
-        if not len(ready):
-            return None
+    w1 = xs.searchsorted(ready, "left")
+    if (m := int(w1.searchsorted(hi - lo))) < len(ready):  # none to hold for after these (the readies in order)
+        ready, w1 = ready[:m], w1[:m]
+    if not m:
+        return None
+    e1 = xs.searchsorted(ready - start, "left")
     # the prefix sums of w, w x and w x^2 before each index from lo on (index j at j - lo)
-    wx = points.w[lo:hi] * xs
-    before_p = np.concatenate(((p0,), ps))
-    before_q = np.concatenate(((q0,), q[lo:hi]))
-    before_r = np.concatenate(((0.0,), np.cumsum(wx * xs)))
+    before_p = p[lo - 1 : hi] if lo else np.concatenate(((0.0,), ps))
+    before_q = q[lo - 1 : hi] if lo else np.concatenate(((0.0,), qs))
+    before_r = np.concatenate(((0.0,), (points.w[lo:hi] * xs * xs).cumsum()))
     pe, qe, re = before_p[e1], before_q[e1], before_r[e1]
     pw, qw, rw = before_p[w1], before_q[w1], before_r[w1]
     early, waiting, sx = pe - p0, pw - pe, qw - qe
@@ -469,24 +485,22 @@ def restart_plan(
     wait = waiting * ready - sx
     wait2 = waiting * ready * ready - 2 * ready * sx + (rw - re)
     base = early * miss + lam * (wait + rate * wait2 / 2)
-    # every step-th point (each apart) from each ready's first on, but the last: a row per ready
-    t0 = np.where(w1 > 0, counts[w1 - 1], 0) if counts is not None else w1
-    t = t0[:, None] + step * np.arange(max(0, -(-(n - 1) // step)))
-    on_grid = t < n - 1
-    grid = entries(np.where(on_grid, t, 0))
+    # a row per ready: every step-th point (each apart) from its first on but the last, then the last (a row
+    # runs on past it, and the least of a row is the first of equals: the last is taken where no other is as cheap)
+    t0 = counts[w1] if counts is not None else w1
+    columns = 1 - (1 - n) // step  # ceil((n - 1) / step) points, and one past them
+    grid = np.minimum(t0[:, None] + np.arange(0, columns * step, step), n - 1)
+    if counts is not None:
+        grid = counts[1:].searchsorted(grid, "right")
+    rows = np.arange(len(ready))
     held = _held(points, p0 + total)
-    last = hi - 1 - lo
     best_cost = best_j = best_n = None
     for n_option, (_, gb, shortfall) in enumerate(options):
         value = held - (miss - shortfall) / gb * ps
-        j = np.full(len(ready), last)
-        if grid.shape[1]:
-            on = np.where(on_grid, value[grid], np.inf)
-            at = on.argmin(axis=1)
-            rows = np.arange(len(at))
-            j = np.where(on[rows, at] <= value[last], grid[rows, at], j)
-        served, served_x = ps[j] - pw, q[lo:hi][j] - qw
-        late = total - (ps[j] - p0)
+        j = grid[rows, value[grid].argmin(axis=1)]
+        pj = ps[j]
+        served, served_x = pj - pw, qs[j] - qw
+        late = total - (pj - p0)
         cost = gb * (waiting * start + served * (start - ready) + served_x) + served * shortfall
         cost = base + cost + late * (gb * (start + xs[j] - ready) + miss)
         if best_cost is None:
@@ -507,7 +521,7 @@ def share_by(points: Points, until: float) -> float:
     total = points.total
     if not total:
         return 0.0
-    j = points.lo + int(points.x[points.lo : points.hi].searchsorted(until + points.shift, "right"))
+    j = _bisect(points, until + points.shift, "right")
     return (points.before(j)[0] - points.before(points.lo)[0]) / total
 
 
@@ -516,14 +530,18 @@ def served_within(points: Points, start: float, miss: float, lam: float, elapsed
     waits until then, at `lam` per ms, or misses (`miss`), whichever is less."""
     soon = elapsed + start + points.shift
     lo = points.lo
-    x = points.x[lo : points.hi]
-    end = lo + int(x.searchsorted(soon, "left"))
+    end = _bisect(points, soon, "left")
     if end <= lo or lam <= 0:
         return 0.0
-    cut = lo + int(x[: end - lo].searchsorted(soon - miss / lam, "right"))  # these wait longer than a miss costs
+    cut = min(_bisect(points, soon - miss / lam, "right"), end)  # these wait longer than a miss costs
     p0, p_cut, p_end = points.before(lo)[0], points.before(cut)[0], points.before(end)[0]
     q_cut, q_end = points.before(cut)[1], points.before(end)[1]
     return miss * (p_cut - p0) + lam * (soon * (p_end - p_cut) - (q_end - q_cut))
+
+
+def _bisect(points: Points, value: float, side: Literal["left", "right"]) -> int:
+    """Where `value` goes among the view's points (`bisect_left` or `bisect_right` over x[lo:hi])."""
+    return min(max(int(points.x.searchsorted(value, side)), points.lo), points.hi)
 
 
 def scv(values: tuple[int, ...] | list[int]) -> float:

@@ -328,7 +328,9 @@ class Learned(Policy):
         burst = 2 * start_ms(s, f)  # a longer gap is a lull (or a group's pause)
         seen = sum(f.gap_hist)
         shorter = []
-        if _memoryless(gaps, c):
+        if gaps and min(gaps) <= elapsed:
+            pass  # gaps shorter than any seen end before the shortest (by a margin): none is still possible
+        elif _memoryless(gaps, c):
             shorter = memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)
         elif (early := _shorter_than_seen(gaps)) > elapsed:
             shorter = [(early, c.early_weight)]
