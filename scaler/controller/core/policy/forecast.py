@@ -13,7 +13,7 @@ arrays: `Points`).
 """
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import compress, pairwise, repeat
 from typing import Literal, NamedTuple
@@ -27,7 +27,6 @@ from scaler.controller.core.next_gap import (
     ROBUST_FROM,
     UPPER,
     NextGap,
-    median,
     median_of_ordered,
     spread,
 )
@@ -206,12 +205,15 @@ def since_beat(
     timer's tick, the next tick comes 26.1 s later, not 30 s (dataSet_1's nodes1 missed the tick after each
     of its nine extra calls). A clock: most recent gaps near their median (a few robust sds, or 2 %).
     """
-    if len(gaps) < ROBUST_FROM:
+    n = len(gaps)
+    if n < ROBUST_FROM:
         return 0
-    period = median(list(gaps))
-    off_beat = sorted(map(abs, map(period.__rsub__, gaps)))  # each gap's distance from the period
-    tolerance = max(beat_sds * MAD_TO_SD * median_of_ordered(off_beat), beat_share * period)
-    if bisect_right(off_beat, tolerance) < clock_share * len(gaps):
+    ordered = sorted(gaps)
+    period = median_of_ordered(ordered)
+    off_beat = np.abs(np.fromiter(ordered, np.float64, n) - period)  # each gap's distance from the period (exact)
+    off_beat.sort()
+    tolerance = max(beat_sds * MAD_TO_SD * float(median_of_ordered(off_beat)), beat_share * period)
+    if int(off_beat.searchsorted(tolerance, "right")) < clock_share * n:
         return 0
     off = 0
     for gap in reversed(gaps):
@@ -261,25 +263,38 @@ def in_group(points: Points, ended: float, pauses: list[int], elapsed: float, bu
     the rest, `ended`, on the pauses after groups of this size, spread as such gaps vary. Once a pause has
     begun (`elapsed` past `burst`) the group has ended. Unchanged when every such pause is over."""
     total = points.total
-    factors = spread(pauses, 0, len(pauses))
-    later = [p * f for p in pauses for f in factors if p * f > elapsed]
-    if not later or not total:
+    later = np.multiply.outer(pauses, spread(pauses, 0, len(pauses))).ravel()  # each pause x each factor
+    later = later[later > elapsed]
+    if not len(later) or not total:
         return points
-    x, w = _apart(points)  # the points within a group: those by `burst`
-    within = x <= burst
-    x, w = x[within], w[within]
-    share = sum(w.tolist())
-    if not share:
-        ended = 1.0
     if ended < 1:
-        x, w = (
-            np.concatenate((x, later)),
-            np.concatenate((w * (1 - ended) * total / share, [ended * total / len(later)] * len(later))),
-        )
-    else:
-        x, w = np.array(later), np.full(len(later), ended * total / len(later))
-    order = np.lexsort((w, x))  # as the pairs sort
-    return _of(x[order], w[order])
+        x, w = _apart(points)  # the points within a group: those by `burst`
+        within = x <= burst
+        x, w = x[within], w[within]
+        share = sum(w.tolist())
+        if share:
+            w = np.concatenate((w * (1 - ended) * total / share, np.full(len(later), ended * total / len(later))))
+            x = np.concatenate((x, later))
+            order = np.lexsort((w, x))  # as the pairs sort
+            return _of(x[order], w[order])
+        ended = 1.0
+    later.sort()
+    return _of_equal(later, ended * total / len(later))
+
+
+def _of_equal(x: np.ndarray, weight: float) -> Points:
+    """`_of` for points (in order) that weigh the same: those at one place weigh what adding up their weights
+    one after the other comes to (worked out once for each count)."""
+    if len(x) < 2 or not (x[1:] == x[:-1]).any():
+        w = np.full(len(x), weight)
+        return Points(x, w, None, w.cumsum(), (w * x).cumsum(), 0, len(x))
+    first = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
+    k = np.diff(np.append(first, len(x)))
+    sums = [weight]
+    for _ in range(int(k.max()) - 1):
+        sums.append(sums[-1] + weight)
+    x, w = x[first], np.array(sums)[k - 1]
+    return Points(x, w, k, w.cumsum(), (w * x).cumsum(), 0, len(x))
 
 
 def _apart(points: Points) -> tuple[np.ndarray, np.ndarray]:
