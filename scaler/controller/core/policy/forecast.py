@@ -566,7 +566,8 @@ def scv(values: tuple[int, ...] | list[int]) -> float:
     mean = sum(values) / len(values)
     if mean <= 0:
         return 1.0
-    return sum(map(pow, map(mean.__rsub__, values), repeat(2))) / len(values) / (mean * mean)
+    # math.pow is libm's pow, as `**` is (x * x differs from it in the last bit now and then)
+    return sum(map(math.pow, map(mean.__rsub__, values), repeat(2.0))) / len(values) / (mean * mean)
 
 
 def queue_wait(rate: float, run: float, k: int, variability: float) -> float:

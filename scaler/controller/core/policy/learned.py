@@ -632,7 +632,7 @@ def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
         return 0.0
     logs = list(map(math.log, map(max, gaps, repeat(1))))
     mean = sum(logs) / len(logs)
-    sd = math.sqrt(sum(map(pow, map(mean.__rsub__, logs), repeat(2))) / (len(logs) - 1))
+    sd = math.sqrt(sum(map(math.pow, map(mean.__rsub__, logs), repeat(2.0))) / (len(logs) - 1))
     return min(gaps) * math.exp(-KERNEL[-1] * sd)
 
 
