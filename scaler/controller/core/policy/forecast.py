@@ -409,7 +409,7 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
 
     An arrival by `until` costs the memory until it (and what it still waits for want of more
     instances: an option's shortfall); a later one the memory until `until` and a miss. Held until a
-    point, an option costs, but for what does not depend on the point, gb x `_value` (see there).
+    point, an option costs, but for what does not depend on the point, gb x (`_held` less rho x p; see there).
     """
     x, p, q, lo, hi = points.x, points.p, points.q, points.lo, points.hi
     total, e = points.total, elapsed + points.shift
@@ -433,18 +433,12 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
 
 
 def _held(points: Points, top: float) -> np.ndarray:
-    """`_value` at each point of the view, but for its `rho` x p term."""
+    """What holding until each point of the view costs, per GB, but for what is the same for every point: its
+    own and the earlier points' weight x their time (`q`), the later ones' (`top - p`) x its. Less `rho` (a
+    miss, less an option's shortfall, per GB) x the weight it catches (`p`), a plan takes the least of it over
+    the points (the first of equals): the first term grows along the points, the last falls."""
     lo, hi = points.lo, points.hi
     return points.q[lo:hi] + (top - points.p[lo:hi]) * points.x[lo:hi]
-
-
-def _value(points: Points, top: float, rho: float, j: int) -> float:
-    """What holding until point j costs, per GB, but for what is the same for every point: its own and the
-    earlier points' weight x their time (`q`), the later ones' (`top - p`) x its, less `rho` (a miss, less an
-    option's shortfall, per GB) x the weight it catches. The first term grows with j, the last falls. A
-    plan takes the least over the view's points (the first of equals), all at once (`_held`)."""
-    pj = float(points.p[j])
-    return float(points.q[j]) + (top - pj) * float(points.x[j]) - rho * pj
 
 
 def restart_plan(
@@ -466,7 +460,7 @@ def restart_plan(
     burst waiting for want of more instances).
 
     Looked at: every `step`-th point (each apart, of `candidates`) to be ready at, and from there every
-    `step`-th to hold until, and the last. Held until a point, an option costs what `_value` says but for
+    `step`-th to hold until, and the last. Held until a point, an option costs what `_held` says but for
     what is the same for every until, so each ready's cheapest is the least of those values. Every ready
     and every until of each is worked out at once, as arrays (a row per ready).
     """
