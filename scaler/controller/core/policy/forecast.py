@@ -210,6 +210,8 @@ def since_beat(
         return 0
     ordered = sorted(gaps)
     period = median_of_ordered(ordered)
+    if abs(gaps[-1] - period) <= beat_share * period:  # the last call on the beat, whatever the tolerance
+        return 0
     off_beat = np.abs(np.fromiter(ordered, np.float64, n) - period)  # each gap's distance from the period (exact)
     off_beat.sort()
     tolerance = max(beat_sds * MAD_TO_SD * float(median_of_ordered(off_beat)), beat_share * period)
