@@ -107,8 +107,7 @@ def _of(x: np.ndarray, w: np.ndarray, never: float = 0.0) -> Points:
     return Points(x, w, k, np.cumsum(w), np.cumsum(w * x), 0, len(x), never)
 
 
-_EMPTY = np.zeros(0, np.float64)
-_EMPTY.flags.writeable = False
+ALIKE_AT_ONCE = 4  # runs of equal places up to this long are added up as arrays, longer ones point by point
 
 
 def _alike(x: np.ndarray, w: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -132,9 +131,6 @@ def _alike(x: np.ndarray, w: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.
             out.append(total)
         ws = np.array(out)
     return x[first], ws, np.add.reduceat(k, first)
-
-
-ALIKE_AT_ONCE = 4  # runs of equal places up to this long are added up as arrays, longer ones point by point
 
 
 def own_points(gaps: NextGap, elapsed: float, shorter: list[Point]) -> Points | None:
