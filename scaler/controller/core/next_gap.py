@@ -66,7 +66,7 @@ def spread(ordered: list[int] | tuple[int, ...], lo: int, hi: int) -> list[float
         return [math.exp(z * ONE_SPREAD) for z in KERNEL]
     logs = list(map(math.log, map(max, near, repeat(1))))
     if n >= ROBUST_FROM:  # the median absolute deviation: one odd gap beside a timer's does not smear it
-        middle = _middle(logs)  # (the gaps are in order, and so are their logs)
+        middle = median_of_ordered(logs)  # (the gaps are in order, and so are their logs)
         sd = MAD_TO_SD * median(list(map(abs, map(middle.__rsub__, logs)))) * math.sqrt(1 + 1 / n)
     else:
         mean = sum(logs) / n
@@ -79,10 +79,10 @@ def spread(ordered: list[int] | tuple[int, ...], lo: int, hi: int) -> list[float
 
 
 def median(values: list[float]) -> float:
-    return _middle(sorted(values))
+    return median_of_ordered(sorted(values))
 
 
-def _middle(ordered: Sequence[float]) -> float:
+def median_of_ordered(ordered: Sequence[float]) -> float:
     """The median of values in order."""
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -2,8 +2,8 @@
 
 Kept as the gaps come, it must be what building it from the stats gives; the points read from it must be
 those the gaps give worked out whole (`gap_points` below: how the policy read them on every decision before
-the fold kept them); and the plans over them, worked out with prefix sums and runs skipped, must be the
-cheapest, as looking at every candidate finds (`cheapest_keep`, `cheapest_restart`).
+the fold kept them); and the plans over them, worked out with prefix sums over every candidate at once, must
+be the cheapest, as looking at each candidate apart finds (`keep_costs`, `restart_costs`).
 """
 
 import math
@@ -204,6 +204,24 @@ def test_a_restart_plan_is_the_cheapest_of_its_candidates(points, elapsed, start
     assert math.isclose(plan.cost, cheapest, rel_tol=1e-9, abs_tol=1e-6)
     chosen = [cost for cost, ready, until, k in costs if (ready, until, k) == (plan.ready, plan.until, count)]
     assert chosen and math.isclose(min(chosen), cheapest, rel_tol=1e-9, abs_tol=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1.0, 2.5, 40.0]), st.floats(0.001, 10.0)), min_size=1, max_size=40))
+def test_points_at_one_place_weigh_their_weights_added_one_after_the_other(points):
+    # Runs of any length (short ones are added up as arrays, long ones point by point): to the last bit what
+    # adding them in order gives, so that a plan over them decides as the policy always has.
+    points = sorted(points)
+    found = Points.of(points)
+    weights: dict[float, float] = {}
+    counts: dict[float, int] = {}
+    for x, w in points:
+        weights[x] = weights[x] + w if x in weights else w
+        counts[x] = counts.get(x, 0) + 1
+    assert found.x.tolist() == list(weights) and found.w.tolist() == list(weights.values())
+    assert (found.k is None) == (len(weights) == len(points))
+    assert found.k is None or found.k.tolist() == list(counts.values())
+    assert found.pairs() == [(x, weights[x] / counts[x]) for x in weights for _ in range(counts[x])]
 
 
 @settings(max_examples=100, deadline=None)

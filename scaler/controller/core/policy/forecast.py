@@ -8,40 +8,52 @@ Where the next call may come is a set of weighted points (`Points`): the functio
 features fold as its gaps come (scaler/controller/core/next_gap.py), and read here as a view from
 the time since its last call on; or a list of points worked out for the call (`Points.of`). A plan
 over them (`keep_plan`, `restart_plan`) is a search for the cheapest place to hold until, which with
-the points' prefix sums costs a few lookups per candidate, and skips the runs of points whose least
-possible cost is already beaten.
+the points' prefix sums costs a few lookups per candidate, all candidates at once (the points are numpy
+arrays: `Points`).
 """
 
 import math
-from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from bisect import bisect_left
 from dataclasses import dataclass
-from itertools import accumulate, chain, compress, islice, pairwise, repeat
-from operator import add, eq, mul, sub
-from typing import NamedTuple
+from itertools import compress, pairwise, repeat
+from typing import Literal, NamedTuple
 
-from scaler.controller.core.next_gap import LOWER, MAD_TO_SD, MIDDLE, ROBUST_FROM, UPPER, NextGap, median, spread
+import numpy as np
+
+from scaler.controller.core.next_gap import (
+    LOWER,
+    MAD_TO_SD,
+    MIDDLE,
+    ROBUST_FROM,
+    UPPER,
+    NextGap,
+    median_of_ordered,
+    spread,
+)
 
 Point = tuple[float, float]  # (ms after the last arrival, weight)
 
+BOTTOM = (1.0, *LOWER[1:])  # where a bin's weight starts, as `_rest_of_bin` spreads it: bin 0 at 1 ms
 NEVER = math.inf  # a gap that has not ended: no keep-alive catches it
 # The defaults of what the functions below take as arguments: `learned` passes its config's (LearnedConfig).
 PRIOR_WEIGHT = 1.0  # what the run's new functions weigh against a function's own gaps: one gap's worth
 MIN_NEW_FUNCTIONS = 10  # gaps of new functions the run needs before they say anything
-RUN = 16  # points looked at together in a plan's search: a run is skipped when its least possible cost is beaten
-ROUNDING = 1e-9  # relative: how far sums of many terms may be off, so that no run is skipped on rounding alone
 
 
 class Points(NamedTuple):
     """Where the next call may come, sorted: `x[lo:hi]` (ms after the last call, plus `shift`), each weighing `w`
     and standing for `k` points alike (None: one each), with the prefix sums `p` of w and `q` of w x over the
-    whole arrays; and the weight `never` of a call that never comes."""
+    whole arrays; and the weight `never` of a call that never comes.
 
-    x: list[float]
-    w: list[float]
-    k: list[int] | None
-    p: list[float]
-    q: list[float]
+    The arrays are numpy's (float64; `k` int64): a plan looks at every point, a few hundred, and numpy's
+    elementwise arithmetic and running sums are the very IEEE operations Python's floats do, one by one, so
+    a plan comes out the same to the last bit (never a pairwise `sum`, nor numpy's exp or log)."""
+
+    x: np.ndarray
+    w: np.ndarray
+    k: np.ndarray | None
+    p: np.ndarray
+    q: np.ndarray
     lo: int
     hi: int
     never: float = 0.0
@@ -53,47 +65,72 @@ class Points(NamedTuple):
         end = len(points)
         while end and points[end - 1][0] == NEVER:
             end -= 1
-        x = [value for value, _ in points[:end]]
-        w = [weight for _, weight in points[:end]]
         never = sum(weight for _, weight in points[end:])
-        k = None
-        if any(map(eq, x, x[1:])):
-            x, w, k = _alike(x, w, [1] * len(x))
-        return Points(x, w, k, list(accumulate(w)), list(accumulate(map(mul, w, x))), 0, len(x), never)
+        x = np.fromiter((value for value, _ in points[:end]), np.float64, end)
+        w = np.fromiter((weight for _, weight in points[:end]), np.float64, end)
+        return _of(x, w, never)
+
+    def __eq__(self, other: object) -> bool:
+        """The same points (arrays equal element by element), the same view and the same weight never."""
+        if not isinstance(other, Points):
+            return NotImplemented
+        return (
+            (self.lo, self.hi, self.never, self.shift) == (other.lo, other.hi, other.never, other.shift)
+            and all(map(np.array_equal, (self.x, self.w, self.p, self.q), (other.x, other.w, other.p, other.q)))
+            and ((self.k is None) == (other.k is None))
+            and (self.k is None or np.array_equal(self.k, other.k))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     def before(self, j: int) -> tuple[float, float]:
         """The prefix sums of w and w x before index j."""
-        return (self.p[j - 1], self.q[j - 1]) if j else (0.0, 0.0)
+        return (float(self.p[j - 1]), float(self.q[j - 1])) if j else (0.0, 0.0)
 
     @property
     def total(self) -> float:
         lo, hi = self.lo, self.hi
-        return (self.p[hi - 1] - (self.p[lo - 1] if lo else 0.0) if hi > lo else 0.0) + self.never
+        return (float(self.p[hi - 1]) - (float(self.p[lo - 1]) if lo else 0.0) if hi > lo else 0.0) + self.never
 
     def pairs(self) -> list[Point]:
         """The points as a list, each of those it stands for apart (as `of` takes them), NEVER's last."""
-        x, w, k, shift = self.x, self.w, self.k, self.shift
-        if k is None:
-            out = [(x[j] - shift, w[j]) for j in range(self.lo, self.hi)]
-        else:
-            out = []
-            for j in range(self.lo, self.hi):
-                out += [(x[j] - shift, w[j] / k[j])] * k[j]
+        x, w = _apart(self)
+        out = list(zip(x.tolist(), w.tolist(), strict=True))
         return [*out, (NEVER, self.never)] if self.never else out
 
 
-def _alike(x: list[float], w: list[float], k: list[int]) -> tuple[list[float], list[float], list[int]]:
-    """Points at the same place as one (in order), weighing and standing for what they did in all."""
-    xs, ws, ks = [x[0]], [w[0]], [k[0]]
-    for value, weight, count in zip(x[1:], w[1:], k[1:], strict=True):
-        if value == xs[-1]:
-            ws[-1] += weight
-            ks[-1] += count
-        else:
-            xs.append(value)
-            ws.append(weight)
-            ks.append(count)
-    return xs, ws, ks
+def _of(x: np.ndarray, w: np.ndarray, never: float = 0.0) -> Points:
+    """The points at `x` (in order), each weighing `w`; those at one place as one."""
+    k = None
+    if len(x) > 1 and (x[1:] == x[:-1]).any():
+        x, w, k = _alike(x, w, np.ones(len(x), np.int64))
+    return Points(x, w, k, np.cumsum(w), np.cumsum(w * x), 0, len(x), never)
+
+
+ALIKE_AT_ONCE = 4  # runs of equal places up to this long are added up as arrays, longer ones point by point
+
+
+def _alike(x: np.ndarray, w: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Points at the same place as one (in order), weighing and standing for what they did in all: the weights
+    of each run of equal places added one after the other, as a running sum does (a few runs of a few points
+    at once; long runs, a point standing for many apart, one by one)."""
+    n = len(x)
+    first = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
+    sizes = np.diff(np.append(first, n))
+    if sizes.max() <= ALIKE_AT_ONCE:
+        ws = w[first]
+        for d in range(1, int(sizes.max())):
+            more = sizes > d
+            ws[more] += w[first[more] + d]
+    else:
+        weights, out = w.tolist(), []
+        for i, size in zip(first.tolist(), sizes.tolist(), strict=True):
+            total = weights[i]
+            for weight in weights[i + 1 : i + size]:
+                total += weight
+            out.append(total)
+        ws = np.array(out)
+    return x[first], ws, np.add.reduceat(k, first)
 
 
 def own_points(gaps: NextGap, elapsed: float, shorter: list[Point]) -> Points | None:
@@ -103,38 +140,41 @@ def own_points(gaps: NextGap, elapsed: float, shorter: list[Point]) -> Points | 
     bins: then they are only put one after the other."""
     hist = gaps.hist
     recent = {b.index: b for b in gaps.bins}
-    xs: list[Sequence[float]] = []
-    ws: list[Sequence[float]] = []
-    ks: list[Sequence[int]] = []
+    x = [value for value, _ in shorter]  # the points, part after part (`shorter`, then bin after bin)...
+    k = [1] * len(shorter)
+    shares = [weight for _, weight in shorter]  # ...and each part's weight per gap, and its size
+    sizes = [1] * len(shorter)
+    last, in_order = x[-1] if shorter else -math.inf, True  # whether each part lies after the one before
     for i in compress(range(len(hist)), hist):
-        weight = hist[i]
         b = recent.get(i)
         if b is None:
             if UPPER[i] > elapsed:
-                ((x, w),) = _rest_of_bin(i, weight, elapsed)
-                xs.append((x,))
-                ws.append((w,))
-                ks.append((1,))
-        elif b.x[-1] > elapsed:
-            share = weight / b.count / b.width
-            xs.append(b.x)
-            ws.append(list(map(share.__mul__, b.k)))
-            ks.append(b.k)
-    if not xs:
+                ((value, weight),) = (
+                    _rest_of_bin(i, hist[i], elapsed) if elapsed > BOTTOM[i] else ((MIDDLE[i], hist[i]),)
+                )
+                in_order &= last < value
+                last = value
+                x.append(value)
+                k.append(1)
+                shares.append(weight)
+                sizes.append(1)
+        elif (bx := b.x)[-1] > elapsed:
+            in_order &= last < bx[0]
+            last = bx[-1]
+            x += bx
+            k += b.k
+            shares.append(hist[i] / b.count / b.width)
+            sizes.append(len(bx))
+    if not sizes:
         return None
-    if shorter:  # below the shortest gap, so mostly before the rest
-        xs.insert(0, [x for x, _ in shorter])
-        ws.insert(0, [w for _, w in shorter])
-        ks.insert(0, [1] * len(shorter))
-    in_order = all(a[-1] < b[0] for a, b in pairwise(xs))
-    x, w, k = list(chain.from_iterable(xs)), list(chain.from_iterable(ws)), list(chain.from_iterable(ks))
+    x, k = np.fromiter(x, np.float64, len(x)), np.fromiter(k, np.int64, len(k))
+    w = np.array(shares).repeat(sizes) * k
     if not in_order:
-        order = sorted(range(len(x)), key=x.__getitem__)
-        x, w, k = list(map(x.__getitem__, order)), list(map(w.__getitem__, order)), list(map(k.__getitem__, order))
-        if any(map(eq, x, islice(x, 1, None))):  # points of two bins at the same place
+        order = x.argsort(kind="stable")
+        x, w, k = x[order], w[order], k[order]
+        if (x[1:] == x[:-1]).any():  # points of two bins at the same place
             x, w, k = _alike(x, w, k)
-    p, q = list(accumulate(w)), list(accumulate(map(mul, w, x)))
-    return Points(x, w, k, p, q, bisect_right(x, elapsed), len(x))
+    return Points(x, w, k, w.cumsum(), (w * x).cumsum(), int(x.searchsorted(elapsed, "right")), len(x))
 
 
 def lag_points(lags: tuple[int, ...], offset: float, elapsed: float, share: float) -> list[Point]:
@@ -161,12 +201,17 @@ def since_beat(
     timer's tick, the next tick comes 26.1 s later, not 30 s (dataSet_1's nodes1 missed the tick after each
     of its nine extra calls). A clock: most recent gaps near their median (a few robust sds, or 2 %).
     """
-    if len(gaps) < ROBUST_FROM:
+    n = len(gaps)
+    if n < ROBUST_FROM:
         return 0
-    period = median(list(gaps))
-    off_beat = sorted(map(abs, map(period.__rsub__, gaps)))  # each gap's distance from the period
-    tolerance = max(beat_sds * MAD_TO_SD * median(off_beat), beat_share * period)
-    if bisect_right(off_beat, tolerance) < clock_share * len(gaps):
+    ordered = sorted(gaps)
+    period = median_of_ordered(ordered)
+    if abs(gaps[-1] - period) <= beat_share * period:  # the last call on the beat, whatever the tolerance
+        return 0
+    off_beat = np.abs(np.fromiter(ordered, np.float64, n) - period)  # each gap's distance from the period (exact)
+    off_beat.sort()
+    tolerance = max(beat_sds * MAD_TO_SD * float(median_of_ordered(off_beat)), beat_share * period)
+    if int(off_beat.searchsorted(tolerance, "right")) < clock_share * n:
         return 0
     off = 0
     for gap in reversed(gaps):
@@ -216,30 +261,57 @@ def in_group(points: Points, ended: float, pauses: list[int], elapsed: float, bu
     the rest, `ended`, on the pauses after groups of this size, spread as such gaps vary. Once a pause has
     begun (`elapsed` past `burst`) the group has ended. Unchanged when every such pause is over."""
     total = points.total
-    factors = spread(pauses, 0, len(pauses))
-    later = [p * f for p in pauses for f in factors if p * f > elapsed]
-    if not later or not total:
+    later = np.multiply.outer(pauses, spread(pauses, 0, len(pauses))).ravel()  # each pause x each factor
+    later = later[later > elapsed]
+    if not len(later) or not total:
         return points
-    within = [(x, w) for x, w in _pairs_to(points, burst) if x <= burst]
-    share = sum(w for _, w in within)
-    if not share:
+    if ended < 1:
+        x, w = _apart(points)  # the points within a group: those by `burst`
+        within = x <= burst
+        x, w = x[within], w[within]
+        share = sum(w.tolist())
+        if share:
+            w = np.concatenate((w * (1 - ended) * total / share, np.full(len(later), ended * total / len(later))))
+            x = np.concatenate((x, later))
+            order = np.lexsort((w, x))  # as the pairs sort
+            return _of(x[order], w[order])
         ended = 1.0
-    out = [(x, w * (1 - ended) * total / share) for x, w in within] if ended < 1 else []
-    out += [(x, ended * total / len(later)) for x in later]
-    return Points.of(sorted(out))
+    later.sort()
+    return _of_equal(later, ended * total / len(later))
 
 
-def _pairs_to(points: Points, until: float) -> list[Point]:
-    """`points.pairs()`, but for (some of) those after `until`: the points lie in order."""
+def _of_equal(x: np.ndarray, weight: float) -> Points:
+    """`_of` for points (in order) that weigh the same: those at one place weigh what adding up their weights
+    one after the other comes to (worked out once for each count)."""
+    if len(x) < 2 or not (x[1:] == x[:-1]).any():
+        w = np.full(len(x), weight)
+        return Points(x, w, None, w.cumsum(), (w * x).cumsum(), 0, len(x))
+    first = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
+    k = np.diff(np.append(first, len(x)))
+    sums = [weight]
+    for _ in range(int(k.max()) - 1):
+        sums.append(sums[-1] + weight)
+    x, w = x[first], np.array(sums)[k - 1]
+    return Points(x, w, k, w.cumsum(), (w * x).cumsum(), 0, len(x))
+
+
+def _apart(points: Points) -> tuple[np.ndarray, np.ndarray]:
+    """`points.pairs()` as arrays, but for the weight never."""
+    lo, hi, k = points.lo, points.hi, points.k
+    x, w = points.x[lo:hi], points.w[lo:hi]
     if points.shift:
-        return points.pairs()
-    return points._replace(hi=bisect_right(points.x, until, points.lo, points.hi), never=0.0).pairs()
+        x = x - points.shift
+    if k is None:
+        return x, w
+    k = k[lo:hi]
+    return np.repeat(x, k), np.repeat(w / k, k)
 
 
 def _rest_of_bin(i: int, weight: float, elapsed: float) -> list[Point]:
     """A bin's weight, spread evenly over it in log scale, as far as it lies after `elapsed`: at its middle,
-    or once `elapsed` is inside it, at its end (so that looking again does not creep towards the end)."""
-    lower = LOWER[i] if i else 1.0
+    or once `elapsed` is inside it (past `BOTTOM[i]`), at its end (so that looking again does not creep towards
+    the end)."""
+    lower = BOTTOM[i]
     if elapsed <= lower:
         return [(MIDDLE[i], weight)]
     left = math.log(UPPER[i] / elapsed) / math.log(UPPER[i] / lower)
@@ -335,7 +407,7 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
 
     An arrival by `until` costs the memory until it (and what it still waits for want of more
     instances: an option's shortfall); a later one the memory until `until` and a miss. Held until a
-    point, an option costs, but for what does not depend on the point, gb x `_value` (see there).
+    point, an option costs, but for what does not depend on the point, gb x (`_held` less rho x p; see there).
     """
     x, p, q, lo, hi = points.x, points.p, points.q, points.lo, points.hi
     total, e = points.total, elapsed + points.shift
@@ -344,58 +416,27 @@ def keep_plan(points: Points, elapsed: float, miss: float, options: list[Option]
         return Plan(elapsed, until, best, count)
     p0, q0 = points.before(lo)
     top = p0 + total
+    held = _held(points, top)
     found = []
     for n, (_, gb, shortfall) in enumerate(options):
-        j = _cheapest(points, top, (miss - shortfall) / gb, lo, hi)
-        caught = p[j] - p0
-        cost = gb * (q[j] - q0 - e * caught) + shortfall * caught + (total - caught) * (gb * (x[j] - e) + miss)
+        j = lo + int((held - (miss - shortfall) / gb * p[lo:hi]).argmin())
+        pj, qj, xj = float(p[j]), float(q[j]), float(x[j])
+        caught = pj - p0
+        cost = gb * (qj - q0 - e * caught) + shortfall * caught + (total - caught) * (gb * (xj - e) + miss)
         found.append((cost, j, n))
     cost, j, n = min(found)
     if cost < best:
-        best, until, count = cost, x[j] - points.shift, options[n].count
+        best, until, count = cost, float(x[j]) - points.shift, options[n].count
     return Plan(elapsed, until, best, count)
 
 
-def _value(points: Points, top: float, rho: float, j: int) -> float:
-    """What holding until point j costs, per GB, but for what is the same for every point: its own and the
-    earlier points' weight x their time (`q`), the later ones' (`top - p`) x its, less `rho` (a miss, less an
-    option's shortfall, per GB) x the weight it catches. The first term grows with j, the last falls."""
-    pj = points.p[j]
-    return points.q[j] + (top - pj) * points.x[j] - rho * pj
-
-
-def _cheapest(points: Points, top: float, rho: float, lo: int, hi: int) -> int:
-    """The point in [lo, hi) where `_value` is least (the first of equals): the value at each run's end bounds
-    the least; a run whose first point's growing term less `rho` x its last point's weight cannot beat
-    that bound (by more than the terms' rounding) is skipped."""
-    x, p, q = points.x, points.p, points.q
-    if hi - lo <= 2 * RUN:
-        return _scan(points, top, rho, lo, hi)[0]
-    ends = range(min(lo + RUN, hi) - 1, hi, RUN)
-    bound = min(_value(points, top, rho, j) for j in ends)
-    if hi - 1 not in ends:
-        bound = min(bound, _value(points, top, rho, hi - 1))
-    bound += ROUNDING * (abs(q[hi - 1]) + top * abs(x[hi - 1]) + rho * top)
-    best_j, best = lo, math.inf
-    for start in range(lo, hi, RUN):
-        end = min(start + RUN, hi)
-        if q[start] + (top - p[start]) * x[start] - rho * p[end - 1] > bound:
-            continue
-        j, value = _scan(points, top, rho, start, end)
-        if value < best:
-            best_j, best = j, value
-    return best_j
-
-
-def _scan(points: Points, top: float, rho: float, lo: int, hi: int) -> tuple[int, float]:
-    x, p, q = points.x, points.p, points.q
-    best_j, best = lo, math.inf
-    for j in range(lo, hi):
-        pj = p[j]
-        value = q[j] + (top - pj) * x[j] - rho * pj
-        if value < best:
-            best_j, best = j, value
-    return best_j, best
+def _held(points: Points, top: float) -> np.ndarray:
+    """What holding until each point of the view costs, per GB, but for what is the same for every point: its
+    own and the earlier points' weight x their time (`q`), the later ones' (`top - p`) x its. Less `rho` (a
+    miss, less an option's shortfall, per GB) x the weight it catches (`p`), a plan takes the least of it over
+    the points (the first of equals): the first term grows along the points, the last falls."""
+    lo, hi = points.lo, points.hi
+    return points.q[lo:hi] + (top - points.p[lo:hi]) * points.x[lo:hi]
 
 
 def restart_plan(
@@ -417,65 +458,69 @@ def restart_plan(
     burst waiting for want of more instances).
 
     Looked at: every `step`-th point (each apart, of `candidates`) to be ready at, and from there every
-    `step`-th to hold until, and the last. Held until a point, an option costs what `_value` says but for
-    what is the same for every until, so each ready's cheapest is the least of those values.
+    `step`-th to hold until, and the last. Held until a point, an option costs what `_held` says but for
+    what is the same for every until, so each ready's cheapest is the least of those values. Every ready
+    and every until of each is worked out at once, as arrays (a row per ready).
     """
     x, p, q, lo, hi, shift = points.x, points.p, points.q, points.lo, points.hi, points.shift
     e = elapsed + shift
     total = points.total
-    p0, q0 = points.before(lo)
-    counts = list(accumulate(points.k[lo:hi])) if points.k is not None else None  # points apart, up to each
-    n = (counts[-1] if counts else 0) if counts is not None else hi - lo
-
-    def entry(t: int) -> int:
-        """The index of the t-th point (each apart) from `lo`."""
-        return lo + (bisect_right(counts, t) if counts is not None else t)
-
+    p0 = points.before(lo)[0]
+    xs, ps, qs = x[lo:hi], p[lo:hi], q[lo:hi]
+    # the points apart before each point from lo (and in all): the t-th apart is the point counts.searchsorted(t)
+    counts = np.concatenate(((0,), points.k[lo:hi].cumsum())) if points.k is not None else None
+    n = int(counts[-1]) if counts is not None else hi - lo
     step = max(1, n // candidates)
-    readies = sorted({v for t in range(0, n, step) if (v := x[entry(t)]) - start >= e} | ({e + start} if n else set()))
-    if not readies:
+    firsts = np.arange(0, n, step)
+    firsts = xs[counts[1:].searchsorted(firsts, "right") if counts is not None else firsts].tolist()
+    readies = sorted({v for v in firsts if v - start >= e} | ({e + start} if n else set()))
+    ready = np.array(readies)
+    w1 = xs.searchsorted(ready, "left")
+    if (m := int(w1.searchsorted(hi - lo))) < len(ready):  # none to hold for after these (the readies in order)
+        ready, w1 = ready[:m], w1[:m]
+    if not m:
         return None
-    xs, ps = x[lo:hi], p[lo:hi]
-    wx = list(map(mul, points.w[lo:hi], xs))
-    r = list(accumulate(map(mul, wx, xs)))  # prefix sums of w x^2, from lo
-    top = p0 + total
-    held = list(map(add, q[lo:hi], map(mul, map(top.__sub__, ps), xs)))  # `_value` but for `rho` x p
-    values = []  # per option: `_value` at each point, and at each point apart
-    for _, gb, shortfall in options:
-        value = list(map(sub, held, map(((miss - shortfall) / gb).__mul__, ps)))
-        values.append((value, list(chain.from_iterable(map(repeat, value, points.k[lo:hi]))) if counts else value))
-
+    e1 = xs.searchsorted(ready - start, "left")
     # the prefix sums of w, w x and w x^2 before each index from lo on (index j at j - lo)
-    before_p, before_q, before_r = [p0, *ps], [q0, *q[lo:hi]], [0.0, *r]
-
-    best, plan = total * miss, None  # plan: (ready, until, count)
-    for ready in readies:
-        e1, w1 = bisect_left(x, ready - start, lo, hi), bisect_left(x, ready, lo, hi)
-        if w1 >= hi:
-            continue
-        pe, qe, re = before_p[e1 - lo], before_q[e1 - lo], before_r[e1 - lo]
-        pw, qw, rw = before_p[w1 - lo], before_q[w1 - lo], before_r[w1 - lo]
-        early, waiting, sx = pe - p0, pw - pe, qw - qe
-        # over the arrivals that wait, w (1 + rate w / 2) with w = ready - x
-        wait = waiting * ready - sx
-        wait2 = waiting * ready * ready - 2 * ready * sx + (rw - re)
-        base = early * miss + lam * (wait + rate * wait2 / 2)
-        t0 = (counts[w1 - lo - 1] if w1 > lo else 0) if counts is not None else w1 - lo
-        found = []
-        for n_option, (_, gb, shortfall) in enumerate(options):
-            value, apart = values[n_option]
-            j = hi - 1  # the last point, and every step-th from the ready's first on
-            grid = apart[t0 : n - 1 : step]
-            if grid and (least := min(grid)) <= value[-1]:
-                j = entry(t0 + grid.index(least) * step)
-            served, served_x = p[j] - pw, q[j] - qw
-            late = total - (p[j] - p0)
-            cost = gb * (waiting * start + served * (start - ready) + served_x) + served * shortfall
-            found.append((base + cost + late * (gb * (start + x[j] - ready) + miss), j, n_option))
-        cost, j, n_option = min(found)
-        if cost < best:
-            best, plan = cost, (ready - shift, x[j] - shift, options[n_option].count)
-    return None if plan is None else Plan(plan[0], plan[1], best, plan[2])
+    before_p = p[lo - 1 : hi] if lo else np.concatenate(((0.0,), ps))
+    before_q = q[lo - 1 : hi] if lo else np.concatenate(((0.0,), qs))
+    before_r = np.concatenate(((0.0,), (points.w[lo:hi] * xs * xs).cumsum()))
+    pe, qe, re = before_p[e1], before_q[e1], before_r[e1]
+    pw, qw, rw = before_p[w1], before_q[w1], before_r[w1]
+    early, waiting, sx = pe - p0, pw - pe, qw - qe
+    # over the arrivals that wait, w (1 + rate w / 2) with w = ready - x
+    wait = waiting * ready - sx
+    wait2 = waiting * ready * ready - 2 * ready * sx + (rw - re)
+    base = early * miss + lam * (wait + rate * wait2 / 2)
+    # a row per ready: every step-th point (each apart) from its first on but the last, then the last (a row
+    # runs on past it, and the least of a row is the first of equals: the last is taken where no other is as cheap)
+    t0 = counts[w1] if counts is not None else w1
+    columns = 1 - (1 - n) // step  # ceil((n - 1) / step) points, and one past them
+    grid = np.minimum(t0[:, None] + np.arange(0, columns * step, step), n - 1)
+    if counts is not None:
+        grid = counts[1:].searchsorted(grid, "right")
+    rows = np.arange(len(ready))
+    held = _held(points, p0 + total)
+    best_cost = best_j = best_n = None
+    for n_option, (_, gb, shortfall) in enumerate(options):
+        value = held - (miss - shortfall) / gb * ps
+        j = grid[rows, value[grid].argmin(axis=1)]
+        pj = ps[j]
+        served, served_x = pj - pw, qs[j] - qw
+        late = total - (pj - p0)
+        cost = gb * (waiting * start + served * (start - ready) + served_x) + served * shortfall
+        cost = base + cost + late * (gb * (start + xs[j] - ready) + miss)
+        if best_cost is None:
+            best_cost, best_j, best_n = cost, j, np.zeros(len(j), np.int64)
+        else:  # the least (cost, until, option), as tuples compare
+            better = (cost < best_cost) | ((cost == best_cost) & (j < best_j))
+            best_cost, best_j = np.where(better, cost, best_cost), np.where(better, j, best_j)
+            best_n = np.where(better, n_option, best_n)
+    r = int(best_cost.argmin())  # the first ready of the least cost, as one after another, strictly less, would
+    if not best_cost[r] < total * miss:
+        return None
+    until, count = float(xs[best_j[r]]) - shift, options[int(best_n[r])].count
+    return Plan(float(ready[r]) - shift, until, float(best_cost[r]), count)
 
 
 def share_by(points: Points, until: float) -> float:
@@ -483,7 +528,7 @@ def share_by(points: Points, until: float) -> float:
     total = points.total
     if not total:
         return 0.0
-    j = bisect_right(points.x, until + points.shift, points.lo, points.hi)
+    j = _bisect(points, until + points.shift, "right")
     return (points.before(j)[0] - points.before(points.lo)[0]) / total
 
 
@@ -492,13 +537,18 @@ def served_within(points: Points, start: float, miss: float, lam: float, elapsed
     waits until then, at `lam` per ms, or misses (`miss`), whichever is less."""
     soon = elapsed + start + points.shift
     lo = points.lo
-    end = bisect_left(points.x, soon, lo, points.hi)
+    end = _bisect(points, soon, "left")
     if end <= lo or lam <= 0:
         return 0.0
-    cut = min(bisect_right(points.x, soon - miss / lam, lo, end), end)  # these wait longer than a miss costs
+    cut = min(_bisect(points, soon - miss / lam, "right"), end)  # these wait longer than a miss costs
     p0, p_cut, p_end = points.before(lo)[0], points.before(cut)[0], points.before(end)[0]
     q_cut, q_end = points.before(cut)[1], points.before(end)[1]
     return miss * (p_cut - p0) + lam * (soon * (p_end - p_cut) - (q_end - q_cut))
+
+
+def _bisect(points: Points, value: float, side: Literal["left", "right"]) -> int:
+    """Where `value` goes among the view's points (`bisect_left` or `bisect_right` over x[lo:hi])."""
+    return min(max(int(points.x.searchsorted(value, side)), points.lo), points.hi)
 
 
 def scv(values: tuple[int, ...] | list[int]) -> float:
@@ -508,7 +558,8 @@ def scv(values: tuple[int, ...] | list[int]) -> float:
     mean = sum(values) / len(values)
     if mean <= 0:
         return 1.0
-    return sum(map(pow, map(mean.__rsub__, values), repeat(2))) / len(values) / (mean * mean)
+    # math.pow is libm's pow, as `**` is (x * x differs from it in the last bit now and then)
+    return sum(map(math.pow, map(mean.__rsub__, values), repeat(2.0))) / len(values) / (mean * mean)
 
 
 def queue_wait(rate: float, run: float, k: int, variability: float) -> float:

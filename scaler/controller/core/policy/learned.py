@@ -328,7 +328,9 @@ class Learned(Policy):
         burst = 2 * start_ms(s, f)  # a longer gap is a lull (or a group's pause)
         seen = sum(f.gap_hist)
         shorter = []
-        if _memoryless(gaps, c):
+        if gaps and min(gaps) <= elapsed:
+            pass  # gaps shorter than any seen end before the shortest (by a margin): none is still possible
+        elif _memoryless(gaps, c):
             shorter = memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)
         elif (early := _shorter_than_seen(gaps)) > elapsed:
             shorter = [(early, c.early_weight)]
@@ -630,7 +632,7 @@ def _shorter_than_seen(gaps: tuple[int, ...]) -> float:
         return 0.0
     logs = list(map(math.log, map(max, gaps, repeat(1))))
     mean = sum(logs) / len(logs)
-    sd = math.sqrt(sum(map(pow, map(mean.__rsub__, logs), repeat(2))) / (len(logs) - 1))
+    sd = math.sqrt(sum(map(math.pow, map(mean.__rsub__, logs), repeat(2.0))) / (len(logs) - 1))
     return min(gaps) * math.exp(-KERNEL[-1] * sd)
 
 
