@@ -119,6 +119,13 @@ def points(policies: list[str], vary: list[str]) -> list[Point]:
     return out
 
 
+def compared(todo: list[Point]) -> list[Point]:
+    """`--compare`'s points: every policy at its defaults, a swept one too (its default beside its curve) unless
+    it is swept at them already."""
+    at_defaults = {point.policy for point in todo if not point.settings}
+    return [Point(p, compared=True) for p in POLICIES if p not in at_defaults]
+
+
 _dataset: Dataset | None = None  # each worker's, loaded once
 
 
@@ -254,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         policies = list(dict.fromkeys(args.policy or [DEFAULT_POLICY]))
         todo = points(policies, args.vary)
         if args.compare:
-            todo += [Point(p, compared=True) for p in POLICIES if p not in policies]
+            todo += compared(todo)
         if args.jobs < 1:
             raise KnobError("--jobs must be 1 or more")
         print(f"sweep: {len(todo)} points of {dataset.name}, {min(args.jobs, len(todo))} at once", file=sys.stderr)

@@ -7,11 +7,11 @@ import msgspec
 import pytest
 
 from scaler.cli import main
-from scaler.controller.core.policy import get_policy
+from scaler.controller.core.policy import POLICIES, get_policy
 from scaler.controller.core.policy.base import knobs
 from scaler.controller.core.policy.spes import SpesConfig
 from scaler.simulator.knobs import KnobError, listing, with_knobs
-from scaler.simulator.sweep import Point, Reach, front, points, reach
+from scaler.simulator.sweep import Point, Reach, compared, front, points, reach
 from tests.simulator.test_run_metrics import by_hand_trace
 
 SPES_KNOBS = ", ".join(sorted(k.name for k in knobs(SpesConfig)))
@@ -64,6 +64,13 @@ def test_points_are_every_combination_of_each_policys_knobs():
         points(["demo"], ["cidre.keep_alive_ms=1"])
     with pytest.raises(KnobError, match="expected KNOB=A,B,C"):
         points(["demo"], ["keep_alive_ms"])
+
+
+def test_compare_adds_every_policy_at_its_defaults_a_swept_one_too_unless_swept_at_them():
+    swept = points(["learned", "demo"], ["learned.exchange_rate=1,10"])  # demo: at its defaults, no knob varied
+    added = compared(swept)
+    assert [p.policy for p in added] == [p for p in POLICIES if p != "demo"]  # demo is swept at its defaults
+    assert all(p.compared and not p.settings for p in added)
 
 
 def test_the_pareto_front_is_what_nothing_beats_on_both():
