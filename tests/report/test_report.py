@@ -225,7 +225,11 @@ async def test_a_replay_from_a_snapshot_draws_the_instances_the_snapshot_held(na
         held = stack.controller.states["fn7"].instances
     assert {i.id for i in t.instances} == set(held)  # the one it has had all along, from the snapshot
     life = next(i for i in t.instances if i.reason == "alive at the snapshot")
-    assert [r for _, _, r in life.busy][-2:] == ["late0", "late1"] and all(end for _, end, _ in life.busy)
+    busy = [r for _, _, r in life.busy]
+    # Both late requests, unless the retention guard took a newer snapshot between them (it may, any time):
+    # then the instance alive at that snapshot has served late1 since.
+    assert busy[-2:] == ["late0", "late1"] or busy == ["late1"], busy
+    assert all(end for _, end, _ in life.busy)
 
 
 def test_lanes_are_the_instances_states_per_column_and_add_up_to_those_alive():
