@@ -264,7 +264,15 @@ class Loopback:
         return ADDRESS.sub(local, text)
 
     def environment(self, name: str) -> dict[str, str]:
-        return {k: self.rewrite(name, str(v)) for k, v in self.services[name].get("environment", {}).items()}
+        """The service's settings with every address rewritten, and a port of its own given alone (the metrics'
+        `SCALER_METRICS_PORT: 9464`) moved to its loopback port too: two tests' nodes never share one."""
+        out = {}
+        for k, v in self.services[name].get("environment", {}).items():
+            text = self.rewrite(name, str(v))
+            if k.endswith("_PORT") and text.isdigit() and (own := self.addresses.get((name, int(text)))):
+                text = own.rsplit(":", 1)[1]
+            out[k] = text
+        return out
 
     def command(self, name: str, command: list[str]) -> list[str]:
         return [self.rewrite(name, str(a)) for a in command]
