@@ -17,10 +17,11 @@ import itertools
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from scaler.controller import policies as outside
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES
@@ -34,6 +35,7 @@ from scaler.simulator.score import FunctionRow, Stats, worst_functions
 
 DEFAULT_DB = "runs.sqlite"
 DEFAULT_PAGE = "sweep.html"
+T = TypeVar("T")
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -182,15 +184,20 @@ def reach(curve: list[tuple[float, float]], point: tuple[float, float]) -> Reach
     return Reach(None, f"at {cold:.2%} cold starts or fewer it wastes {min(as_few):,.0f} GB·s or more")
 
 
+def curves(points: list[T], policy_of: Callable[[T], str]) -> Iterator[tuple[str, list[T], list[T]]]:
+    """Each policy swept over several points (a curve): its name, its points and every other policy's."""
+    for policy in dict.fromkeys(map(policy_of, points)):
+        mine = [x for x in points if policy_of(x) == policy]
+        if len(mine) > 1:
+            yield policy, mine, [x for x in points if policy_of(x) != policy]
+
+
 def reaches(results: list[Result]) -> list[str]:
     """Whether each policy swept over several points (a curve) reaches each other policy's point, a line each."""
     lines = []
-    for policy in dict.fromkeys(r.point.policy for r in results):
-        mine = [r for r in results if r.point.policy == policy]
-        if len(mine) < 2:
-            continue
+    for policy, mine, others in curves(results, lambda r: r.point.policy):
         curve = [(r.stats.cold_start_rate, r.stats.wasted_memory_time_in_g_bs) for r in mine]
-        for other in (r for r in results if r.point.policy != policy):
+        for other in others:
             at = (other.stats.cold_start_rate, other.stats.wasted_memory_time_in_g_bs)
             found = reach(curve, at)
             theirs = f"{at[0]:.2%} and {at[1]:,.0f} GB·s"

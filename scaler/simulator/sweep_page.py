@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from scaler.report.draw import Page, span
 from scaler.simulator import runs
-from scaler.simulator.sweep import front, reach
+from scaler.simulator.sweep import curves, front, reach
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 COLUMNS = "id, policy, knobs, title, cold_start_rate, wasted_memory_time_in_g_bs, wait_p99_in_ms, score, code"
@@ -122,10 +122,8 @@ async def page(db: Path, sweep_id: str) -> str:
             for r, yes in zip(rows, on_front, strict=True)
         ],
     )
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        mine = [r for r in rows if r["policy"] == policy]
-        if len(mine) > 1:  # a curve: does it reach the other points?
-            _reaches(p, policy, mine, [r for r in rows if r["policy"] != policy])
+    for policy, mine, others in curves(rows, lambda r: r["policy"]):  # does each curve reach the other points?
+        _reaches(p, policy, mine, others)
     return p.html()
 
 
