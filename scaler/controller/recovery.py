@@ -1,6 +1,7 @@
 """Recovery: what a node does as partitions come and go, and when the store holds less than it folded.
 
-A partition gained is served once loaded: its functions' timers are armed, the callers of its busy
+A partition gained is served once loaded: its functions' timers are armed (at once for a function whose
+plan was owed: one of its instances left idle with no keep-alive decided), the callers of its busy
 instances told their assignment again (an answer may have been lost with a node killed between its
 batch's storage and its reply), and the platform asked to reconcile it (a take-over may hold instances
 the platform lost, or miss slots it made). A partition given up is snapshotted and forgotten. A loss
@@ -14,6 +15,7 @@ import logging
 
 from nats.aio.client import Client
 
+from scaler.controller.core.state import FnState, Phase
 from scaler.controller.lane import Lane
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
@@ -69,8 +71,9 @@ class Recovery:
     async def served(self, partitions: list[int]) -> None:
         """Loaded and served: arm their timers, tell their callers again what they were assigned, and have the
         platform reconciled."""
+        now = self.lane.clock.now_ms()
         for key in self.partitions.keys(partitions):
-            self.timers.set(key, self.ledger.wake.get(key))
+            self.timers.set(key, now if _plan_owed(self.ledger.state(key)) else self.ledger.wake.get(key))
             await self.replies.send(self.lane.assignments(key))
         if self._asking is None or self._asking.done():  # one ask at a time answers for every load before it
             self._asking = asyncio.create_task(self._ask_reconcile())
@@ -125,3 +128,10 @@ class Recovery:
                     log.warning("no gc worker answered the ask to reconcile (%s)", type(e).__name__)
                     return
                 await asyncio.sleep(0.5)
+
+
+def _plan_owed(s: FnState) -> bool:
+    """Whether an instance of the function stands idle with no keep-alive decided: the plan that decides it was
+    still to come when the partition changed hands (a node stopped, killed or giving it up right after the
+    command), and nothing else would wake the function before its next call."""
+    return any(i.phase is Phase.IDLE and not i.keep_until_ms for i in s.instances.values())

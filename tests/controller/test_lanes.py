@@ -5,6 +5,7 @@ import asyncio
 
 import grpc
 
+from scaler.controller import lanes
 from scaler.controller.admission import Admission
 from scaler.controller.core.state import Phase
 from scaler.controller.lanes import Lanes, Told
@@ -210,3 +211,23 @@ async def test_in_a_group_nothing_of_which_was_stored_an_idle_already_answered_i
     await asyncio.wait({idle, tick, report})
     assert isinstance(idle.exception(), Told)
     assert type(tick.exception()) is Unavailable and type(report.exception()) is Unavailable
+
+
+async def test_a_plan_owed_when_the_node_stopped_is_made_by_the_next_one(nats_url, monkeypatch):
+    """The node stops right after an Idle whose plan it could not store (the store away a moment): the instance is
+    idle with no keep-alive, and nothing would wake the function before its next call, nor reconcile it on a
+    platform that lists nothing. The node that loads it plans it at once."""
+    async with Stack(nats_url) as stack:
+        first = await stack.assign("r1")
+        await stack.settled()
+        stack.controller.writer.patience_s = 0.0  # the append not tried again through the outage...
+        monkeypatch.setattr(lanes, "RETRY_PLAN_MS", 600_000)  # ...nor the plan before the node stops
+        held = Held(stack, KeptAlive, fail_once=True)
+        held.release()
+        await stack.idle(first)
+        await held.reached.wait()
+        assert stack.controller.states["fn"].instances["fn-1"].keep_until_ms == 0
+    assert (PLAN, ["KeptAlive"]) not in await causes(nats_url)
+    async with Stack(nats_url, like_challenge=True) as stack:
+        await eventually(lambda: stack.controller.states["fn"].instances["fn-1"].keep_until_ms > 0)
+    assert (PLAN, ["KeptAlive"]) in await causes(nats_url)
