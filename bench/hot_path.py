@@ -17,8 +17,10 @@ Real processes on loopback, and the client in its own process, as a platform wou
 - front + node: the node (learned), called through `python -m scaler.gateway` (a front gateway forwarding
   over NATS).
 For each: warm Assign and Idle latency with one caller, back to back (after every function has its
-instance); then Assign + Idle pairs per second with 50 callers over 50 functions, and with 50 callers
-on one hot function; and the Assign p99 under those loads. Ratios are to the echo server of the same
+instance), and for a node the instances it started meanwhile (a policy that retires an instance between
+two calls and starts one again before the next: those Assigns are not all warm, and may wait); then
+Assign + Idle pairs per second with 50 callers over 50 functions, and with 50 callers on one hot
+function; and the Assign p99 under those loads. Ratios are to the echo server of the same
 run. `--json` writes the node's figures with the echo server's and the unsynced node's beside them.
 """
 
@@ -31,9 +33,11 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -164,28 +168,32 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(address: str, pairs: int, seconds: float) -> dict:
+async def measure(address: str, pairs: int, seconds: float, metrics: str | None = None) -> dict:
     """One caller back to back on `address`, then CALLERS callers over FUNCTIONS functions; with several
-    addresses (comma-separated) the load is spread over them, caller by caller."""
+    addresses (comma-separated) the load is spread over them, caller by caller. `metrics`: the node's."""
     tag = os.urandom(3).hex()
     channels = [grpc.aio.insecure_channel(a) for a in address.split(",")]
     try:
-        return await _measure([pb_grpc.ScalerStub(c) for c in channels], tag, pairs, seconds)
+        return await _measure([pb_grpc.ScalerStub(c) for c in channels], tag, pairs, seconds, metrics)
     finally:
         for c in channels:
             await c.close()
 
 
-async def _measure(scalers: list[pb_grpc.ScalerStub], tag: str, pairs: int, seconds: float) -> dict:
+async def _measure(
+    scalers: list[pb_grpc.ScalerStub], tag: str, pairs: int, seconds: float, metrics: str | None
+) -> dict:
     scaler = scalers[0]
     await asyncio.gather(*(pair(scaler, f"{tag}-warm-{n}", meta(n)) for n in range(FUNCTIONS)))  # cold starts
     for n in range(200):  # warm the path itself
         await pair(scaler, f"{tag}-w{n}", meta(n % FUNCTIONS))
     assigns, idles = [], []
+    before = started(metrics)
     for n in range(pairs):
         a, i = await pair(scaler, f"{tag}-one-{n}", meta(n % FUNCTIONS))
         assigns.append(a)
         idles.append(i)
+    after = started(metrics)
     spread, spread_p99 = await load(scalers, f"{tag}-load", seconds, functions=FUNCTIONS)
     hot, hot_p99 = await load(scalers, f"{tag}-hot", seconds, functions=1)
     return {
@@ -193,11 +201,22 @@ async def _measure(scalers: list[pb_grpc.ScalerStub], tag: str, pairs: int, seco
         "p99_ms": pct(assigns, 0.99),
         "idle_p50_ms": statistics.median(idles),
         "idle_p99_ms": pct(idles, 0.99),
+        "started": None if before is None else after - before,
         "pairs_per_s": spread,
         "p99_ms_at_load": spread_p99,
         "hot_pairs_per_s": hot,
         "hot_p99_ms_at_load": hot_p99,
     }
+
+
+def started(metrics: str | None) -> int | None:
+    """Instances the node has started so far (for a request waiting, or ahead of one), from its metrics."""
+    if metrics is None:
+        return None
+    with urllib.request.urlopen(metrics, timeout=10) as r:  # the loop has nothing else to do meanwhile
+        text = r.read().decode()
+    wanted = {"scaler_cold_starts", "scaler_prewarms"}
+    return int(sum(s.value for f in text_string_to_metric_families(text) if f.name in wanted for s in f.samples))
 
 
 async def load(scalers: list[pb_grpc.ScalerStub], tag: str, seconds: float, functions: int) -> tuple[float, float]:
@@ -250,9 +269,10 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-async def client(address: str, pairs: int, seconds: float) -> dict:
+async def client(address: str, pairs: int, seconds: float, metrics: str | None = None) -> dict:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--client", address, "--pairs", str(pairs), "--seconds", str(seconds),
+        *(("--metrics", metrics) if metrics else ()),
         stdout=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
     out, _ = await proc.communicate()
@@ -287,20 +307,20 @@ async def bench(pairs: int, seconds: float) -> dict[str, dict]:
             await stop(floor)
     up, found = await up_node("--policy", "demo")
     try:
-        results[DEMO] = await client(f"127.0.0.1:{found[1]}", pairs, seconds)
+        results[DEMO] = await client(f"127.0.0.1:{found[1]}", pairs, seconds, found[3])
     finally:
         await stop(up)
     up, found = await up_node()
     try:
         node = f"127.0.0.1:{found[1]}"
-        results[NODE] = await client(node, pairs, seconds)
+        results[NODE] = await client(node, pairs, seconds, found[3])
         front, at = await spawn(
             sys.executable, "-m", "scaler.gateway", "--nats", found[2], "--listen", "127.0.0.1:0",
             "--log-level", "INFO",
             ready=r"ready: .*gateway on (\S+)",
         )  # fmt: skip
         try:
-            results[FRONT] = await client(at[1], pairs, seconds)
+            results[FRONT] = await client(at[1], pairs, seconds, found[3])
         finally:
             await stop(front)
     finally:
@@ -309,7 +329,7 @@ async def bench(pairs: int, seconds: float) -> dict[str, dict]:
         async with NatsServer(Path(store) / "nats", sync_always=False) as nats:
             up, found = await up_node("--nats", nats.url, "--nats-unsynced")
             try:
-                results[UNSYNCED] = await client(f"127.0.0.1:{found[1]}", pairs, seconds)
+                results[UNSYNCED] = await client(f"127.0.0.1:{found[1]}", pairs, seconds, found[3])
             finally:
                 await stop(up)
     return results
@@ -317,22 +337,22 @@ async def bench(pairs: int, seconds: float) -> dict[str, dict]:
 
 async def up_node(*argv: str) -> tuple[asyncio.subprocess.Process, re.Match]:
     return await spawn(
-        sys.executable, "-m", "scaler", "up", "--port", "0", *argv,
-        ready=r"scaler ready: gRPC \S+:(\d+), .* nats (nats://\S+)",
+        sys.executable, "-m", "scaler", "up", "--port", "0", "--metrics-port", "0", *argv,
+        ready=r"scaler ready: gRPC \S+:(\d+), .* nats (nats://\S+) .*metrics (http://\S+)",
     )  # fmt: skip
 
 
 def table(results: dict[str, dict]) -> str:
     echo = results[ECHO]
     lines = [
-        "| server | warm Assign p50 | p99 | Idle p50 | p99 | pairs/s, 50 callers on 50 functions | Assign p99"
-        " | pairs/s, 50 callers on 1 function | Assign p99 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server | warm Assign p50 | p99 | Idle p50 | p99 | instances started meanwhile"
+        " | pairs/s, 50 callers on 50 functions | Assign p99 | pairs/s, 50 callers on 1 function | Assign p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         lines.append(
             f"| {name} | {r['p50_ms']:.2f} ms ({r['p50_ms'] / echo['p50_ms']:.2f}x) | {r['p99_ms']:.2f} ms"
-            f" | {r['idle_p50_ms']:.2f} ms | {r['idle_p99_ms']:.2f} ms"
+            f" | {r['idle_p50_ms']:.2f} ms | {r['idle_p99_ms']:.2f} ms | {_count(r.get('started'))}"
             f" | {r['pairs_per_s']:,.0f} ({r['pairs_per_s'] / echo['pairs_per_s']:.0%}) | {r['p99_ms_at_load']:.1f} ms"
             f" | {r['hot_pairs_per_s']:,.0f} ({r['hot_pairs_per_s'] / echo['hot_pairs_per_s']:.0%})"
             f" | {r['hot_p99_ms_at_load']:.1f} ms |"
@@ -351,11 +371,18 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _count(n: int | None) -> str:
+    return "" if n is None else f"{n:,}"
+
+
 def figures(results: dict[str, dict]) -> dict:
     """The node's figures, the echo server's, the floors' and the unsynced node's beside them, and the ratios to
     the echo."""
     node, echo, unsynced, front = results[NODE], results[ECHO], results[UNSYNCED], results[FRONT]
-    keys = ("p50_ms", "p99_ms", "idle_p50_ms", "pairs_per_s", "p99_ms_at_load", "hot_pairs_per_s", "hot_p99_ms_at_load")
+    keys = (
+        *("p50_ms", "p99_ms", "idle_p50_ms", "started"),
+        *("pairs_per_s", "p99_ms_at_load", "hot_pairs_per_s", "hot_p99_ms_at_load"),
+    )
     return {
         **{k: node[k] for k in keys},
         "echo_p50_ms": echo["p50_ms"],
@@ -378,6 +405,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=2000, help="Assign + Idle pairs with one caller")
     p.add_argument("--seconds", type=float, default=10.0, help="how long 50 callers run")
     p.add_argument("--client", metavar="ADDRESS", help=argparse.SUPPRESS)
+    p.add_argument("--metrics", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--serve-floor", choices=["answered", "stored"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -388,7 +416,7 @@ def main() -> None:
         run(serve_floor(args.serve_floor))
         return
     if args.client:
-        print(json.dumps(run(measure(args.client, args.pairs, args.seconds))))
+        print(json.dumps(run(measure(args.client, args.pairs, args.seconds, args.metrics))))
         return
     results = run(bench(args.pairs, args.seconds))
     print(table(results))
