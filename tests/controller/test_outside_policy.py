@@ -2,7 +2,6 @@
 loaded by the docs' example (docs/examples/my_policy.py) offline and live, and every way a name can fail."""
 
 import argparse
-import asyncio
 import json
 import subprocess
 import sys
@@ -19,10 +18,9 @@ from scaler.proto import commands as c
 from scaler.proto import events as e
 from scaler.simulator.dataset import load_dataset
 from scaler.simulator.offline import simulate
-from tests.cli.test_up import start_up, stop
 from tests.controller.test_seeds_ledger import Node, idle, operator, served
+from tests.live_run import simulate_live
 from tests.simulator.test_simulate import gentle
-from tests.simulator.test_simulate_live import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"
@@ -152,25 +150,9 @@ def test_an_entry_point_joins_the_built_in_names(outside):
 @pytest.mark.live_trace
 async def test_the_docs_example_runs_live_under_scaler_up(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(EXAMPLES))  # the node `scaler up` starts imports it too
-    platform = f"127.0.0.1:{free_port()}"
-    up = ("--platform", platform, "--speed", "100", "--policy", SPEC, "--data-dir", str(tmp_path / "up"))
-    proc, gateway, lines = await start_up(*up)
-    try:
-        assert f"policy {SPEC}," in lines[-1]
-        simulator = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *("-m", "scaler", "simulate", str(gentle(tmp_path / "g")), "--gateway", gateway),
-            *("--platform-listen", platform, "--speed", "100", "--json", str(tmp_path / "out.json")),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        async with asyncio.timeout(60):
-            out, err = await simulator.communicate()
-    finally:
-        code, rest = await stop(proc)
-    assert simulator.returncode == 0, err.decode()
-    assert code == 0, rest
-    assert f"policy {SPEC}" in out.decode()  # the running scaler said which policy it runs
+    run = await simulate_live(gentle(tmp_path / "g"), tmp_path / "up", SPEC, "--json", str(tmp_path / "out.json"))
+    assert f"policy {SPEC}," in run.up_lines[-1]
+    assert f"policy {SPEC}" in run.out  # the running scaler said which policy it runs
     stats = json.loads((tmp_path / "out.json").read_text())
     assert (stats["totalRequestsCount"], stats["failedRequestsCount"]) == (6, 0)
 

@@ -4,11 +4,9 @@ What a browser shows is checked by scripts/render_check.py (headless Chromium); 
 and the saved run hold.
 """
 
-import asyncio
 import io
 import json
 import re
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -20,9 +18,8 @@ from scaler.report import draw
 from scaler.report.draw import PLOTLY_JS
 from scaler.report.timeline import Life, Timeline
 from scaler.runtime.bus import connected
-from scaler.runtime.ports import free_port
 from scaler.simulator import report
-from tests.cli.test_up import start_up, stop
+from tests.live_run import simulate_live
 from tests.replay.test_replay import scaler_replay, traffic
 from tests.simulator.test_simulate import SMOKE, gentle, simulate_cli
 from tests.stack import Stack
@@ -174,22 +171,8 @@ def test_a_saved_run_reads_back_as_written(tmp_path, capsys):
 @pytest.mark.live_trace
 async def test_a_live_report_reads_the_reasons_back_from_the_scalers_stream(tmp_path):
     folder, page_path, saved = gentle(tmp_path / "g"), tmp_path / "live.html", tmp_path / "live.json"
-    platform = f"127.0.0.1:{free_port()}"
-    up = ("--platform", platform, "--speed", "100", "--policy", "demo", "--data-dir", str(tmp_path / "up"))
-    proc, gateway, _ = await start_up(*up)
-    try:  # its events read on the NATS the scaler it drove says it uses
-        simulator = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "scaler", "simulate", str(folder), "--gateway", gateway),
-            *("--platform-listen", platform, "--speed", "100"),
-            *("--report", str(page_path), "--save-run", str(saved)),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        async with asyncio.timeout(60):
-            _, err = await simulator.communicate()
-    finally:
-        code, rest = await stop(proc)
-    assert simulator.returncode == 0 and code == 0, err.decode() + rest
+    # its events read on the NATS the scaler it drove says it uses
+    await simulate_live(folder, tmp_path / "up", "demo", "--report", str(page_path), "--save-run", str(saved))
     run, page = report.load(saved.read_bytes()), page_path.read_text()
     assert_self_contained(page)
     assert {t.key for t in run.timelines} == {"a", "b"}  # both functions' events, read from the stream

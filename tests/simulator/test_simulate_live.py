@@ -8,7 +8,6 @@ import pty
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from scaler.controller.core.policy import get_policy
 from scaler.runtime.clock import Clock
+from scaler.runtime.ports import free_port
 from scaler.simulator import shapes
 from scaler.simulator.dataset import load_dataset
 from scaler.simulator.live import LiveError, LiveRun, run_live
@@ -24,6 +24,7 @@ from scaler.simulator.offline import simulate
 from scaler.simulator.score import RUN_TAIL_MS
 from tests.cli.test_up import http_get, part_pid, start_up, stop
 from tests.decisions import Decisions
+from tests.live_run import simulate_live
 from tests.simulator.test_simulate import SHARED, STATS_FIELDS, gentle, meta, request, write_dataset
 from tests.stack import Stack
 
@@ -102,49 +103,16 @@ async def test_a_scaler_using_another_platform_is_refused(nats_url, tmp_path):
             await run_live(dataset, f"127.0.0.1:{stack.gateway.port}", 100, "127.0.0.1:0")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_simulate_drives_scaler_up_end_to_end(tmp_path):
-    folder = gentle(tmp_path / "g")
-    platform = f"127.0.0.1:{free_port()}"
-    up = ("--platform", platform, "--speed", "100", "--policy", "demo", "--data-dir", str(tmp_path / "up"))
-    proc, gateway, _ = await start_up(*up)
-    try:
-        simulator = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "scaler",
-            "simulate",
-            str(folder),
-            "--gateway",
-            gateway,
-            "--platform-listen",
-            platform,
-            "--speed",
-            "100",
-            "--json",
-            str(tmp_path / "out.json"),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        async with asyncio.timeout(60):
-            out, err = await simulator.communicate()
-    finally:
-        code, rest = await stop(proc)
-    assert simulator.returncode == 0, err.decode()
-    assert code == 0, rest
+    run = await simulate_live(gentle(tmp_path / "g"), tmp_path / "up", "demo", "--json", str(tmp_path / "out.json"))
     # no progress bar without a terminal; where the statistics went
-    assert err.decode() == f"scaler simulate: the statistics written to {tmp_path / 'out.json'}\n"
+    assert run.err == f"scaler simulate: the statistics written to {tmp_path / 'out.json'}\n"
     stats = json.loads((tmp_path / "out.json").read_text())
     assert set(stats) == STATS_FIELDS | {"functions"}
     assert (stats["totalRequestsCount"], stats["failedRequestsCount"]) == (6, 0)
     assert 5 <= stats["coldStarts"] <= 6  # the demo policy's unavoidable starts; a3's reuse depends on the machine
-    assert "at speed 100" in out.decode()
-    assert "the scaler's own latency unscaled" in out.decode()
+    assert "at speed 100" in run.out
+    assert "the scaler's own latency unscaled" in run.out
 
 
 async def test_sigterm_stops_a_live_run_cleanly(tmp_path):
