@@ -11,6 +11,7 @@ import argparse
 import ipaddress
 import random
 import socket
+from collections import deque
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,9 +31,15 @@ class CannotListen(RuntimeError):
         self.why = why
 
 
+GIVEN_KEPT = 1_000  # ports free_port handed out lately, not handed out again (none of them may be bound yet)
+_given: deque[int] = deque(maxlen=GIVEN_KEPT)
+
+
 def free_port() -> int:
     """A port for a process to bind later, from below the kernel's ephemeral range: one the kernel hands
-    out (bind to port 0, or any outgoing connection's local port) can be taken again before that bind."""
+    out (bind to port 0, or any outgoing connection's local port) can be taken again before that bind.
+    Never one it gave lately: several drawn before any is bound (a cluster's, compose's services') could
+    otherwise meet."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):  # not Linux: whatever the kernel gives
@@ -40,12 +47,15 @@ def free_port() -> int:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
     for candidate in random.sample(range(max(1024, low - 12_000), low), 200):
+        if candidate in _given:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", candidate))
             except OSError:
                 continue
-            return candidate
+        _given.append(candidate)
+        return candidate
     raise CannotListen("127.0.0.1", "no free port below the ephemeral range")
 
 
