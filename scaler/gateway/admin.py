@@ -23,7 +23,7 @@ import grpc
 import msgspec
 
 from scaler.controller.core.limits import TenantQuota, tenant_problem
-from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.state import FnState, Override, Phase
 from scaler.controller.core.totals import Totals
 from scaler.gateway import admin_key
 from scaler.proto.commands import Admin, Code, Configure, Create, Delete, DeleteState, Reply, Restart, Stop
@@ -247,13 +247,9 @@ def _command(method: str, ask: Ask) -> Admin:
         case "Create":
             return Create(**asked, version=ask.version or "")
         case _:
-            limits = dict(
-                max_instances=ask.max_instances,
-                max_memory_mb=ask.max_memory_mb,
-                min_warm=ask.min_warm,
-                exchange_rate=ask.exchange_rate,
+            return Configure(
+                **asked, **Override.given(ask), reset_limits=ask.reset_limits, policy=ask.policy, version=ask.version
             )
-            return Configure(**asked, **limits, reset_limits=ask.reset_limits, policy=ask.policy, version=ask.version)
 
 
 def handler(

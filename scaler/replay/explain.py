@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from scaler.controller.core.features import NO_STATS, FnStats
-from scaler.controller.core.state import FnState, Instance, Phase
+from scaler.controller.core.state import FnState, Instance, Override, Phase
 from scaler.proto.events import (
     Assigned,
     Batch,
@@ -111,9 +111,9 @@ def event(e: Event) -> str:
             return f"state {state} bound to {i} by {r}{_why(why)}"
         case StateDeleted(state=state, reason=why):
             return f"state {state} deleted by an operator{_why(why)}"
-        case LimitsSet(max_instances=n, max_memory_mb=mb, min_warm=w, exchange_rate=rate, reason=why):
-            given = {"max_instances": n, "max_memory_mb": mb, "min_warm": w, "exchange_rate": rate}
-            named = ", ".join(f"{k} {v:g}" for k, v in given.items() if v is not None) or "as the limits file says"
+        case LimitsSet(reason=why):
+            given = Override.given(e).items()
+            named = ", ".join(f"{k} {v:g}" for k, v in given if v is not None) or "as the limits file says"
             return f"limits set while running: {named}{_why(why)}"
         case PolicySet(policy=p, reason=why):
             return f"policy {p or 'of the node'} decides it from now on{_why(why)}"

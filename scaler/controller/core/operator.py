@@ -117,7 +117,7 @@ def configure(d: Any, cmd: Configure) -> None:
         d.reply(cmd.reply_to, "", Code.INVALID_ARGUMENT, message=f"min_warm {least} is more than max_instances {most}")
         return
     if limits != (d.s.limits or Override()):
-        d.emit(LimitsSet(at_ms=d.now, **_fields(limits), reason=cmd.reason))
+        d.emit(LimitsSet(at_ms=d.now, **Override.given(limits), reason=cmd.reason))
         d.room = d.room.over(d.s)
         said.append(_limits_said(d.room.limits))
         if retired := retire_past_max(d):
@@ -152,21 +152,12 @@ def version_problem(version: str) -> str | None:
 def _limits(s: FnState, cmd: Configure) -> Override:
     """The function's limits over the file's once the command is applied (None fields: as the file says)."""
     base = Override() if cmd.reset_limits else (s.limits or Override())
-    given = {k: v for k, v in _fields(cmd).items() if v is not None}
+    given = {k: v for k, v in Override.given(cmd).items() if v is not None}
     return replace(base, **given)
 
 
-def _fields(x: Any) -> dict[str, float | None]:
-    return {
-        "max_instances": x.max_instances,
-        "max_memory_mb": x.max_memory_mb,
-        "min_warm": x.min_warm,
-        "exchange_rate": x.exchange_rate,
-    }
-
-
 def _limits_said(lim: Any) -> str:
-    named = [f"{k} {v:g}" for k, v in _fields(lim).items() if v]
+    named = [f"{k} {v:g}" for k, v in Override.given(lim).items() if v]
     return "limits " + (", ".join(named) if named else "none")
 
 

@@ -121,6 +121,11 @@ class Override(msgspec.Struct, frozen=True, kw_only=True):
     min_warm: int | None = None
     exchange_rate: float | None = None
 
+    @staticmethod
+    def given(x: Any) -> dict[str, float | None]:
+        """These limits as `x` names them (a Configure, a LimitsSet, an admin call, an Override): one list of them."""
+        return {name: getattr(x, name) for name in Override.__struct_fields__}
+
 
 class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
     """A deleted function: its Assigns are refused until it is created again (or called at another version)."""
@@ -456,9 +461,7 @@ def _state_deleted(s: FnState, e: StateDeleted) -> FnState:
 
 
 def _limits_set(s: FnState, e: LimitsSet) -> FnState:
-    given = Override(
-        max_instances=e.max_instances, max_memory_mb=e.max_memory_mb, min_warm=e.min_warm, exchange_rate=e.exchange_rate
-    )
+    given = Override(**Override.given(e))
     return replace(s, limits=None if given == Override() else given)
 
 
