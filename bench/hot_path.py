@@ -20,8 +20,10 @@ For each: warm Assign and Idle latency with one caller, back to back (after ever
 instance), and for a node the instances it started meanwhile (a policy that retires an instance between
 two calls and starts one again before the next: those Assigns are not all warm, and may wait); then
 Assign + Idle pairs per second with 50 callers over 50 functions, and with 50 callers on one hot
-function; and the Assign p99 under those loads. Ratios are to the echo server of the same
-run. `--json` writes the node's figures with the echo server's and the unsynced node's beside them.
+function; and the Assign p99 under those loads; and the CPU the server spent per pair over the whole
+client run (every process of it, its nats-server included, but the platform stub): unlike the rates, a
+figure other jobs on the machine move far less. Ratios are to the echo server of the same run.
+`--json` writes the node's figures with the echo server's and the unsynced node's beside them.
 """
 
 import argparse
@@ -187,6 +189,7 @@ async def _measure(
     await asyncio.gather(*(pair(scaler, f"{tag}-warm-{n}", meta(n)) for n in range(FUNCTIONS)))  # cold starts
     for n in range(200):  # warm the path itself
         await pair(scaler, f"{tag}-w{n}", meta(n % FUNCTIONS))
+    warm = FUNCTIONS + 200
     assigns, idles = [], []
     before = started(metrics)
     for n in range(pairs):
@@ -194,9 +197,10 @@ async def _measure(
         assigns.append(a)
         idles.append(i)
     after = started(metrics)
-    spread, spread_p99 = await load(scalers, f"{tag}-load", seconds, functions=FUNCTIONS)
-    hot, hot_p99 = await load(scalers, f"{tag}-hot", seconds, functions=1)
+    spread, spread_p99, spread_done = await load(scalers, f"{tag}-load", seconds, functions=FUNCTIONS)
+    hot, hot_p99, hot_done = await load(scalers, f"{tag}-hot", seconds, functions=1)
     return {
+        "pairs_done": warm + pairs + spread_done + hot_done,
         "p50_ms": statistics.median(assigns),
         "p99_ms": pct(assigns, 0.99),
         "idle_p50_ms": statistics.median(idles),
@@ -219,8 +223,9 @@ def started(metrics: str | None) -> int | None:
     return int(sum(s.value for f in text_string_to_metric_families(text) if f.name in wanted for s in f.samples))
 
 
-async def load(scalers: list[pb_grpc.ScalerStub], tag: str, seconds: float, functions: int) -> tuple[float, float]:
-    """CALLERS callers back to back over `functions` functions for `seconds`: pairs/s and the Assign p99."""
+async def load(scalers: list[pb_grpc.ScalerStub], tag: str, seconds: float, functions: int) -> tuple[float, float, int]:
+    """CALLERS callers back to back over `functions` functions for `seconds`: pairs/s, the Assign p99 and the
+    pairs done."""
     done, loaded = 0, []
     stop = time.perf_counter() + seconds
 
@@ -235,7 +240,7 @@ async def load(scalers: list[pb_grpc.ScalerStub], tag: str, seconds: float, func
 
     began = time.perf_counter()
     await asyncio.gather(*(caller(c) for c in range(CALLERS)))
-    return done / (time.perf_counter() - began), pct(loaded, 0.99)
+    return done / (time.perf_counter() - began), pct(loaded, 0.99), done
 
 
 # --- the runner ------------------------------------------------------------------------------------
@@ -269,7 +274,42 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
+def servers_cpu_s() -> float | None:
+    """CPU seconds (user and system) the processes this one started have spent so far, and theirs, but the
+    platform stub's (the platform's work, not the scaler's); None where there is no /proc to read it from.
+    Between two readings around a client run, only the servers under test are alive besides the client,
+    whose own CPU is read once it has exited (so not at all)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    tick, parent, spent, stub = os.sysconf("SC_CLK_TCK"), {}, {}, set()
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat, cmdline = (d / "stat").read_text(), (d / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # from the state on: ppid 2nd, utime 12th, stime 13th
+        pid = int(d.name)
+        parent[pid], spent[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+        if b"scaler.platform_stub" in cmdline:
+            stub.add(pid)
+    total, frontier = 0.0, [os.getpid()]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    while frontier:
+        for pid in children.get(frontier.pop(), ()):
+            if pid not in stub:
+                total += spent[pid]
+                frontier.append(pid)
+    return total
+
+
 async def client(address: str, pairs: int, seconds: float, metrics: str | None = None) -> dict:
+    """The client's figures on `address`, with the CPU the servers spent per pair meanwhile (ms)."""
+    before = servers_cpu_s()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--client", address, "--pairs", str(pairs), "--seconds", str(seconds),
         *(("--metrics", metrics) if metrics else ()),
@@ -278,7 +318,10 @@ async def client(address: str, pairs: int, seconds: float, metrics: str | None =
     out, _ = await proc.communicate()
     if proc.returncode:
         raise RuntimeError(f"the client failed on {address}")
-    return json.loads(out)
+    result = json.loads(out)
+    after = servers_cpu_s()
+    result["cpu_ms_per_pair"] = None if before is None else (after - before) * 1000 / result["pairs_done"]
+    return result
 
 
 ECHO, ANSWERED, STORED, NODE, DEMO, UNSYNCED, FRONT = (
@@ -346,8 +389,9 @@ def table(results: dict[str, dict]) -> str:
     echo = results[ECHO]
     lines = [
         "| server | warm Assign p50 | p99 | Idle p50 | p99 | instances started meanwhile"
-        " | pairs/s, 50 callers on 50 functions | Assign p99 | pairs/s, 50 callers on 1 function | Assign p99 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | pairs/s, 50 callers on 50 functions | Assign p99 | pairs/s, 50 callers on 1 function | Assign p99"
+        " | server CPU per pair |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         lines.append(
@@ -355,7 +399,7 @@ def table(results: dict[str, dict]) -> str:
             f" | {r['idle_p50_ms']:.2f} ms | {r['idle_p99_ms']:.2f} ms | {_count(r.get('started'))}"
             f" | {r['pairs_per_s']:,.0f} ({r['pairs_per_s'] / echo['pairs_per_s']:.0%}) | {r['p99_ms_at_load']:.1f} ms"
             f" | {r['hot_pairs_per_s']:,.0f} ({r['hot_pairs_per_s'] / echo['hot_pairs_per_s']:.0%})"
-            f" | {r['hot_p99_ms_at_load']:.1f} ms |"
+            f" | {r['hot_p99_ms_at_load']:.1f} ms | {_cpu(r, echo)} |"
         )
     lines.append("")
     lines.append("(x and %: of the echo server's figure in the same run)")
@@ -364,11 +408,17 @@ def table(results: dict[str, dict]) -> str:
     lines.append(
         f"the node (learned) against its floor (gateway and write path): {spread:.0%} of its pairs/s on 50"
         f" functions, {hot:.0%} on one, a warm Assign {node['p50_ms'] / floor['p50_ms']:.2f}x its p50"
+        + (f", {node['cpu_ms_per_pair'] / cpu:.2f}x its CPU per pair" if (cpu := floor["cpu_ms_per_pair"]) else "")
     )
     lines.append(
         f"the front gateway adds {results[FRONT]['p50_ms'] - results[NODE]['p50_ms']:.2f} ms to a warm Assign (p50)"
     )
     return "\n".join(lines)
+
+
+def _cpu(r: dict, echo: dict) -> str:
+    ms, base = r.get("cpu_ms_per_pair"), echo.get("cpu_ms_per_pair")
+    return "" if ms is None else f"{ms:.2f} ms ({ms / base:.2f}x)" if base else f"{ms:.2f} ms"
 
 
 def _count(n: int | None) -> str:
@@ -381,7 +431,7 @@ def figures(results: dict[str, dict]) -> dict:
     node, echo, unsynced, front = results[NODE], results[ECHO], results[UNSYNCED], results[FRONT]
     keys = (
         *("p50_ms", "p99_ms", "idle_p50_ms", "started"),
-        *("pairs_per_s", "p99_ms_at_load", "hot_pairs_per_s", "hot_p99_ms_at_load"),
+        *("pairs_per_s", "p99_ms_at_load", "hot_pairs_per_s", "hot_p99_ms_at_load", "cpu_ms_per_pair"),
     )
     return {
         **{k: node[k] for k in keys},
