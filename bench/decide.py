@@ -1,6 +1,7 @@
 """What a decision costs: CPU time of the core's `decide` per policy and per command kind, offline.
 
     .venv/bin/python bench/decide.py [--datasets dataSet_1 dataSet_3] [--policies demo learned] [--requests N]
+                                     [--arithmetic]
 
 Each dataset is simulated offline (scaler/simulator/offline.py) with each policy, and every decision is
 timed in CPU (time.process_time_ns around the ledger's `decide` and the `plan` after it: the command's own
@@ -10,19 +11,24 @@ in µs (and of the mean, the reply's: what the caller waits for), and their CPU 
 each policy's `all` row beside the simulation's own CPU and wall time (the simulator, the ledger and the
 platform model besides the decisions) and the run's score. Ratios are to the first policy on the same
 dataset, in the same run. `--requests N` simulates only each dataset's first N requests (dataSet_3's
-436,546 take several minutes with `learned`). Not a test: the numbers depend on the machine and its load.
+436,546 take several minutes with `learned`). `--arithmetic` times apart, in a table after it, the calls
+the policies make into policy/forecast.py (the array arithmetic of `learned`'s plans), and each run's CPU
+without them: how fast the run could be were that arithmetic free (compiled, say). It adds a few µs a
+call to what it times. Not a test: the numbers depend on the machine and its load.
 """
 
 import argparse
+import functools
+import inspect
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scaler.controller.core.policy import POLICIES, get_policy  # noqa: E402
+from scaler.controller.core.policy import POLICIES, forecast, get_policy  # noqa: E402
 from scaler.controller.ledger import Ledger  # noqa: E402
 from scaler.simulator.dataset import Dataset, load_dataset  # noqa: E402
 from scaler.simulator.offline import Simulation  # noqa: E402
@@ -54,6 +60,52 @@ class TimedLedger(Ledger):
         planned = super().plan(key, now, policy)
         self.took[self._kind].append(self.replied[self._kind][-1] + time.process_time_ns() - began)
         return planned
+
+
+class Arithmetic:
+    """CPU time and calls of each function of policy/forecast.py, as the policies call it (outermost calls
+    only), once `install`ed: each module of the policies gets a timing wrapper in place of what it imported."""
+
+    def __init__(self) -> None:
+        self.took: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._inside = False
+
+    def install(self) -> None:
+        for name, module in list(sys.modules.items()):
+            if not name.startswith("scaler.controller.core.policy.") or module is forecast:
+                continue
+            for attr, fn in vars(module).items():
+                if inspect.isfunction(fn) and fn.__module__ == forecast.__name__:
+                    setattr(module, attr, self._timed(fn))
+
+    def clear(self) -> None:
+        self.took.clear()
+        self.calls.clear()
+
+    def _timed(self, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if self._inside:
+                return fn(*args, **kwargs)
+            self._inside, began = True, time.process_time_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._inside = False
+                self.took[fn.__name__] += time.process_time_ns() - began
+                self.calls[fn.__name__] += 1
+
+        return timed
+
+    def rows(self, name: str, policy: str, cpu: float, base: float):
+        for fn, ns in self.took.most_common():
+            n = self.calls[fn]
+            yield f"| {name} | {policy} | {fn} | {n:,} | {ns / 1e9:,.2f} | {ns / n / 1000:,.1f} | |"
+        total = sum(self.took.values()) / 1e9
+        without = cpu - total
+        ratio = f" ({without / base:.2f}x)" if base else ""
+        yield f"| {name} | {policy} | all | {sum(self.calls.values()):,} | {total:,.2f} | | {without:,.1f}{ratio} |"
 
 
 def quantile(ordered: list[int], q: float) -> float:
@@ -93,7 +145,14 @@ def main() -> int:
     p.add_argument("--policies", nargs="+", default=["demo", "learned"], choices=list(POLICIES), metavar="NAME")
     p.add_argument("--requests", type=int, default=0, help="simulate only each dataset's first N requests")
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR, metavar="DIR")
+    p.add_argument("--arithmetic", action="store_true", help="time the policies' calls into forecast.py apart")
     args = p.parse_args()
+    arithmetic = Arithmetic() if args.arithmetic else None
+    if arithmetic:
+        for policy in args.policies:
+            get_policy(policy)  # its module imported, so that its calls can be timed
+        arithmetic.install()
+    apart = []
     head = (
         "dataset",
         "policy",
@@ -115,9 +174,18 @@ def main() -> int:
             name = f"{name} (first {args.requests:,})"
         base = 0.0
         for policy in args.policies:
+            if arithmetic:
+                arithmetic.clear()
             ledger, cpu, wall, score = measure(dataset, policy)
             print("\n".join(rows(name, policy, ledger, cpu, wall, score, base)), flush=True)
+            if arithmetic:
+                apart += arithmetic.rows(name, policy, cpu, base)
             base = base or cpu
+    if arithmetic:
+        print("\n| dataset | policy | forecast.py's | calls | CPU s | µs a call", end="")
+        print(" | run CPU s without it (to the first policy) |")
+        print("|---|---|---|---:|---:|---:|---:|")
+        print("\n".join(apart))
     return 0
 
 

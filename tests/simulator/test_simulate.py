@@ -298,3 +298,30 @@ def test_the_policy_bench_prints_a_row_per_policy_and_the_bound():
     smoke, mean = learned.strip("| \n").split(" | ")[1:]
     assert re.fullmatch(r"[+-]\d+ % / [+-]\d+ %", smoke) and re.fullmatch(r"[+-]\d+ % / [+-]\d+ %", mean)
     assert "fixed10 against fixed10" not in against
+
+
+def test_the_decision_bench_times_learned_forecast_arithmetic_apart():
+    """`bench/decide.py --arithmetic` finds the forecast functions the policies call wherever they import them: a
+    learned that stopped calling them through its module would show no arithmetic at all."""
+    bench = Path(__file__).resolve().parents[2] / "bench" / "decide.py"
+    args = ["--datasets-dir", str(SMOKE.parent), "--datasets", SMOKE.name, "--arithmetic"]
+    result = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    def number(cell: str) -> float:
+        return float(cell.split()[0].replace(",", ""))
+
+    decisions, apart = result.stdout.split("\n\n")
+    rows = [cells(line) for line in apart.splitlines()[2:]]
+    by = {(r[1], r[2]): r for r in rows}
+    assert number(by["demo", "all"][3]) == 0  # demo plans without a forecast
+    assert number(by["learned", "own_points"][3]) > 0
+    assert number(by["learned", "keep_plan"][3]) > 0
+    calls = sum(number(r[3]) for r in rows if r[1] == "learned" and r[2] != "all")
+    assert number(by["learned", "all"][3]) == calls
+    learned = next(cells(row) for row in decisions.splitlines() if row.startswith(f"| {SMOKE.name} | learned | all |"))
+    without = number(learned[9]) - number(by["learned", "all"][4])  # the run's CPU less the arithmetic's
+    assert number(by["learned", "all"][6]) == pytest.approx(without, abs=0.11)  # each figure rounded
