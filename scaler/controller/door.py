@@ -112,6 +112,8 @@ class Door:
         """A stored Assign's answer, once an instance serves it; Unavailable once it has waited `store_wait_s` while
         the event store does not answer: no instance can be reported ready meanwhile, so its caller learns the
         store is away within its own deadline (and the Assign is cancelled, as any it gives up)."""
+        if answer.done():  # a warm Assign, an Idle: answered with the decision, no timer to set for it
+            return answer.result()
         wait_s = self.lanes.store_wait_s
         while True:
             try:
