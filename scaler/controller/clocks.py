@@ -22,6 +22,7 @@ from scaler.controller.ledger import Ledger
 from scaler.proto.events import Batch, ClockRebased, decode_batch
 from scaler.proto.subjects import EVENTS
 from scaler.runtime.text import plural
+from scaler.store.stream import WRITER
 
 log = logging.getLogger("scaler.controller")
 
@@ -31,15 +32,25 @@ _LOOKUPS = 32  # server stamps of functions' last batches looked up at once
 
 
 class Clocks:
-    """What the stream says of its writers' clocks: each function's last batch's `at_ms` and its writer's
-    offset from the server's clock, as batches are read."""
+    """What the stream says of its writers' clocks, as batches are read: who wrote each function's last batch, when
+    by its clock, and each writer's offset from the server's clock.
 
-    def __init__(self) -> None:
-        self.writers: dict[str, tuple[int, int]] = {}  # key -> (its last batch's at_ms, that writer's offset)
+    A batch is stamped by the server when stored, which may be long after its writer decided it (a store that stood
+    still, an append tried again): a late batch makes its writer look behind. So a writer's offset is the largest
+    any of its batches shows (the least delayed), and a batch this node wrote itself needs none."""
 
-    def heard(self, batch: Batch, server_ms: int) -> None:
-        """A batch read from the stream, which the server stamped at `server_ms`."""
-        self.writers[batch.key] = (batch.at_ms, batch.at_ms - server_ms)
+    def __init__(self, node: str = "") -> None:
+        self.node = node  # this node's name: what it wrote is on its own clock
+        self.writers: dict[str, tuple[int, str]] = {}  # key -> (its last batch's at_ms, who wrote it)
+        self.offsets: dict[str, int] = {}  # writer -> its offset from the server's clock
+
+    def heard(self, batch: Batch, server_ms: int, writer: str = "") -> None:
+        """A batch read from the stream, which the server stamped at `server_ms` and `writer` wrote ("": a batch
+        written before batches said who wrote them: its function then stands for its writer)."""
+        writer = writer or f"?{batch.key}"
+        offset = batch.at_ms - server_ms
+        self.writers[batch.key] = (batch.at_ms, writer)
+        self.offsets[writer] = max(offset, self.offsets.get(writer, offset))
 
     def forget(self, keys: list[str]) -> None:
         for key in keys:
@@ -67,7 +78,7 @@ class Clocks:
                 except Exception:  # retention dropped it, or the server is away: no reference for it
                     return
                 if msg.time is not None and batch.key == key:
-                    self.heard(batch, round(msg.time.timestamp() * 1000))
+                    self.heard(batch, round(msg.time.timestamp() * 1000), (msg.headers or {}).get(WRITER, ""))
 
         await asyncio.gather(*(one(k, seq) for k, seq in wanted))
 
@@ -77,23 +88,27 @@ class Clocks:
         `newest_ms`: the newest time it holds, when its writer is unknown; `own_offset_ms`: this node's offset
         from the server's clock (None: unknown)."""
         at, writer = self.writers.get(key, (newest_ms, None))
+        offset = self.offsets.get(writer) if writer not in (None, self.node) else None
         shift = 0
-        if writer is not None and own_offset_ms is not None and abs(own_offset_ms - writer) > SKEW_TOLERANCE_MS:
-            shift = own_offset_ms - writer
+        if offset is not None and own_offset_ms is not None and abs(own_offset_ms - offset) > SKEW_TOLERANCE_MS:
+            shift = own_offset_ms - offset
         if at + shift > now + SKEW_TOLERANCE_MS:  # still from the future: the time before the load is forgotten
             shift = now - at
         return shift
 
 
-async def own_offset(js: JetStreamContext, bucket: str, revision: int, sent_ms: int) -> int | None:
+async def own_offset(js: JetStreamContext, bucket: str, revision: int, sent_ms: int, took_ms: int) -> int | None:
     """This node's offset from the server's clock (ms): its entry at `revision` of KV bucket `bucket`, sent at
-    `sent_ms` on this node's clock, less the server's stamp of it (the write's own latency, milliseconds on a
-    healthy store, is within the tolerance). None when the entry cannot be read."""
+    `sent_ms` on this node's clock and answered `took_ms` later, less the server's stamp of it (taken as stamped
+    half-way). None when the entry cannot be read, or its write took longer than the tolerance: the server may have
+    stamped it at any time in between (a store that stood still), so it says nothing of the clocks."""
+    if took_ms > SKEW_TOLERANCE_MS:
+        return None
     try:
         msg = await js.get_msg(f"KV_{bucket}", revision)
     except Exception:
         return None
-    return None if msg.time is None else sent_ms - round(msg.time.timestamp() * 1000)
+    return None if msg.time is None else sent_ms + took_ms // 2 - round(msg.time.timestamp() * 1000)
 
 
 def ms_at(now_ms: int, monotonic_s: float) -> int:

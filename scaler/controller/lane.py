@@ -87,8 +87,9 @@ class Lane:
                 looked = True
                 await self.writer.catch_up(key)
             self.fence(p)  # nothing decided or answered past the lease's renewal deadline
+            epoch, after = self.writer.epoch(key), self.ledger.last_seq.get(key, 0)
             outcomes, batches, decided = self._decide(key, cmds)
-            if not batches and not checked and (self.snapshots.suspects_loss() or any(map(_reports, cmds))):
+            if not batches and not checked and (self.snapshots.suspects_loss() or any(map(_unsure, cmds))):
                 checked = True
                 if await self._caught_up(key):  # the stream held more of the function: decide on it
                     continue
@@ -97,8 +98,9 @@ class Lane:
                 early = [r for c, o in taken if _releases(c) for r in _own(c, o) if r.to not in told]
                 told.update(r.to for r in early)
                 await self.send(early)
+            batch = join(batches) if batches else None
             try:
-                seq = await self.writer.append(join(batches)) if batches else None
+                seq = await self.writer.append(batch, after, epoch) if batch is not None else None
             except Conflict:
                 log.warning("conflict on %s: catching up and deciding again", key)
                 await self.writer.catch_up(key)
@@ -107,10 +109,13 @@ class Lane:
                 # no-op that answers nobody.
                 out.replies += self.assignments(key)
                 continue
-            if batches:
-                self.snapshots.appended(p, sum(len(b.events) for b in batches))
-            for cmd, decision, stored in decided:
-                self.ledger.commit(cmd, decision, seq if stored else None)
+            if batch is not None:
+                self.snapshots.appended(p, len(batch.events))
+            if batch is not None and self.writer.epoch(key) != epoch:  # given up while on its way: stored, answered,
+                self.writer.stored_unseen(batch, after, epoch)  # and settled as a doubt should it be written again
+            else:
+                for cmd, decision, stored in decided:
+                    self.ledger.commit(cmd, decision, seq if stored else None)
             out.outcomes = outcomes
             out.replies += [r for d in out.decided for r in d.replies if r.to not in told]
             out.cues = [c for d in out.decided for c in self.ledger.cues(d)]
@@ -123,16 +128,20 @@ class Lane:
             await self._settle(key)
             self.fence(partition(key))
             now = self.clock.now_ms()
+            epoch, after = self.writer.epoch(key), self.ledger.last_seq.get(key, 0)
             planned = self.ledger.plan(key, now, self.policy)
             batch = self.ledger.batch(None, planned, now)
             try:
-                seq = await self.writer.append(batch) if batch is not None else None
+                seq = await self.writer.append(batch, after, epoch) if batch is not None else None
             except Conflict:
                 await self.writer.catch_up(key)
                 continue
             if batch is not None:
                 self.snapshots.appended(partition(key), len(batch.events))
-            self.ledger.commit_plan(key, planned, seq)
+            if batch is not None and self.writer.epoch(key) != epoch:
+                self.writer.stored_unseen(batch, after, epoch)
+            else:
+                self.ledger.commit_plan(key, planned, seq)
             return
         raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {key!r}")
 
@@ -184,7 +193,8 @@ class Lane:
 
     async def _caught_up(self, key: str) -> bool:
         """Read the function's end of the stream before answering a group that appends nothing: a worker's report
-        that decides nothing (a repeat, or one the state already holds), or anything while a loss is suspected.
+        that decides nothing (a repeat, or one the state already holds), an Idle refused (or repeated), or anything
+        while a loss is suspected.
 
         Nothing else would check it: no append, no order check. After a lost tail the state may hold what the
         stream no longer does (an instance ready there, creating here), and a report answered on it is acked
@@ -196,7 +206,7 @@ class Lane:
 
     async def _settle(self, key: str) -> list[Reply]:
         """Our last append of `key` got no answer: settle it first; what that batch assigned was never told."""
-        return self.assignments(key) if await self.writer.settle(key) else []
+        return self.assignments(key) if await self.writer.settle(key, self.clock.now_ms()) else []
 
     def assignments(self, key: str) -> list[Reply]:
         """The answer of every request an instance of `key` serves, to each of its callers."""
@@ -204,9 +214,10 @@ class Lane:
         return [Reply(to=to, request_id=i.request_id, instance_id=i.id) for i in busy for to in i.waiters]
 
 
-def _reports(cmd: AnyCommand) -> bool:
-    """A platform worker's or gc worker's report: acked once answered, and not sent again."""
-    return isinstance(cmd, SlotCreated | SlotReady | SlotFailed | SlotDestroyed)
+def _unsure(cmd: AnyCommand) -> bool:
+    """A command whose answer, when it appends nothing, rests on the state alone: a platform worker's or gc worker's
+    report (acked once answered, and not sent again), or an Idle refused (its caller does not send it again)."""
+    return isinstance(cmd, SlotCreated | SlotReady | SlotFailed | SlotDestroyed | Idle)
 
 
 def _releases(cmd: AnyCommand) -> bool:

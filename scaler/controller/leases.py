@@ -97,6 +97,7 @@ class Leases:
         self.about: Callable[[], bytes] = lambda: b""  # what its heartbeat says of the node (`scaler nodes`)
         self.held: dict[int, int] = {}  # partition -> revision of our lease entry
         self.renewed: dict[int, float] = {}  # partition -> when its last renewal that succeeded was sent (monotonic)
+        self.took: dict[int, float] = {}  # ... and how long that renewal took to be answered (s)
         self._locks: dict[int, asyncio.Lock] = {}  # one renewal of a partition at a time
         self._leases: KeyValue | None = None
         self._nodes: KeyValue | None = None
@@ -131,7 +132,7 @@ class Leases:
                 self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
             except Exception:  # lapsed and taken, or NATS away: not certain, so not ours
                 return False
-            self.renewed[p] = sent
+            self._renewed(p, sent)
             return self.fresh(p)
 
     async def stop(self) -> None:
@@ -243,7 +244,7 @@ class Leases:
             sent = time.monotonic()
             try:
                 self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
-                self.renewed[p] = sent
+                self._renewed(p, sent)
             except KeyWrongLastSequenceError:  # it lapsed: another node may have written it meanwhile
                 return False
             return True
@@ -268,6 +269,9 @@ class Leases:
             self.renewed.pop(p, None)
         await self.lost(partitions)
 
+    def _renewed(self, p: int, sent: float) -> None:
+        self.renewed[p], self.took[p] = sent, time.monotonic() - sent
+
     def _lock(self, p: int) -> asyncio.Lock:
         return self._locks.setdefault(p, asyncio.Lock())
 
@@ -286,7 +290,7 @@ class Leases:
                     continue
                 self.held[p] = revision
                 reclaimed.append(p)
-            self.renewed[p] = sent
+            self._renewed(p, sent)
             taken.append(p)
         if reclaimed:
             log.info("%s took back partitions %s from its earlier incarnation", self.node, ranges(reclaimed))

@@ -32,7 +32,8 @@ from scaler.proto.events import encode_batch
 from scaler.proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition
 from scaler.runtime.bus import Unavailable
 from scaler.runtime.clock import Clock
-from scaler.store import Append, EventStore
+from scaler.runtime.text import plural
+from scaler.store import Append, Conflict, EventStore
 
 log = logging.getLogger("scaler.controller")
 
@@ -81,7 +82,7 @@ class Partitions:
         self.drain_s = drain_s
         self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas, reclaim)
         self.clock = clock or Clock()
-        self.clocks = Clocks()  # the writers' clocks, as the batches a load reads say
+        self.clocks = Clocks(node)  # the writers' clocks, as the batches a load reads say
         self.clock_offset_ms: int | None = None  # this node's clock less the NATS server's, at the last load
         self.loaded_batches = 0  # batches read when partitions were gained, for the ready line
         self.loading: dict[int, asyncio.Task] = {}
@@ -190,28 +191,51 @@ class Partitions:
         self.clocks.forget(keys)
         if not shifts:
             return
-        batches = [clocks.rebase_batch(self.ledger, k, shift, now) for k, shift in shifts.items()]
-        appends = [
-            Append(
-                event_subject(b.key, b.effects),
-                encode_batch(b),
-                function_events(b.key),
-                self.ledger.last_seq.get(b.key, 0),
-            )
-            for b in batches
-        ]
-        seqs = await asyncio.gather(*(self.events.append(a) for a in appends))
-        for seq, b in sorted(zip(seqs, batches, strict=True), key=lambda x: x[0]):
-            self.ledger.fold(seq, b)
+        await asyncio.gather(*(self._rebased(k, shift, now) for k, shift in shifts.items()))
         log.warning("%s %s", self.leases.node, clocks.said(ranges(sorted(partitions)), shifts))
+
+    async def _rebased(self, key: str, shift: int, now: int) -> None:
+        """Store the function's ClockRebased after its last batch. The stream holding a later one than the load read
+        (a writer that lost the partition, its append landing late) is no reason to give the partition up: that
+        batch is folded, and the rebase stored after it."""
+        for _ in range(3):
+            b = clocks.rebase_batch(self.ledger, key, shift, now)
+            after = self.ledger.last_seq.get(key, 0)
+            try:
+                self.ledger.fold(await self.events.append(Append(*stored_as(b), after)), b)
+                return
+            except Conflict:
+                await self.catch_up(key, "its rebase")
+        raise Unavailable(f"{key}: its rebase conflicted three times in a row")
+
+    async def catch_up(self, key: str, what: str) -> None:
+        """Fold what the stream holds of `key` past the ledger, found when `what` conflicted at load. A batch at or
+        below the watermark of the snapshot the load started from is one the snapshot claimed and lacked: said
+        as the bug it is, with the batches."""
+        held, folded = self.ledger.last_seq.get(key, 0), []
+
+        def fold(seq: int, batch) -> None:
+            folded.append((seq, batch.cause))
+            self.ledger.fold(seq, batch)
+
+        await self.events.read(fold, function_events(key), held)
+        claimed = self.snapshotter.claimed(partition(key))
+        lacked = [f"seq {seq} ({cause})" for seq, cause in folded if seq <= claimed]
+        if lacked:
+            log.error("%s: the snapshot of partition %d claims every batch up to seq %d, but lacked %s: folded now",
+                      key, partition(key), claimed, ", ".join(lacked))  # fmt: skip
+        else:
+            log.warning("%s: %s found %s stored after the load read the stream: folded", key, what,
+                        plural(len(folded), "batch", "batches"))  # fmt: skip
 
     async def _own_offset(self, partitions: list[int], now: int) -> int | None:
         """This node's offset from the server's clock, off its lease entries of `partitions`: the largest, as the
-        time a write takes to be stored only makes one look further behind."""
+        time a write takes to be stored only makes one look further behind (and one that took long says nothing)."""
         reads = []
         for p in partitions:
             sent = clocks.ms_at(now, self.leases.renewed.get(p, time.monotonic()))
-            reads.append(clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent))
+            took = round(self.leases.took.get(p, 0.0) * 1000)
+            reads.append(clocks.own_offset(self.events.js, LEASES, self.leases.held[p], sent, took))
         offsets = [o for o in await asyncio.gather(*reads) if o is not None]
         return max(offsets, default=None)
 
@@ -297,3 +321,8 @@ def _seen(task: asyncio.Task) -> None:
     asyncio logs it again, with its traceback, as never retrieved)."""
     if not task.cancelled():
         task.exception()
+
+
+def stored_as(batch) -> tuple[str, bytes, str]:
+    """A batch's subject, bytes and the subjects its order check spans."""
+    return event_subject(batch.key, batch.effects), encode_batch(batch), function_events(batch.key)

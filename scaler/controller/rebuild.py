@@ -80,7 +80,7 @@ async def fold_after(
     on_batch: Callable[[int, Batch], bool | None],
     subject: str | None = None,
     until_seq: int | None = None,
-    on_stamp: Callable[[Batch, int], None] | None = None,
+    on_stamp: Callable[[Batch, int, str], None] | None = None,
 ) -> int:
     """Call `on_batch` for each batch of the partitions in `after` above its watermark, in stream order.
 
@@ -97,9 +97,9 @@ async def fold_after(
             return on_batch(seq, batch)
         return None
 
-    def stamped(batch: Batch, server_ms: int) -> None:
+    def stamped(batch: Batch, server_ms: int, writer: str) -> None:
         if on_stamp is not None and partition(batch.key) in after:
-            on_stamp(batch, server_ms)
+            on_stamp(batch, server_ms, writer)
 
     if not after:
         return 0

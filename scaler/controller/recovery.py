@@ -24,7 +24,7 @@ from scaler.controller.replies import Replies
 from scaler.controller.snapshotter import Snapshotter
 from scaler.controller.timers import Timers
 from scaler.controller.writer import Writer
-from scaler.proto.subjects import RECONCILE_ASK, UNLISTED, partition
+from scaler.proto.subjects import RECONCILE_ASK, UNLISTED
 from scaler.store import EventStore, Retention
 
 log = logging.getLogger("scaler.controller")
@@ -72,8 +72,10 @@ class Recovery:
         """Loaded and served: arm their timers, tell their callers again what they were assigned, and have the
         platform reconciled."""
         now = self.lane.clock.now_ms()
+        doubted = set(self.writer.in_doubt(set(partitions)))  # settled (a fence) by the Tick, whatever else is due
         for key in self.partitions.keys(partitions):
-            self.timers.set(key, now if _plan_owed(self.ledger.state(key)) else self.ledger.wake.get(key))
+            owed = _plan_owed(self.ledger.state(key)) or key in doubted
+            self.timers.set(key, now if owed else self.ledger.wake.get(key))
             await self.replies.send(self.lane.assignments(key))
         if self._asking is None or self._asking.done():  # one ask at a time answers for every load before it
             self._asking = asyncio.create_task(self._ask_reconcile())
@@ -84,8 +86,7 @@ class Recovery:
         for key in self.partitions.keys(partitions):
             self.timers.set(key, None)
             self.ledger.forget(key)
-        gone = set(partitions)
-        self.writer.forget(lambda key: partition(key) in gone)  # the next owner reads the stream: it knows
+        self.writer.forget(set(partitions))  # nothing decided for them here is sent any more
         self.snapshots.forget(partitions)
 
     async def lost(self, why: str) -> None:

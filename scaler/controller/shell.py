@@ -175,7 +175,7 @@ class Controller:
     async def start(self) -> str:
         s = self.settings
         self._nc = await connect(self.nats_url, f"controller {self.node}")
-        events = EventStore(self._nc)
+        events = EventStore(self._nc, writer=self.node)
         self.replicas = s.replicas or durability.default_replicas(self._nc)
         monitors = durability.monitor_urls(self.nats_url, s.nats_monitor)
         self.sync = await durability.server_sync(monitors)
@@ -184,7 +184,7 @@ class Controller:
         store = SnapshotStore(events.js, self.replicas)
         await store.open()
         serving: set[int] = set()  # the partitions loaded and answered here: Partitions keeps it
-        self.writer = Writer(events, self.ledger, lambda key: partition(key) in serving)
+        self.writer = Writer(events, self.ledger, self._writes)
         self.snapshots = Snapshotter(
             events, store, self.ledger, self.clock, s.retention, serving, self.writer.floor,
             lambda p: self.partitions.leases.confirm(p), lambda why: self.recovery.lost(why),
@@ -229,6 +229,12 @@ class Controller:
 
     def _fence(self, p: int) -> None:
         self.partitions.check(p)
+
+    def _writes(self, key: str) -> bool:
+        """Whether this node may still send a batch of `key` it decided (within the lease's renewal deadline): the
+        partition's lease still held, not dropped as lapsed. One being given up stores what it decided until its
+        release is done (Writer.forget); a lease past its deadline is dropped within a quarter of a second."""
+        return partition(key) in self.partitions.leases.held
 
     async def _on_request(self, msg) -> None:
         await self.door.on_request(msg)

@@ -43,7 +43,7 @@ class Snapshotter:
         clock: Clock,
         retention: Retention,
         serving: set[int],
-        floor: Callable[[int], int],
+        floor: Callable[[int, set[int] | None], int],
         fence: Callable[[int], Awaitable[bool]],
         lost: Callable[[str], Awaitable[None]],
         stream_id: str,
@@ -96,7 +96,7 @@ class Snapshotter:
         ledger = self.ledger
         keys = ledger.states if partitions is None else self.keys(partitions)
         return Snapshot(
-            seq=self.watermark(),
+            seq=self.watermark(partitions),
             at_ms=self.clock.now_ms(),
             stream=self.stream_id,
             last_seq={k: ledger.last_seq[k] for k in keys if k in ledger.last_seq},
@@ -105,15 +105,17 @@ class Snapshotter:
             wake={k: ledger.wake[k] for k in keys if k in ledger.wake},
         )
 
-    def watermark(self) -> int:
-        """A sequence at or above every batch of our partitions that the state holds, and below every one it lacks.
+    def watermark(self, partitions: set[int] | None = None) -> int:
+        """A sequence at or above every batch of those partitions (all when None) that the state holds, and below
+        every one it lacks.
 
         The newest we folded or appended, or the stream's last when last looked at, if newer: our
         partitions' batches are all ours, and one appended after that look lands above it; but
-        never above an append under way, stored and not yet applied. An idle node's watermark
-        thus follows the stream that other nodes fill, and stays ahead of its retention.
+        never above an append under way, stored and not yet applied, nor above a batch of theirs in doubt
+        (sent without an answer, or stored while they were given up): it may land later. An idle node's
+        watermark thus follows the stream that other nodes fill, and stays ahead of its retention.
         """
-        return self.floor(max(self.ledger.seq, self._seen))
+        return self.floor(max(self.ledger.seq, self._seen), partitions)
 
     def suspects_loss(self) -> bool:
         """The last look found the stream behind this node (a loss, unless the next look finds it caught up): until
@@ -140,6 +142,10 @@ class Snapshotter:
         now = asyncio.get_running_loop().time()
         if self._unsaved[p] >= self.every or now - self._saved_at.get(p, now) >= self.interval_s:
             self._saving[p] = asyncio.create_task(self.save(p))
+
+    def claimed(self, p: int) -> int:
+        """The watermark of partition `p`'s snapshot this node loaded or wrote last (0: none)."""
+        return self._snap_seq.get(p, 0)
 
     def forget(self, partitions: list[int]) -> None:
         for p in partitions:
@@ -219,7 +225,7 @@ class Snapshotter:
         saved_at = self._saved_at.get(p, now)
         if self._unsaved[p] and now - saved_at >= self.interval_s:
             return True
-        if self.watermark() <= self._snap_seq.get(p, 0):
+        if self.watermark({p}) <= self._snap_seq.get(p, 0):
             return False
         older_half = self._snap_seq.get(p, 0) < at.first_seq + (at.last_seq - at.first_seq) // 2
         return older_half or now - saved_at >= self.retention.max_age_s / 4

@@ -3,7 +3,7 @@
 from scaler.runtime.bus import Unavailable
 from scaler.store.config import DEFAULT_RETENTION, Retention, StoreTooSmall
 from scaler.store.eventstore import EventStore
-from scaler.store.stream import ALL, Append, Conflict, Kept, TooBig, UnreadableStream
+from scaler.store.stream import ALL, Append, Conflict, Kept, NotSent, TooBig, UnreadableStream
 
 __all__ = [
     "ALL",
@@ -12,6 +12,7 @@ __all__ = [
     "Conflict",
     "EventStore",
     "Kept",
+    "NotSent",
     "Retention",
     "StoreTooSmall",
     "TooBig",

@@ -24,7 +24,7 @@ from nats.aio.client import Client
 
 from scaler.runtime.bus import Unavailable
 from scaler.store import stream
-from scaler.store.stream import Append, Conflict
+from scaler.store.stream import Append, Conflict, NotSent
 
 MAX_ATOMIC = 1000  # appends in one atomic batch, at most (JetStream's limit)
 
@@ -35,9 +35,10 @@ class _Waiting(NamedTuple):
 
 
 class Commits:
-    def __init__(self, nc: Client, timeout_s: float, atomic: bool) -> None:
+    def __init__(self, nc: Client, timeout_s: float, atomic: bool, writer: str = "") -> None:
         self.nc = nc
         self.timeout_s = timeout_s
+        self.writer = writer  # the node appending, named in each message's headers
         self.atomic = atomic  # the stream takes atomic batches
         self._busy = False  # a message or a batch is on its way to JetStream
         self._waiting: list[_Waiting] = []  # appends that came meanwhile, in arrival order
@@ -80,18 +81,23 @@ class Commits:
                 group = []
         finally:
             self._busy = False
-            for w in group + self._waiting:  # cancelled (the node stops): stored or not, nobody can tell
+            for w in group:  # cancelled (the node stops) while on its way: stored or not, nobody can tell
                 if not w.done.done():
                     w.done.set_exception(Unavailable("event store unavailable: the node stops"))
+            for w in self._waiting:
+                w.done.set_exception(NotSent("the node stops"))
             self._waiting = []
 
     def _take(self) -> list[_Waiting]:
-        """The next batch: the waiting appends in arrival order, one per function; the rest wait on."""
+        """The next batch: the waiting appends in arrival order, one per function; the rest wait on. One its writer
+        may no longer send is refused, unsent."""
         group: list[_Waiting] = []
         rest: list[_Waiting] = []
         functions: set[str] = set()
         for w in self._waiting:
-            if len(group) < MAX_ATOMIC and w.append.key_subjects not in functions:
+            if not w.append.sendable():
+                w.done.set_exception(NotSent(f"{w.append.subject}: its writer may no longer write it"))
+            elif len(group) < MAX_ATOMIC and w.append.key_subjects not in functions:
                 functions.add(w.append.key_subjects)
                 group.append(w)
             else:
@@ -103,7 +109,7 @@ class Commits:
         """Each append's outcome: its stream sequence, or what refused it."""
         if len(appends) > 1:
             try:
-                return list(await stream.append_all(self.nc, appends, self.timeout_s))
+                return list(await stream.append_all(self.nc, appends, self.timeout_s, self.writer))
             except Conflict:  # one function's check failed, JetStream does not say which: each alone
                 pass
             except Exception as e:
@@ -111,7 +117,9 @@ class Commits:
         return await asyncio.gather(*(self._alone(a) for a in appends), return_exceptions=True)
 
     async def _alone(self, a: Append) -> int:
-        return await stream.append(self.nc, a.subject, a.data, a.key_subjects, a.last_seq, self.timeout_s)
+        if not a.sendable():
+            raise NotSent(f"{a.subject}: its writer may no longer write it")
+        return await stream.append(self.nc, a.subject, a.data, a.key_subjects, a.last_seq, self.timeout_s, self.writer)
 
 
 def _seen(done: asyncio.Future[int]) -> None:

@@ -21,11 +21,12 @@ APPEND_TIMEOUT_S = 5.0
 
 
 class EventStore:
-    def __init__(self, nc: Client, timeout_s: float = APPEND_TIMEOUT_S) -> None:
+    def __init__(self, nc: Client, timeout_s: float = APPEND_TIMEOUT_S, writer: str = "") -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.timeout_s = timeout_s
-        self.commits = Commits(nc, timeout_s, atomic=False)  # atomic once `ensure` finds the stream takes it
+        self.writer = writer  # the node that appends through it, named on each batch (whose clock its times are on)
+        self.commits = Commits(nc, timeout_s, atomic=False, writer=writer)  # atomic once `ensure` finds it takes it
 
     @property
     def room(self) -> int:
@@ -55,7 +56,7 @@ class EventStore:
 
     async def append_many(self, appends: list[Append]) -> list[int]:
         """Several functions' batches, all or none (an atomic batch): their stream sequences, in order."""
-        return await stream.append_all(self.nc, appends, self.timeout_s)
+        return await stream.append_all(self.nc, appends, self.timeout_s, self.writer)
 
     async def read(
         self,

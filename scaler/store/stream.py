@@ -31,7 +31,8 @@ ALL = f"{EVT}.>"
 
 # Called for each batch in stream order with its stream sequence; returning True stops the read.
 OnBatch = Callable[[int, Batch], bool | None]
-OnStamp = Callable[[Batch, int], None]  # a batch read, and when the server stored it (epoch ms)
+OnStamp = Callable[[Batch, int, str], None]  # a batch read, when the server stored it (epoch ms), and who wrote it
+WRITER = "Scaler-Writer"  # the header naming the node that appended a batch (whose clock its times are on)
 
 
 class UnreadableStream(Exception):
@@ -64,7 +65,9 @@ _ack = msgspec.json.Decoder(_Ack)
 WRONG_LAST_SEQUENCE = 10071
 
 
-async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_seq: int, timeout_s: float) -> int:
+async def append(
+    nc: Client, subject: str, data: bytes, key_subjects: str, last_seq: int, timeout_s: float, writer: str = ""
+) -> int:
     """Store one batch if the last one on `key_subjects` is still `last_seq`; returns its stream sequence.
 
     Raises Conflict when another batch came first (another writer, or our own whose ack was lost),
@@ -77,6 +80,8 @@ async def append(nc: Client, subject: str, data: bytes, key_subjects: str, last_
         "Nats-Expected-Last-Subject-Sequence": str(last_seq),
         "Nats-Expected-Last-Subject-Sequence-Subject": key_subjects,
     }
+    if writer:
+        headers[WRITER] = writer
     began = perf_counter()
     try:
         msg = await nc.request(subject, data, timeout=timeout_s, headers=headers)
@@ -115,15 +120,21 @@ OLDEST_ATOMIC = (2, 12)  # the first nats-server with atomic batch publish
 
 
 class Append(NamedTuple):
-    """One batch to append: its subject and bytes, and the order check over the function's subjects."""
+    """One batch to append: its subject and bytes, the order check over the function's subjects, and whether it may
+    still be sent (asked just before each time it is: a writer that lost the right to write sends nothing more)."""
 
     subject: str
     data: bytes
     key_subjects: str
     last_seq: int
+    sendable: Callable[[], bool] = lambda: True
 
 
-async def append_all(nc: Client, appends: list[Append], timeout_s: float) -> list[int]:
+class NotSent(Unavailable):
+    """The append was not sent: its writer may no longer write it (`Append.sendable`)."""
+
+
+async def append_all(nc: Client, appends: list[Append], timeout_s: float, writer: str = "") -> list[int]:
     """Store several functions' batches as one atomic batch (one ack); their stream sequences, in order.
 
     All are stored or none: Conflict when one function's order check fails (which one, JetStream does
@@ -139,6 +150,8 @@ async def append_all(nc: Client, appends: list[Append], timeout_s: float) -> lis
                 "Nats-Expected-Last-Subject-Sequence": str(a.last_seq),
                 "Nats-Expected-Last-Subject-Sequence-Subject": a.key_subjects,
             }
+            if writer:
+                headers[WRITER] = writer
             if n < len(appends):
                 await nc.publish(a.subject, a.data, headers=headers)
             else:
@@ -229,7 +242,7 @@ async def read(
     """Call `on_batch` for every batch on `subject` with after_seq < seq <= end, in order; return how many.
 
     `end` is `until_seq`, or else the subject's last sequence when the read starts. `on_stamp`, when given,
-    is told each batch's server stamp (epoch ms, the server's clock) before `on_batch` is called.
+    is told each batch's server stamp (epoch ms, the server's clock) and writer before `on_batch` is called.
     """
     end = await last_seq(js, subject)
     if until_seq is not None:
@@ -258,7 +271,7 @@ async def read(
         count += 1
         try:
             if on_stamp is not None:
-                on_stamp(batch, round(meta.timestamp.timestamp() * 1000))
+                on_stamp(batch, round(meta.timestamp.timestamp() * 1000), (msg.headers or {}).get(WRITER, ""))
             stop = on_batch(seq, batch)
         except Exception as e:
             done.set_exception(e)

@@ -113,7 +113,7 @@ def snapshotter(ledger_seq: int) -> Snapshotter:
         clock=Clock(),
         retention=Retention(max_age_s=3600),
         serving={0},
-        floor=lambda seq: seq,
+        floor=lambda seq, partitions=None: seq,
         fence=None,
         lost=None,
         stream_id="s",

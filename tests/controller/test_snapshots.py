@@ -74,16 +74,16 @@ async def test_a_snapshot_taken_during_an_append_does_not_claim_it(nats_url):
         controller = stack.controller
         gate = asyncio.Event()
         appended = asyncio.Event()
-        original = controller.writer._publish
+        original = controller.writer.store.append
 
-        async def slow_for_one_key(batch):
-            seq = await original(batch)
-            if batch.key == "slow":
+        async def slow_for_one_key(a):
+            seq = await original(a)
+            if a.key_subjects == function_events("slow"):
                 appended.set()
                 await gate.wait()
             return seq
 
-        controller.writer._publish = slow_for_one_key
+        controller.writer.store.append = slow_for_one_key
         slow = asyncio.create_task(stack.assign("s1", key="slow"))
         await appended.wait()
         await stack.assign("f1", key="fast")  # appended after the slow one, and applied

@@ -7,11 +7,11 @@ import functools
 import pytest
 
 from scaler.controller.ledger import Ledger
-from scaler.controller.writer import Conflict, TooBig, Writer
+from scaler.controller.writer import FENCE, Conflict, TooBig, Writer
 from scaler.proto.events import Batch, RequestArrived
-from scaler.proto.subjects import function_events
+from scaler.proto.subjects import function_events, partition
 from scaler.runtime.bus import Unavailable, connected
-from scaler.store import EventStore, stream
+from scaler.store import EventStore, NotSent, stream
 from scaler.store.config import ensure_stream
 
 
@@ -99,15 +99,15 @@ async def test_an_unanswered_append_is_doubtful_and_settles_once_whether_it_was_
 
     with appending(ack_lost), pytest.raises(Unavailable):
         await w.append(lost_ack)
-    assert w.doubtful == {"fn": lost_ack} and "fn" not in w.ledger.last_seq
-    assert await w.settle("fn") is True
-    assert w.doubtful == {} and await w.settle("fn") is False
+    assert w.doubtful["fn"].batch == lost_ack and "fn" not in w.ledger.last_seq
+    assert await w.settle("fn", now=0) is True
+    assert w.doubtful == {} and await w.settle("fn", now=0) is False
     assert await stored(js, "fn") == ["assign:fn:r1"]
     assert len(w.ledger.state("fn").queue) == 1
 
     with appending(no_answer), pytest.raises(Unavailable):
         await w.append(batch("gn", 1))
-    assert await w.settle("gn") is True
+    assert await w.settle("gn", now=0) is True
     assert await stored(js, "gn") == ["assign:gn:r1"]
     assert w.ledger.last_seq["gn"] == await stream.last_seq(js, function_events("gn"))
 
@@ -133,20 +133,61 @@ async def test_the_floor_holds_below_an_append_under_way(js):
     assert w.floor(otherwise=10**9) == 10**9
 
 
-async def test_a_function_no_longer_ours_is_not_retried_and_forgetting_drops_its_doubt(js):
+async def test_a_function_no_longer_ours_is_not_retried_and_its_doubt_is_settled_by_a_fence_not_sent_again(js):
+    """Given up while its append had no answer, a batch is never sent again, however its function's partition comes
+    back: a fence after the stream's last batch of the function settles it (stored only if the batch was not, and
+    then the batch never can be); its partition's snapshots claim nothing past it meanwhile."""
     nc, js = js
-    w = writer(nc, js, owns=lambda key: False)
+    ours = {"fn": True}
+    w = writer(nc, js, owns=lambda key: ours[key])
     attempts = []
 
     async def counted(real, *args, **kw):
         attempts.append(1)
+        ours["fn"] = False  # its lease lapses while the store does not answer
         await no_answer(real)
 
+    w.ledger.seq = 7
     with appending(counted), pytest.raises(Unavailable):
         await w.append(batch("fn", 1))
     assert len(attempts) == 1 and "fn" in w.doubtful
-    w.forget(lambda key: key == "fn")
-    assert w.doubtful == {}
+    assert w.floor(otherwise=10**9, partitions={partition("fn")}) == 7
+    assert w.floor(otherwise=10**9, partitions={partition("fn") + 1}) == 10**9  # another partition's claims: free
+    w.forget({partition("fn")})
+    assert w.in_doubt({partition("fn")}) == ["fn"]  # kept: the batch may still land, so the floor holds
+    ours["fn"] = True  # the partition is this node's again
+    assert await w.settle("fn", now=5) is True and w.doubtful == {}
+    assert await stored(js, "fn") == [FENCE]  # the fence, not the batch decided under the lease given up
+    assert w.ledger.last_seq["fn"] == await stream.last_seq(js, function_events("fn"))
+
+
+async def test_a_retried_or_settled_append_keeps_the_order_check_it_was_decided_under(js):
+    """A batch decided on the function's state at seq S is stored right after S or not at all: its doubt, settled
+    after the ledger has moved on (another batch folded meanwhile), conflicts instead of being stored after it."""
+    nc, js = js
+    w, other = writer(nc, js, patience_s=0.0), writer(nc, js)
+    decided_on = batch("fn", 1)
+
+    async def ack_lost(real, *args, **kw):
+        raise Unavailable("event store unavailable: TimeoutError")
+
+    with appending(ack_lost), pytest.raises(Unavailable):
+        await w.append(decided_on)  # decided on an empty function: expects nothing before it
+    assert w.doubtful["fn"].after == 0
+    other.ledger.fold(await other.append(batch("fn", 2)), batch("fn", 2))  # e.g. the owner after a hand-over
+    await w.catch_up("fn")  # this node learns of it
+    assert await w.settle("fn", now=0) is True
+    assert await stored(js, "fn") == ["assign:fn:r2"]  # the doubtful batch was not stored after it
+
+
+async def test_an_append_is_not_sent_once_its_writer_may_no_longer_write(js):
+    """Past its partition's lease (or given up), a batch still waiting to be sent is not sent: NotSent, and no doubt,
+    as nothing of it went out."""
+    nc, js = js
+    w = writer(nc, js, owns=lambda key: False)
+    with pytest.raises(NotSent):
+        await w.append(batch("fn", 1))
+    assert w.doubtful == {} and await stored(js, "fn") == []
 
 
 @pytest.fixture
@@ -215,7 +256,7 @@ async def test_an_append_whose_caller_left_is_stored_and_the_functions_next_one_
         await asyncio.sleep(0.05)
         left.cancel()  # its caller timed out: the append waits on all the same
         await asyncio.sleep(0)
-        assert w.doubtful == {"fn": batch("fn", 1)}  # it may be stored: settled before the function's next group
+        assert w.doubtful["fn"].batch == batch("fn", 1)  # it may be stored: settled before the function's next group
         nxt = asyncio.create_task(w.append(batch("fn", 2)))  # e.g. the Cancel of that timed-out Assign
         await asyncio.sleep(0.05)
         gate.set()
@@ -223,5 +264,5 @@ async def test_an_append_whose_caller_left_is_stored_and_the_functions_next_one_
         with pytest.raises(Conflict):
             await nxt
     assert await stored(js, "fn") == ["assign:fn:r1"]
-    assert await w.settle("fn") is True and w.doubtful == {}  # it was stored: folded, not appended again
+    assert await w.settle("fn", now=0) is True and w.doubtful == {}  # it was stored: folded, not appended again
     assert await stored(js, "fn") == ["assign:fn:r1"] and len(w.ledger.state("fn").queue) == 1
