@@ -68,6 +68,17 @@ RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # a 
 Call = Assign | Idle  # what the gateway passes on (named here: the servicer's methods shadow the commands)
 
 
+MARGIN = 0.1  # of a caller's remaining time, kept to answer in: a refusal reaches it before its own deadline
+MAX_MARGIN_S = 1.0
+
+
+def answer_within(remaining_s: float) -> float:
+    """How long a call may wait for its answer when its caller waits `remaining_s` more: its deadline less a margin
+    (a tenth, a second at most), so that a call that cannot be answered in time is refused DEADLINE_EXCEEDED while
+    its caller still listens, rather than racing its deadline."""
+    return max(0.0, remaining_s - min(MAX_MARGIN_S, remaining_s * MARGIN))
+
+
 class Router(Protocol):
     async def call(self, cmd: Call, timeout_s: float | None) -> Reply:
         """The function's answer to the call. Raises Unavailable, or TimeoutError after `timeout_s`; a caller
@@ -283,7 +294,7 @@ class Gateway(pb_grpc.ScalerServicer):
     async def _call(self, cmd: Call, context: grpc.aio.ServicerContext) -> Reply:
         """The router's answer; raise Refused on any failure."""
         remaining = context.time_remaining()
-        timeout = self.reply_timeout_s if remaining is None else min(remaining, self.reply_timeout_s)
+        timeout = self.reply_timeout_s if remaining is None else min(answer_within(remaining), self.reply_timeout_s)
         try:
             reply = await self.router.call(cmd, timeout)
         except Unavailable as e:

@@ -8,6 +8,7 @@ from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.runtime.clock import Clock
 from scaler.runtime.natsd import NatsServer
+from scaler.simulator.dataset import FunctionMeta
 from tests.processes import Parts
 from tests.stack import Stack, eventually
 
@@ -115,3 +116,21 @@ async def test_a_function_whose_memory_grows_never_reuses_an_instance_with_less(
         await stack.idle(big)
         smaller = await stack.assign("r3", memory_mb=256)  # more memory than asked for serves
         assert smaller.assigment.instance_id == big.assigment.instance_id
+
+
+async def test_an_assign_that_cannot_be_answered_in_time_is_refused_while_its_caller_still_listens(nats_url):
+    """Its instance's Init takes longer than the caller waits: the node refuses the Assign DEADLINE_EXCEEDED a
+    margin before the caller's deadline (its own message, not the caller's "Deadline Exceeded"), so the answer never
+    races the deadline; the Assign is then cancelled, and no instance is held for it."""
+    slow = {"slow": FunctionMeta(key="slow", memory_in_mb=128, init_duration_in_ms=20_000)}
+    async with Stack(nats_url, metas=slow) as stack:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stack.scaler.Assign(assign("r1", key="slow"), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "no answer within" in refused.value.details(), refused.value.details()
+
+        def forgotten() -> bool:
+            s = stack.controller.states["slow"]
+            return s.pending("r1") is None and not any(i.busy and i.request_id == "r1" for i in s.instances.values())
+
+        await eventually(forgotten, seconds=30)
