@@ -52,6 +52,7 @@ NODES = "scaler_nodes"  # <node> -> heartbeat
 TTL_S = 4.0
 EVERY_S = 1.0
 HAND_OVER_S = 10.0  # how long a draining node waits for the other nodes to take its partitions
+SEND_MARGIN_S = 0.5  # of a lease's TTL, left for a batch sent just before it to reach the server
 STOP_ROUND_S = 2.0  # how long a stopping node lets a lease round under way finish
 
 
@@ -115,6 +116,12 @@ class Leases:
     def fresh(self, p: int) -> bool:
         """Whether this node may decide for partition `p` now: it holds the lease and renewed it in time."""
         return p in self.held and time.monotonic() - self.renewed.get(p, -1e9) < self.deadline_s
+
+    def sendable(self, p: int) -> bool:
+        """Whether what this node decided for `p` (within its deadline) may still be sent: the lease held, and surely
+        not yet lapsed at the server (which lets it go `ttl_s` after it stored the renewal, sent before that), with
+        SEND_MARGIN_S for the message's way there. Past that, another node may be loading the partition."""
+        return p in self.held and time.monotonic() - self.renewed.get(p, -1e9) < self.ttl_s - SEND_MARGIN_S
 
     def stale(self) -> list[int]:
         """Partitions held past their renewal deadline."""

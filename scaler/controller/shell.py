@@ -174,7 +174,7 @@ class Controller:
 
     async def start(self) -> str:
         s = self.settings
-        self._nc = await connect(self.nats_url, f"controller {self.node}")
+        self._nc = await connect(self.nats_url, f"controller {self.node}", buffered=False)  # nothing sent late
         events = EventStore(self._nc, writer=self.node)
         self.replicas = s.replicas or durability.default_replicas(self._nc)
         monitors = durability.monitor_urls(self.nats_url, s.nats_monitor)
@@ -231,10 +231,10 @@ class Controller:
         self.partitions.check(p)
 
     def _writes(self, key: str) -> bool:
-        """Whether this node may still send a batch of `key` it decided (within the lease's renewal deadline): the
-        partition's lease still held, not dropped as lapsed. One being given up stores what it decided until its
-        release is done (Writer.forget); a lease past its deadline is dropped within a quarter of a second."""
-        return partition(key) in self.partitions.leases.held
+        """Whether this node may still send a batch of `key` it decided (within the lease's renewal deadline): its
+        partition's lease held and not yet lapsed at the server. One being given up stores what it decided until
+        its release is done (Writer.forget)."""
+        return self.partitions.leases.sendable(partition(key))
 
     async def _on_request(self, msg) -> None:
         await self.door.on_request(msg)

@@ -55,6 +55,7 @@ async def connect(
     name: str,
     reconnected: Callable[[], Awaitable[None]] | None = None,
     patience_s: float = CONNECT_PATIENCE_S,
+    buffered: bool = True,
 ) -> Client:
     """A connection that keeps reconnecting: a NATS restart is an outage, not a crash.
 
@@ -62,7 +63,8 @@ async def connect(
     a NATS that was never there is a mistake to report, not an outage to wait out; one that refuses
     this client (Refused: credentials, TLS) is said at once. `url` may carry the whole access
     (scaler/runtime/access.py: TLS, credentials). An outage is one line when it starts and one when
-    it ends, not one per reconnect attempt.
+    it ends, not one per reconnect attempt. Not `buffered`, a publish while it reconnects fails at once rather than
+    wait in the client to be sent once it is back (a writer whose right to write may lapse meanwhile).
     """
     nats = access(url)
     options = nats.options()
@@ -99,6 +101,7 @@ async def connect(
                 connect_timeout=5,
                 drain_timeout=DRAIN_S,
                 reconnected_cb=on_reconnected,
+                **({} if buffered else {"pending_size": 0}),
                 **options,
             )
     except Refused:

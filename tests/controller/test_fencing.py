@@ -6,13 +6,19 @@ import os
 import signal
 import time
 
+import grpc
 import pytest
 
+from scaler import replay
+from scaler.controller.core.policy import get_policy
+from scaler.controller.shell import Controller
+from scaler.proto.subjects import PARTITIONS
 from scaler.runtime.bus import connected
 from scaler.runtime.natsd import NatsServer
+from scaler.store import stream
 from tests.invariants import snapshots_hold_what_they_claim
 from tests.processes import Driver, Parts, controller_state
-from tests.stack import eventually
+from tests.stack import Stack, eventually
 from tests.system.test_nodes import KEYS, check, shared_between
 
 FENCED = "no longer decides for partitions"
@@ -61,3 +67,50 @@ async def test_a_node_paused_past_its_lease_comes_back_fenced(tmp_path, stub, ca
             assert await snapshots_hold_what_they_claim(nc.jetstream()) == []
     said = capfd.readouterr().err
     assert said.count(FENCED) == 1, said[-3000:]
+
+
+async def test_what_a_node_decided_before_nats_stood_still_past_its_lease_is_never_sent_after_it(tmp_path):
+    """NATS stopped (SIGSTOP) longer than the node's leases while one function's append is on its way and five other
+    functions' wait behind it to be sent: once the leases lapsed those five are never sent (their callers hear
+    UNAVAILABLE, and repeat), the one already on its way lands or not on its own order check, and what the stream
+    then holds is what the node serves, and what a fresh node loads: replay equals the state, every snapshot holds
+    what it claims."""
+    keys = [f"fn{n}" for n in range(6)]
+    async with NatsServer(tmp_path / "nats") as nats, Stack(nats.url) as stack:
+        for key in keys:
+            await stack.idle(await stack.assign(f"warm-{key}", key))
+        await stack.settled()
+        os.kill(nats.proc.pid, signal.SIGSTOP)
+        try:
+            first = asyncio.create_task(stack.assign("r-fn0", "fn0"))  # sent at once: on its way when NATS stopped
+            await asyncio.sleep(0.3)
+            held = [asyncio.create_task(stack.assign(f"r-{key}", key)) for key in keys[1:]]  # behind it, not sent
+            await eventually(lambda: not stack.controller.serving, seconds=30)  # the leases lapsed: fenced
+            await asyncio.sleep(3)  # the first append's answer times out, and the queued ones would go next
+        finally:
+            os.kill(nats.proc.pid, signal.SIGCONT)
+        outcomes = await asyncio.gather(first, *held, return_exceptions=True)
+        refused = [o for o in outcomes[1:] if isinstance(o, grpc.aio.AioRpcError)]
+        assert len(refused) == len(held), outcomes
+        assert all(o.code() is grpc.StatusCode.UNAVAILABLE for o in refused), refused
+        await eventually(lambda: all(stack.controller.serves(k) for k in keys), seconds=30)
+        await stack.settled()
+        async with connected(nats.url, "test") as nc:
+            causes = [b.cause for _, b in await stored_batches(nc)]
+            assert not [c for c in causes if any(c.endswith(f":r-{key}") for key in keys[1:])], causes
+            replayed = await replay.replay(nc)
+            assert {k: replayed.ledger.states[k] for k in keys} == {k: stack.controller.states[k] for k in keys}
+            assert await snapshots_hold_what_they_claim(nc.jetstream()) == []
+    async with NatsServer(tmp_path / "nats") as nats:
+        fresh = Controller(nats.url, get_policy("demo"), node="fresh")
+        try:
+            await fresh.start()
+            assert len(fresh.serving) == PARTITIONS and not fresh.partitions.refused
+        finally:
+            await fresh.stop()
+
+
+async def stored_batches(nc) -> list:
+    found: list = []
+    await stream.read(nc.jetstream(), lambda seq, b: found.append((seq, b)))
+    return found
