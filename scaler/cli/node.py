@@ -23,7 +23,7 @@ from scaler.gateway import info
 from scaler.gateway.admin import Precondition
 from scaler.gateway.server import Gateway
 from scaler.proto.info import Info
-from scaler.runtime import durability, identity, metrics, service
+from scaler.runtime import durability, identity, metrics, service, storehealth
 from scaler.runtime.permissions import Preflight
 from scaler.runtime.ports import port
 from scaler.runtime.storehealth import StoreWatch
@@ -134,7 +134,8 @@ def make(a: argparse.Namespace) -> service.Component:
     if a.metrics_port is not None:
         host = a.listen.rpartition(":")[0]
         collectors = [ControllerCollector(controller), store]
-        parts.append(metrics.endpoint(f"{host}:{a.metrics_port}", collectors, {"/healthz": store.health}))
+        health = {"/healthz": lambda: storehealth.page(store.describe() or controller.trouble())}
+        parts.append(metrics.endpoint(f"{host}:{a.metrics_port}", collectors, health))
     node = Node(controller, gateway, parts, store, a.node_dir)
     gateway.drain = node.drain_and_stop
     return node

@@ -42,6 +42,7 @@ OFFSET_READS = 4  # lease entries a load reads this node's clock offset off
 OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each command, even mid-hand-over
 LOAD_ERROR_EVERY_S = 600.0
 DRAIN_S = 15.0  # how long a partition given up waits for its commands under way
+RELOAD_DRAIN_S = 1.0  # ... and one reloaded after a loss
 
 
 class NotServing(Unavailable):
@@ -131,8 +132,9 @@ class Partitions:
             self.loading[p] = task
 
     async def reload(self, partitions: list[int], between: Callable[[], Awaitable[None]]) -> None:
-        """Drop what is held of them without a snapshot (it is not to be trusted), run `between`, load them again."""
-        await self.lost(partitions, keep=False)
+        """Drop what is held of them without a snapshot (it is not to be trusted), run `between`, load them again.
+        The commands under way get a moment to finish: their store is the one found wanting."""
+        await self.lost(partitions, keep=False, drain_s=RELOAD_DRAIN_S)
         await between()
         await self.gained(partitions)
         await asyncio.gather(*{self.loading[p] for p in partitions if p in self.loading}, return_exceptions=True)
@@ -258,7 +260,7 @@ class Partitions:
         reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=code, message=why)
         await self.nc.publish(msg.reply, encode(reply))
 
-    async def lost(self, partitions: list[int], keep: bool = True) -> None:
+    async def lost(self, partitions: list[int], keep: bool = True, drain_s: float | None = None) -> None:
         """Stop serving them: no new command, the ones under way finish, then the node releases them.
 
         Only a partition that was served is snapshotted (and only with `keep`): one still loading (or
@@ -269,7 +271,7 @@ class Partitions:
         for p in partitions:
             self._releasing.setdefault(p, set()).add(released)
         try:
-            await self._release(partitions, served, keep)
+            await self._release(partitions, served, keep, self.drain_s if drain_s is None else drain_s)
         finally:
             for p in partitions:
                 if (waiting := self._releasing.get(p)) is not None:
@@ -278,7 +280,7 @@ class Partitions:
                         del self._releasing[p]
             released.set()
 
-    async def _release(self, partitions: list[int], served: list[int], keep: bool) -> None:
+    async def _release(self, partitions: list[int], served: list[int], keep: bool, drain_s: float) -> None:
         for p in partitions:
             if (task := self.loading.pop(p, None)) is not None:
                 task.cancel()
@@ -288,7 +290,7 @@ class Partitions:
                 await sub.unsubscribe()
         self._share_the_caps()
         try:
-            async with asyncio.timeout(self.drain_s):
+            async with asyncio.timeout(drain_s):
                 while any(self._in_flight[p] for p in partitions):
                     self._drained.clear()
                     await self._drained.wait()

@@ -24,7 +24,9 @@ from scaler.controller.replies import Replies
 from scaler.controller.snapshotter import Snapshotter
 from scaler.controller.timers import Timers
 from scaler.controller.writer import Writer
-from scaler.proto.subjects import RECONCILE_ASK, UNLISTED
+from scaler.proto.commands import Code, PlatformSlot, Reconcile
+from scaler.proto.subjects import CMD, RECONCILE_ASK, SYSTEM_KEY, UNLISTED, partition
+from scaler.runtime.bus import send
 from scaler.store import EventStore, Retention
 
 log = logging.getLogger("scaler.controller")
@@ -61,7 +63,7 @@ class Recovery:
         self.losses = 0  # times EVENTS was found to hold less than this node had folded (not by retention)
         self.unreconciled = 0  # loads of partitions the platform could not be reconciled for (it cannot list slots)
         self._asking: asyncio.Task | None = None  # the ask to reconcile under way
-        self._reloading = False
+        self.reloading = ""  # why every partition is being reloaded, while it is
 
     async def stop(self) -> None:
         if self._asking is not None:  # no gc worker may be there to answer (a node alone)
@@ -92,14 +94,15 @@ class Recovery:
     async def lost(self, why: str) -> None:
         """EVENTS holds less than this node folded, and not by retention: an alarm (a log line, the losses
         metric), then every partition served is reloaded from the stream and the platform asked to reconcile."""
-        if self._reloading:
+        if self.reloading:
             return
-        self._reloading = True
+        self.reloading = why
         try:
             self.losses += 1
             partitions = sorted(self.partitions.serving | set(self.partitions.loading))
             log.error("EVENTS lost batches: %s; reloading partitions %s from the stream and reconciling them",
                       why, ranges(partitions))  # fmt: skip
+            held = self._slots(partitions)  # what the platform runs for them, as this node knew before the loss
 
             async def start_over() -> None:
                 with contextlib.suppress(Exception):  # a stream gone is made again (empty)
@@ -109,10 +112,36 @@ class Recovery:
                 self.snapshots.restart(at.stream_id, at.last_seq)
 
             await self.partitions.reload(partitions, start_over)
+            await self._retire_unknown(held)
         except Exception as e:  # NATS away meanwhile: the next look finds it again
             log.warning("could not reload after the loss: %s", e)
         finally:
-            self._reloading = False
+            self.reloading = ""
+
+    def _slots(self, partitions: list[int]) -> dict[int, list[PlatformSlot]]:
+        """The platform's slots this node's state holds for those partitions."""
+        held: dict[int, list[PlatformSlot]] = {p: [] for p in partitions}
+        for key in self.partitions.keys(partitions):
+            for i in self.ledger.state(key).instances.values():
+                if i.slot_id:
+                    slot = PlatformSlot(id=i.slot_id, instance_id=i.id, memory_mb=i.memory_mb, created_ms=i.wanted_ms)
+                    held[partition(key)].append(slot)
+        return held
+
+    async def _retire_unknown(self, held: dict[int, list[PlatformSlot]]) -> None:
+        """The slots this node knew of before the loss, put to the reloaded partitions as the platform's list: one the
+        stream no longer knows would never be destroyed on a platform that cannot list its slots (the challenge's),
+        and is retired; one it knows that the node had seen destroyed is gone. Sent as any Reconcile is."""
+        now = self.lane.clock.now_ms()
+        sent = [
+            send(
+                self.nc, Reconcile(key=SYSTEM_KEY, slots=tuple(slots), listed_ms=now, partition=p), subject=f"{CMD}.{p}"
+            )
+            for p, slots in held.items()
+        ]
+        for p, outcome in zip(held, await asyncio.gather(*sent, return_exceptions=True), strict=True):
+            if isinstance(outcome, Exception) or outcome.code is not Code.OK:
+                log.warning("partition %d: the slots held before the loss not reconciled: %s", p, outcome)
 
     async def _ask_reconcile(self) -> None:
         """Ask the gc workers to reconcile, until one answers (none may be connected just now)."""

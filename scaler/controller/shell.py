@@ -134,6 +134,19 @@ class Controller:
     def snapshot_saved_s(self) -> float | None:
         return self.snapshots.saved_s if self.snapshots is not None else None
 
+    def trouble(self) -> str:
+        """Why this node cannot serve its functions now ("" when it can): NATS away, its partitions being reloaded
+        after a loss, loading, or refused. What its /healthz says, besides the event store's own health."""
+        if self._nc is None or not self._nc.is_connected:
+            return "the controller is not connected to NATS"
+        if self.recovery is not None and self.recovery.reloading:
+            return f"the controller is reloading its partitions: {self.recovery.reloading}"
+        if self.partitions is not None and (held := sorted(self.partitions.loading)):
+            return f"the controller is loading partitions {ranges(held)}"
+        if self.partitions is not None and self.partitions.refused:
+            return f"the controller refuses partitions {ranges(sorted(self.partitions.refused))}"
+        return ""
+
     def serves(self, key: str) -> bool:
         return partition(key) in self.serving
 

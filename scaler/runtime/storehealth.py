@@ -174,11 +174,15 @@ class StoreWatch:
         yield gauge
 
     def health(self) -> tuple[str, str, bytes]:
-        """The node's /healthz page: 200 "ok", or 503 with the cause."""
-        said = self.describe()
-        if not said:
-            return "200 OK", "text/plain", b"ok\n"
-        return "503 Service Unavailable", "text/plain", f"{said}\n".encode()
+        """A /healthz page of the store alone: 200 "ok", or 503 with the cause."""
+        return page(self.describe())
+
+
+def page(trouble: str) -> tuple[str, str, bytes]:
+    """A /healthz page: 200 "ok" when `trouble` says nothing, else 503 with it."""
+    if not trouble:
+        return "200 OK", "text/plain", b"ok\n"
+    return "503 Service Unavailable", "text/plain", f"{trouble}\n".encode()
 
 
 def _error(body: bytes) -> str:

@@ -13,6 +13,7 @@ on a batch again (`Delivery.redelivered`) must not repeat what the platform does
 """
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import ClassVar
@@ -28,7 +29,7 @@ from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.commands import AnyCommand, Reply, command_id
 from scaler.proto.events import Event, decode_batch
 from scaler.proto.subjects import EVENTS, EVT, command_subject, worker_subjects
-from scaler.runtime import tls
+from scaler.runtime import durability, tls
 from scaler.runtime.access import Nats
 from scaler.runtime.bus import Unavailable, close, connect, send
 from scaler.runtime.faults import LastingFault
@@ -60,6 +61,7 @@ RETRY_MAX_S = 300.0
 # A consumer made again right after it was dropped may be refused while nats-server still removes the old
 # one's files (err 10012, "rename .../o.dat.tmp: no such file or directory", seen on a loaded machine).
 RECREATE_TRIES = 5
+WATCH_S = 2.0  # how often a worker looks that its durable consumer is still there
 STOP_GRACE_S = 2.0  # at stop, work under way gets this long; the rest is redelivered to the next worker
 # A platform that was away is tried again within 100 ms to 1 s (gRPC's default waits 1 s, growing
 # to 2 min): while it is away the Assigns wait, and each second counts. Each worker has its own
@@ -185,6 +187,7 @@ class EffectWorker:
         self._nc = None
         self._js = None
         self._sub = None
+        self._watch: asyncio.Task | None = None
         self._channel: grpc.aio.Channel | None = None
         self.platform: pb_grpc.PlatformStub | None = None
 
@@ -204,7 +207,14 @@ class EffectWorker:
         self.platform = pb_grpc.PlatformStub(self._channel)
         self._nc = await connect(self.nats_url, self.name)
         self._js = self._nc.jetstream()
-        await ensure_stream(self._js, retention=self.retention)
+        await ensure_stream(self._js, durability.default_replicas(self._nc), self.retention)
+        await self._subscribe()
+        self._watch = asyncio.create_task(self._watch_consumer())
+        over = " over TLS" if self.platform_tls is not None and self.platform_tls.on else ""
+        return f"{self.name} (platform {self.platform_addr}{over})"
+
+    async def _subscribe(self) -> None:
+        """Join the kind's durable consumer on EVENTS, made if it is not there."""
         subjects = worker_subjects(self.effect)
         config = ConsumerConfig(
             ack_policy=AckPolicy.EXPLICIT,
@@ -220,14 +230,35 @@ class EffectWorker:
                 self._sub = await self._js.subscribe(
                     f"{EVT}.>", queue=self.durable, stream=EVENTS, cb=self._on_batch, manual_ack=True, config=config
                 )
-                break
+                return
             except ServerError as e:  # the consumer just dropped: nats-server may still be removing its files
-                if resume is None or attempt == RECREATE_TRIES - 1:
+                if attempt == RECREATE_TRIES - 1:
                     raise
                 log.info("%s: consumer %s not made yet (%s); trying again", self.name, self.durable, e.description)
                 await asyncio.sleep(0.2)
-        over = " over TLS" if self.platform_tls is not None and self.platform_tls.on else ""
-        return f"{self.name} (platform {self.platform_addr}{over})"
+
+    async def _watch_consumer(self) -> None:
+        """The durable consumer gone (EVENTS deleted, or the consumer itself): nothing would come any more, and the
+        scaler's cold starts would wait for nobody. Made again, said once, as soon as it is seen."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            try:
+                await self._js.consumer_info(EVENTS, self.durable)
+                continue
+            except NotFoundError as e:
+                gone = e.description or "not found"
+            except Exception:  # NATS away: nothing to tell yet
+                continue
+            try:  # EVENTS itself gone: a node makes it again (with its replicas and retention), then this worker
+                await self._js.stream_info(EVENTS)
+            except Exception:
+                continue
+            log.error("%s: consumer %s on %s is gone (%s): making it again", self.name, self.durable, EVENTS, gone)
+            try:
+                await self._sub.unsubscribe()
+                await self._subscribe()
+            except Exception as e:  # tried again at the next look
+                log.warning("%s: could not make consumer %s again: %s", self.name, self.durable, e)
 
     async def _drop_if_changed(self, subjects: list[str]) -> int | None:
         """A durable consumer keeps its filter and its delivery: one made for other subjects, or for a single
@@ -248,8 +279,12 @@ class EffectWorker:
     async def stop(self) -> None:
         """Take no more work, and let what is under way finish for a moment: an event whose effect is not
         reported is not acked, so the next worker performs it again (effects are idempotent)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         if self._sub is not None:
-            await self._sub.unsubscribe()
+            with contextlib.suppress(NatsError):  # its consumer gone with the stream, say
+                await self._sub.unsubscribe()
         if self._tasks:
             log.info(
                 "%s: %d effects under way; they get %gs, then the next worker",
