@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from nats.js.errors import NotFoundError
 
+from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition
@@ -26,6 +27,7 @@ from scaler.runtime.clock import Clock
 from scaler.runtime.faults import LastingFault
 from scaler.runtime.tasks import cancelled
 from scaler.store import EventStore, Kept, Retention
+from scaler.store.config import limits_off
 
 log = logging.getLogger("scaler.controller")
 
@@ -194,6 +196,8 @@ class Snapshotter:
                 continue
             self._behind = 0
             self._seen = max(self._seen, at.last_seq)
+            if self._retention_set and at.config is not None and (off := limits_off(at.config, self.retention)):
+                await self._restore(off)
             if not self._retention_set:
                 with contextlib.suppress(Exception):  # tried again at the next look
                     await self._apply_retention(at)
@@ -206,11 +210,23 @@ class Snapshotter:
                 if (saving is None or saving.done()) and self._due(p, at, now):
                     self._saving[p] = asyncio.create_task(self.save(p, force=True))
 
+    async def _restore(self, off: str) -> None:
+        """EVENTS's limits changed behind the node's back: the batches they drop may be held by no snapshot yet, and a
+        partition whose snapshot falls behind the stream's first batch could not be rebuilt. So every partition served
+        is snapshotted at once (the state holds every batch), then the node's limits are put back."""
+        log.error("%s's limits were changed behind this node's back (%s): snapshotting partitions %s and putting its"
+                  " own back", EVENTS, off, ranges(sorted(self.serving)))  # fmt: skip
+        await asyncio.gather(*(self.save(p, force=True) for p in sorted(self.serving)))
+        with contextlib.suppress(Exception):  # NATS away: the next look finds them off still, and does it again
+            await self.events.set_retention(self.retention)
+            log.warning("%s keeps %gh and %g GB again", EVENTS, self.retention.max_age_s / 3600,
+                        self.retention.max_bytes / 1e9)  # fmt: skip
+
     async def _apply_retention(self, at: Kept) -> None:
         """Bring the stream's limits to ours once every partition has a snapshot this version reads, in the newer
         half of what is kept. Lower limits drop old batches at once, and until then a partition without such a
         snapshot (an upgrade that changed the state's shape, a stream older than retention) needs them all."""
-        if await self.events.retention() != self.retention:
+        if at.config is None or limits_off(at.config, self.retention):
             snaps = await asyncio.gather(*(self.store.load(p, at.stream_id, at.last_seq) for p in range(PARTITIONS)))
             newer_half = at.first_seq + (at.last_seq - at.first_seq) // 2
             if not all(snap is not None and snap.seq >= newer_half for snap in snaps):

@@ -25,6 +25,8 @@ STREAM = StreamConfig(
     retention=RetentionPolicy.LIMITS,
     storage=StorageType.FILE,
     discard=DiscardPolicy.OLD,
+    max_msgs=-1,  # no limit but `Retention`'s: a count would drop a busy function's batches no snapshot holds yet
+    max_msgs_per_subject=-1,
 )
 
 
@@ -124,7 +126,7 @@ async def set_retention(js: JetStreamContext, retention: Retention) -> bool:
     """Bring the existing stream's limits to `retention`; whether they changed. Lowered limits drop the
     oldest batches at once: a node does it only once every partition's snapshot holds what they did."""
     have = (await js.stream_info(EVENTS)).config
-    if retention_of(have) == retention:
+    if not limits_off(have, retention):
         return False
     wanted = _config(have.num_replicas or 1, retention, bool(have.allow_atomic))
     await js.update_stream(replace(wanted, subjects=have.subjects))
@@ -133,6 +135,17 @@ async def set_retention(js: JetStreamContext, retention: Retention) -> bool:
 
 def retention_of(config: StreamConfig) -> Retention:
     return Retention(max_age_s=config.max_age or 0.0, max_bytes=config.max_bytes or -1)
+
+
+def limits_off(have: StreamConfig, retention: Retention) -> str:
+    """How the stream's limits differ from `retention` and no other limit ("" when they do not): one line."""
+    off = []
+    if (age := have.max_age or 0.0) != retention.max_age_s:
+        off.append(f"max_age {age:g} s, not {retention.max_age_s:g}")
+    if (size := have.max_bytes or -1) != retention.max_bytes:
+        off.append(f"max_bytes {size:,}, not {retention.max_bytes:,}")
+    off += [f"{name} {n:,}" for name in ("max_msgs", "max_msgs_per_subject") if (n := getattr(have, name) or -1) > 0]
+    return "; ".join(off)
 
 
 def _config(replicas: int, retention: Retention, atomic: bool = False) -> StreamConfig:

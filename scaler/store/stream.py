@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, StreamInfo
+from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig, StreamInfo
 from nats.js.errors import NotFoundError
 
 from scaler.proto.events import Batch, decode_batch
@@ -214,11 +214,13 @@ def incarnation(info: StreamInfo) -> str:
 
 
 class Kept(NamedTuple):
-    """What EVENTS holds now: the first and last sequences kept, and which incarnation of the stream it is."""
+    """What EVENTS holds now: the first and last sequences kept, which incarnation of the stream it is, and the
+    configuration it keeps them by."""
 
     first_seq: int
     last_seq: int
     stream_id: str
+    config: StreamConfig | None = None
 
     @property
     def truncated(self) -> bool:
@@ -228,7 +230,7 @@ class Kept(NamedTuple):
 
 async def kept(js: JetStreamContext) -> Kept:
     info = await js.stream_info(EVENTS)
-    return Kept(info.state.first_seq, info.state.last_seq, incarnation(info))
+    return Kept(info.state.first_seq, info.state.last_seq, incarnation(info), info.config)
 
 
 async def read(
