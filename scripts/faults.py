@@ -1,7 +1,8 @@
 """The fault suite: each fault done to a scaler serving real callers, then the same checks, printed as a table.
 
-    .venv/bin/python scripts/faults.py                 # every fault (about 6 minutes)
+    .venv/bin/python scripts/faults.py                 # every fault, the worst ones several times (about 35 minutes)
     .venv/bin/python scripts/faults.py pause torn      # some of them
+    .venv/bin/python scripts/faults.py --once          # every fault once
 
 Real processes throughout: nats-server (syncing every write), the nodes and workers as `scaler up` runs
 them (tests/processes.py), gRPC callers that repeat a refused call with the same request id, as a
@@ -23,11 +24,22 @@ CreateSlot, a second Init refused, no list of its slots). The faults:
 - skew, skew-far-behind, skew-ahead, skew-near-ahead: a node's wall clock 120 s behind (600 s behind, 600 s
   ahead, 120 s ahead: libfaketime, Debian's `faketime`) killed while its requests are held; the node taking
   over must not release them as timed out;
-- failing-platform: Init, then CreateSlot, failing 15 s under warm callers and callers of new functions.
-Each run ends with the same checks: no request assigned twice (in the stored log), no instance held by two
-requests at once (as the callers saw it), replay equal to the running state (`scaler replay --verify`),
-no slot leaked (the platform's live slots are exactly the state's), and every snapshot holding exactly
-the batches it claims. It exits 1 if any check failed.
+- failing-platform: Init, then CreateSlot, failing 15 s under warm callers and callers of new functions;
+- stall-5, stall-12, stall-20: nats-server stopped (SIGSTOP) 5, 12 or 20 s and woken, ten times, under two nodes
+  (every stall past the leases is a loss and a reload): service back within 10 s of each waking, and a fresh
+  node loads the store afterwards;
+- partition: node-1 cut off from NATS 12 s while node takes its partitions over, what node-1 sent meanwhile held
+  and delivered once the link is mended (as TCP does): no stale decision stored over the new owner's;
+- stream-deleted: the EVENTS stream deleted under a running node: made again, served again, /healthz unhealthy
+  meanwhile, the slots the node held destroyed;
+- retention-cut: EVENTS's limits cut to 5 s and 50 batches behind the node's back: put back, what was dropped held
+  by snapshots, and a fresh node loads every partition;
+- slow-init: Init taking 5-30 s under callers with 15 s deadlines: every call refused by the scaler in time.
+The pause runs ten times in a row (a race may pass once; `--once` runs each fault once). Each run ends with the
+same checks: no request assigned twice (in the stored log), no instance held by two requests at once (as the
+callers saw it), replay equal to the running state (`scaler replay --verify`), no slot leaked (the platform's
+live slots are exactly the state's), and every snapshot holding exactly the batches it claims; the faults that
+break the store also start a fresh node on it. It exits 1 if any check failed.
 """
 
 import argparse
@@ -62,6 +74,8 @@ from scaler.proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
 from scaler.runtime.bus import connected  # noqa: E402
 from scaler.runtime.durability import monitor_get  # noqa: E402
 from scaler.runtime.natsd import NatsCluster, NatsServer  # noqa: E402
+from scaler.runtime.ports import free_port  # noqa: E402
+from scaler.simulator.dataset import FunctionMeta  # noqa: E402
 from scaler.store import stream  # noqa: E402
 from tests.invariants import Assignments, snapshots_hold_what_they_claim  # noqa: E402
 from tests.nemesis import Link, tear_snapshot  # noqa: E402
@@ -533,6 +547,207 @@ async def stalled_nats(tmp: Path, stub: PlatformStub, stall_s: float = 12) -> Ro
     return row
 
 
+async def stall(tmp: Path, stub: PlatformStub, stall_s: float = 5, times: int = 10) -> Row:
+    """nats-server stopped (SIGSTOP) `stall_s` and woken, `times` times, under two nodes' callers: every node's
+    lease runs out on each stall longer than its renewal deadline, so each stall is also a loss and a reload of
+    partitions, with appends sent before it stored after it. Service must be back within 10 s of each waking,
+    no request assigned twice, and the store loadable by a fresh node afterwards."""
+    row = Row(f"stall {stall_s:g} s x{times}", f"nats-server SIGSTOPped {stall_s:g} s, woken, {times} times; 2 nodes")
+    row.excused = refused_while_stalled
+    gaps: list[float] = []
+    async with NatsServer(tmp / "nats") as nats, Parts(nats.url, f"127.0.0.1:{stub.port}", nodes=2) as parts:
+        await spread(nats.url, 2)
+        drivers = [
+            Driver(parts.address(n), keys=KEYS, clients=6, tag=f"{n}-", retry_assign=True, attempts=160)
+            for n in parts.nodes
+        ]
+        loads = [asyncio.create_task(d.run()) for d in drivers]
+        await running(drivers)
+        first = 0.0
+        for _ in range(times):
+            os.kill(nats.proc.pid, signal.SIGSTOP)
+            first = first or time.monotonic()
+            await asyncio.sleep(stall_s)
+            os.kill(nats.proc.pid, signal.SIGCONT)
+            woken_at = time.monotonic()
+            await running(drivers, calls=10, seconds=120)
+            gaps.append(min(c.got_at for d in drivers for c in d.calls if c.got_at > woken_at) - woken_at)
+        await finish(row, nats.url, stub, drivers, first)
+        await asyncio.gather(*loads)
+        await parts.supervisor.stop()
+        await loadable(row, nats.url)
+    row.recovered_s = max(gaps)
+    row.notes.append(f"answering again after each waking (the longest in the table): {in_seconds(gaps)}")
+    if late := [g for g in gaps if g > SERVING_AGAIN_S]:
+        row.unmet.append(f"{len(late)} wakings not answered within {SERVING_AGAIN_S:g} s: {in_seconds(late)}")
+    return row
+
+
+SERVING_AGAIN_S = 10.0  # service back within this long of NATS answering again
+
+
+def in_seconds(spans: list[float]) -> str:
+    return ", ".join(f"{s:.1f}" for s in spans) + " s"
+
+
+def refused_while_stalled(call: Call, fault_at: float) -> bool:
+    """refused UNAVAILABLE or DEADLINE_EXCEEDED 160 times over while NATS stood still, each repeated"""
+    return call.error.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+
+
+async def loadable(row: Row, nats_url: str, patience_s: float = 60) -> None:
+    """Whether a fresh node loads the whole store the run left (its nodes stopped): every partition served."""
+    from scaler.controller.core.policy import get_policy
+    from scaler.controller.shell import Controller
+
+    node = Controller(nats_url, get_policy("demo"), node=f"fresh-{os.getpid()}")
+    try:
+        async with asyncio.timeout(patience_s):
+            await node.start()  # alone, it leases every partition and returns once they are loaded
+    except Exception as e:
+        row.unmet.append(f"a fresh node could not load the store: {type(e).__name__}: {e}")
+    else:
+        if len(node.serving) < PARTITIONS:
+            row.unmet.append(f"a fresh node loaded {len(node.serving)} of the store's {PARTITIONS} partitions")
+    finally:
+        await node.stop()
+
+
+async def partition_held(tmp: Path, stub: PlatformStub, cut_s: float = 12) -> Row:
+    """Two nodes, node-1 cut off from NATS for `cut_s` (its lease lapses, node takes its partitions over and serves
+    their callers), then the link mended: what node-1 sent while cut off arrives then, late, as TCP delivers it once
+    a partition heals. A stale node's decision must never be stored over what the new owner decided."""
+    row = Row(f"partition {cut_s:g} s", f"node-1 cut off from NATS {cut_s:g} s (what it sent held, delivered late)")
+    row.excused = refused_while_stalled
+    async with NatsServer(tmp / "nats") as nats, Link("127.0.0.1", nats.port, hold=True) as link:
+        cut_off = {"node-1": {"SCALER_NATS_URL": link.url}}
+        async with Parts(nats.url, f"127.0.0.1:{stub.port}", nodes=2, env=cut_off) as parts:
+            await spread(nats.url, 2)
+            drivers = [
+                Driver(parts.address(n), keys=KEYS, clients=6, tag=f"{n}-", retry_assign=True, attempts=160)
+                for n in parts.nodes
+            ]
+            loads = [asyncio.create_task(d.run()) for d in drivers]
+            await running(drivers)
+            link.cut = True
+            fault_at = time.monotonic()
+            await asyncio.sleep(cut_s)
+            link.cut = False
+            await spread(nats.url, 2)
+            await running(drivers, seconds=120)
+            await finish(row, nats.url, stub, drivers, fault_at)
+            await asyncio.gather(*loads)
+            await parts.supervisor.stop()
+            await loadable(row, nats.url)
+    return row
+
+
+async def slow_init(tmp: Path, stub: PlatformStub, seconds: float = 60) -> Row:
+    """Functions whose Init takes 5 to 30 s, called with 15 s deadlines and repeated when refused, beside warm
+    callers: every call the scaler cannot answer in time must be refused by it (DEADLINE_EXCEEDED or UNAVAILABLE,
+    its own message) while its caller still listens, never left to run out the caller's own deadline."""
+    row = Row("slow Init", "Init taking 5-30 s, callers' deadlines 15 s, repeated when refused")
+    row.excused = refused_in_time
+    inits = {f"slow{n}": 5_000 + n * 5_000 for n in range(6)}  # 5, 10, ... 30 s
+    stub.metas.update({k: FunctionMeta(key=k, memory_in_mb=128, init_duration_in_ms=ms) for k, ms in inits.items()})
+    async with NatsServer(tmp / "nats") as nats, Parts(nats.url, f"127.0.0.1:{stub.port}") as parts:
+        slow = Driver(parts.gateway, keys=tuple(inits), clients=12, tag="slow-", retry_assign=True, timeout_s=15)
+        warm = Driver(parts.gateway, keys=KEYS, clients=6, tag="warm-", retry_assign=True)
+        loads = [asyncio.create_task(d.run()) for d in (slow, warm)]
+        fault_at = time.monotonic()
+        await asyncio.sleep(seconds)
+        await finish(row, nats.url, stub, [slow, warm], fault_at)
+        await asyncio.gather(*loads)
+    said = [r for c in slow.calls for r in [*(r for _, r in c.refusals), c.error] if r]
+    own = sum(r == OWN_DEADLINE for r in said)
+    row.notes.append(f"{len(slow.calls)} calls of the slow functions, {len(said)} refusals, {own} by the caller's own"
+                     " deadline")  # fmt: skip
+    if own:
+        row.unmet.append(f"{own} calls ran out their caller's own deadline: the scaler did not answer in time")
+    return row
+
+
+def refused_in_time(call: Call, fault_at: float) -> bool:
+    """a call of a slow function refused DEADLINE_EXCEEDED by the scaler (its Init longer than the caller waits),
+    repeated until its attempts ran out"""
+    return call.key.startswith("slow") and call.error.startswith("DEADLINE_EXCEEDED: no answer within")
+
+
+async def stream_deleted(tmp: Path, stub: PlatformStub) -> Row:
+    """The EVENTS stream deleted under a running node and its callers (an operator's mistake, a bad script): the
+    node must notice, make the stream again, say so, report unhealthy until it serves again, and leak no slot."""
+    row = Row("stream deleted", "the EVENTS stream deleted under a running node (`nats stream rm`)")
+    row.excused = lost_with_the_stream
+    port = free_port()
+    args = ("--metrics-port", str(port))  # its /healthz
+    async with NatsServer(tmp / "nats") as nats, Parts(nats.url, f"127.0.0.1:{stub.port}", node_args=args) as parts:
+        drivers = [Driver(parts.gateway, keys=KEYS, clients=6, tag="s-", retry_assign=True, attempts=160)]
+        loads = [asyncio.create_task(d.run()) for d in drivers]
+        await running(drivers)
+        async with connected(nats.url, "faults") as nc:
+            await nc.jetstream().delete_stream(EVENTS)
+        fault_at = time.monotonic()
+        unhealthy = await health_while(f"http://127.0.0.1:{port}", lambda: served_since(drivers, fault_at), 60)
+        await running(drivers, seconds=120)
+        await finish(row, nats.url, stub, drivers, fault_at)
+        await asyncio.gather(*loads)
+    row.notes.append(f"/healthz unhealthy for {unhealthy:.1f} s of it" if unhealthy else "/healthz never unhealthy")
+    if not unhealthy:
+        row.unmet.append("/healthz said 200 while the node could not serve")
+    return row
+
+
+def lost_with_the_stream(call: Call, fault_at: float) -> bool:
+    """the Idle of a request assigned in the deleted stream, or a call refused while the node made it again"""
+    return idle_of_a_lost_assignment(call, fault_at) or refused_while_stalled(call, fault_at)
+
+
+async def retention_cut(tmp: Path, stub: PlatformStub) -> Row:
+    """EVENTS's limits cut behind the node's back (5 s, 50 batches): the batches it drops are held by no snapshot
+    yet. The node must notice, say so, snapshot what it holds at once and put its limits back, so that a fresh node
+    still loads every partition exactly."""
+    row = Row("retention cut", "EVENTS's limits cut to 5 s and 50 batches behind the node's back")
+    async with NatsServer(tmp / "nats") as nats, Parts(nats.url, f"127.0.0.1:{stub.port}") as parts:
+        drivers = callers(parts)
+        loads = [asyncio.create_task(d.run()) for d in drivers]
+        await running(drivers)
+        async with connected(nats.url, "faults") as nc:
+            js = nc.jetstream()
+            config = (await js.stream_info(EVENTS)).config
+            config.max_age, config.max_msgs, config.duplicate_window = 5.0, 50, 5.0
+            await js.update_stream(config)
+        fault_at = time.monotonic()
+        await asyncio.sleep(10)
+        await running(drivers)
+        async with connected(nats.url, "faults") as nc:
+            config = (await nc.jetstream().stream_info(EVENTS)).config
+        if config.max_msgs == 50 or config.max_age == 5.0:
+            row.unmet.append(f"its limits were left cut: max_age {config.max_age} s, max_msgs {config.max_msgs}")
+        await finish(row, nats.url, stub, drivers, fault_at)
+        await asyncio.gather(*loads)
+        await parts.supervisor.stop()
+        await loadable(row, nats.url)
+    return row
+
+
+def served_since(drivers: list[Driver], at: float) -> bool:
+    return any(c.got_at > at for d in drivers for c in d.calls)
+
+
+async def health_while(url: str, done: Callable[[], bool], seconds: float) -> float:
+    """How long the node's /healthz (at `url`) said it was unhealthy (not 200) until `done()`."""
+    unhealthy, began = 0.0, time.monotonic()
+    while not done() and time.monotonic() - began < seconds:
+        try:
+            status, _ = await monitor_get(url, "/healthz")
+        except Exception:
+            status = 0
+        if status != 200:
+            unhealthy += 0.25
+        await asyncio.sleep(0.25)
+    return unhealthy
+
+
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"  # Debian's `faketime` package
 HAVE_FAKETIME = os.path.exists(FAKETIME)
 
@@ -664,6 +879,13 @@ FAULTS = {
     "crash-loop": crash_loop,
     "full-disk": full_disk,
     "stalled-nats": stalled_nats,
+    "stall-5": lambda tmp, stub: stall(tmp, stub, 5),
+    "stall-12": lambda tmp, stub: stall(tmp, stub, 12),
+    "stall-20": lambda tmp, stub: stall(tmp, stub, 20),
+    "partition": partition_held,
+    "stream-deleted": stream_deleted,
+    "retention-cut": retention_cut,
+    "slow-init": slow_init,
     "skew": skew,
     "skew-far-behind": lambda tmp, stub: skew(tmp, stub, -600),
     "skew-ahead": lambda tmp, stub: skew(tmp, stub, 600),
@@ -689,9 +911,12 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-async def main(names: list[str]) -> int:
+REPEATED = {"pause": 10}  # the worst faults, run this many times in a row: a race may pass once
+
+
+async def main(names: list[str], times: dict[str, int]) -> int:
     rows = []
-    for name in names:
+    for name in [each for fault in names for each in [fault] * times.get(fault, 1)]:
         stub = PlatformStub("127.0.0.1:0", create_latency_ms=50, like_challenge=name not in LISTING)
         await stub.start()
         began = time.monotonic()
@@ -713,5 +938,6 @@ async def main(names: list[str]) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("faults", nargs="*", choices=[*FAULTS, []], help="which faults (default: all)")
+    parser.add_argument("--once", action="store_true", help=f"each fault once (by default: {REPEATED})")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.faults or list(FAULTS))))
+    sys.exit(asyncio.run(main(args.faults or list(FAULTS), REPEATED if not args.once else {})))

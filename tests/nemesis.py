@@ -20,14 +20,29 @@ async def tear_snapshot(js: JetStreamContext, partition: int, drop: bool = False
 
 class Link:
     """A TCP link between a part and NATS that the test can cut: while cut, what either side sends is dropped,
-    as a network partition would (a SIGSTOPped server would still read, and act on, what reached its socket)."""
+    as a network partition would (a SIGSTOPped server would still read, and act on, what reached its socket).
+    With `hold`, it is held instead and delivered once the link is mended, in order, as TCP does for a
+    partition that heals before its connection times out: what a cut-off node sent arrives late."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, hold: bool = False) -> None:
         self.target = (target_host, target_port)
-        self.cut = False
+        self.hold = hold
         self.port = 0
+        self._mended = asyncio.Event()
+        self._mended.set()
         self._server: asyncio.Server | None = None
         self._pumps: set[asyncio.Task] = set()
+
+    @property
+    def cut(self) -> bool:
+        return not self._mended.is_set()
+
+    @cut.setter
+    def cut(self, cut: bool) -> None:
+        if cut:
+            self._mended.clear()
+        else:
+            self._mended.set()
 
     @property
     def url(self) -> str:
@@ -54,9 +69,11 @@ class Link:
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
-                if not self.cut:
-                    writer.write(data)
-                    await writer.drain()
+                if self.cut and not self.hold:
+                    continue
+                await self._mended.wait()  # held: sent once mended
+                writer.write(data)
+                await writer.drain()
         except (ConnectionError, OSError):
             pass
         finally:
