@@ -1,16 +1,20 @@
-"""Live against offline on the same trace and policy, beside the live floor of a Python gRPC scaler.
+"""Live against offline on the same trace and policy, beside two references: the cost of storing apart from the node's.
 
-    python bench/live.py [--scenarios smoke busiest-minute] [--datasets-dir DIR]
+    python bench/live.py [--scenarios smoke busiest-minute] [--rounds 3] [--datasets-dir DIR]
 
 Each scenario runs once offline (the pure core on a virtual clock: the scaler takes no time) and
-live at speed 1, driven by `scaler simulate`'s live mode, through three scalers in the same run:
-`scaler up` with the default policy (learned), `scaler up --policy demo` for the record, and the
-in-memory reference (bench/memory_scaler.py: the demo policy, storing nothing, the floor of a Python
-gRPC scaler on this machine). Live, every call takes the scaler's own time, which offline counts as
-zero; "live - offline" is what the machine and the scaler's own work cost the score, and the node's
-is to be compared with the reference's. Prints the runs (with Assign and Idle time in all), the
-Idle latency over the run and in its busiest second, and slot GB·s per function; one run each, on
-this machine, under whatever else it runs.
+live at speed 1, driven by `scaler simulate`'s live mode, through four scalers, each `--rounds` times
+(one round is each scaler once, in turn): the in-memory reference (bench/memory_scaler.py: the demo
+policy, storing nothing, the floor of a Python gRPC scaler on this machine), the durable reference
+(bench/durable_scaler.py: the same decisions, each a synced event on its own nats-server, group commit,
+one event a call: the node's storage contract in as few lines as it takes), `scaler up --policy demo`
+(the same policy in the node) and `scaler up` with the default policy (learned). Live, every call takes
+the scaler's own time, which offline counts as zero; "live - offline" is what the machine and the
+scaler's own work cost the score. The durable reference less the in-memory one is what storing costs;
+the node with demo less the durable reference is what the node's own machinery costs. Prints every
+round, then the medians (score, cold starts, Assign and Idle seconds) with how far the rounds spread,
+the Idle latency over the run and in its busiest second, and slot GB·s per function; on this machine,
+under whatever else it runs.
 
 - smoke: function_smoke_test (806 of its 980 requests within one second);
 - busiest-minute: dataSet_1 from 18,600 s to 18,660 s (2,731 requests of 20-40 ms, 45 a second, on
@@ -19,6 +23,7 @@ this machine, under whatever else it runs.
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import statistics
@@ -32,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scaler.controller.core.policy import get_policy  # noqa: E402
+from scaler.runtime.natsd import NatsServer  # noqa: E402
 from scaler.runtime.ports import free_port  # noqa: E402
 from scaler.simulator.dataset import Dataset, load_dataset  # noqa: E402
 from scaler.simulator.live import run_live  # noqa: E402
@@ -62,50 +68,61 @@ def scenarios(datasets: Path, scratch: Path) -> dict[str, Path]:
 NODE_READY = r"gRPC [\d.]+:(\d+),"  # `scaler up`'s ready line names its gRPC port
 
 
-def node(policy: str) -> tuple[Callable[[str], list[str]], str, str]:
+def node(policy: str) -> tuple[Callable[[str, str], list[str]], str, str]:
     return (
-        lambda platform: ["-m", "scaler", "up", "--port", "0", "--platform", platform, "--policy", policy],
+        lambda platform, _: ["-m", "scaler", "up", "--port", "0", "--platform", platform, "--policy", policy],
         NODE_READY,
         policy,
     )
 
 
-# Each scaler: its command (given the platform's address), the line saying where it listens, and its policy.
+DURABLE = "durable reference"  # the one given a nats-server of its own (the node starts its own)
+
+# Each scaler: its command (given the platform's address and a synced nats-server's), the line saying where it
+# listens, and its policy.
 SCALERS = {
-    "node, learned": node("learned"),
-    "node, demo": node("demo"),
     "in-memory reference": (
-        lambda platform: [str(ROOT / "bench" / "memory_scaler.py"), "--platform", platform],
+        lambda platform, _: [str(ROOT / "bench" / "memory_scaler.py"), "--platform", platform],
         r"memory scaler on [\d.]+:(\d+)",
         "demo",
     ),
+    DURABLE: (
+        lambda platform, nats: [str(ROOT / "bench" / "durable_scaler.py"), "--platform", platform, "--nats", nats],
+        r"durable scaler on [\d.]+:(\d+)",
+        "demo",
+    ),
+    "node, demo": node("demo"),
+    "node, learned": node("learned"),
 }
 
 
 async def live(dataset: Dataset, scaler: str) -> Run:
     argv, ready, _ = SCALERS[scaler]
     platform = f"127.0.0.1:{free_port()}"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *argv(platform), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=ROOT
-    )
-    try:
-        while not (m := re.search(ready, (line := (await proc.stdout.readline()).decode()))):
-            if not line:
-                raise SystemExit(f"{scaler} exited before it was ready")
-        outcome = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform)
-        if outcome.errors:
-            print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}", file=sys.stderr)
-        return outcome.run
-    finally:
-        proc.send_signal(2)
-        await proc.communicate()
+    with tempfile.TemporaryDirectory() as store:
+        async with NatsServer(Path(store) / "nats") if scaler == DURABLE else contextlib.nullcontext() as nats:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, *argv(platform, nats.url if nats else ""), stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+            )  # fmt: skip
+            try:
+                while not (m := re.search(ready, (line := (await proc.stdout.readline()).decode()))):
+                    if not line:
+                        raise SystemExit(f"{scaler} exited before it was ready")
+                outcome = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform)
+                if outcome.errors:
+                    print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}", file=sys.stderr)
+                return outcome.run
+            finally:
+                proc.send_signal(2)
+                await proc.communicate()
 
 
-def row(name: str, scaler: str, run: Run, offline: Run) -> str:
+def row(name: str, scaler: str, n: int, run: Run, offline: Run) -> str:
     s, o = run.stats(), offline.stats()
     calls = s.invocation_schedule_time_in_secs + s.invocation_idle_time_in_secs
     return (
-        f"| {name} | {scaler} | {s.total_requests_count:,} | {s.failed_requests_count} | {s.cold_starts:,} "
+        f"| {name} | {scaler} | {n} | {s.total_requests_count:,} | {s.failed_requests_count} | {s.cold_starts:,} "
         f"| {run.slot_gb_s:,.1f} | {s.invocation_schedule_time_in_secs:,.1f} | {s.invocation_idle_time_in_secs:,.1f} "
         f"| {calls:,.1f} | {o.score:.2f} | {s.score:.2f} | {s.score - o.score:+.2f} |"
     )
@@ -128,42 +145,67 @@ def idle_latency(dataset: Dataset, run: Run) -> str:
     )
 
 
-async def main(names: list[str], datasets: Path) -> None:
-    runs: list[tuple[str, str, Run, Run]] = []
+async def main(names: list[str], datasets: Path, rounds: int) -> None:
+    runs: list[tuple[str, str, int, Run, Run]] = []
     latency: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
         chosen = scenarios(datasets, Path(scratch))
         for name in names:
             dataset = load_dataset(chosen[name])
             offline = {policy: simulate(dataset, get_policy(policy)) for policy in ("learned", "demo")}
-            for scaler, (_, _, policy) in SCALERS.items():
-                on = await live(dataset, scaler)
-                runs.append((name, scaler, on, offline[policy]))
-                latency.append(f"| {name} | {scaler} | {idle_latency(dataset, on)} |")
+            for n in range(1, rounds + 1):
+                for scaler, (_, _, policy) in SCALERS.items():
+                    on = await live(dataset, scaler)
+                    runs.append((name, scaler, n, on, offline[policy]))
+                    latency.append(f"| {name} | {scaler} | {n} | {idle_latency(dataset, on)} |")
     print(
-        "| scenario | scaler | requests | failed | cold starts | slot GB·s | Assign s | Idle s | calls s "
+        "| scenario | scaler | round | requests | failed | cold starts | slot GB·s | Assign s | Idle s | calls s "
         "| offline score | live score | live - offline |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, scaler, on, offline in runs:
-        print(row(name, scaler, on, offline))
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, scaler, n, on, offline in runs:
+        print(row(name, scaler, n, on, offline))
     print()
-    print("| scenario | scaler | Idle p50 / p99 ms | busiest second: requests | its Idle p50 / p99 ms |")
-    print("|---|---|---:|---:|---:|")
+    print(
+        "| scenario | scaler | live score, median | rounds' spread | cold starts, median (offline) | Assign s, median"
+        " | Idle s, median | live - offline, median | to the durable reference |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        durable = statistics.median(
+            on.stats().score for m, sc, _, on, _ in runs if (m, sc) == (name, "durable reference")
+        )
+        for scaler in SCALERS:
+            mine = [(on.stats(), offline.stats()) for m, sc, _, on, offline in runs if (m, sc) == (name, scaler)]
+            scores = [s.score for s, _ in mine]
+            score, offline = statistics.median(scores), mine[0][1]
+            print(
+                f"| {name} | {scaler} | {score:.2f} | {max(scores) - min(scores):.2f}"
+                f" | {statistics.median(s.cold_starts for s, _ in mine):g} ({offline.cold_starts})"
+                f" | {statistics.median(s.invocation_schedule_time_in_secs for s, _ in mine):.1f}"
+                f" | {statistics.median(s.invocation_idle_time_in_secs for s, _ in mine):.1f}"
+                f" | {statistics.median(s.score - o.score for s, o in mine):+.2f} | {score - durable:+.2f} |"
+            )
+    print()
+    print("| scenario | scaler | round | Idle p50 / p99 ms | busiest second: requests | its Idle p50 / p99 ms |")
+    print("|---|---|---:|---:|---:|---:|")
     print("\n".join(latency))
     print()
-    print("| scenario | scaler | function | offline slot GB·s | live slot GB·s | live / offline |")
-    print("|---|---|---|---:|---:|---:|")
-    for name, scaler, on, offline in runs:
+    print("| scenario | scaler | round | function | offline slot GB·s | live slot GB·s | live / offline |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    for name, scaler, n, on, offline in runs:
         for key, gb_s in sorted(offline.slot_gb_s_by_key.items(), key=lambda kv: -kv[1])[:3]:
             there = on.slot_gb_s_by_key.get(key, 0.0)
-            print(f"| {name} | {scaler} | {key} | {gb_s:,.1f} | {there:,.1f} | {there / gb_s if gb_s else 0:.2f} |")
+            print(
+                f"| {name} | {scaler} | {n} | {key} | {gb_s:,.1f} | {there:,.1f} | {there / gb_s if gb_s else 0:.2f} |"
+            )
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     names = ["smoke", "busiest-minute"]
     p.add_argument("--scenarios", nargs="+", default=names, choices=names)
+    p.add_argument("--rounds", type=int, default=3, help="runs of each scaler (medians over them)")
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR)
     a = p.parse_args()
-    asyncio.run(main(a.scenarios, a.datasets_dir))
+    asyncio.run(main(a.scenarios, a.datasets_dir, a.rounds))
