@@ -10,6 +10,7 @@ same, both in the background and through an outage (`persist`).
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from msgspec.structs import replace
 from nats.aio.client import Client
@@ -37,6 +38,7 @@ from scaler.proto.commands import (
     SlotCreated,
     command_id,
     decode_command,
+    decode_report,
     encode,
 )
 from scaler.runtime.bus import Unavailable, send
@@ -151,10 +153,17 @@ class Door:
 
     async def on_request(self, msg: Msg) -> None:
         """A command from another process: a gateway's call, or a worker's report."""
+        await self._take(msg, decode_command)
+
+    async def on_report(self, msg: Msg) -> None:
+        """A worker's report, on the subjects where a worker may send nothing else."""
+        await self._take(msg, decode_report)
+
+    async def _take(self, msg: Msg, decode: Callable[[bytes], AnyCommand]) -> None:
         try:
-            cmd = decode_command(msg.data)
+            cmd = decode(msg.data)
         except Exception as e:
-            log.error("refusing an unreadable command on %s: %s", msg.subject, e)
+            log.error("refusing a command on %s: %s", msg.subject, e)
             if msg.reply:
                 reply = Reply(to=msg.reply, request_id="", code=Code.INVALID_ARGUMENT, message=str(e))
                 await self.nc.publish(msg.reply, encode(reply))

@@ -1,9 +1,9 @@
 """The partitions a node serves: leased (scaler/controller/leases.py), loaded, served, and given up.
 
 One gained is loaded from its snapshot and the batches after it (scaler/controller/rebuild.py), then its
-commands are taken (`cmd.<partition>`, one node of the queue group answers each) and the node is
-told (`served`). One lost stops taking commands at once; the commands under way finish, the node
-is told (`released`: it snapshots and forgets), and the lease is given back.
+commands and its workers' reports are taken (`cmd.<partition>`, `report.<partition>`: one node of the queue
+group answers each) and the node is told (`served`). One lost stops taking commands at once; the commands
+under way finish, the node is told (`released`: it snapshots and forgets), and the lease is given back.
 
 One that cannot be rebuilt exactly (retention cut the stream, and no snapshot covers the cut) is
 refused, said once: the node keeps its lease, so nobody loads it again every round, and answers
@@ -29,7 +29,7 @@ from scaler.controller.snapshots import SnapshotStore
 from scaler.controller.snapshotter import Snapshotter
 from scaler.proto.commands import OPERATOR, Assign, Code, Idle, Reply, decode_command, encode
 from scaler.proto.events import encode_batch
-from scaler.proto.subjects import CMD, PARTITIONS, event_subject, function_events, partition
+from scaler.proto.subjects import CMD, PARTITIONS, REPORT, event_subject, function_events, partition
 from scaler.runtime.bus import Unavailable
 from scaler.runtime.clock import Clock
 from scaler.runtime.text import plural
@@ -43,6 +43,9 @@ OWNERS = "owners"  # the queue group of cmd.<partition>: one node answers each c
 LOAD_ERROR_EVERY_S = 600.0
 DRAIN_S = 15.0  # how long a partition given up waits for its commands under way
 RELOAD_DRAIN_S = 1.0  # ... and one reloaded after a loss
+
+
+OnMsg = Callable[[Msg], Awaitable[None]]
 
 
 class NotServing(Unavailable):
@@ -59,6 +62,7 @@ class Partitions:
         snapshotter: Snapshotter,
         serving: set[int],
         on_command: Callable[[Msg], Awaitable[None]],
+        on_report: Callable[[Msg], Awaitable[None]],
         served: Callable[[list[int]], Awaitable[None]],
         released: Callable[[list[int], list[int]], Awaitable[None]],
         node: str,
@@ -77,6 +81,7 @@ class Partitions:
         self.snapshotter = snapshotter
         self.serving = serving  # partitions loaded and answered here
         self.on_command = on_command  # a command on cmd.<partition>
+        self.on_report = on_report  # a worker's report on report.<partition>
         self.served = served  # partitions just loaded and served: their timers and callers
         self.released = released  # (served, all) given up, their commands done: snapshot and forget them
         self.limits = limits  # the operator's caps; those over all functions are split by partitions held
@@ -90,7 +95,7 @@ class Partitions:
         self.refused: dict[int, str] = {}  # partitions held but not loadable: why, as their commands are told
         self._releasing: dict[int, set[asyncio.Event]] = {}  # partitions given up whose release is under way
         self._load_error_at = -LOAD_ERROR_EVERY_S  # when a failed load was last logged
-        self._subs: dict[int, object] = {}
+        self._subs: dict[int, list] = {}  # each partition's subscriptions: its commands, its reports
         self._in_flight: Counter[int] = Counter()  # commands under way, by partition
         self._drained = asyncio.Event()  # set when a partition's commands under way reach none
         self._tasks: set[asyncio.Task] = set()
@@ -161,7 +166,7 @@ class Partitions:
             await self._rebase(partitions)
             for p in partitions:
                 self.snapshotter.loaded(p, after[p], at.last_seq)
-                self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self.on_command)
+                self._subs[p] = await self._take(p, self.on_command, self.on_report)
                 self.serving.add(p)
             self._share_the_caps()
             await self.served(partitions)
@@ -245,7 +250,12 @@ class Partitions:
         log.error("%s refuses partitions %s: %s", self.leases.node, ranges(uncovered.partitions), uncovered)
         for p in uncovered.partitions:
             self.refused[p] = f"{self.leases.node} refuses partition {p}: {uncovered}"
-            self._subs[p] = await self.nc.subscribe(f"{CMD}.{p}", queue=OWNERS, cb=self._answer_refused)
+            self._subs[p] = await self._take(p, self._answer_refused, self._answer_refused)
+
+    async def _take(self, p: int, commands: OnMsg, reports: OnMsg) -> list:
+        """Take the partition's commands and its workers' reports (one node of the queue group answers each)."""
+        taken = ((CMD, commands), (REPORT, reports))
+        return [await self.nc.subscribe(f"{subject}.{p}", queue=OWNERS, cb=cb) for subject, cb in taken]
 
     async def _answer_refused(self, msg: Msg) -> None:
         if not msg.reply:
@@ -286,7 +296,7 @@ class Partitions:
                 task.cancel()
             self.serving.discard(p)
             self.refused.pop(p, None)
-            if (sub := self._subs.pop(p, None)) is not None:
+            for sub in self._subs.pop(p, ()):
                 await sub.unsubscribe()
         self._share_the_caps()
         try:

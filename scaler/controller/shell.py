@@ -211,7 +211,7 @@ class Controller:
             self.snapshots,
         )  # fmt: skip
         self.partitions = Partitions(
-            self._nc, events, self.ledger, store, self.snapshots, serving, self._on_request,
+            self._nc, events, self.ledger, store, self.snapshots, serving, self._on_request, self._on_report,
             self.recovery.served, self.recovery.released, self.node, s.limits, s.lease_ttl_s, s.lease_every_s,
             self.replicas, reclaim=self.reclaim_leases, clock=self.clock,
         )  # fmt: skip
@@ -251,6 +251,9 @@ class Controller:
 
     async def _on_request(self, msg) -> None:
         await self.door.on_request(msg)
+
+    async def _on_report(self, msg) -> None:
+        await self.door.on_report(msg)
 
     def _ready_line(self) -> str:
         functions, batches = plural(len(self.states), "function"), plural(self.loaded_batches, "batch", "batches")

@@ -1,10 +1,11 @@
 """Commands: what a function's controller is asked to handle, and its answers.
 
 The gateway passes on the platform's calls (Assign, Idle, Cancel); the workers report what the
-platform did (SlotReady, SlotFailed, SlotDestroyed, Reconcile); the controller's own timers say
-when a deadline is due (Tick). In the node they are method calls; across processes, core NATS
-requests on `cmd.<partition>` (proto.subjects). Every command is answered with a `Reply` once
-its batch is stored: an Assign or Idle with its outcome, any other with an acknowledgement.
+platform did (SlotCreated, SlotReady, SlotFailed, SlotDestroyed, Reconcile); the controller's own timers
+say when a deadline is due (Tick). In the node they are method calls; across processes, core NATS
+requests on `cmd.<partition>`, the workers' reports on `report.<partition>` (proto.subjects). Every
+command is answered with a `Reply` once its batch is stored: an Assign or Idle with its outcome, any
+other with an acknowledgement.
 """
 
 import enum
@@ -199,6 +200,7 @@ AnyCommand = (
     | DeleteState
 )
 Admin = Restart | Delete | Stop | Configure | Create | DeleteState  # an operator's commands, answered once stored
+Report = SlotCreated | SlotReady | SlotFailed | SlotDestroyed | Reconcile  # what a worker sends, on report.<partition>
 OPERATOR = (Restart, Delete, Stop, Configure, Create, DeleteState)  # the same, for isinstance
 
 
@@ -268,6 +270,7 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
 _encoder = msgspec.msgpack.Encoder()
 _command_decoder = msgspec.msgpack.Decoder(AnyCommand)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
+_report_decoder = msgspec.msgpack.Decoder(Report)
 
 
 def encode(msg: AnyCommand | Reply) -> bytes:
@@ -276,6 +279,19 @@ def encode(msg: AnyCommand | Reply) -> bytes:
 
 def decode_command(data: bytes) -> AnyCommand:
     return _command_decoder.decode(data)
+
+
+class NotAReport(ValueError):
+    """A command other than a report on a workers' subject: what a worker may send, NATS says; what it sent, this."""
+
+
+def decode_report(data: bytes) -> Report:
+    """A worker's report; NotAReport when `data` is another command (msgspec's error when it is none at all)."""
+    try:
+        return _report_decoder.decode(data)
+    except msgspec.ValidationError:
+        cmd = decode_command(data)
+        raise NotAReport(f"a {type(cmd).__name__} is not a report: the workers' subjects carry nothing else") from None
 
 
 def decode_reply(data: bytes) -> Reply:

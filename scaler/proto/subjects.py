@@ -9,7 +9,10 @@ This is part of the contract between the components:
   neither. A worker's consumer filters on its letters, so a warm Assign reaches no worker. The
   per-function order check spans all four subjects (`function_events`).
 - Commands: core NATS requests on `cmd.<partition>`, answered by the partition's owner once the
-  command's batch is stored (gateways forwarding calls, workers reporting what the platform did).
+  command's batch is stored (gateways and nodes passing calls and an operator's commands on).
+- Reports: the workers' (what the platform did) on `report.<partition>`, answered the same way. A subject
+  of their own, where the owner takes reports only, so that NATS can let a worker report without letting
+  it send a call or an operator's command (deploy/nats.conf).
 - Returns: a node tells the others on `returned` when one of its functions comes back from a lull
   (scaler/controller/returns.py): the functions that follow it may be on another node.
 """
@@ -19,6 +22,7 @@ import zlib
 EVENTS = "EVENTS"  # the log: everything that happened, the source of all state
 EVT = "evt"
 CMD = "cmd"
+REPORT = "report"
 RETURNED = "returned"  # a function came back from a lull (scaler/controller/returns.py)
 RECONCILE_ASK = "reconcile.ask"  # a node that took partitions over, or found events lost, asks the gc workers
 UNLISTED = b"unlisted"  # a gc worker's answer to the ask when the platform cannot list its slots
@@ -88,6 +92,11 @@ def partition(key: str) -> int:
 def command_subject(key: str) -> str:
     """Where a command about `key` is sent: its partition's owner answers."""
     return f"{CMD}.{partition(key)}"
+
+
+def report_subject(key: str) -> str:
+    """Where a worker's report about `key` is sent: its partition's owner answers."""
+    return f"{REPORT}.{partition(key)}"
 
 
 NO_EFFECTS = "n"

@@ -28,7 +28,7 @@ from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.commands import AnyCommand, Reply, command_id
 from scaler.proto.events import Event, decode_batch
-from scaler.proto.subjects import EVENTS, EVT, command_subject, worker_subjects
+from scaler.proto.subjects import EVENTS, EVT, report_subject, worker_subjects
 from scaler.runtime import durability, tls
 from scaler.runtime.access import Nats
 from scaler.runtime.bus import Unavailable, close, connect, send
@@ -105,11 +105,11 @@ class NotStored(Exception):
 async def report(nc, cmd: AnyCommand, patience_s: float) -> Reply:
     """Send a report to its function's controller and return the answer; NotStored if nobody answers in time."""
     try:
-        return await send(nc, cmd, patience_s=patience_s)
+        return await send(nc, cmd, patience_s=patience_s, subject=report_subject(cmd.key))
     except (Unavailable, NatsError, TimeoutError) as e:
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise NotStored(
-            f"nobody stored its report {command_id(cmd)} on {command_subject(cmd.key)} within {patience_s:g}s"
+            f"nobody stored its report {command_id(cmd)} on {report_subject(cmd.key)} within {patience_s:g}s"
             f" (no controller serves that partition, or NATS is away; last: {why})"
         ) from None
 

@@ -21,7 +21,7 @@ from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.commands import AnyCommand, PlatformSlot, Reconcile, SlotDestroyed, owner
 from scaler.proto.events import Event, InstanceRetired, destroys
 from scaler.proto.platform_admin_pb2_grpc import PlatformAdminStub
-from scaler.proto.subjects import CMD, PARTITIONS, RECONCILE_ASK, SYSTEM_KEY, UNLISTED, partition
+from scaler.proto.subjects import PARTITIONS, RECONCILE_ASK, REPORT, SYSTEM_KEY, UNLISTED, partition
 from scaler.runtime.access import Nats
 from scaler.runtime.bus import send
 from scaler.runtime.clock import Clock
@@ -154,7 +154,7 @@ class GcWorker(EffectWorker):
                 send(
                     self._nc,
                     Reconcile(key=SYSTEM_KEY, slots=tuple(mine), listed_ms=listed_ms, grace_ms=grace_ms, partition=p),
-                    subject=f"{CMD}.{p}",
+                    subject=f"{REPORT}.{p}",
                 )
                 for p, mine in by_partition.items()
             )
