@@ -196,7 +196,8 @@ class Supervisor:
             self._claim = claim(a.data_dir)  # its store is this run's alone
         if a.nats:
             url = a.nats
-            nc = await connect(service.nats_access(a), "scaler up")  # said once, here, rather than by every part
+            access = service.nats_access(a, "node")
+            nc = await connect(access, "scaler up")  # said once, here, rather than by every part
             replicas = a.replicas or durability.default_replicas(nc)
             await close(nc)
         else:

@@ -148,7 +148,7 @@ def make(a: argparse.Namespace) -> Controller:
     if a.session_idle is not None:  # the flag over the limits file's session_idle_ms
         limits = msgspec.structs.replace(limits, session_idle_ms=round(a.session_idle * 1000))
     return Controller(
-        service.nats_access(a),
+        service.nats_access(a, "node"),
         policy,
         Clock(a.speed),
         replicas=a.replicas,

@@ -6,7 +6,8 @@ permissions"); tests/system/test_security.py runs a node under that configuratio
 
 from scaler.controller import shared, snapshots, state_service, tenants
 from scaler.controller.leases import LEASES, NODES
-from scaler.proto.subjects import CMD, EVENTS, EVT, RETURNED
+from scaler.proto.subjects import CMD, EVENTS, EVT, REPORT, RETURNED
+from scaler.runtime.access import inbox
 from scaler.runtime.permissions import PROBE, Need, publish, subscribe
 
 _API = "$JS.API.STREAM"
@@ -32,7 +33,8 @@ NODE: list[Need] = [
     publish(f"{CMD}.{PROBE}", "pass calls on to the node that owns their function"),
     publish(f"_INBOX.{PROBE}", "answer commands"),
     subscribe(f"{CMD}.0", "take its partitions' commands"),
-    subscribe(f"_INBOX.{PROBE}.*", "hear answers"),
+    subscribe(f"{REPORT}.0", "take its partitions' reports from the workers"),
+    subscribe(f"{inbox('node')}.{PROBE}", "hear answers"),
     subscribe(state_service.SUBJECT, "say its state (`scaler functions`, `scaler replay --verify`)"),
     subscribe(RETURNED, "hear of functions back from a lull on other nodes"),
     subscribe(shared.HELD, "hear what the tenants hold on other nodes"),

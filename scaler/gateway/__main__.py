@@ -26,7 +26,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def make(a: argparse.Namespace) -> service.Component:
-    forwarder = Forwarder(service.nats_access(a))
+    forwarder = Forwarder(service.nats_access(a, "node"))
     return service.Together([forwarder, Gateway(forwarder, a.listen, a.reply_timeout, tls=service.server_tls(a))])
 
 

@@ -399,7 +399,7 @@ async def _main(args: argparse.Namespace) -> int:
         server = NatsServer(store)
         url = await server.start()
     else:
-        url = service.nats_access(args, args.nats or await nats_of(args.gateway or GATEWAY))
+        url = service.nats_access(args, "reader", args.nats or await nats_of(args.gateway or GATEWAY))
     try:
         try:
             nc = await _connect(url)

@@ -4,6 +4,10 @@ One frozen value built from the flags (scaler/runtime/service.py, `nats_access`)
 `bus.connect`, the one place connections are made. A component given a bare URL (tests, tools)
 connects as before: no TLS unless the URL says `tls://`, no credentials unless the URL carries them.
 It prints as its URL with any password left out, so it can be logged.
+
+Each role's answers come to inboxes of its own (`_INBOX.<role>.…`): NATS can then let a worker hear its
+own answers without hearing a node's (the snapshots a node reads, the answers it is sent), as
+deploy/nats.conf does.
 """
 
 import logging
@@ -22,6 +26,7 @@ class NatsAccess:
     nkey: str = ""  # a file holding an nkey seed (a server that lists users by public nkey)
     user: str = ""
     password_file: str = ""  # the user's password, in a file (never on a command line)
+    role: str = ""  # node, worker or reader: where its answers come (`inbox`); "" for NATS's own inboxes
 
     def __str__(self) -> str:
         return redacted(self.url)
@@ -29,6 +34,8 @@ class NatsAccess:
     def options(self) -> dict[str, Any]:
         """nats-py's `connect` keyword arguments for this access; files are read now (CannotRead if one cannot be)."""
         out: dict[str, Any] = {}
+        if self.role:
+            out["inbox_prefix"] = inbox(self.role)
         if self.tls.on or any(u.startswith("tls://") for u in self.servers):
             out["tls"] = self.tls.context()
             logging.getLogger("asyncio").addFilter(_quiet_tls_eof)
@@ -48,6 +55,11 @@ class NatsAccess:
     @property
     def servers(self) -> list[str]:
         return servers(self.url)
+
+
+def inbox(role: str) -> str:
+    """The prefix of the inboxes a role's connections hear their answers on."""
+    return f"_INBOX.{role}"
 
 
 def _quiet_tls_eof(record: logging.LogRecord) -> bool:

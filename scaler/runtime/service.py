@@ -108,8 +108,9 @@ def _file(g: argparse._ArgumentGroup, flag: str, var: str, help: str) -> None:
     g.add_argument(flag, default=env(var, ""), metavar="PATH", help=f"{help} [SCALER_{var}]")
 
 
-def nats_access(a: argparse.Namespace, url: str | None = None) -> NatsAccess:
-    """The access the flags describe, to the URL of --nats (or `url`)."""
+def nats_access(a: argparse.Namespace, role: str, url: str | None = None) -> NatsAccess:
+    """The access the flags describe, to the URL of --nats (or `url`), for a process of `role` (node, worker, reader:
+    deploy/nats.conf)."""
     return NatsAccess(
         url=url or a.nats,
         tls=ClientTls(a.nats_ca, a.nats_cert, a.nats_key, flags="--nats"),
@@ -117,6 +118,7 @@ def nats_access(a: argparse.Namespace, url: str | None = None) -> NatsAccess:
         nkey=a.nats_nkey,
         user=a.nats_user,
         password_file=a.nats_password_file,
+        role=role,
     )
 
 

@@ -388,7 +388,7 @@ async def _from_stream(title: str, args: argparse.Namespace, url: str, gateway: 
     try:
         if not url:
             raise ValueError(f"the scaler at {gateway} does not say where its NATS is")
-        timelines = await replay.timelines(service.nats_access(args, url), keys)
+        timelines = await replay.timelines(service.nats_access(args, "reader", url), keys)
     except (ValueError, replay.UnreadableStream, replay.rebuild.Uncovered) as e:
         note = f"no timelines: the scaler's events could not be read ({e}); pass --nats URL"
         print(f"scaler simulate: {note}", file=sys.stderr)
