@@ -8,9 +8,11 @@ import argparse
 
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
+from scaler.runtime.permissions import Preflight
 from scaler.runtime.ports import peer
 from scaler.store import config
-from scaler.workers.effects import ACK_WAIT_S
+from scaler.workers import needs
+from scaler.workers.effects import ACK_WAIT_S, EffectWorker
 from scaler.workers.gc import RECONCILE_EVERY_S, RECONCILE_GRACE_S, GcWorker
 from scaler.workers.platform import PlatformWorker
 
@@ -63,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make(a: argparse.Namespace) -> service.Component:
     kinds = a.kinds or KINDS
-    nats = service.nats_access(a)
-    parts: list[service.Component] = []
+    nats = service.nats_access(a, "worker")
+    parts: list[EffectWorker] = []
     if "platform" in kinds:
         parts.append(PlatformWorker(nats, a.platform, a.concurrency, a.ack_wait))
     if "gc" in kinds:
@@ -73,7 +75,8 @@ def make(a: argparse.Namespace) -> service.Component:
     for part in parts:  # should a worker be the first to need EVENTS, it creates it with these limits
         part.retention = config.retention(a)
         part.platform_tls = service.client_tls(a, "platform")
-    return parts[0] if len(parts) == 1 else service.Alongside(parts)  # each waits out its grace
+    preflight = Preflight(nats, parts[0].name if len(parts) == 1 else "workers", needs.of([type(p) for p in parts]))
+    return service.Together([preflight, parts[0] if len(parts) == 1 else service.Alongside(parts)])  # each its grace
 
 
 def main() -> None:
