@@ -9,14 +9,12 @@ import asyncio
 import ipaddress
 import os
 import re
-import secrets
 import stat
 import sys
 from pathlib import Path
 
 import grpc
 import msgspec
-import nkeys
 import pytest
 
 from scaler.controller import needs
@@ -27,7 +25,6 @@ from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.subjects import partition
-from scaler.runtime.access import NatsAccess
 from scaler.runtime.bus import connected
 from scaler.runtime.kv import entries
 from scaler.runtime.natsd import NatsServer
@@ -37,6 +34,7 @@ from scaler.runtime.tls import ClientTls, ServerTls, channel
 from tests.certs import Authority, Operator
 from tests.cli.test_up import start_up, stop
 from tests.processes import Parts
+from tests.secured import Secured, write
 from tests.system.test_nodes import KEYS, shared_between
 from tests.system.test_sessions import stored_events
 
@@ -160,11 +158,6 @@ async def test_admin_needs_the_key_over_mutual_tls_also_when_passed_on_to_anothe
     assert kinds.count("FunctionRestarted") == len(KEYS)
 
 
-def write(path: Path, text: str) -> Path:
-    path.write_text(text + "\n")
-    return path
-
-
 async def lease_holders(nats_url: str) -> dict[str, list[int]]:
     """Each node's partitions, from the lease bucket."""
     async with connected(nats_url, "test") as nc:
@@ -210,65 +203,6 @@ def test_the_admin_key_file_is_made_once_readable_by_its_owner_only(tmp_path):
 
 
 # --- NATS: TLS, users, and what each role is permitted -----------------------------------------------------
-
-
-def nats_configuration(certs: Path) -> str:
-    """deploy/nats.conf, its certificates in `certs`."""
-    return (ROOT / "deploy" / "nats.conf").read_text().replace("/etc/nats/certs/", f"{certs}/")
-
-
-class Secured:
-    """A nats-server as deploy/nats.conf configures it, and how each role reaches it."""
-
-    def __init__(self, folder: Path, ca: Authority) -> None:
-        self.folder = folder
-        self.ca = ca
-        ca.issue("nats")
-        self.seeds = {role: self._seed(role) for role in ("node", "worker")}
-        self.password = write(folder / "reader.pw", secrets.token_hex(16))  # the server parses it from its environment
-        self.server = NatsServer(folder / "nats", extra=nats_configuration(Path(ca.folder)))
-        self.url = ""
-
-    def _seed(self, role: str) -> Path:
-        seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-        os.environ[f"{role.upper()}_NKEY"] = nkeys.from_seed(bytearray(seed)).public_key.decode()
-        path = self.folder / f"{role}.seed"
-        path.write_bytes(seed + b"\n")
-        return path
-
-    async def __aenter__(self) -> "Secured":
-        os.environ["READER_PASSWORD"] = self.password.read_text().strip()  # the server's environment
-        try:
-            await self.server.start()
-        finally:
-            for var in ("NODE_NKEY", "WORKER_NKEY", "READER_PASSWORD"):
-                os.environ.pop(var, None)
-        self.url = self.server.url
-        assert self.url.startswith("tls://")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.server.stop()
-
-    def env(self, role: str) -> dict[str, str]:
-        """The SCALER_NATS_* variables a process of `role` is given (each with a certificate of its own)."""
-        pair = self.ca.issue(role)
-        out = {"SCALER_NATS_URL": self.url, "SCALER_NATS_CA": self.ca.ca}
-        out |= {
-            "SCALER_NATS_CERT": pair.cert,
-            "SCALER_NATS_KEY": pair.key,
-            "SCALER_NATS_MONITOR": self.server.monitor_url,
-        }
-        if role == "reader":
-            return out | {"SCALER_NATS_USER": "reader", "SCALER_NATS_PASSWORD_FILE": str(self.password)}
-        return out | {"SCALER_NATS_NKEY": str(self.seeds[role])}
-
-    def access(self, role: str) -> NatsAccess:
-        e = self.env(role)
-        tls = ClientTls(e["SCALER_NATS_CA"], e["SCALER_NATS_CERT"], e["SCALER_NATS_KEY"], flags="--nats")
-        if role == "reader":
-            return NatsAccess(self.url, tls, user="reader", password_file=e["SCALER_NATS_PASSWORD_FILE"])
-        return NatsAccess(self.url, tls, nkey=e["SCALER_NATS_NKEY"])
 
 
 async def test_a_node_with_nats_credentials_and_tls_serves_and_replays(ca, tmp_path):
