@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import grpc
 import msgspec
+from nats.errors import Error as NatsError
 
 from scaler.controller.core.limits import TenantQuota, tenant_problem
 from scaler.controller.core.state import FnState, Override, Phase
@@ -279,6 +280,8 @@ def handler(
             refused = _Refused(grpc.StatusCode.UNAVAILABLE, str(e))
         except TimeoutError as e:  # the owner, or (List) a node holding partitions, did not answer
             refused = _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer in time ({e or 'timeout'})")
+        except NatsError as e:  # NATS away: a request the client refuses while it reconnects
+            refused = _Refused(grpc.StatusCode.UNAVAILABLE, f"NATS is not reachable: {e or type(e).__name__}")
         finally:
             metrics.admin_action(name, refused.code.name if refused is not None else outcome)
         await context.abort(refused.code, str(refused))
