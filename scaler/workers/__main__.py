@@ -76,7 +76,19 @@ def make(a: argparse.Namespace) -> service.Component:
         part.retention = config.retention(a)
         part.platform_tls = service.client_tls(a, "platform")
     preflight = Preflight(nats, parts[0].name if len(parts) == 1 else "workers", needs.of([type(p) for p in parts]))
-    return service.Together([preflight, parts[0] if len(parts) == 1 else service.Alongside(parts)])  # each its grace
+    return Workers(preflight, parts)
+
+
+class Workers(service.Alongside):
+    """The workers of one process, once NATS permits what they do; stopped all at once, each in its own grace."""
+
+    def __init__(self, preflight: Preflight, parts: list[EffectWorker]) -> None:
+        super().__init__(parts)
+        self.preflight = preflight
+
+    async def start(self) -> str:
+        checked = await self.preflight.start()
+        return f"{checked}; {await super().start()}"
 
 
 def main() -> None:

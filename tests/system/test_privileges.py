@@ -15,10 +15,11 @@ import grpc
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.js.api import StreamConfig
+from nats.js.api import ConsumerConfig, StreamConfig
 
 from scaler.controller import snapshots
 from scaler.controller.leases import LEASES
+from scaler.controller.partitions import OWNERS
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.commands import Code, Delete, Restart, decode_reply, encode
@@ -140,6 +141,7 @@ async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path, ca
             before = await looks(node)
             assert before["leases"], "the node holds its leases"
 
+            logged = capfd.readouterr().err
             every = attempts(forged, lease)
             for role in ("worker", "reader", "node"):  # a node is not made to do what it may: it would be done
                 tries = [a for a in every if role != "node" or role not in a.may]
@@ -158,6 +160,19 @@ async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path, ca
                 answer = decode_reply((await nc.request(report_subject(KEY), encode(restart), timeout=30)).data)
             assert answer.code is Code.INVALID_ARGUMENT and "a Restart is not a report" in answer.message, answer
 
+            # What a worker may do with the consumers it may make on EVENTS (NATS cannot say to which subject they
+            # deliver): the function's batches delivered into the lease bucket are stored nowhere, and onto its
+            # partition's commands (to the nodes' queue group) are refused by the node as unreadable.
+            async with connected(nats_server.access("worker"), "test") as nc:
+                for deliver in (lease, command_subject(KEY)):
+                    config = ConsumerConfig(deliver_subject=deliver, deliver_group=OWNERS)
+                    config.filter_subject = event_subject(KEY, "c")
+                    await nc.jetstream().add_consumer(EVENTS, config)
+            refusing = f"refusing a command on {event_subject(KEY, 'c')}"
+            async with asyncio.timeout(30):
+                while refusing not in (logged := logged + capfd.readouterr().err):  # noqa: ASYNC110
+                    await asyncio.sleep(0.1)
+
             # The operator holds the admin key and a certificate the CA signed, but no NATS user: refused outright.
             operator = ca.issue("operator")
             tls_only = {"SCALER_NATS_CA": ca.ca, "SCALER_NATS_CERT": operator.cert, "SCALER_NATS_KEY": operator.key}
@@ -172,7 +187,7 @@ async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path, ca
             assert not kinds & {"FunctionRestarted", "FunctionDeleted"}, kinds
             async with grpc.aio.insecure_channel(parts.address("node")) as ch:
                 assert await assign_and_idle(pb_grpc.ScalerStub(ch), "r2", KEY) == first  # still served, same instance
-            logged = capfd.readouterr().err
+            logged += capfd.readouterr().err
             assert "a Restart is not a report" in logged  # the node said what it refused
         finally:
             await parts.supervisor.stop()

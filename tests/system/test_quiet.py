@@ -170,7 +170,7 @@ async def test_reports_nobody_stores_are_one_line_per_outage_not_a_traceback_per
         await eventually(lambda: stack.stub.accounting.live)  # CreateSlot under way: its report comes next
         await stack.controller.stop()
         stack.parts.remove(stack.controller)
-        tries = lambda: sum("no answer on cmd." in r.getMessage() for r in caplog.records)  # noqa: E731
+        tries = lambda: sum("no answer on report." in r.getMessage() for r in caplog.records)  # noqa: E731
         await eventually(lambda: tries() >= 4, seconds=30)  # the batch failed and came back three times
         assigning.cancel()
         await asyncio.gather(assigning, return_exceptions=True)
