@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sysconfig
 import time
 from collections.abc import Callable
@@ -198,7 +199,7 @@ class NatsServer:
         config = ports_dir / "nats.conf"
         config.write_text(self.config())
         args = ["-c", str(config), "-js", "-sd", str(self.store_dir), "-a", self.host, "-p", str(self.port)]
-        args += ["-m", str(self._monitor_port), "--ports_file_dir", str(ports_dir), "-n", self.name]
+        args += ["-m", str(self._monitor_port), "--ports_file_dir", str(ports_dir)]
         if self.cluster_port:
             args += ["--cluster_name", "scaler", "--cluster", f"nats://{self.host}:{self.cluster_port}"]
             args += ["--routes", ",".join(self.routes)]
@@ -226,10 +227,12 @@ class NatsServer:
         return self.url
 
     def config(self) -> str:
-        """What flags cannot say: syncing every write, the payload limit when not the default, and a client gone
-        quiet cut off within seconds: a node paused past its lease would otherwise keep its queue subscriptions,
-        taking half the commands of the partitions another node took over, until the default 4 minutes."""
-        lines = ["jetstream { sync_interval: always }"] if self.sync_always else []
+        """What flags cannot say (or a reload would refuse): its name, syncing every write, the payload limit when not
+        the default, and a client gone quiet cut off within seconds: a node paused past its lease would otherwise keep
+        its queue subscriptions, taking half the commands of the partitions another node took over, until the default
+        4 minutes."""
+        lines = [f"server_name: {json.dumps(self.name)}"]  # here, not a flag: a reload refuses one given as a flag
+        lines += ["jetstream { sync_interval: always }"] if self.sync_always else []
         lines += ['ping_interval: "2s"', "ping_max: 2"]
         if self.max_payload:
             lines.append(f"max_payload: {self.max_payload}")
@@ -267,6 +270,12 @@ class NatsServer:
     async def _stderr(self) -> str:
         assert self._proc is not None and self._proc.stderr is not None
         return (await self._proc.stderr.read()).decode(errors="replace").strip()[-2000:]
+
+    def reload(self) -> None:
+        """Have the server read its configuration again (SIGHUP): its certificates among it. The clients connected
+        keep their connections."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.send_signal(signal.SIGHUP)
 
     async def stop(self, kill: bool = False) -> None:
         """Stop the server (SIGTERM, or SIGKILL with `kill`); the store stays on disk."""
