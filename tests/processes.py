@@ -23,6 +23,7 @@ from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.runtime.bus import connected
 from scaler.runtime.ports import free_port
+from scaler.runtime.tls import ClientTls, channel
 from scaler.simulator.dataset import Dataset, Request
 
 
@@ -134,14 +135,16 @@ class Driver:
     function_timeout_s: int = 0  # the functions' timeout (their Meta's timeout_in_secs; 0: none given)
     attempts: int = ATTEMPTS  # tries of a call refused as unavailable, 0.25 s apart
     tag: str = ""  # prefix of request ids: drivers side by side must not share them
+    tls: ClientTls | None = None  # over TLS (as a platform with a certificate would call), else in clear
+    destroy: bool = False  # each Idle says the instance must go: every Assign is then a cold start
     # once told to stop, the instances held then are held until this is set (an Idle that comes after an event)
     release: asyncio.Event | None = None
     calls: list[Call] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
-        async with grpc.aio.insecure_channel(self.gateway) as channel:
-            scaler = pb_grpc.ScalerStub(channel)
+        async with channel(self.gateway, self.tls) as ch:
+            scaler = pb_grpc.ScalerStub(ch)
             await asyncio.gather(*(self._client(scaler, n) for n in range(self.clients)))
 
     def stop(self) -> None:
@@ -169,7 +172,7 @@ class Driver:
             if self.release is not None and self._stop.is_set():
                 await self.release.wait()
             call.idle_at = time.monotonic()
-            result = pb.Result(status_code=200, duration_in_ms=int(self.hold_s * 1000))
+            result = pb.Result(status_code=200, duration_in_ms=int(self.hold_s * 1000), need_destroy=self.destroy)
             idle = pb.IdleRequest(assigment=reply.assigment, result=result)
             await self._retried(call, lambda: scaler.Idle(idle, timeout=self.timeout_s), True)
         except grpc.aio.AioRpcError as e:
@@ -190,8 +193,8 @@ class Driver:
 
     async def one_on(self, call: Call) -> None:
         """One call on a channel of its own, not counted in `calls`."""
-        async with grpc.aio.insecure_channel(self.gateway) as channel:
-            await self.one(pb_grpc.ScalerStub(channel), call)
+        async with channel(self.gateway, self.tls) as ch:
+            await self.one(pb_grpc.ScalerStub(ch), call)
 
     def overlaps(self) -> list[str]:
         return overlaps(self.calls)

@@ -257,12 +257,13 @@ def handler(
     router: Functions,
     timeout_s: float,
     drain: Callable[[bool], Awaitable[str]] | None = None,
-    key: bytes | None = None,
+    key: Callable[[], tuple[bytes, ...]] | None = None,
 ) -> grpc.GenericRpcHandler:
-    """The Admin service; with `key`, a call that does not carry it is refused before anything is read."""
+    """The Admin service; with `key` (the keys as they are now), a call that does not carry one is refused before
+    anything is read."""
 
     async def guarded(name: str, work, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        if key is not None and (refused := admin_key.refusal(key, context)):
+        if key is not None and (refused := admin_key.refusal(key(), context)):
             code, why = refused
             log.warning("refused Admin/%s from %s: %s", name, context.peer(), why)
             metrics.admin_action(name, code.name)

@@ -6,6 +6,10 @@ refusal is one log line naming the caller's address, never what it sent. A node 
 only on a loopback listener, where its callers are this machine's (as Redis's protected mode does); on any
 other address it refuses to start. A key file that does not exist is made, with a new random key readable by
 its owner only: a node started with `--admin-token-file` always has a key.
+
+The file may hold several keys, one a line: a node takes any of them, a client sends the first. A key is so
+replaced without a refused call, the file read again when it changes (scaler/runtime/reload.py): the new key
+put first, the old kept below it until every client has the new one, then the old taken away.
 """
 
 import hmac
@@ -30,18 +34,23 @@ class AdminOpen(RuntimeError):
 
 
 def load(path: str, make: bool = False) -> bytes:
-    """The key in `path` (surrounding whitespace dropped); with `make`, a new random one is written there first if
-    the file does not exist. CannotRead when it cannot be read (or made), or holds nothing."""
+    """The key a client sends: the first in `path`; with `make`, a new random one is written there first if the file
+    does not exist. CannotRead when it cannot be read (or made), or holds nothing."""
+    return keys(path, make)[0]
+
+
+def keys(path: str, make: bool = False) -> tuple[bytes, ...]:
+    """Every key in `path` (one a line, surrounding whitespace dropped): those a node takes."""
     file = Path(path)
     if make and not file.exists():
         _make(file)
     try:
-        token = file.read_bytes().strip()
+        found = tuple(line.strip() for line in file.read_bytes().splitlines() if line.strip())
     except OSError as e:
         raise CannotRead(f"cannot read {FLAG} {path}: {e.strerror or e}") from None
-    if not token:
+    if not found:
         raise CannotRead(f"{FLAG} {path} is empty")
-    return token
+    return found
 
 
 def _make(file: Path) -> None:
@@ -61,11 +70,12 @@ def metadata(token: bytes) -> tuple[tuple[str, str], ...]:
     return ((METADATA, SCHEME + token.decode()),)
 
 
-def refusal(key: bytes, context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
-    """Why the call must be refused (its status and message), or None when it carries `key`."""
+def refusal(taken: tuple[bytes, ...], context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
+    """Why the call must be refused (its status and message), or None when it carries one of the keys `taken`."""
     said = [value for name, value in context.invocation_metadata() or () if name == METADATA]
     if len(said) != 1 or not isinstance(said[0], str) or not said[0].startswith(SCHEME):
         return grpc.StatusCode.UNAUTHENTICATED, f"Admin needs the node's key: `{METADATA}: {SCHEME}<token>`"
-    if not hmac.compare_digest(said[0][len(SCHEME) :].strip().encode(), key):
+    carried = said[0][len(SCHEME) :].strip().encode()
+    if not any([hmac.compare_digest(carried, key) for key in taken]):  # every key compared: no time said which
         return grpc.StatusCode.PERMISSION_DENIED, "wrong admin key"
     return None

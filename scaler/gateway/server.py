@@ -35,7 +35,7 @@ from scaler.proto.commands import QUOTA_STATUS, Assign, Code, Idle, Reply
 from scaler.proto.events import Meta
 from scaler.proto.info import Info
 from scaler.proto.subjects import MAX_INSTANCE_ID_BYTES, key_problem
-from scaler.runtime import metrics
+from scaler.runtime import metrics, reload
 from scaler.runtime.bus import Unavailable
 from scaler.runtime.ports import bind, grpc_server, is_loopback
 from scaler.runtime.storehealth import StoreWatch
@@ -217,7 +217,7 @@ class Gateway(pb_grpc.ScalerServicer):
         serves_admin = isinstance(self.router, admin.Functions)
         if serves_admin:
             key = self.admin_key()
-            handler = admin.handler(self.router, self.reply_timeout_s, self.drain, key)
+            handler = admin.handler(self.router, self.reply_timeout_s, self.drain, key and reload.watch(key).current)
             self._server.add_generic_rpc_handlers((handler,))
         self.port = bind(self._server, self.listen, self.tls)
         await self._server.start()
@@ -228,20 +228,23 @@ class Gateway(pb_grpc.ScalerServicer):
         """Read what it serves with (its certificate and key, the admin key) and refuse an Admin it may not serve:
         a node says either before its controller starts."""
         if self.tls is not None:
-            self.tls.credentials()
+            self.tls.check()
         if isinstance(self.router, admin.Functions):
             self.admin_key()
 
-    def admin_key(self) -> bytes | None:
-        """The key Admin calls must carry; None (any caller) only on a listener this machine alone reaches."""
-        if self.admin_token_file:
-            return admin_key.load(self.admin_token_file, make=True)
-        if not is_loopback(self.listen):
-            raise admin_key.AdminOpen(
-                f"Admin on {self.listen} would let anyone who reaches it delete functions: give"
-                f" {admin_key.FLAG} PATH (a random key is made there if it does not exist), or listen on 127.0.0.1"
-            )
-        return None
+    def admin_key(self) -> reload.Watched[tuple[bytes, ...]] | None:
+        """The keys an Admin call must carry one of (made if its file does not exist), read again when its file
+        changes; None (any caller) only on a listener this machine alone reaches."""
+        if not self.admin_token_file:
+            if not is_loopback(self.listen):
+                raise admin_key.AdminOpen(
+                    f"Admin on {self.listen} would let anyone who reaches it delete functions: give"
+                    f" {admin_key.FLAG} PATH (a random key is made there if it does not exist), or listen on 127.0.0.1"
+                )
+            return None
+        path = self.admin_token_file
+        admin_key.load(path, make=True)  # made once: a file gone for a moment later is not a reason for another
+        return reload.Watched(f"the admin key ({admin_key.FLAG})", [path], lambda: admin_key.keys(path))
 
     def _says(self, serves_admin: bool) -> str:
         how = []

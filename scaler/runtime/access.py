@@ -11,10 +11,15 @@ deploy/nats.conf does.
 """
 
 import logging
+import ssl
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from nats.aio.client import Client
+
+from scaler.runtime import reload
 from scaler.runtime.tls import CannotRead, ClientTls, read
 
 
@@ -37,7 +42,7 @@ class NatsAccess:
         if self.role:
             out["inbox_prefix"] = inbox(self.role)
         if self.tls.on or any(u.startswith("tls://") for u in self.servers):
-            out["tls"] = self.tls.context()
+            out["tls"] = _contexts(self.tls).value
             logging.getLogger("asyncio").addFilter(_quiet_tls_eof)
         if self.creds:
             read(self.creds, "--nats-creds")
@@ -95,3 +100,26 @@ def redacted(url: str) -> str:
         host = parts.netloc.rsplit("@", 1)[1]
         out.append(urlunsplit(parts._replace(netloc=f"{parts.username}@{host}" if parts.username else host)))
     return ",".join(out)
+
+
+def follow(nc: Client, nats: Nats) -> None:
+    """Let `nc` connect again (after an outage, to another server of a cluster) with its TLS files as they are then:
+    nats-py takes its `tls` option anew at each connection. The connection open keeps the TLS session it made."""
+    tls = access(nats).tls
+    if not tls.on:
+        return
+    contexts = _contexts(tls)
+    client = weakref.ref(nc)
+
+    def use(context: ssl.SSLContext) -> bool:
+        nc = client()
+        if nc is None or nc.is_closed:
+            return False
+        nc.options["tls"] = context
+        return True
+
+    contexts.use(use)
+
+
+def _contexts(tls: ClientTls) -> reload.Watched[ssl.SSLContext]:
+    return tls.watched(ClientTls.context, "TLS to NATS")

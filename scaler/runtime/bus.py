@@ -14,7 +14,7 @@ from nats.js.errors import APIError
 
 from scaler.proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
 from scaler.proto.subjects import command_subject
-from scaler.runtime.access import Nats, access
+from scaler.runtime.access import Nats, access, follow
 
 T = TypeVar("T")
 
@@ -114,6 +114,7 @@ async def connect(
         raise Unavailable(f"cannot reach NATS at {nats} (tried for {patience_s:g}s{why})") from None
     started = True
     down.clear()
+    follow(nc, nats)
     return nc
 
 

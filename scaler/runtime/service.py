@@ -9,6 +9,7 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from scaler.runtime import reload
 from scaler.runtime.access import NatsAccess
 from scaler.runtime.ports import nats_url
 from scaler.runtime.tls import ClientTls, ServerTls
@@ -233,7 +234,8 @@ def stop_on_signals() -> asyncio.Event:
 
 
 def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespace) -> None:
-    """Run one component until SIGINT or SIGTERM, then stop it cleanly.
+    """Run one component until SIGINT or SIGTERM, then stop it cleanly; at SIGHUP, read again the certificates,
+    CAs and keys it uses that changed (scaler/runtime/reload.py: it also looks every second).
 
     A signal stops it at any time, starting included. A start that fails is said in one line
     (to `scaler up` when it runs under it, which says it) and the exit status is 1.
@@ -242,6 +244,7 @@ def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespa
 
     async def serve() -> bool:
         stop = stop_on_signals()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload.hangup)  # certificates and keys replaced
         component = make(args)
         try:
             starting = asyncio.create_task(component.start())

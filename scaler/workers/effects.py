@@ -188,6 +188,7 @@ class EffectWorker:
         self._js = None
         self._sub = None
         self._watch: asyncio.Task | None = None
+        self._channels: tls.Channels | None = None  # to the platform: made again when its TLS files change
         self._channel: grpc.aio.Channel | None = None
         self.platform: pb_grpc.PlatformStub | None = None
 
@@ -203,8 +204,7 @@ class EffectWorker:
 
     async def start(self) -> str:
         await tls.check_trust(self.platform_addr, self.platform_tls, "the platform")
-        self._channel = tls.channel(self.platform_addr, self.platform_tls, CHANNEL_OPTIONS)
-        self.platform = pb_grpc.PlatformStub(self._channel)
+        self._channels = tls.Channels(self.platform_addr, self.platform_tls, CHANNEL_OPTIONS, "the platform", self._use)
         self._nc = await connect(self.nats_url, self.name)
         self._js = self._nc.jetstream()
         await ensure_stream(self._js, durability.default_replicas(self._nc), self.retention)
@@ -212,6 +212,9 @@ class EffectWorker:
         self._watch = asyncio.create_task(self._watch_consumer())
         over = " over TLS" if self.platform_tls is not None and self.platform_tls.on else ""
         return f"{self.name} (platform {self.platform_addr}{over})"
+
+    def _use(self, channel: grpc.aio.Channel) -> None:
+        self._channel, self.platform = channel, pb_grpc.PlatformStub(channel)
 
     async def _subscribe(self) -> None:
         """Join the kind's durable consumer on EVENTS, made if it is not there."""
@@ -297,8 +300,8 @@ class EffectWorker:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
         await close(self._nc)
-        if self._channel is not None:
-            await self._channel.close()
+        if self._channels is not None:
+            await self._channels.close()
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
