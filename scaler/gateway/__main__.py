@@ -25,9 +25,21 @@ def add_options(p: argparse.ArgumentParser) -> None:
     service.add_server_tls(p, "the gRPC service")
 
 
+class FrontGateway(service.Together):
+    """The forwarder, then the gateway; a certificate the gateway cannot use is said before NATS is looked for."""
+
+    def __init__(self, forwarder: Forwarder, gateway: Gateway) -> None:
+        super().__init__([forwarder, gateway])
+        self.gateway = gateway
+
+    async def start(self) -> str:
+        self.gateway.check()
+        return await super().start()
+
+
 def make(a: argparse.Namespace) -> service.Component:
     forwarder = Forwarder(service.nats_access(a, "node"))
-    return service.Together([forwarder, Gateway(forwarder, a.listen, a.reply_timeout, tls=service.server_tls(a))])
+    return FrontGateway(forwarder, Gateway(forwarder, a.listen, a.reply_timeout, tls=service.server_tls(a)))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -304,6 +304,55 @@ async def test_the_permissions_check_has_no_effect(nats_url):
         assert await nc.jetstream().streams_info() == []
 
 
+# --- a front gateway ---------------------------------------------------------------------------------------
+
+
+async def test_a_front_gateway_serves_tls_on_its_own(nats_url, ca, tmp_path):
+    """A front gateway (`python -m scaler.gateway`) over mutual TLS before a node in clear on loopback: served to a
+    caller the CA vouches for, refused at the handshake to every other; without a client CA, to any caller over TLS;
+    a certificate it cannot use said in one line at start, before it looks for NATS."""
+    pair, client = ca.issue("gateway"), ca.issue("platform")
+    stranger = Authority(tmp_path / "stranger", name="stranger CA")
+    strange = stranger.issue("stranger")
+    stub = PlatformStub("127.0.0.1:0", create_latency_ms=20)
+    await stub.start()
+    try:
+        async with Parts(nats_url, f"127.0.0.1:{stub.port}", policy="demo") as parts:
+            mutual, one_way = free_port(), free_port()
+            for port, client_ca in ((mutual, ("--tls-client-ca", ca.ca)), (one_way, ())):
+                await parts.supervisor.spawn(
+                    "scaler.gateway", "--listen", f"127.0.0.1:{port}", "--tls-cert", pair.cert, "--tls-key", pair.key,
+                    *client_ca, name=f"gateway-{port}",
+                )  # fmt: skip
+            gateway = f"127.0.0.1:{mutual}"
+            async with channel(gateway, ClientTls(ca.ca, client.cert, client.key)) as ch:
+                first = await assign_and_idle(pb_grpc.ScalerStub(ch), "r1")  # passed on to the node, over NATS
+            for tls in (
+                ClientTls(ca.ca),  # no certificate
+                ClientTls(ca.ca, strange.cert, strange.key),  # one another CA signed
+                ClientTls(stranger.ca, client.cert, client.key),  # not trusting the gateway's CA
+                None,  # in clear
+            ):
+                async with channel(gateway, tls) as ch:
+                    with pytest.raises(grpc.aio.AioRpcError) as refused_call:
+                        await assign_and_idle(pb_grpc.ScalerStub(ch), "r-refused")
+                    assert refused_call.value.code() == grpc.StatusCode.UNAVAILABLE, tls
+            async with channel(f"127.0.0.1:{one_way}", ClientTls(ca.ca)) as ch:  # no client CA: any caller over TLS
+                assert await assign_and_idle(pb_grpc.ScalerStub(ch), "r2") == first
+            async with channel(f"127.0.0.1:{one_way}", None) as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as in_clear:
+                    await assign_and_idle(pb_grpc.ScalerStub(ch), "r-clear")
+                assert in_clear.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert stub.accounting.created == 1  # one cold start: the calls after were warm, or refused at the handshake
+    finally:
+        await stub.stop()
+    code, err = await component("scaler.gateway", "--listen", "127.0.0.1:0", "--nats", "nats://127.0.0.1:1",
+                                "--tls-cert", pair.cert)  # fmt: skip
+    assert code == 1, err
+    (line,) = err.splitlines()  # before it looks for NATS
+    assert "cannot start: --tls-cert needs --tls-key" in line, line
+
+
 # --- the workers and the platform --------------------------------------------------------------------------
 
 
