@@ -108,17 +108,17 @@ def follow(nc: Client, nats: Nats) -> None:
     tls = access(nats).tls
     if not tls.on:
         return
-    contexts = _contexts(tls)
     client = weakref.ref(nc)
 
-    def use(context: ssl.SSLContext) -> bool:
+    def alive() -> bool:
         nc = client()
-        if nc is None or nc.is_closed:
-            return False
-        nc.options["tls"] = context
-        return True
+        return nc is not None and not nc.is_closed
 
-    contexts.use(use)
+    def use(context: ssl.SSLContext) -> None:
+        if (nc := client()) is not None:
+            nc.options["tls"] = context
+
+    _contexts(tls).use(use, alive)
 
 
 def _contexts(tls: ClientTls) -> reload.Watched[ssl.SSLContext]:

@@ -32,16 +32,30 @@ class Watched(Generic[T]):
         self._seen = self._content()
         self.value = make()
         self.generation = 0  # how many times it was made again
-        self._users: list[Callable[[T], bool | None]] = []
+        self._users: list[tuple[Callable[[T], None], Callable[[], bool]]] = []
+        self.abandoned = False  # it had users, and every one is gone: no more looked at
         self._refused = b""  # the content last refused, said once
 
     def current(self) -> T:
         """The value as it is now (for whoever asks at each use rather than being told of a change)."""
         return self.value
 
-    def use(self, user: Callable[[T], bool | None]) -> None:
-        """Call `user(value)` at each change from now on, until it returns False (its user is gone)."""
-        self._users.append(user)
+    def use(self, user: Callable[[T], None], alive: Callable[[], bool]) -> None:
+        """Call `user(value)` at each change from now on, for as long as `alive()`: the files are looked at (`watch`)
+        while it has a user alive."""
+        self._users.append((user, alive))
+        self.abandoned = False
+        watch(self)
+
+    def in_use(self) -> bool:
+        """Whether anyone still uses it: one with users has none left alive, or is used by whoever holds it (a
+        listener, Admin). One no more in use is no more looked at."""
+        if self._users:
+            self._users = [(user, alive) for user, alive in self._users if alive()]
+            self.abandoned = not self._users
+        if self.abandoned:
+            _watched.discard(self)
+        return not self.abandoned
 
     def look(self) -> bool:
         """Make it again if a file changed; whether it was."""
@@ -58,16 +72,16 @@ class Watched(Generic[T]):
         self._seen, self.value, self._refused = content, value, b""
         self.generation += 1
         log.info("reloaded %s (%s)", self.what, ", ".join(self.paths))
-        self._users = [user for user in self._users if self._tell(user, value)]
+        for user, alive in self._users:
+            if alive():
+                self._tell(user, value)
         return True
 
-    def _tell(self, user: Callable[[T], bool | None], value: T) -> bool:
-        """Whether to keep `user`, told `value`."""
+    def _tell(self, user: Callable[[T], None], value: T) -> None:
         try:
-            return user(value) is not False
+            user(value)
         except Exception:
             log.exception("%s: reloaded, but one of its users failed to take it", self.what)
-            return True
 
     def fetcher(self) -> Callable[[], T | None]:
         """A function that returns the value once after each change, else None: gRPC's certificate fetcher, which
@@ -112,8 +126,8 @@ def watch(watched: Watched[T]) -> Watched[T]:
 
 
 def look() -> int:
-    """Look at every watched file now; how many things were made again."""
-    return sum(w.look() for w in list(_watched))
+    """Look at every watched file in use now; how many things were made again."""
+    return sum(w.look() for w in list(_watched) if w.in_use())
 
 
 def hangup() -> None:

@@ -118,15 +118,16 @@ class ClientTls:
         return ctx
 
     def watched(self, make: Callable[["ClientTls"], T], what: str) -> reload.Watched[T]:
-        """What `make` makes of these files (channel credentials, an SSL context), made again when they change: one
-        for the process, however many channels or connections use it, so a change is one line."""
+        """What `make` makes of these files (channel credentials, an SSL context) as they are now, made again when
+        they change while it has users: one for the process, however many channels or connections use it, so a
+        change is one line."""
         key = (self, make)
         if (watched := _WATCHED.get(key)) is None:
-            files = (self.ca, self.cert, self.key)
-            watched = _WATCHED[key] = reload.Watched(
-                f"{what} ({self.flags}-ca, -cert, -key)", files, lambda: make(self)
-            )
-        return reload.watch(watched)
+            what, files = f"{what} ({self.flags}-ca, -cert, -key)", (self.ca, self.cert, self.key)
+            watched = _WATCHED[key] = reload.Watched(what, files, lambda: make(self))
+        else:
+            watched.look()  # looked at only while it has users: as they are now
+        return watched
 
 
 _WATCHED: dict[tuple[ClientTls, Callable], reload.Watched] = {}
@@ -197,20 +198,17 @@ class Channels:
         credentials = None
         if tls is not None and tls.on:
             files = tls.watched(ClientTls.credentials, f"TLS to {what}")
-            files.use(self._renew)
+            files.use(self._renew, lambda: not self._closed)
             credentials = files.value
         self.channel = channel(target, tls, options, credentials)
         took(self.channel)
 
-    def _renew(self, credentials: grpc.ChannelCredentials) -> bool:
-        if self._closed:
-            return False
+    def _renew(self, credentials: grpc.ChannelCredentials) -> None:
         old, self.channel = self.channel, channel(self.target, self.tls, self.options, credentials)
         self.took(self.channel)
         closing = asyncio.get_running_loop().create_task(old.close(grace=CLOSE_GRACE_S))
         self._closing[old] = closing
         closing.add_done_callback(lambda _: self._closing.pop(old, None))
-        return True
 
     async def close(self) -> None:
         """Close every channel now, the calls still under way on one made before cancelled."""

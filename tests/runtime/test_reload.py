@@ -25,8 +25,9 @@ def test_a_change_is_made_again_said_once_and_told_to_each_user(tmp_path, caplog
     path.write_text("a\n")
     watched = reload.Watched("the file", [str(path)], lambda: made(path))
     told: list[list[str]] = []
-    watched.use(told.append)
-    watched.use(lambda value: False)  # a user gone: dropped at the first change
+    gone: list[list[str]] = []
+    watched.use(told.append, lambda: True)
+    watched.use(gone.append, lambda: False)  # a user gone: told nothing
     fetch = watched.fetcher()
     assert watched.value == ["a"] and not watched.look() and fetch() is None  # nothing changed
 
@@ -35,7 +36,7 @@ def test_a_change_is_made_again_said_once_and_told_to_each_user(tmp_path, caplog
     assert watched.value == ["a"] and told == [] and fetch() is None
     path.write_text("a b\n")
     assert watched.look() and not watched.look()
-    assert watched.value == ["a", "b"] and told == [["a", "b"]]
+    assert watched.value == ["a", "b"] and told == [["a", "b"]] and gone == []
     assert fetch() == ["a", "b"] and fetch() is None  # gRPC's fetcher: the new one once
     path.write_text("a b\n")  # written again, the same: no change
     assert not watched.look()
@@ -67,3 +68,18 @@ def test_the_admin_key_file_may_hold_several_keys_a_client_sends_the_first(tmp_p
     path.write_text("new\n\n  old  \n")
     assert admin_key.keys(str(path)) == (b"new", b"old")
     assert admin_key.load(str(path)) == b"new"
+
+
+def test_files_whose_users_are_all_gone_are_no_more_looked_at(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("a\n")
+    watched = reload.Watched("the file", [str(path)], lambda: made(path))
+    users = [True]
+    watched.use(lambda value: None, lambda: users[0])
+    path.write_text("b\n")
+    assert watched.look() and not watched.abandoned
+    users[0] = False
+    assert not watched.in_use() and watched.abandoned
+    path.write_text("c\n")
+    assert reload.look() == 0 and watched.value == ["b"]  # no more looked at
+    assert watched.look() and watched.value == ["c"]  # but made anew when asked for (a new connection's)
