@@ -113,7 +113,7 @@ class Preflight:
             raise NotPermitted(
                 f"NATS at {self.nats} does not permit the {self.who} to {said} (docs/operations.md: NATS permissions)"
             )
-        return f"NATS permits the {self.who} all it needs"
+        return f"NATS permissions of the {self.who}: all given"
 
     async def stop(self) -> None:
         pass
