@@ -69,7 +69,7 @@ from scaler import replay  # noqa: E402
 from scaler.controller.core.state import LEASE_GRACE_MS  # noqa: E402
 from scaler.controller.leases import holders  # noqa: E402
 from scaler.platform_stub.server import PlatformStub  # noqa: E402
-from scaler.proto.events import Released  # noqa: E402
+from scaler.proto.events import Assigned, Released  # noqa: E402
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
 from scaler.runtime.bus import connected  # noqa: E402
 from scaler.runtime.durability import monitor_get  # noqa: E402
@@ -79,6 +79,7 @@ from scaler.simulator.dataset import FunctionMeta  # noqa: E402
 from scaler.store import stream  # noqa: E402
 from tests.invariants import Assignments, snapshots_hold_what_they_claim  # noqa: E402
 from tests.nemesis import Link, tear_snapshot  # noqa: E402
+from tests.powercut import PowerCutDisk  # noqa: E402
 from tests.processes import Call, Driver, Parts, settled  # noqa: E402
 
 KEYS = tuple(f"fn{n}" for n in range(12))
@@ -102,6 +103,7 @@ class Row:
     excused: Callable[[Call, float], bool] = field(default=lambda call, fault_at: False)  # failed by the fault itself
     failed_by_fault: int = 0
     unmet: list[str] = field(default_factory=list)  # the fault's own checks that did not hold
+    acknowledged: "Acknowledged | None" = None  # a power loss's: Assigns answered before the cut, found after it
 
     @property
     def passed(self) -> bool:
@@ -868,6 +870,141 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
     return row
 
 
+@dataclass
+class Acknowledged:
+    """A power-loss fault's count: the Assigns the callers heard answered before the cut, and how many of them the
+    stream holds after the restart (each as the request and the instance it was given)."""
+
+    before_cut: int
+    found: int
+    lost: list[str]  # "<request> -> <instance>", the first few
+
+
+async def acknowledged_in_the_stream(nats_url: str, calls: list[Call], cut_at: float) -> Acknowledged:
+    """Every Assign a caller heard answered before `cut_at`, looked for in the stream read after the restart."""
+    acked = {(c.request_id, c.instance) for c in calls if c.instance and 0 < c.got_at < cut_at}
+    stored: set[tuple[str, str]] = set()
+
+    def look(_: int, batch) -> None:
+        stored.update((e.request_id, e.instance_id) for e in batch.events if isinstance(e, Assigned))
+
+    async with connected(nats_url, "faults") as nc:
+        await stream.read(nc.jetstream(), look)
+    lost = sorted(acked - stored)
+    return Acknowledged(len(acked), len(acked) - len(lost), [f"{r} -> {i}" for r, i in lost[:5]])
+
+
+async def cut_power(
+    disks: list[PowerCutDisk], servers: list[NatsServer], parts: Parts, on_it: tuple[str, ...]
+) -> dict[str, tuple[int, int]]:
+    """A power cut of the machines of `disks`: their nats-servers and the parts `on_it` killed -9 at once, what their
+    disks had not synced dropped (tests/powercut.py), then the disks mounted again and everything started again.
+    Returns the files the cut took data from, with their sizes before and after it."""
+    await asyncio.gather(*(s.stop(kill=True) for s in servers), *(parts.kill(p) for p in on_it))
+    unsynced = {f"{d.mount.name}/{path}": sizes for d in disks for path, sizes in d.unsynced().items()}
+    for disk in disks:
+        await disk.cut()
+        await disk.start()
+    await asyncio.gather(*(s.start() for s in servers))
+    for p in on_it:
+        await parts.start(p)
+    return unsynced
+
+
+async def power_loss(tmp: Path, stub: PlatformStub, node_files: bool = False) -> Row:
+    """nats-server's store on a disk that loses what was not synced (tests/powercut.py), callers assigning and
+    idling; then its power cut mid-burst (with the node, its name and lock on the same disk, when `node_files`) and
+    everything started again. Every Assign answered before the cut must be in the stream after it."""
+    what = "nats-server and the node, its name and lock on that disk" if node_files else "nats-server"
+    row = Row("power loss" + (", node's files" if node_files else ""), f"the power of {what} cut mid-burst (unsynced"
+              " writes dropped), restarted")  # fmt: skip
+    disk = PowerCutDisk(tmp / "disk", tmp / "mount")
+    await disk.start()
+    try:
+        args = ("--node-dir", str(disk.mount / "node")) if node_files else ()
+        async with (
+            NatsServer(disk.mount / "nats") as nats,
+            Parts(nats.url, f"127.0.0.1:{stub.port}", node_args=args) as parts,
+        ):
+            drivers = [Driver(parts.gateway, keys=KEYS, clients=8, tag="p-", retry_assign=True, attempts=160)]
+            loads = [asyncio.create_task(d.run()) for d in drivers]
+            await running(drivers, calls=60)
+            names = await node_names(nats.url)
+            fault_at = time.monotonic()
+            dropped = await cut_power([disk], [nats], parts, ("node",) if node_files else ())
+            await running(drivers, seconds=120)
+            await finish(row, nats.url, stub, drivers, fault_at)
+            await asyncio.gather(*loads)
+            await acknowledged(row, nats.url, drivers, fault_at, dropped)
+            if node_files and (after := await node_names(nats.url)) != names:
+                row.unmet.append(f"the node came back as {after}, not under its name {names}")
+            elif node_files:
+                row.notes.append(f"the node came back under its name ({', '.join(sorted(names))})")
+    finally:
+        await disk.stop()
+    return row
+
+
+async def power_loss_cluster(tmp: Path, stub: PlatformStub, cut: int = 1) -> Row:
+    """A 3-server cluster (R3, every write synced), each server's store on a disk of its own that loses what was not
+    synced; callers assigning and idling through two nodes; then the power of `cut` servers cut at once mid-burst
+    (the EVENTS leader's first) and those started again. Every Assign answered before the cut must be in the
+    stream after it."""
+    row = Row(f"power loss, {cut} of 3 servers", f"3-server cluster, R3; the power of {cut} server(s) cut at once"
+              " mid-burst (the EVENTS leader's among them), restarted")  # fmt: skip
+    cluster = NatsCluster(tmp / "cluster")
+    disks = [PowerCutDisk(tmp / f"disk{n}", tmp / f"mount{n}") for n in range(len(cluster.servers))]
+    for server, disk in zip(cluster.servers, disks, strict=True):
+        server.store_dir = disk.mount / "nats"
+    try:
+        for disk in disks:
+            await disk.start()
+        async with cluster, Parts(cluster.url, f"127.0.0.1:{stub.port}", nodes=2, replicas=3) as parts:
+            await spread(cluster.url, 2)
+            drivers = [
+                Driver(parts.address(n), keys=KEYS, clients=6, tag=f"{n}-", retry_assign=True, attempts=160)
+                for n in parts.nodes
+            ]
+            loads = [asyncio.create_task(d.run()) for d in drivers]
+            await running(drivers, calls=60)
+            async with connected(cluster.url, "faults") as nc:
+                leader = (await nc.jetstream().stream_info(EVENTS)).cluster.leader
+            chosen = sorted(range(len(cluster.servers)), key=lambda n: cluster.servers[n].name != leader)[:cut]
+            row.broke += f" ({', '.join(cluster.servers[n].name for n in chosen)}; {leader} led EVENTS)"
+            fault_at = time.monotonic()
+            dropped = await cut_power([disks[n] for n in chosen], [cluster.servers[n] for n in chosen], parts, ())
+            await running(drivers, seconds=120)
+            await finish(row, cluster.url, stub, drivers, fault_at)
+            await asyncio.gather(*loads)
+            await acknowledged(row, cluster.url, drivers, fault_at, dropped)
+    finally:
+        for disk in disks:
+            await disk.stop()
+    return row
+
+
+async def acknowledged(
+    row: Row, nats_url: str, drivers: list[Driver], cut_at: float, dropped: dict[str, tuple[int, int]]
+) -> None:
+    """The fault's own checks: the Assigns answered before the cut are all in the stream, and the cut dropped data
+    (else it tested nothing)."""
+    lost_bytes = sum(abs(shown - kept) for shown, kept in dropped.values())
+    files = ", ".join(f"{path} {shown} -> {kept} B" for path, (shown, kept) in sorted(dropped.items())[:4])
+    row.notes.append(f"the cut dropped unsynced data of {len(dropped)} files ({lost_bytes:,} bytes): {files}")
+    if not dropped:
+        row.unmet.append("the cut dropped nothing: the fault did not test a loss")
+    row.acknowledged = await acknowledged_in_the_stream(nats_url, [c for d in drivers for c in d.calls], cut_at)
+    if lost := row.acknowledged.lost:
+        row.unmet.append(f"{row.acknowledged.before_cut - row.acknowledged.found} Assigns answered before the cut"
+                         f" are not in the stream: {', '.join(lost)}")  # fmt: skip
+
+
+async def node_names(nats_url: str) -> set[str]:
+    """The nodes holding leases."""
+    async with connected(nats_url, "faults") as nc:
+        return set((await holders(nc.jetstream())).values())
+
+
 LISTING = {"lost-tail"}  # faults run against the stub's listing mode (see lost_tail)
 FAULTS = {
     "pause": pause,
@@ -891,6 +1028,10 @@ FAULTS = {
     "skew-ahead": lambda tmp, stub: skew(tmp, stub, 600),
     "skew-near-ahead": lambda tmp, stub: skew(tmp, stub, 120),
     "failing-platform": failing_platform,
+    "power-loss": power_loss,
+    "power-loss-node-files": lambda tmp, stub: power_loss(tmp, stub, node_files=True),
+    "power-loss-cluster-1": lambda tmp, stub: power_loss_cluster(tmp, stub, 1),
+    "power-loss-cluster-2": lambda tmp, stub: power_loss_cluster(tmp, stub, 2),
 }
 
 
@@ -909,6 +1050,18 @@ def table(rows: list[Row]) -> str:
             f" | {'yes' if r.replay_equal else 'NO'} | {r.leaked} | {'yes' if r.snapshots_ok else 'NO'} |"
         )
     return "\n".join(lines)
+
+
+def acknowledged_table(rows: list[Row]) -> str:
+    """The power losses' own table: what the callers were told was assigned before the cut, against the stream."""
+    lines = [
+        "| fault | Assigns answered before the cut | found in the stream after the restart | lost |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        if (a := r.acknowledged) is not None:
+            lines.append(f"| {r.fault} | {a.before_cut} | {a.found} | {a.before_cut - a.found} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 REPEATED = {"pause": 10}  # the worst faults, run this many times in a row: a race may pass once
@@ -932,6 +1085,8 @@ async def main(names: list[str], times: dict[str, int]) -> int:
               sep="\n  ", file=sys.stderr, flush=True)  # fmt: skip
         rows.append(row)
     print(table(rows))
+    if acknowledged := acknowledged_table(rows):
+        print(f"\n{acknowledged}")
     return 0 if all(r.passed for r in rows) else 1
 
 

@@ -330,6 +330,20 @@ class PowerCutDisk:
                     raise RuntimeError(f"the power-cut file system did not mount {self.mount}: {said}")
                 await asyncio.sleep(0.05)
 
+    def unsynced(self) -> dict[str, tuple[int, int]]:
+        """The files whose size on the mount is not their size on `disk`, with both: what a cut now would drop (a
+        lower bound: data overwritten in place keeps the size)."""
+        out = {}
+        for folder, _, files in os.walk(self.disk):
+            for name in files:
+                on_disk = Path(folder) / name
+                relative = on_disk.relative_to(self.disk)
+                with contextlib.suppress(OSError):  # removed meanwhile
+                    shown, kept = (self.mount / relative).stat().st_size, on_disk.stat().st_size
+                    if shown != kept:
+                        out[str(relative)] = (shown, kept)
+        return out
+
     async def cut(self) -> None:
         """The power cut: the file system killed -9, its unsynced data with it; the mount left behind is taken down.
         Kill what has files open on it first, as the cut does."""
