@@ -71,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 from scaler import replay  # noqa: E402
 from scaler.controller.core.state import LEASE_GRACE_MS  # noqa: E402
 from scaler.controller.leases import holders  # noqa: E402
-from scaler.platform_stub.server import PlatformStub  # noqa: E402
+from scaler.platform_stub.server import MODES, PlatformStub  # noqa: E402
 from scaler.proto.events import Assigned, Released  # noqa: E402
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
 from scaler.runtime.bus import connected  # noqa: E402
@@ -1033,7 +1033,69 @@ async def node_names(nats_url: str) -> set[str]:
         return set((await holders(nc.jetstream())).values())
 
 
+async def worker_killed(tmp: Path, stub: PlatformStub, kills: int = 3) -> Row:
+    """The platform worker killed -9 as the platform's answer goes out, so the worker never reports it: `kills` times
+    as Init finishes and, on a platform that lists its slots, `kills` times as CreateSlot does (on one that neither
+    lists nor dedupes, that slot leaks: docs/faults.md); each time under callers of new functions, whose starts the
+    next worker takes over. No effect may be done twice: no slot made twice for one CreateSlot request id, no second
+    Init on a slot (the challenge's platform refuses it, an error it counts), and where the platform lists its
+    slots, no instance initialised twice (its Init found, not repeated)."""
+    lists = stub.mode.lists
+    moments = ["Init"] + (["CreateSlot"] if lists else [])
+    row = Row(f"worker killed ({'listing' if lists else 'challenge'})", f"the platform worker kill -9 as the"
+              f" platform answers {' or '.join(moments)}, before it is reported; {kills} times each")  # fmt: skip
+    async with NatsServer(tmp / "nats") as nats, Parts(nats.url, f"127.0.0.1:{stub.port}") as parts:
+        drivers = [Driver(parts.gateway, keys=KEYS, clients=4, tag="w-", retry_assign=True, attempts=160)]
+        loads = [asyncio.create_task(d.run()) for d in drivers]
+        await running(drivers)
+        fault_at = time.monotonic()
+        for moment in moments:
+            for n in range(kills):
+                answered = asyncio.Event()
+                worker = parts.running["platform_worker"].proc
+
+                def kill(*_: object, answered: asyncio.Event = answered, pid: int = worker.pid) -> None:
+                    if not answered.is_set():
+                        os.kill(pid, signal.SIGKILL)  # before the answer goes out: the worker never hears it
+                        answered.set()
+
+                setattr(stub.faults, "inited" if moment == "Init" else "created", kill)
+                cold = Driver(parts.gateway, keys=(f"new-{moment}-{n}",), clients=2, tag=f"new-{moment}-{n}-",
+                              retry_assign=True, attempts=160)  # fmt: skip
+                drivers.append(cold)
+                loads.append(asyncio.create_task(cold.run()))
+                async with asyncio.timeout(60):
+                    await answered.wait()
+                stub.faults.inited, stub.faults.created = (lambda _: None), (lambda *_: None)
+                await worker.wait()
+                await parts.start("platform_worker")
+                await running([cold], calls=3, seconds=120)
+        await finish(row, nats.url, stub, drivers, fault_at)
+        await asyncio.gather(*loads)
+    a = stub.accounting
+    # Slots whose CreateSlot was answered: one torn down as its caller died (the challenge's way) was never made
+    made_for = Counter(s.request_id for s in a.slots.values() if s.request_id and s.created_done_ms)
+    twice = sorted(r for r, n in made_for.items() if n > 1)
+    slots_inited = Counter(slot for slot, _ in a.init_calls)
+    instances_inited = Counter(instance for _, instance in a.init_calls)
+    again = sorted(i for i, n in instances_inited.items() if n > 1)
+    row.notes.append(f"{len(a.init_calls)} Inits on {len(slots_inited)} slots for {len(instances_inited)} instances;"
+                     f" {sum(r.endswith('/replacement') for r in made_for)} slots made to replace one whose Init"
+                     " could not be found")  # fmt: skip
+    if twice:
+        row.unmet.append(f"slots made twice for one CreateSlot request: {', '.join(twice[:4])}")
+    if a.refused_inits or any(n > 1 for n in slots_inited.values()):
+        row.unmet.append(f"a second Init on a slot: {', '.join(a.refused_inits[:3])}")
+    if again and lists:
+        row.unmet.append(f"instances initialised twice though the platform lists its slots: {', '.join(again[:4])}")
+    elif again:
+        row.notes.append(f"instances initialised again on a new slot (the platform cannot say whether the first Init"
+                         f" ran): {', '.join(again[:4])}")  # fmt: skip
+    return row
+
+
 LISTING = {"lost-tail"}  # faults run against the stub's listing mode (see lost_tail)
+STUB_MODES = {"worker-killed-listing": "list"}  # ... and against another of its modes
 FAULTS = {
     "pause": pause,
     "leader": leader,
@@ -1061,6 +1123,8 @@ FAULTS = {
     "power-loss-cluster-1": lambda tmp, stub: power_loss_cluster(tmp, stub, 1),
     "power-loss-cluster-2": lambda tmp, stub: power_loss_cluster(tmp, stub, 2),
     "power-loss-cluster-3": lambda tmp, stub: power_loss_cluster(tmp, stub, 3),
+    "worker-killed": worker_killed,
+    "worker-killed-listing": worker_killed,
 }
 
 
@@ -1099,7 +1163,8 @@ REPEATED = {"pause": 10}  # the worst faults, run this many times in a row: a ra
 async def main(names: list[str], times: dict[str, int]) -> int:
     rows = []
     for name in [each for fault in names for each in [fault] * times.get(fault, 1)]:
-        stub = PlatformStub("127.0.0.1:0", create_latency_ms=50, like_challenge=name not in LISTING)
+        mode = MODES[STUB_MODES[name]] if name in STUB_MODES else None
+        stub = PlatformStub("127.0.0.1:0", create_latency_ms=50, like_challenge=name not in LISTING, mode=mode)
         await stub.start()
         began = time.monotonic()
         try:
