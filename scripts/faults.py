@@ -35,6 +35,13 @@ CreateSlot, a second Init refused, no list of its slots). The faults:
 - retention-cut: EVENTS's limits cut to 5 s and 50 batches behind the node's back: put back, what was dropped held
   by snapshots, and a fresh node loads every partition;
 - slow-init: Init taking 5-30 s under callers with 15 s deadlines: every call refused by the scaler in time.
+- power-loss, power-loss-node-files, power-loss-cluster-1/2/3: nats-server's store on a disk that loses what was not
+  synced (tests/powercut.py, LazyFS's model on FUSE 3), its power cut mid-burst (with the node's name and lock on it;
+  one, two, all three servers of an R3 cluster) and restarted: every Assign answered before the cut in the stream;
+- worker-killed, worker-killed-listing: the platform worker killed -9 as the platform answers Init (and CreateSlot,
+  on a platform that lists its slots): no slot made twice for a request, no second Init on a slot, and where the
+  platform lists its slots, no instance initialised twice.
+The suite installs what it needs when run as root (Debian's fuse3 and faketime), else says in one line how.
 The pause runs ten times in a row (a race may pass once; `--once` runs each fault once). Each run ends with the
 same checks: no request assigned twice (in the stored log), no instance held by two requests at once (as the
 callers saw it), replay equal to the running state (`scaler replay --verify`), no slot leaked (the platform's
@@ -1001,7 +1008,10 @@ async def power_loss_cluster(tmp: Path, stub: PlatformStub, cut: int = 1) -> Row
             row.broke += f" ({', '.join(cluster.servers[n].name for n in chosen)}; {leader} led EVENTS)"
             fault_at = time.monotonic()
             dropped = await cut_power([disks[n] for n in chosen], [cluster.servers[n] for n in chosen], parts, ())
-            await running(drivers, seconds=120)
+            try:
+                await running(drivers, seconds=120)
+            except TimeoutError:  # the checks still run: what was stored, and which partitions nobody serves
+                row.unmet.append("the callers were not all served again within 120 s of the restart")
             await finish(row, cluster.url, stub, drivers, fault_at)
             await asyncio.gather(*loads)
             await acknowledged(row, cluster.url, drivers, fault_at, dropped)
@@ -1033,6 +1043,15 @@ async def node_names(nats_url: str) -> set[str]:
         return set((await holders(nc.jetstream())).values())
 
 
+def just_created(stub: PlatformStub, but: str, within_ms: int = 250) -> bool:
+    """Whether a CreateSlot (of a slot other than `but`) was answered within `within_ms`: a worker killed now may not
+    have recorded that slot, which a platform that neither lists nor dedupes leaves to leak (docs/faults.md); a kill
+    meant for an Init waits for another Init."""
+    now = stub.clock.now_ms()
+    answered = [s.created_done_ms for s in stub.accounting.live.values() if s.created_done_ms and s.id != but]
+    return any(now - at < within_ms for at in answered)
+
+
 async def worker_killed(tmp: Path, stub: PlatformStub, kills: int = 3) -> Row:
     """The platform worker killed -9 as the platform's answer goes out, so the worker never reports it: `kills` times
     as Init finishes and, on a platform that lists its slots, `kills` times as CreateSlot does (on one that neither
@@ -1054,8 +1073,9 @@ async def worker_killed(tmp: Path, stub: PlatformStub, kills: int = 3) -> Row:
                 answered = asyncio.Event()
                 worker = parts.running["platform_worker"].proc
 
-                def kill(*_: object, answered: asyncio.Event = answered, pid: int = worker.pid) -> None:
-                    if not answered.is_set():
+                def kill(request, *_: object, answered: asyncio.Event = answered, pid: int = worker.pid) -> None:
+                    slot = getattr(request, "slot_id", "")  # an Init's (a CreateSlot is killed at only where it lists)
+                    if not answered.is_set() and (lists or not just_created(stub, but=slot)):
                         os.kill(pid, signal.SIGKILL)  # before the answer goes out: the worker never hears it
                         answered.set()
 
