@@ -1100,7 +1100,7 @@ async def worker_killed(tmp: Path, stub: PlatformStub, kills: int = 3) -> Row:
     instances_inited = Counter(instance for _, instance in a.init_calls)
     again = sorted(i for i, n in instances_inited.items() if n > 1)
     row.notes.append(f"{len(a.init_calls)} Inits on {len(slots_inited)} slots for {len(instances_inited)} instances;"
-                     f" {sum(r.endswith('/replacement') for r in made_for)} slots made to replace one whose Init"
+                     f" {sum('/replacing/' in r for r in made_for)} slots made to replace one whose Init"
                      " could not be found")  # fmt: skip
     if twice:
         row.unmet.append(f"slots made twice for one CreateSlot request: {', '.join(twice[:4])}")

@@ -113,16 +113,15 @@ class PlatformWorker(EffectWorker):
         on a platform that lists its slots, and never done a second time on one that cannot say."""
         i = event.instance_id
         listing = await self._listing()
-        replacement = f"{_call_id(event)}/replacement"
         if recorded is None:
             return await self._create_and_init(key, event, _call_id(event), listing)
         if listing is None:
             log.info("%s: the Init of slot %s may have run and the platform cannot say: starting it on a new slot",
                      i, recorded.id)  # fmt: skip
-            return await self._create_and_init(key, event, replacement)
+            return await self._create_and_init(key, event, _replacing(event, recorded))
         info = listing.get(recorded.id)
         if info is None or info.instance_id not in ("", i):  # the slot gone (or another's): start it anew
-            return await self._create_and_init(key, event, replacement, listing)
+            return await self._create_and_init(key, event, _replacing(event, recorded), listing)
         return await self._init_or_find(key, event, recorded, info)
 
     async def _listing(self) -> dict[str, admin.SlotInfo] | None:
@@ -296,3 +295,9 @@ def _call_id(event: SlotWanted) -> str:
     that dedupes by it answers the first call's result), another for an instance id used again after events
     were lost (the state that numbers instances was reloaded from a stream missing its tail)."""
     return f"{event.instance_id}@{event.at_ms}"
+
+
+def _replacing(event: SlotWanted, slot: SlotMade) -> str:
+    """The request id of the CreateSlot that replaces `slot`: one per slot replaced, so that a replacement cut short
+    and replaced in turn is another request, and the same one asked again is the same."""
+    return f"{_call_id(event)}/replacing/{slot.id}"
