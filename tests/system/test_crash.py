@@ -191,8 +191,8 @@ async def test_a_dead_workers_init_is_found_where_the_platform_lists_its_slots(t
 async def test_a_worker_killed_during_create_slot_leaks_nothing_where_the_platform_promises_it(tmp_path, mode):
     """docs/faults.md, "What the platform must do": a platform that dedupes request ids answers the repeated
     CreateSlot with the slot the dead worker's call made; one that lists its slots lets the next worker find it
-    by its request id and take it; one that does neither (`bare`) keeps it, and nothing names it. (One that tears a vanished
-    CreateSlot down is the challenge's: test_platform_worker_killed_mid_call.)"""
+    by its request id and take it; one that does neither (`bare`) keeps it, and nothing names it. (One that tears a
+    vanished CreateSlot down is the challenge's: test_platform_worker_killed_mid_call.)"""
     stub = PlatformStub("127.0.0.1:0", create_latency_ms=1000, mode=MODES[mode])
     await stub.start()
     reconcile = ("--reconcile-every", "1", "--reconcile-grace", "3")  # above CreateSlot's 1 s
