@@ -1,11 +1,12 @@
 """`scaler trace import FORMAT SRC OUT`: convert a public trace to the dataset format `scaler simulate` reads.
 
-Formats: azure2019 (SRC: the folder of the Azure Functions 2019 CSVs), azure2021 (the invocation
-trace's file, or its folder) and huawei (Huawei Cloud 2023's private_dataset or public_dataset folder;
-with --cold-starts, the 2025 cold-start table for init times). The same seed gives the same dataset;
---sample N takes N functions across the trace's popularity (stratified by invocations). Every
-assumption (arrival times within a minute or second, durations and memory drawn from percentiles,
-init times where the trace has none) is in docs/traces.md.
+Formats: azure2019 (SRC: the folder of the Azure Functions 2019 CSVs, or of a vHive In-Vitro sample
+of them, or its invocations file), azure2021 (the invocation trace's file, an excerpt of it such as
+In-Vitro's Azure2021_30.csv, or their folder) and huawei (Huawei Cloud 2023's private_dataset or
+public_dataset folder; with --cold-starts, the 2025 cold-start table for init times). Files are known
+by their columns. The same seed gives the same dataset; --sample N takes N functions across the trace's
+popularity (stratified by invocations). Every assumption (arrival times within a minute or second,
+durations and memory drawn from percentiles, init times where the trace has none) is in docs/traces.md.
 """
 
 import argparse
@@ -25,11 +26,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i = sub.add_parser("import", help="convert a public trace to a dataset folder", description=__doc__)
     i.formatter_class = p.formatter_class
     i.add_argument("format", choices=FORMATS, help="the trace's format")
-    i.add_argument("src", metavar="SRC", type=Path, help="the trace's folder (or, for azure2021, its file)")
+    i.add_argument("src", metavar="SRC", type=Path, help="the trace's folder, or its (invocations) file")
     i.add_argument("out", metavar="OUT", type=Path, help="the dataset folder to write (`metas` and `requests`)")
     i.add_argument("--seed", type=int, default=0, help="seeds every draw: the same seed, the same dataset")
     i.add_argument("--sample", type=_count, metavar="N", help="take N functions, stratified by invocations")
-    i.add_argument("--day", type=int, metavar="N", help="azure2019, huawei: the day to read (default: the first)")
+    i.add_argument(
+        "--day", type=int, metavar="N", help="azure2019, huawei: the day to read, of several (default: the first)"
+    )
     i.add_argument(
         "--window",
         type=_window,
@@ -77,13 +80,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         fill = Fill(args.memory_mb, args.init_ms, huawei.cold_starts(args.cold_starts) if args.cold_starts else None)
         if args.format == "azure2019":
-            functions, base_ms, left_out = azure2019.read(args.src, args.day, args.window)
-            used = ", ".join(f"{n:,} functions {why} left out" for why, n in left_out.items() if n)
+            functions, base_ms, used = azure2019.read(args.src, args.day, args.window)
         elif args.format == "azure2021":
             if args.day is not None:
                 raise TraceError("--day: the 2021 trace is one file over two weeks; use --window")
-            functions, base_ms = azure2021.read(args.src, args.window)
-            used = ""
+            functions, base_ms, used = azure2021.read(args.src, args.window)
         else:
             functions, base_ms, used = huawei.read(args.src, args.day, args.window, args.duration_ms)
         picked = sample(functions, args.sample, args.seed)
@@ -99,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
         f"{args.out}: {len(converted.metas):,} functions (of {sum(1 for f in functions if f.invocations):,}),"
         f" {len(converted.requests):,} requests over {span_s:,.0f} s, seed {args.seed}"
     )
-    for what, n in converted.filled.items():
-        print(f"  {what}: {n:,} functions")
     if used:
         print(f"  {used}")
+    for what, n in converted.filled.items():
+        print(f"  {what}: {n:,} functions")
     print(f"next: scaler simulate {args.out} --offline")
     return 0
