@@ -3,18 +3,20 @@
 Formats: azure2019 (SRC: the folder of the Azure Functions 2019 CSVs, or of a vHive In-Vitro sample
 of them, or its invocations file), azure2021 (the invocation trace's file, an excerpt of it such as
 In-Vitro's Azure2021_30.csv, or their folder) and huawei (Huawei Cloud 2023's private_dataset or
-public_dataset folder; with --cold-starts, the 2025 cold-start table for init times). Files are known
-by their columns. The same seed gives the same dataset; --sample N takes N functions across the trace's
-popularity (stratified by invocations). Every assumption (arrival times within a minute or second,
-durations and memory drawn from percentiles, init times where the trace has none) is in docs/traces.md.
+public_dataset folder). Files are known by their columns. Init times, which no trace gives, come from
+--init-from: a constant, a log-uniform range, or Huawei 2025's cold starts. The same seed gives the same
+dataset; --sample N takes N functions across the trace's popularity (stratified by invocations). Every
+assumption (arrival times within a minute or second, durations and memory drawn from percentiles,
+init times) is in docs/traces.md.
 """
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 from scaler.runtime.service import positive
-from scaler.traces import azure2019, azure2021, huawei
+from scaler.traces import azure2019, azure2021, huawei, inits
 from scaler.traces.build import DEFAULT_INIT_MS, DEFAULT_MEMORY_MB, Fill, TraceError, convert, sample, write
 
 FORMATS = ("azure2019", "azure2021", "huawei")
@@ -42,13 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument(
         "--memory-mb", type=_count, default=DEFAULT_MEMORY_MB, metavar="MB", help="memory where the trace has none"
     )
-    i.add_argument("--init-ms", type=_count, default=DEFAULT_INIT_MS, metavar="MS", help="init where none is known")
     i.add_argument(
-        "--cold-starts",
-        type=Path,
-        metavar="CSV",
-        help="Huawei 2025's cold-start table: each function's init (and, where the trace has none, its memory)"
-        " drawn from its starts, instead of --init-ms",
+        "--init-from",
+        type=inits.named,
+        default=str(DEFAULT_INIT_MS),
+        metavar="SPEC",
+        help=f"where each function's init time is drawn from: {inits.SPECS}; docs/traces.md",
     )
     i.add_argument(
         "--duration-ms",
@@ -76,9 +77,13 @@ def _window(text: str) -> tuple[int, int]:
     return round(lo * 60_000), round(hi * 60_000)
 
 
+def _s(ms: float) -> str:
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        fill = Fill(args.memory_mb, args.init_ms, huawei.cold_starts(args.cold_starts) if args.cold_starts else None)
+        fill = Fill(args.memory_mb, inits.load(args.init_from))
         if args.format == "azure2019":
             functions, base_ms, used = azure2019.read(args.src, args.day, args.window)
         elif args.format == "azure2021":
@@ -104,5 +109,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {used}")
     for what, n in converted.filled.items():
         print(f"  {what}: {n:,} functions")
+    starts = sorted(m.init_duration_in_ms for m in converted.metas)
+    spread = f"{_s(starts[0])} to {_s(starts[-1])}, median {_s(statistics.median(starts))}"
+    print(f"  init {fill.inits}" + (f"; {len(starts):,} functions, {spread}" if starts[0] != starts[-1] else ""))
     print(f"next: scaler simulate {args.out} --offline")
     return 0

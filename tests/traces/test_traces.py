@@ -69,7 +69,7 @@ def azure2019(folder: Path) -> Path:
 
 def test_azure2019_minutes_become_arrivals_durations_and_memory_are_drawn(tmp_path, capsys):
     out = tmp_path / "out"
-    code, said, _ = trace_cli(capsys, "azure2019", azure2019(tmp_path / "az19"), out, "--seed", 3, "--init-ms", 700)
+    code, said, _ = trace_cli(capsys, "azure2019", azure2019(tmp_path / "az19"), out, "--seed", 3, "--init-from", 700)
     assert code == 0, said
     assert "1 functions without duration percentiles left out" in said
     d = load_dataset(out)
@@ -325,7 +325,7 @@ def test_huawei_2025_cold_starts_set_the_inits(tmp_path, capsys):
         tmp_path / "public_dataset" / "requests_minute" / "day_00.csv", ["day", "time", "3"], [[0, 0, 5]]
     )
     out = tmp_path / "out"
-    assert trace_cli(capsys, "huawei", public.parents[1], out, "--cold-starts", starts)[0] == 0
+    assert trace_cli(capsys, "huawei", public.parents[1], out, "--init-from", f"huawei2025:{starts}")[0] == 0
     d = load_dataset(out)
     assert (d.metas["3"].init_duration_in_ms, d.metas["3"].memory_in_mb) == (2239, 512)  # the pod's pool
     assert {r.durations_in_ms for r in d.requests} == {100}  # no execution times in the public set
