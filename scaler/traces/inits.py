@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaler.traces import huawei
-from scaler.traces.build import DEFAULT_INIT_MS
+from scaler.traces.build import Inits
 
 # Huawei 2025 (Joosen et al., "Serverless Cold Starts and Where to Find Them", EuroSys'25), Figure 10b:
 # all regions' cold start times fit by a LogNormal "with mean 3.24 and standard deviation 7.10" (seconds).
@@ -80,33 +80,32 @@ class ColdStartTable:
     """Measured cold starts (Huawei 2025's per-start table): start times by the memory of their pod."""
 
     path: Path
-    by_memory: dict[int | None, list[int]] = field(default_factory=dict)
+    starts: list[tuple[int, int | None]] = field(default_factory=list)  # (ms, the pod's MB or None)
+    by_memory: dict[int, list[int]] = field(default_factory=dict)  # the starts of each pool's memory
+    pools: list[int] = field(default_factory=list)  # the pools' memories, ascending
 
     def load(self) -> "ColdStartTable":
-        by_memory: dict[int | None, list[int]] = defaultdict(list)
-        for ms, mb in huawei.cold_starts(self.path):
-            by_memory[mb].append(ms)
-        self.by_memory = dict(by_memory)
+        self.starts = huawei.cold_starts(self.path)
+        by_memory: dict[int, list[int]] = defaultdict(list)
+        for ms, mb in self.starts:
+            if mb is not None:
+                by_memory[mb].append(ms)
+        self.by_memory, self.pools = dict(by_memory), sorted(by_memory)
         return self
 
     def draw(self, rng: random.Random, memory_mb: int | None) -> tuple[int, int | None]:
-        pools = sorted(mb for mb in self.by_memory if mb is not None)
-        if memory_mb is None or not pools:
-            ms, mb = rng.choice([(ms, mb) for mb, starts in self.by_memory.items() for ms in starts])
-            return ms, mb
-        pool = pools[min(bisect.bisect_left(pools, memory_mb), len(pools) - 1)]
+        if memory_mb is None or not self.pools:
+            return rng.choice(self.starts)
+        pool = self.pools[min(bisect.bisect_left(self.pools, memory_mb), len(self.pools) - 1)]
         return rng.choice(self.by_memory[pool]), None
 
     def __str__(self) -> str:
-        starts = [ms for s in self.by_memory.values() for ms in s]
-        pools = ", ".join(f"{mb} MB" for mb in sorted(mb for mb in self.by_memory if mb is not None))
+        median = statistics.median(ms for ms, _ in self.starts) / 1000
+        pools = ", ".join(f"{mb} MB" for mb in self.pools)
         return (
-            f"drawn per function from {self.path.name}'s {len(starts):,} cold starts (Huawei 2025, median"
-            f" {statistics.median(starts) / 1000:.2f} s), among the pods of the function's memory ({pools})"
+            f"drawn per function from {self.path.name}'s {len(self.starts):,} cold starts (Huawei 2025, median"
+            f" {median:.2f} s), among the pods of the function's memory ({pools})"
         )
-
-
-Inits = Constant | LogUniform | LogNormal | ColdStartTable
 
 
 def named(text: str) -> Inits:
@@ -135,6 +134,3 @@ def named(text: str) -> Inits:
 def load(inits: Inits) -> Inits:
     """The distribution ready to draw from: a table read from its file (a TraceError when it cannot be)."""
     return inits.load() if isinstance(inits, ColdStartTable) else inits
-
-
-DEFAULT = Constant(DEFAULT_INIT_MS)
