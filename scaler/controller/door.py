@@ -88,19 +88,15 @@ class Door:
             async with asyncio.timeout(timeout_s):
                 try:
                     done = self.lanes.submit(cmd)
-                except NotServing:  # the partition went elsewhere just now
+                    if isinstance(cmd, Idle):  # answered once its release is decided, before it is stored
+                        done.add_done_callback(lambda f: self._stored_behind(cmd, f, answer))
+                        return await answer
+                    await done  # decided and stored (a caller leaving drops it if still queued: it is cancelled)
+                except NotServing:  # the partition went elsewhere just now, or while it queued: its new owner decides
                     self.replies.forget(to)
                     return await self.forwarder.call(cmd, timeout_s)
-                if isinstance(cmd, Idle):
-                    done.add_done_callback(lambda f: self._stored_behind(cmd, f))
-                await asyncio.wait({answer, done}, return_when=asyncio.FIRST_COMPLETED)
-                if not answer.done() and (e := done.exception()) is not None:
-                    if isinstance(e, NotServing):  # given up while it queued: its new owner decides
-                        self.replies.forget(to)
-                        return await self.forwarder.call(cmd, timeout_s)
-                    if isinstance(e, TooBig):
-                        return unstorable(cmd, to, e)
-                    raise e
+                except TooBig as e:
+                    return unstorable(cmd, to, e)
                 return await self._instance_for(answer)  # an Assign may wait for an instance to be ready
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
             if isinstance(cmd, Assign) and self.replies.waits(to):
@@ -125,10 +121,15 @@ class Door:
                     raise Unavailable(f"the event store did not answer within {wait_s:g}s while the call waited for an"
                                       " instance") from None  # fmt: skip
 
-    def _stored_behind(self, cmd: Idle, done: asyncio.Future) -> None:
-        """An Idle answered before its release was stored, and then nothing was: store it all the same."""
-        if not done.cancelled() and isinstance(done.exception(), Told):
+    def _stored_behind(self, cmd: Idle, done: asyncio.Future, answer: asyncio.Future) -> None:
+        """An Idle answered before its release was stored, and then nothing was: store it all the same. One not
+        answered yet, whose decision failed, is told why."""
+        if done.cancelled() or (e := done.exception()) is None:
+            return
+        if isinstance(e, Told):
             self.persist(replace(cmd, reply_to=""))
+        elif not answer.done():
+            answer.set_exception(e)
 
     def refused(self, cmd: AnyCommand) -> Reply | None:
         """The answer refusing `cmd` before it is decided, or None to take it: a function's policy this node

@@ -22,7 +22,17 @@ from scaler.controller.core.state import Phase
 from scaler.controller.ledger import Ledger
 from scaler.controller.snapshotter import Snapshotter
 from scaler.controller.writer import Writer
-from scaler.proto.commands import AnyCommand, Cue, Idle, Reply, SlotCreated, SlotDestroyed, SlotFailed, SlotReady
+from scaler.proto.commands import (
+    AnyCommand,
+    Assign,
+    Cue,
+    Idle,
+    Reply,
+    SlotCreated,
+    SlotDestroyed,
+    SlotFailed,
+    SlotReady,
+)
 from scaler.proto.events import Batch, encode_batch, join
 from scaler.proto.subjects import partition
 from scaler.runtime.bus import Unavailable
@@ -43,6 +53,7 @@ class Committed:
     outcomes: list[Decision | Exception] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)  # to send now that the batch is stored
     cues: list[Cue] = field(default_factory=list)  # followers on this node of a function that came back
+    planned: bool = False  # the function's plan rode in the same batch
 
     @property
     def decided(self) -> list[Decision]:
@@ -88,7 +99,7 @@ class Lane:
                 await self.writer.catch_up(key)
             self.fence(p)  # nothing decided or answered past the lease's renewal deadline
             epoch, after = self.writer.epoch(key), self.ledger.last_seq.get(key, 0)
-            outcomes, batches, decided = self._decide(key, cmds)
+            outcomes, batches, decided, size = self._decide(key, cmds)
             if not batches and not checked and (self.snapshots.suspects_loss() or any(map(_unsure, cmds))):
                 checked = True
                 if await self._caught_up(key):  # the stream held more of the function: decide on it
@@ -98,9 +109,16 @@ class Lane:
                 early = [r for c, o in taken if _releases(c) for r in _own(c, o) if r.to not in told]
                 told.update(r.to for r in early)
                 await self.send(early)
+            planned = self._plan_along(key, cmds, decided, batches, size)
             batch = join(batches) if batches else None
             try:
-                seq = await self.writer.append(batch, after, epoch) if batch is not None else None
+                try:
+                    seq = await self.writer.append(batch, after, epoch) if batch is not None else None
+                except TooBig:
+                    if planned is None:
+                        raise
+                    planned, batch = None, join(batches[:-1]) if planned.events else batch  # the plan on its own
+                    seq = await self.writer.append(batch, after, epoch) if batch is not None else None
             except Conflict:
                 log.warning("conflict on %s: catching up and deciding again", key)
                 await self.writer.catch_up(key)
@@ -116,6 +134,9 @@ class Lane:
             else:
                 for cmd, decision, stored in decided:
                     self.ledger.commit(cmd, decision, seq if stored else None)
+                if planned is not None:
+                    self.ledger.commit_plan(key, planned, seq if planned.events else None)
+            out.planned = planned is not None
             out.outcomes = outcomes
             out.replies += [r for d in out.decided for r in d.replies if r.to not in told]
             out.cues = [c for d in out.decided for c in self.ledger.cues(d)]
@@ -145,9 +166,27 @@ class Lane:
             return
         raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {key!r}")
 
+    def _plan_along(
+        self, key: str, cmds: list[AnyCommand], decided: list, batches: list[Batch], size: int
+    ) -> Decision | None:
+        """The function's plan after the group's decisions, its batch added to theirs, when no caller of the group
+        waits for the group's storage (an Idle's is answered already): one append for both, where a plan of its
+        own would be a second append, and the function's next Assign could wait behind it. Not for a group with
+        an Assign, whose answer the plan's decision would delay: that plan follows the reply (Lanes._plan)."""
+        if not decided or any(isinstance(c, Assign) for c in cmds):
+            return None
+        now, last = self.clock.now_ms(), decided[-1][1]
+        planned = self.ledger.plan(key, now, self.policy, last)
+        batch = self.ledger.batch(None, planned, now, last)
+        if batch is not None:
+            if size and size + len(encode_batch(batch)) + len(batch.cause) + STEP_ROOM > self.writer.store.room:
+                return None  # stored on its own, after the replies
+            batches.append(batch)
+        return planned
+
     def _decide(self, key: str, cmds: list[AnyCommand]):
-        """Each command's decision on the state the one before left, and the batches they append (those that
-        would take the message past NATS's payload limit are left for the next group)."""
+        """Each command's decision on the state the one before left, the batches they append (those that would take
+        the message past NATS's payload limit are left for the next group), and their size when it was measured."""
         room = self.writer.store.room
         outcomes: list[Decision | Exception] = []
         decided: list[tuple[AnyCommand, Decision, bool]] = []
@@ -174,7 +213,7 @@ class Lane:
             decided.append((cmd, decision, batch is not None))
             outcomes.append(decision)
             last = decision
-        return outcomes, batches, decided
+        return outcomes, batches, decided, size
 
     def _unseen(self, key: str, cmds: list[AnyCommand]) -> bool:
         """Whether an Idle names an instance numbered past every one this node's state of the function started.

@@ -46,6 +46,7 @@ class _Queued(NamedTuple):
     cmd: AnyCommand
     done: asyncio.Future
     token: int  # admission's
+    at: float  # when it came (the event loop's clock)
 
 
 class Lanes:
@@ -71,8 +72,10 @@ class Lanes:
         self.store_wait_s = store_wait_s
         self.store_refused = 0  # commands answered UNAVAILABLE because the store did not answer in time
         self._queues: dict[str, deque[_Queued]] = {}  # per function with commands under way, in arrival order
+        self._taken: dict[str, list[_Queued]] = {}  # per function, the group being decided and stored
         self._told: dict[str, set[str]] = {}  # per function, the group in flight's callers answered already
         self._tasks: set[asyncio.Task] = set()
+        self._watch: asyncio.Task | None = None  # refuses what waited store_wait_s on a store that does not answer
 
     @property
     def busy(self) -> bool:
@@ -85,15 +88,16 @@ class Lanes:
         p = partition(cmd.key)
         self.partitions.check(p)
         self.partitions.entered(p)
-        queued = _Queued(cmd, asyncio.get_running_loop().create_future(), self.admission.arrived())
+        loop = asyncio.get_running_loop()
+        queued = _Queued(cmd, loop.create_future(), self.admission.arrived(), loop.time())
         queued.done.add_done_callback(_seen)
         queue = self._queues.get(cmd.key)
         if queue is None:
             queue = self._queues[cmd.key] = deque()
             self.spawn(self._run(cmd.key, queue))
+            if self._watch is None:
+                self._watch = loop.create_task(self._watch_store())
         queue.append(queued)
-        if not isinstance(cmd, Tick | Cue):  # the node's own have no caller; a Tick not decided loses its deadline
-            self._store_wait(queued, self.store_wait_s)
         return queued.done
 
     async def own(self, cmd: Tick | Cue, what: str) -> None:
@@ -114,6 +118,9 @@ class Lanes:
 
     async def stop(self, connected: bool = True) -> None:
         """Let what is under way finish (10 s at most); with NATS away nothing can, and it is cancelled."""
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         if self._tasks and connected:
             await asyncio.wait(self._tasks, timeout=10)
         for task in self._tasks:
@@ -131,18 +138,20 @@ class Lanes:
         groups = 0
         try:
             while queue:
-                await self._group(key, queue)
-                groups += 1
-                if not queue or groups % PLAN_EVERY == 0:
+                planned = await self._group(key, queue)
+                groups = 0 if planned else groups + 1
+                if groups and (not queue or groups % PLAN_EVERY == 0):
                     await self._plan(key)
+                    groups = 0
         finally:
             del self._queues[key]
             self._told.pop(key, None)
             for q in queue:  # cancelled while running: nothing is left waiting
                 self._done(q, NotServing(f"{key}: its queue stopped"))
 
-    async def _group(self, key: str, queue: deque[_Queued]) -> None:
-        """Decide and store the commands at the head of the function's queue, together, and deliver the rest."""
+    async def _group(self, key: str, queue: deque[_Queued]) -> bool:
+        """Decide and store the commands at the head of the function's queue, together, and deliver the rest;
+        whether the function's plan was stored with them."""
         group = []
         while queue and len(group) < MAX_GROUP:
             q = queue.popleft()
@@ -151,12 +160,13 @@ class Lanes:
             else:
                 group.append(q)
         if not group:
-            return
-        taken, outcomes, told = group, [], self._told.setdefault(key, set())
+            return False
+        taken, outcomes, told, planned = group, [], self._told.setdefault(key, set()), False
         told.clear()
+        self._taken[key] = group
         try:
             committed = await self.lane.commit(key, [q.cmd for q in group], told)
-            outcomes = committed.outcomes
+            outcomes, planned = committed.outcomes, committed.planned
             taken = group[: len(outcomes)]
             queue.extendleft(reversed(group[len(outcomes) :]))  # past the payload limit: the next group
             await self._deliver(key, committed)
@@ -168,8 +178,10 @@ class Lanes:
             else:  # the partition went, or the store did: nothing of the group decided
                 outcomes = [Told(str(e)) if getattr(q.cmd, "reply_to", "") in told else e for q in group]
         finally:
+            self._taken.pop(key, None)
             for i, q in enumerate(taken):  # short of outcomes only when cancelled
                 self._done(q, outcomes[i] if i < len(outcomes) else NotServing(f"{key}: its queue stopped"))
+        return planned
 
     async def _deliver(self, key: str, committed: Committed) -> None:
         await self.replies.send(committed.replies)
@@ -199,21 +211,27 @@ class Lanes:
             self.partitions.left(p)
         self.timers.set(key, self.ledger.wake.get(key))
 
-    def _store_wait(self, q: _Queued, after_s: float) -> None:
-        asyncio.get_running_loop().call_later(after_s, self._waited, q)
-
-    def _waited(self, q: _Queued) -> None:
-        """The command has waited `store_wait_s`: refused UNAVAILABLE now if that wait is the store's, else looked at
-        again a little later (a busy machine, a long queue: those are admission's). Not one whose caller has its
-        answer already (an Idle told of its release: the node stores it all the same)."""
-        if q.done.done() or getattr(q.cmd, "reply_to", "") in self._told.get(q.cmd.key, ()):
-            return
-        writer = self.lane.writer
-        if not writer.troubled(self.store_wait_s, own_lag_s=self.admission.lag_s):
-            self._store_wait(q, self.store_wait_s / 4)
-            return
-        self.store_refused += 1
-        q.done.set_exception(Unavailable(f"the event store did not store it within {self.store_wait_s:g}s"))
+    async def _watch_store(self) -> None:
+        """Every eighth of `store_wait_s`: the commands that have waited that long for their decision to be stored,
+        queued or in flight, are refused UNAVAILABLE when that wait is the store's (else they are looked at again:
+        a busy machine, a long queue are admission's). Not the node's own (no caller; a Tick not decided loses its
+        deadline), nor one whose caller has its answer already (an Idle told of its release: the node stores it
+        all the same). One look for every command, rather than a timer each."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.store_wait_s / 8)
+            late = loop.time() - self.store_wait_s
+            waited = [
+                q
+                for key, queue in self._queues.items()
+                for q in (*self._taken.get(key, ()), *queue)
+                if q.at <= late and not q.done.done() and not isinstance(q.cmd, Tick | Cue)
+                and getattr(q.cmd, "reply_to", "") not in self._told.get(key, ())
+            ]  # fmt: skip
+            if waited and self.lane.writer.troubled(self.store_wait_s, own_lag_s=self.admission.lag_s):
+                self.store_refused += len(waited)
+                for q in waited:
+                    q.done.set_exception(Unavailable(f"the event store did not store it within {self.store_wait_s:g}s"))
 
     def _done(self, q: _Queued, outcome) -> None:
         self.admission.decided(q.token)

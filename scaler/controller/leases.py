@@ -283,27 +283,31 @@ class Leases:
         return self._locks.setdefault(p, asyncio.Lock())
 
     async def _take(self, wanted: int) -> None:
+        """Lease up to `wanted` more partitions, one after another; those taken are loaded even when a later one
+        fails (NATS not answering): held and renewed, they would otherwise never be loaded, nor taken again."""
         taken, reclaimed = [], []
-        for p in range(PARTITIONS):
-            if len(taken) == wanted:
-                break
-            if p in self.held:
-                continue
-            sent = time.monotonic()
-            try:
-                self.held[p] = await self._leases.create(f"p{p}", self.node.encode())
-            except KeyWrongLastSequenceError:  # someone holds it: an earlier incarnation of this node, maybe
-                if (revision := await self._reclaimed(p)) is None:
+        try:
+            for p in range(PARTITIONS):
+                if len(taken) == wanted:
+                    break
+                if p in self.held:
                     continue
-                self.held[p] = revision
-                reclaimed.append(p)
-            self._renewed(p, sent)
-            taken.append(p)
-        if reclaimed:
-            log.info("%s took back partitions %s from its earlier incarnation", self.node, ranges(reclaimed))
-        if taken:
-            log.info("%s leased partitions %s", self.node, ranges(taken))
-            await self.gained(taken)
+                sent = time.monotonic()
+                try:
+                    self.held[p] = await self._leases.create(f"p{p}", self.node.encode())
+                except KeyWrongLastSequenceError:  # someone holds it: an earlier incarnation of this node, maybe
+                    if (revision := await self._reclaimed(p)) is None:
+                        continue
+                    self.held[p] = revision
+                    reclaimed.append(p)
+                self._renewed(p, sent)
+                taken.append(p)
+        finally:
+            if reclaimed:
+                log.info("%s took back partitions %s from its earlier incarnation", self.node, ranges(reclaimed))
+            if taken:
+                log.info("%s leased partitions %s", self.node, ranges(taken))
+                await self.gained(taken)
 
     async def _reclaimed(self, p: int) -> int | None:
         """Take `p`'s lease back from this node's earlier incarnation, which is dead (the name is held by this

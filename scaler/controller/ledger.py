@@ -92,12 +92,16 @@ class Ledger:
         self.starts_failing.saw(cmd, now)
         return core.respond(s, cmd, now, policy, self.run_totals(totals), self._room(s, totals, named, now), st)
 
-    def plan(self, key: str, now: int, policy: Policy) -> Decision:
-        """The core's plan for the function as stored: keep-alives, retirements, pre-warms, rest."""
-        s = self.state(key)
+    def plan(self, key: str, now: int, policy: Policy, after: Decision | None = None) -> Decision:
+        """The core's plan for the function as stored (or as `after`, a decision not yet committed, left it):
+        keep-alives, retirements, pre-warms, rest."""
+        s, st, totals = self.state(key), self.features_of(key), self.totals
+        if after is not None:
+            s, st = after.state, after.features
+            totals = totals.change(self.states.get(key), s, self.features.get(key), st)
         if s.policy or self.limits is not NO_LIMITS:
             policy = self.policy_of(s, policy)
-        return core.plan(s, now, policy, self.run_totals(), self._room(s, self.totals, now=now), self.features_of(key))
+        return core.plan(s, now, policy, self.run_totals(totals), self._room(s, totals, now=now), st)
 
     def policy_of(self, s: FnState, default: Policy) -> Policy:
         """The policy that decides the function: the one an operator set for it, else the limits file's, else
@@ -154,14 +158,15 @@ class Ledger:
         totals = totals.plus(self.others) if self.others != NO_TOTALS else totals
         return totals.with_returns(self.heard) if self.heard else totals
 
-    def batch(self, cmd: AnyCommand | None, d: Decision, now: int) -> Batch | None:
-        """What a decision appends (a plan's when `cmd` is None): its events as one batch, or None when it
-        changed nothing. Its deadline is the function's next one once it is stored."""
+    def batch(self, cmd: AnyCommand | None, d: Decision, now: int, after: Decision | None = None) -> Batch | None:
+        """What a decision appends (a plan's when `cmd` is None, made after the decision `after` when it is not yet
+        committed): its events as one batch, or None when it changed nothing. Its deadline is the function's next
+        one once it is stored."""
         if not d.events:
             return None
         key = d.state.key
         if cmd is None:
-            wake = _earliest(self._asked.get(key), d.wake_ms)
+            wake = _earliest(self._asked.get(key) if after is None else after.wake_ms, d.wake_ms)
         else:
             wake = _earliest(d.wake_ms, self._planned.get(key))
         cause = PLAN if cmd is None else command_id(cmd)

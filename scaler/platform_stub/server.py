@@ -62,6 +62,12 @@ class SlotRecord:
     destroyed_ms: int | None = None
     init_done: asyncio.Future[pb.InitReply] | None = None  # the Init under way or done
 
+    @property
+    def ready(self) -> bool:
+        """Init finished on it."""
+        done = self.init_done
+        return done is not None and done.done() and not done.cancelled() and done.exception() is None
+
     def gb_s(self, now_ms: int) -> float:
         end = now_ms if self.destroyed_ms is None else self.destroyed_ms
         return self.memory_mb / 1024 * (end - self.created_ms) / 1000
@@ -83,10 +89,13 @@ Fault = Callable[[Any], str | Refusal | None]  # a message (InternalError), a Re
 
 @dataclass
 class Faults:
-    """Failures to inject, for tests: each returns how to refuse the call, or None to serve it."""
+    """Failures to inject, for tests: each returns how to refuse the call, or None to serve it; and what to do as a
+    call's OK answer goes out (`created`, `inited`: a fault that kills the caller before it records the answer)."""
 
     create: Fault = lambda _: None
     init: Fault = lambda _: None
+    created: Callable[[pb.CreateSlotRequest, pb.Slot], None] = lambda *_: None
+    inited: Callable[[pb.InitRequest], None] = lambda _: None
 
 
 def _refusal(fault: str | Refusal | None) -> Refusal | None:
@@ -116,6 +125,8 @@ class Accounting:
     slots: dict[str, SlotRecord] = field(default_factory=dict)  # every slot ever created
     live: dict[str, SlotRecord] = field(default_factory=dict)
     inits: int = 0
+    init_calls: list[tuple[str, str]] = field(default_factory=list)  # (slot, instance) of every Init received
+    refused_inits: list[str] = field(default_factory=list)  # a second Init on a slot, refused: the platform's error
 
     @property
     def created(self) -> int:
@@ -205,7 +216,9 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
                 self._tear_down(record)
             raise
         record.created_done_ms = self.clock.now_ms()
-        return pb.CreateSlotReply(status=pb.Ok, slot=self._slot(record))
+        slot = self._slot(record)
+        self.faults.created(request, slot)
+        return pb.CreateSlotReply(status=pb.Ok, slot=slot)
 
     def _slot(self, record: SlotRecord) -> pb.Slot:
         return pb.Slot(
@@ -216,6 +229,7 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
         )
 
     async def Init(self, request: pb.InitRequest, context) -> pb.InitReply:
+        self.accounting.init_calls.append((request.slot_id, request.instance_id))
         record = self.accounting.live.get(request.slot_id)
         if record is None:
             return pb.InitReply(status=pb.NotFound, error_message=f"no slot {request.slot_id!r}")
@@ -223,22 +237,24 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
             return await asyncio.shield(record.init_done)  # a retried Init, finished or still running
         if record.instance_id:
             message = f"slot {record.id} already runs instance {record.instance_id}"
+            self.accounting.refused_inits.append(f"{message} (asked for {request.instance_id})")
             return pb.InitReply(status=pb.InvalidArgument, error_message=message)
         if refused := _refusal(self.faults.init(request)):
             return pb.InitReply(status=refused.status, error_message=refused.message)
         record.instance_id = request.instance_id
         record.key = request.meta_data.key
         # Init runs to its end even if this caller goes away: a retry (a restarted worker) joins it.
-        record.init_done = asyncio.ensure_future(self._init(record))
+        record.init_done = asyncio.ensure_future(self._init(record, request))
         return await asyncio.shield(record.init_done)
 
-    async def _init(self, record: SlotRecord) -> pb.InitReply:
+    async def _init(self, record: SlotRecord, request: pb.InitRequest) -> pb.InitReply:
         meta = self.metas.get(record.key)
         init_ms = meta.init_duration_in_ms if meta else DEFAULT_INIT_MS
         started = record.init_started_ms = self.clock.now_ms()
         await self.clock.sleep_ms(init_ms)
         record.ready_ms = self.clock.now_ms()
         self.accounting.inits += 1
+        self.faults.inited(request)
         return pb.InitReply(status=pb.Ok, create_time=started, init_duration_in_ms=init_ms)
 
     async def DestroySlot(self, request: pb.DestroySlotRequest, context) -> pb.DestroySlotReply:
@@ -265,7 +281,14 @@ class PlatformStub(pb_grpc.PlatformServicer, admin_grpc.PlatformAdminServicer):
 
     async def ListSlots(self, request: admin.ListSlotsRequest, context) -> admin.ListSlotsReply:
         slots = [
-            admin.SlotInfo(id=s.id, memory_in_mb=s.memory_mb, instance_id=s.instance_id, create_time=s.created_ms)
+            admin.SlotInfo(
+                id=s.id,
+                memory_in_mb=s.memory_mb,
+                instance_id=s.instance_id,
+                create_time=s.created_ms,
+                request_id=s.request_id,
+                ready=s.ready,
+            )
             for s in self.accounting.live.values()
         ]
         return admin.ListSlotsReply(slots=slots)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!scaler/proto/platform_admin.proto\x12\x0cscaler.admin\"\x0e\n\x0cStatsRequest\"\x90\x01\n\nStatsReply\x12\x12\n\nlive_slots\x18\x01 \x01(\x04\x12\x15\n\rslots_created\x18\x02 \x01(\x04\x12\x17\n\x0fslots_destroyed\x18\x03 \x01(\x04\x12\r\n\x05inits\x18\x04 \x01(\x04\x12\x17\n\x0fslot_gb_seconds\x18\x05 \x01(\x01\x12\x16\n\x0elive_memory_mb\x18\x06 \x01(\x04\"\x12\n\x10ListSlotsRequest\"V\n\x08SlotInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cmemory_in_mb\x18\x02 \x01(\x04\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x13\n\x0b\x63reate_time\x18\x04 \x01(\x04\"7\n\x0eListSlotsReply\x12%\n\x05slots\x18\x01 \x03(\x0b\x32\x16.scaler.admin.SlotInfo2\x99\x01\n\rPlatformAdmin\x12=\n\x05Stats\x12\x1a.scaler.admin.StatsRequest\x1a\x18.scaler.admin.StatsReply\x12I\n\tListSlots\x12\x1e.scaler.admin.ListSlotsRequest\x1a\x1c.scaler.admin.ListSlotsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!scaler/proto/platform_admin.proto\x12\x0cscaler.admin\"\x0e\n\x0cStatsRequest\"\x90\x01\n\nStatsReply\x12\x12\n\nlive_slots\x18\x01 \x01(\x04\x12\x15\n\rslots_created\x18\x02 \x01(\x04\x12\x17\n\x0fslots_destroyed\x18\x03 \x01(\x04\x12\r\n\x05inits\x18\x04 \x01(\x04\x12\x17\n\x0fslot_gb_seconds\x18\x05 \x01(\x01\x12\x16\n\x0elive_memory_mb\x18\x06 \x01(\x04\"\x12\n\x10ListSlotsRequest\"y\n\x08SlotInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cmemory_in_mb\x18\x02 \x01(\x04\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x13\n\x0b\x63reate_time\x18\x04 \x01(\x04\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\r\n\x05ready\x18\x06 \x01(\x08\"7\n\x0eListSlotsReply\x12%\n\x05slots\x18\x01 \x03(\x0b\x32\x16.scaler.admin.SlotInfo2\x99\x01\n\rPlatformAdmin\x12=\n\x05Stats\x12\x1a.scaler.admin.StatsRequest\x1a\x18.scaler.admin.StatsReply\x12I\n\tListSlots\x12\x1e.scaler.admin.ListSlotsRequest\x1a\x1c.scaler.admin.ListSlotsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,9 +38,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTSLOTSREQUEST']._serialized_start=214
   _globals['_LISTSLOTSREQUEST']._serialized_end=232
   _globals['_SLOTINFO']._serialized_start=234
-  _globals['_SLOTINFO']._serialized_end=320
-  _globals['_LISTSLOTSREPLY']._serialized_start=322
-  _globals['_LISTSLOTSREPLY']._serialized_end=377
-  _globals['_PLATFORMADMIN']._serialized_start=380
-  _globals['_PLATFORMADMIN']._serialized_end=533
+  _globals['_SLOTINFO']._serialized_end=355
+  _globals['_LISTSLOTSREPLY']._serialized_start=357
+  _globals['_LISTSLOTSREPLY']._serialized_end=412
+  _globals['_PLATFORMADMIN']._serialized_start=415
+  _globals['_PLATFORMADMIN']._serialized_end=568
 # @@protoc_insertion_point(module_scope)

@@ -31,16 +31,20 @@ class ListSlotsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SlotInfo(_message.Message):
-    __slots__ = ("id", "memory_in_mb", "instance_id", "create_time")
+    __slots__ = ("id", "memory_in_mb", "instance_id", "create_time", "request_id", "ready")
     ID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_IN_MB_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
     id: str
     memory_in_mb: int
     instance_id: str
     create_time: int
-    def __init__(self, id: _Optional[str] = ..., memory_in_mb: _Optional[int] = ..., instance_id: _Optional[str] = ..., create_time: _Optional[int] = ...) -> None: ...
+    request_id: str
+    ready: bool
+    def __init__(self, id: _Optional[str] = ..., memory_in_mb: _Optional[int] = ..., instance_id: _Optional[str] = ..., create_time: _Optional[int] = ..., request_id: _Optional[str] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class ListSlotsReply(_message.Message):
     __slots__ = ("slots",)

@@ -10,8 +10,9 @@ import hashlib
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
@@ -57,16 +58,6 @@ class Function:
     runtime: str = ""
 
 
-@dataclass
-class ColdStarts:
-    """Cold starts measured elsewhere (Huawei 2025): each a total start time and its pod's memory limit."""
-
-    starts: list[tuple[int, int | None]] = field(default_factory=list)  # (ms, MB or None)
-
-    def draw(self, rng: random.Random) -> tuple[int, int | None]:
-        return rng.choice(self.starts)
-
-
 def rng_for(seed: int, key: str) -> random.Random:
     digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
@@ -99,13 +90,20 @@ def round_memory(mb: float) -> int:
     return max(MEMORY_STEP_MB, math.ceil(mb / MEMORY_STEP_MB) * MEMORY_STEP_MB)
 
 
+class Inits(Protocol):
+    """Where init times come from when the trace has none (scaler/traces/inits.py)."""
+
+    def draw(self, rng: random.Random, memory_mb: int | None) -> tuple[int, int | None]:
+        """An init (ms) for a function of that memory (None: not known), and a memory to give it, if any."""
+        ...
+
+
 @dataclass
 class Fill:
     """What the conversion sets where the trace is silent."""
 
-    memory_mb: int = DEFAULT_MEMORY_MB
-    init_ms: int = DEFAULT_INIT_MS
-    cold_starts: ColdStarts | None = None  # when given, inits (and missing memory) are drawn from it
+    memory_mb: int
+    inits: Inits
 
 
 @dataclass
@@ -132,15 +130,11 @@ def convert(functions: Sequence[Function], base_ms: int, seed: int, fill: Fill) 
         if memory is None and f.memory is not None:
             memory = round_memory(f.memory.draw(rng))
             said("memory drawn from the trace's percentiles")
-        if init is None and fill.cold_starts is not None:
-            init, pod_mb = fill.cold_starts.draw(rng)
-            said("init drawn from the cold-start table")
+        if init is None:
+            init, pod_mb = fill.inits.draw(rng_for(seed, f"{f.key}:init"), memory)
             if memory is None and pod_mb is not None:
                 memory = pod_mb
                 said("memory from the cold-start table's pod")
-        if init is None:
-            init = fill.init_ms
-            said("init set to --init-ms")
         if memory is None:
             memory = fill.memory_mb
             said("memory set to --memory-mb")

@@ -38,16 +38,21 @@ class Table:
             raise TraceError(f"{self.path}: cannot read: {e.strerror}") from None
 
 
+def header(path: Path) -> list[str]:
+    """A CSV file's column names (its first line only: the traces' files run to gigabytes)."""
+    try:
+        with path.open(newline="", errors="replace") as f:
+            names = next(csv.reader(f), None)
+    except (OSError, csv.Error) as e:
+        raise TraceError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if not names:
+        raise TraceError(f"{path}: empty: expected a header line")
+    return [h.strip().lstrip("\ufeff") for h in names]
+
+
 def table(path: Path, *required: str) -> Table:
     """Open a CSV file and check it has the columns `required`, as published."""
-    try:
-        with path.open(newline="") as f:
-            header = next(csv.reader(f), None)
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read: {e.strerror}") from None
-    if not header:
-        raise TraceError(f"{path}: empty: expected a header line")
-    t = Table(path, [h.strip() for h in header])
+    t = Table(path, header(path))
     for name in required:
         t.column(name)
     return t

@@ -8,15 +8,15 @@ execution time from `function_delay_second`/`_minute` of the same second or minu
 a pod from `memory_limit_minute` over `instances_minute`. The public set has requests only.
 
 2025: the cold-start table (`day,time,...,totalCost_cold_start,...,podID`) gives start times (and the
-pods' memory, from the pool in `podID`) to draw inits from: `--cold-starts`. docs/traces.md says why
-only that part of it is used.
+pods' memory, from the pool in `podID`) to draw inits from: `--init-from huawei2025:PATH`
+(scaler/traces/inits.py). docs/traces.md says why only that part of it is used.
 """
 
 import re
 import statistics
 from pathlib import Path
 
-from scaler.traces.build import ColdStarts, Function, TraceError, spread
+from scaler.traces.build import Function, TraceError, spread
 from scaler.traces.csvfile import Table, number, table
 
 DAY_S = 86_400
@@ -109,16 +109,19 @@ def _function(
     return Function(name, sum(n for _, n in arrivals), requests, memory_mb=memory)
 
 
-def cold_starts(path: Path) -> ColdStarts:
-    """The 2025 cold-start table's starts: totalCost_cold_start (s) and the memory of the pod's pool."""
-    t = table(path, "totalCost_cold_start", "podID")
-    cost, pod = t.column("totalCost_cold_start"), t.column("podID")
-    found = ColdStarts()
-    for line, row in t.rows():
-        pool = POOL.match(row[pod].strip())
-        found.starts.append((round(number(t, line, row[cost], "totalCost_cold_start") * 1000), _mb(pool)))
-    if not found.starts:
-        raise TraceError(f"{path}: no cold starts")
+def cold_starts(path: Path) -> list[tuple[int, int | None]]:
+    """The 2025 cold-start table's starts, (totalCost_cold_start in ms, the memory of the pod's pool): one
+    region's file, or the folder of its day files (R2/*.csv) as the release unpacks."""
+    files = sorted(p for p in path.iterdir() if p.suffix == ".csv") if path.is_dir() else [path]
+    found = []
+    for one in files:
+        t = table(one, "totalCost_cold_start", "podID")
+        cost, pod = t.column("totalCost_cold_start"), t.column("podID")
+        for line, row in t.rows():
+            pool = POOL.match(row[pod].strip())
+            found.append((round(number(t, line, row[cost], "totalCost_cold_start") * 1000), _mb(pool)))
+    if not found:
+        raise TraceError(f"{path}: no cold starts (totalCost_cold_start, podID)")
     return found
 
 

@@ -19,12 +19,13 @@ import grpc
 from scaler.proto import platform_admin_pb2 as admin
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.commands import AnyCommand, PlatformSlot, Reconcile, SlotDestroyed, owner
-from scaler.proto.events import Event, InstanceRetired, destroys
+from scaler.proto.events import Batch, Event, InstanceDestroyed, InstanceRetired, destroys
 from scaler.proto.platform_admin_pb2_grpc import PlatformAdminStub
-from scaler.proto.subjects import PARTITIONS, RECONCILE_ASK, REPORT, SYSTEM_KEY, UNLISTED, partition
+from scaler.proto.subjects import PARTITIONS, RECONCILE_ASK, REPORT, SYSTEM_KEY, UNLISTED, function_events, partition
 from scaler.runtime.access import Nats
 from scaler.runtime.bus import send
 from scaler.runtime.clock import Clock
+from scaler.store import stream
 from scaler.workers.effects import ACK_WAIT_S, Delivery, EffectWorker, PlatformError, call_platform
 
 log = logging.getLogger("scaler.gc_worker")
@@ -61,7 +62,9 @@ class GcWorker(EffectWorker):
     def wants(self, event: Event) -> bool:
         return destroys(event)
 
-    async def act(self, key: str, event: InstanceRetired, delivery: Delivery) -> AnyCommand:
+    async def act(self, key: str, event: InstanceRetired, delivery: Delivery) -> AnyCommand | None:
+        if delivery.redelivered and await self._destroyed(key, event.instance_id, delivery.seq):
+            return None  # done and reported before: its batch's ack was lost (a worker or NATS restarted)
         request_id = f"destroy:{event.instance_id}"
         request = pb.DestroySlotRequest(request_id=request_id, id=event.slot_id, reason=event.reason)
         destroy = self.platform.DestroySlot
@@ -69,6 +72,18 @@ class GcWorker(EffectWorker):
         if reply.status not in (pb.Ok, pb.NotFound):  # NotFound: already gone, which is what we want
             raise PlatformError(f"DestroySlot {event.slot_id}: {pb.Status.Name(reply.status)}: {reply.error_message}")
         return SlotDestroyed(key=key, instance_id=event.instance_id, slot_id=event.slot_id)
+
+    async def _destroyed(self, key: str, instance_id: str, seq: int) -> bool:
+        """Whether the function's events after the retirement (at `seq`) record the instance's slot destroyed."""
+        found = False
+
+        def look(_: int, batch: Batch) -> bool:
+            nonlocal found
+            found = any(isinstance(e, InstanceDestroyed) and e.instance_id == instance_id for e in batch.events)
+            return found
+
+        await stream.read(self._js, look, function_events(key), after_seq=seq)
+        return found
 
     async def start(self) -> str:
         what = await super().start()

@@ -1,27 +1,36 @@
 """Starts instances: on each SlotWanted, CreateSlot, report the slot, Init, and report SlotReady or SlotFailed.
 
-A platform may create a new slot on every CreateSlot and refuse a second Init on a slot (the
-challenge's did), so a start is never simply done again:
+A platform may create a new slot on every CreateSlot and refuse a second Init on a slot, counting it
+as an error (the challenge's did), so a start is never simply done again:
 - the slot is reported (SlotCreated) and stored before Init, so a worker that dies during Init
   leaves a slot the state knows, and a slot made for an instance no longer wanted is destroyed
   instead of initialised;
 - the same event delivered again while this process still performs it joins that work, and after
-  a failure here (NATS away too long) continues from the slot this process made;
+  a failure here (NATS away too long) continues from the slot this process made or the Init it
+  finished, whose report it sends again;
 - delivered again after another worker died with it, the function's events after the SlotWanted
-  say how far it got: the instance is ready or gone (nothing to do), or has a slot whose Init may
-  have run. Init is tried on that slot; if the platform refuses it, a new slot is created, and the
-  controller destroys the old one when the new one is reported.
-One window is left: a worker killed between CreateSlot's answer and SlotCreated being stored
-(milliseconds) leaves a slot only the platform knows. A platform with ListSlots lets the gc
-worker reconcile it; on one without, nothing can name it.
+  say how far it got: the instance is ready or gone (nothing to do), or has a slot, or none yet.
+  What the dead worker did on the platform is then found where the platform lists its slots
+  (PlatformAdmin.ListSlots: each slot's CreateSlot request id, the instance Init was asked for and
+  whether it finished): a slot made for this start is taken rather than made again, and an Init that
+  arrived is waited for and reported rather than sent again. A platform that cannot list them
+  cannot say whether an Init arrived, so a recorded slot is never initialised a second time: the
+  instance is started on a new slot and the first is destroyed (one more slot and Init, never an
+  Init the platform refuses). Without a slot recorded, CreateSlot is called again with the same
+  request id: a platform that dedupes answers the first slot, one that tears down a CreateSlot
+  whose caller went away made none.
+One window is left on a platform that neither lists nor dedupes: a worker killed between CreateSlot's
+answer and SlotCreated being stored (milliseconds) leaves a slot nothing can name.
 """
 
 import asyncio
 import logging
 from typing import NamedTuple
 
+import grpc
 import msgspec
 
+from scaler.proto import platform_admin_pb2 as admin
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.commands import AnyCommand, Code, SlotCreated, SlotFailed, SlotReady
 from scaler.proto.events import (
@@ -34,10 +43,12 @@ from scaler.proto.events import (
     SlotWanted,
     creates,
 )
+from scaler.proto.platform_admin_pb2_grpc import PlatformAdminStub
 from scaler.proto.subjects import function_events
 from scaler.store import stream
 from scaler.workers.circuit import HOLD_POLL_S, Circuits
 from scaler.workers.effects import (
+    CALL_TIMEOUT_S,
     REPORT_PATIENCE_S,
     Delivery,
     EffectWorker,
@@ -48,6 +59,7 @@ from scaler.workers.effects import (
 )
 
 log = logging.getLogger("scaler.platform_worker")
+FIND_POLL_S = 0.2  # how often a dead worker's Init, found under way on the platform, is looked at until it finishes
 
 
 class SlotMade(NamedTuple):
@@ -93,13 +105,59 @@ class PlatformWorker(EffectWorker):
             done, recorded = await self._recorded(key, i, delivery.seq)
             if done:
                 return None
-            if recorded is not None:  # another worker's slot, whose Init may have run
-                report = await self._init(key, event, recorded)
-                if isinstance(report, SlotReady):
-                    return report
-                log.info("%s: Init on %s refused (%s); starting it on a new slot", i, recorded.id, report.reason)
-                return await self._create_and_init(key, event, f"{_call_id(event)}/replacement")
+            return await self._resume(key, event, recorded)
         return await self._create_and_init(key, event, _call_id(event))
+
+    async def _resume(self, key: str, event: SlotWanted, recorded: SlotMade | None) -> AnyCommand | None:
+        """Another worker's start, which may have made a slot (recorded or not) and sent Init: what it did is found
+        on a platform that lists its slots, and never done a second time on one that cannot say."""
+        i = event.instance_id
+        listing = await self._listing()
+        if recorded is None:
+            return await self._create_and_init(key, event, _call_id(event), listing)
+        if listing is None:
+            log.info("%s: the Init of slot %s may have run and the platform cannot say: starting it on a new slot",
+                     i, recorded.id)  # fmt: skip
+            return await self._create_and_init(key, event, _replacing(event, recorded))
+        info = listing.get(recorded.id)
+        if info is None or info.instance_id not in ("", i):  # the slot gone (or another's): start it anew
+            return await self._create_and_init(key, event, _replacing(event, recorded), listing)
+        return await self._init_or_find(key, event, recorded, info)
+
+    async def _listing(self) -> dict[str, admin.SlotInfo] | None:
+        """The platform's live slots by id; None when it cannot list them (the challenge's: UNIMPLEMENTED)."""
+        try:
+            reply = await PlatformAdminStub(self._channel).ListSlots(admin.ListSlotsRequest(), timeout=30)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise PlatformError(f"ListSlots: {e.code().name}: {brief(e.details() or '')}") from None
+        return {s.id: s for s in reply.slots}
+
+    async def _init_or_find(
+        self, key: str, event: SlotWanted, slot: SlotMade, info: admin.SlotInfo | None
+    ) -> SlotReady | SlotFailed:
+        """Init on `slot`, unless the platform's listing (`info`) says an Init for this instance arrived there: then
+        its outcome, waited for, never a second Init."""
+        if info is None or not info.instance_id:
+            return await self._init(key, event, slot)
+        i = event.instance_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CALL_TIMEOUT_S
+        while not info.ready:
+            if loop.time() >= deadline:
+                why = f"the Init of {i} on slot {slot.id} that a dead worker sent did not finish in {CALL_TIMEOUT_S:g}s"
+                return SlotFailed(key=key, instance_id=i, reason=why, slot_id=slot.id)
+            await asyncio.sleep(FIND_POLL_S)
+            info = (await self._listing() or {}).get(slot.id)
+            if info is None or info.instance_id != i:
+                return SlotFailed(
+                    key=key, instance_id=i, reason=f"slot {slot.id} went away during Init", slot_id=slot.id
+                )
+        log.info(
+            "%s: Init on slot %s was done by a worker that died before it reported: found, not repeated", i, slot.id
+        )
+        return SlotReady(key=key, instance_id=i, slot_id=slot.id, create_ms=slot.create_ms)
 
     async def _recorded(self, key: str, instance_id: str, seq: int) -> tuple[bool, SlotMade | None]:
         """What the function's events after the SlotWanted (at `seq`) say of the instance: whether its start
@@ -120,8 +178,18 @@ class PlatformWorker(EffectWorker):
         await stream.read(self._js, look, function_events(key), after_seq=seq)
         return over, slot
 
-    async def _create_and_init(self, key: str, event: SlotWanted, request_id: str) -> AnyCommand | None:
+    async def _create_and_init(
+        self, key: str, event: SlotWanted, request_id: str, listing: dict[str, admin.SlotInfo] | None = None
+    ) -> AnyCommand | None:
+        """CreateSlot for `request_id`, then report it and Init it; a slot the platform lists as made for that request
+        id (a dead worker's, never recorded) is taken instead of made again."""
         i = event.instance_id
+        found = next((s for s in (listing or {}).values() if s.request_id == request_id), None)
+        if found is not None and found.instance_id in ("", i):
+            log.info("%s: slot %s, made for %s by a worker that died before it recorded it: found, not made again",
+                     i, found.id, request_id)  # fmt: skip
+            made = self._made[i] = SlotMade(found.id, 0)
+            return await self._report_and_init(key, event, made, found)
         if (refused := await self._let_through(key, i)) is not None:
             return refused
         config = pb.ResourceConfig(memory_in_megabytes=event.meta.memory_mb)
@@ -169,8 +237,11 @@ class PlatformWorker(EffectWorker):
                 return SlotFailed(key=key, instance_id=instance_id, reason=why, retry_after_ms=after_ms)
             await asyncio.sleep(min(wait, HOLD_POLL_S, max(deadline - loop.time(), 0.0)))
 
-    async def _report_and_init(self, key: str, event: SlotWanted, slot: SlotMade) -> AnyCommand | None:
-        """Init only once the slot is stored in the function's state, and only if it is still wanted."""
+    async def _report_and_init(
+        self, key: str, event: SlotWanted, slot: SlotMade, info: admin.SlotInfo | None = None
+    ) -> AnyCommand | None:
+        """Init only once the slot is stored in the function's state, and only if it is still wanted (an Init the
+        platform's listing `info` says arrived there is waited for instead)."""
         i = event.instance_id
         circuit = self.circuits.init(key)
         try:
@@ -181,7 +252,7 @@ class PlatformWorker(EffectWorker):
                 log.info("%s: not initialising %s: %s", i, slot.id, answer.message)  # the controller destroys it
                 circuit.abandoned()
                 return None
-            done = await self._init(key, event, slot)
+            done = await self._init_or_find(key, event, slot, info)
         except BaseException:
             circuit.abandoned()
             raise
@@ -224,3 +295,9 @@ def _call_id(event: SlotWanted) -> str:
     that dedupes by it answers the first call's result), another for an instance id used again after events
     were lost (the state that numbers instances was reloaded from a stream missing its tail)."""
     return f"{event.instance_id}@{event.at_ms}"
+
+
+def _replacing(event: SlotWanted, slot: SlotMade) -> str:
+    """The request id of the CreateSlot that replaces `slot`: one per slot replaced, so that a replacement cut short
+    and replaced in turn is another request, and the same one asked again is the same."""
+    return f"{_call_id(event)}/replacing/{slot.id}"

@@ -8,6 +8,7 @@ import grpc
 from scaler.controller import lanes
 from scaler.controller.admission import Admission
 from scaler.controller.core.state import Phase
+from scaler.controller.lane import Lane
 from scaler.controller.lanes import Lanes, Told
 from scaler.controller.ledger import PLAN, Ledger
 from scaler.controller.replies import Replies
@@ -49,14 +50,15 @@ class Held:
         self.gate.set()
 
 
-async def causes(nats_url: str, key: str = "fn") -> list[tuple[str, list[str]]]:
-    found: list[tuple[str, list[str]]] = []
+async def causes(nats_url: str, key: str = "fn", seqs: bool = False) -> list[tuple]:
+    """Each stored decision of `key`: its cause and its events' kinds (and first the message's sequence)."""
+    found: list[tuple] = []
+
+    def each(seq: int, b) -> None:
+        found.extend(((seq,) if seqs else ()) + (d.cause, [type(e).__name__ for e in d.events]) for d in b.decisions())
+
     async with connected(nats_url, "test") as nc:
-        await stream.read(
-            nc.jetstream(),
-            lambda seq, b: found.extend((d.cause, [type(e).__name__ for e in d.events]) for d in b.decisions()),
-            function_events(key),
-        )
+        await stream.read(nc.jetstream(), each, function_events(key))
     return found
 
 
@@ -78,14 +80,24 @@ async def test_an_idle_is_answered_while_its_release_is_stored_and_nothing_is_ha
         assert stored.index("idle:r1") < stored.index("assign:r2")
 
 
-async def test_the_plan_is_stored_after_the_replies_as_its_own_batch(nats_url):
+async def test_an_idles_plan_rides_in_its_releases_batch_and_an_assigns_follows_its_reply(nats_url):
+    """One append a call: the Idle's caller has its answer before anything is stored, so the plan that keeps the
+    freed instance alive is decided after the release and stored with it, one message; an Assign's caller waits
+    for the storage, so its group is stored without a plan (one follows, only when it changes something)."""
     async with Stack(nats_url) as stack:
         await stack.idle(await stack.assign("r1"))
         await stack.settled()
-        found = await causes(nats_url)
-        release = next(i for i, (cause, _) in enumerate(found) if cause == "idle:r1")
-        assert found[release][1] == ["Released"]  # the reply's decision alone
-        assert found[release + 1] == (PLAN, ["KeptAlive"])  # then the keep-alive, as the plan
+        await stack.idle(await stack.assign("r2"))  # warm
+        await stack.settled()
+        found = await causes(nats_url, seqs=True)
+        release = next(i for i, (_, cause, _) in enumerate(found) if cause == "idle:r1")
+        assert found[release][1:] == ("idle:r1", ["Released"])  # the reply's decision
+        assert found[release + 1][1:] == (PLAN, ["KeptAlive"])  # then the keep-alive, as the plan
+        assert found[release][0] == found[release + 1][0], "the release and its plan are one message"
+        warm = next(i for i, (_, cause, _) in enumerate(found) if cause == "assign:r2")
+        assert found[warm][1:] == ("assign:r2", ["RequestArrived", "Assigned"])
+        assert found[warm + 1][1] == "idle:r2", "a warm Assign's plan changes nothing: nothing more is stored"
+        assert len({seq for seq, _, _ in found[warm:]}) == 2, "a warm Assign and its Idle: two appends"
         kept = stack.controller.states["fn"].instances["fn-1"]
         assert kept.phase is Phase.IDLE and kept.keep_until_ms > 0
 
@@ -222,6 +234,7 @@ async def test_a_plan_owed_when_the_node_stopped_is_made_by_the_next_one(nats_ur
         await stack.settled()
         stack.controller.writer.patience_s = 0.0  # the append not tried again through the outage...
         monkeypatch.setattr(lanes, "RETRY_PLAN_MS", 600_000)  # ...nor the plan before the node stops
+        monkeypatch.setattr(Lane, "_plan_along", lambda *_: None)  # the plan its own batch, as an Assign's is
         held = Held(stack, KeptAlive, fail_once=True)
         held.release()
         await stack.idle(first)

@@ -28,6 +28,39 @@ async def test_a_stopping_node_frees_a_lease_renewed_at_a_revision_it_never_lear
         assert await holders(js) == {5: "n2"}
 
 
+async def test_leases_taken_before_a_failure_in_the_same_round_are_loaded(nats_url):
+    """A round takes its partitions' leases one after another. One that fails partway (NATS answering nothing for a
+    moment, as a cluster does while it elects leaders after a power loss) used to leave the leases taken before it
+    held and renewed, but never loaded: the node then had its share and took no more, and nobody served them."""
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        loaded: list[int] = []
+
+        async def gained(partitions: list[int]) -> None:
+            loaded.extend(partitions)
+
+        leases = Leases(js, "n1", gained, nothing, ttl_s=60)
+        await leases.start()
+        await leases.give_back(list(range(PARTITIONS)))
+        loaded.clear()
+        create, calls = leases._leases.create, 0
+
+        async def failing_fifth(key: str, value: bytes) -> int:
+            nonlocal calls
+            calls += 1
+            if calls == 5:
+                raise TimeoutError("no answer")
+            return await create(key, value)
+
+        leases._leases.create = failing_fifth
+        try:
+            await leases.round()
+        except TimeoutError:
+            pass
+        assert sorted(leases.held) == [0, 1, 2, 3] and sorted(loaded) == [0, 1, 2, 3]
+        await leases.stop()
+
+
 async def test_a_partition_dropped_and_taken_again_is_loaded_only_once_its_release_is_done(nats_url):
     """A lapsed lease is dropped (`lost`: its commands under way finish, then its functions are forgotten) while
     the lease round goes on, and may take the partition again before the release is done. Loaded meanwhile, the

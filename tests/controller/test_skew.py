@@ -17,7 +17,7 @@ from scaler.proto.events import Batch, ClockRebased
 from scaler.runtime.bus import connected
 from scaler.runtime.clock import Clock
 from scaler.store import stream
-from scripts.faults import FAKETIME, HAVE_FAKETIME, released_under_their_callers
+from scripts.faults import FAKETIME, HAVE_FAKETIME, NO_FAKETIME, released_under_their_callers
 from tests.processes import Driver, Parts
 from tests.stack import Stack, eventually
 from tests.system.test_nodes import shared_between
@@ -79,7 +79,7 @@ async def test_a_node_loading_what_a_node_off_clock_wrote_moves_its_times_onto_i
         await loader.stop()
 
 
-@pytest.mark.skipif(not HAVE_FAKETIME, reason=f"no {FAKETIME}: apt-get install faketime")
+@pytest.mark.skipif(not HAVE_FAKETIME, reason=NO_FAKETIME)
 @pytest.mark.parametrize("off_s", [-120])
 async def test_a_take_over_from_a_node_whose_wall_clock_is_off_releases_no_request_under_its_caller(
     nats_url, stub, off_s

@@ -1,10 +1,10 @@
 """The README's tour, run as written in a fresh directory: what a newcomer pastes must work.
 
-The code blocks come out of README.md through pytest-codeblocks' parser; they run one after the
-other in one bash (as pasted into one terminal), with `set -euo pipefail`, in a directory holding
-only the repository's tracked files and a `.venv` (the one these tests run in, standing for
-"Run it"'s install). The tour names the default ports; this machine may serve them already (other
-scalers, other tests), so its commands are given free ones instead, and nothing else changes.
+The code blocks come out of README.md (tests/codeblocks.py); they run one after the other in one bash
+(as pasted into one terminal), with `set -euo pipefail`, in a fresh clone: the repository's tracked
+files and a `.venv` (the one these tests run in, standing for "Run it"'s install). The tour names the
+default ports; this machine may serve them already (other scalers, other tests), so its commands are
+given free ones instead, and nothing else changes.
 """
 
 import contextlib
@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from pytest_codeblocks import extract_from_file
 
 from scaler.runtime.ports import free_port
+from tests.codeblocks import ROOT, fresh_clone, shell_blocks
 
-ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 TOUR = "## A five-minute tour"
 
@@ -30,12 +29,7 @@ pytestmark = pytest.mark.live_trace  # it drives the smoke test through a runnin
 
 def tour() -> list[str]:
     """The shell blocks of the README's tour, in order."""
-    lines = README.read_text().splitlines()
-    start = lines.index(TOUR) + 1
-    end = next((n for n in range(start, len(lines)) if lines[n].startswith("## ")), len(lines))
-    blocks = [b.code for b in extract_from_file(README) if b.syntax == "sh" and start < b.lineno <= end]
-    assert blocks, f"no sh block under {TOUR!r}"
-    return blocks
+    return shell_blocks(README, TOUR)
 
 
 def on_free_ports(script: str) -> str:
@@ -50,18 +44,6 @@ def on_free_ports(script: str) -> str:
         script,
         flags=re.MULTILINE,
     )
-
-
-def fresh_clone(where: Path) -> Path:
-    """The repository's tracked files (as a clone has them), and the venv of these tests as its `.venv`."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in files.decode().split("\0"):
-        if name and (ROOT / name).is_file():
-            (where / name).parent.mkdir(parents=True, exist_ok=True)
-            (where / name).write_bytes((ROOT / name).read_bytes())
-    assert (Path(sys.prefix) / "bin" / "activate").exists(), "the tests run outside a venv"
-    (where / ".venv").symlink_to(sys.prefix)
-    return where
 
 
 def test_the_readme_tour_runs_as_written_in_a_fresh_clone(tmp_path):

@@ -78,6 +78,33 @@ async def test_live_on_a_gentle_trace_decides_as_the_core(nats_url, tmp_path, mo
     ]
 
 
+def bursts(folder: Path) -> Path:
+    """Three functions called in bursts of 2 to 5 requests at once, each request 500 ms, the next burst of a
+    function a second after the last one began: within a burst every request needs an instance of its own,
+    and between bursts every instance is idle again with half a second to spare."""
+    sizes = {"a": [2, 3, 5, 3, 2, 4, 5, 1], "b": [1, 1, 2, 1, 3, 3], "c": [4, 2, 4, 5, 5, 1, 2]}
+    requests = [
+        request(n * 1000 + k * 3 + offset, key, duration=500)
+        for offset, (key, burst) in enumerate(zip(sizes, sizes.values(), strict=True))
+        for n, size in enumerate(burst)
+        for k in range(size)
+    ]
+    return write_dataset(folder, [meta(key, init=100) for key in sizes], sorted(requests, key=lambda r: r["startTime"]))
+
+
+async def test_the_demo_policy_starts_live_the_instances_it_starts_offline(nats_url, tmp_path, monkeypatch):
+    """Live at speed 1, the node with the demo policy starts exactly the instances the core starts offline on a
+    trace whose bursts leave the scaler's latency half a second to spare: a release is applied before the next
+    burst (none stored late, none undone by a plan), a plan retires nothing demo keeps, and no request of a burst
+    starts an instance another's freed would have served. Every decision is the core's on what the node saw."""
+    decisions = Decisions(monkeypatch)
+    live, offline = await replay(nats_url, bursts(tmp_path / "b"), speed=1, tail_ms=0)
+    assert live.stats().failed_requests_count == 0
+    await decisions.check(nats_url, "demo")
+    assert offline.stats().cold_starts == 5 + 3 + 5  # the largest burst of each function
+    assert (live.stats().cold_starts, live.slots_created) == (offline.stats().cold_starts, offline.slots_created)
+
+
 @pytest.mark.skipif(not (SHARED / "dataSet_1").is_dir(), reason=f"the shared datasets are not at {SHARED}")
 async def test_our_policy_live_on_dataSet_1s_busiest_minute_decides_as_the_core(nats_url, tmp_path, monkeypatch):
     # One minute of dataSet_1's final burst: 2,731 requests of 20-40 ms, 45 a second, on three

@@ -143,18 +143,56 @@ async def test_platform_worker_killed_mid_call(tmp_path, stub, during):
             assert reply.assigment.instance_id == f"{key}-1"
             states = await settled(nats.url, stub)  # no slot leaked: the platform's are exactly the state's
             assert set(stub.accounting.live) == {states[key].instances[f"{key}-1"].slot_id}
-            # CreateSlot: the first slot went with its caller; Init: the first slot, whose Init may have run (a
-            # second would fail), was replaced and destroyed.
+            # CreateSlot: the first slot went with its caller; Init: the first slot, whose Init may have run and the
+            # platform cannot say, was replaced and destroyed, without a second Init on it (the platform would refuse
+            # it, and count it as an error).
             assert stub.accounting.created == 2 and stub.accounting.inits == (2 if in_init else 1)
+            assert stub.accounting.refused_inits == []
+            assert len({slot for slot, _ in stub.accounting.init_calls}) == len(stub.accounting.init_calls)
             await check_the_log(nats.url, Driver(parts.gateway, calls=[Call("r1", key, reply.assigment.instance_id)]))
+
+
+@pytest.mark.parametrize("during", ["Init", "its report"])
+async def test_a_dead_workers_init_is_found_where_the_platform_lists_its_slots(tmp_path, during):
+    """A worker killed during Init, or once Init answered and before its report is stored (its link to NATS cut
+    as the answer goes out): on a platform that lists its slots (with the instance Init was asked for and whether
+    it finished) the next worker finds that Init, waits for it or reports it, and never sends a second one."""
+    metas = {"slow-init": FunctionMeta(key="slow-init", runtime="python", memory_in_mb=128, init_duration_in_ms=3000)}
+    stub = PlatformStub("127.0.0.1:0", metas, create_latency_ms=50, mode=MODES["list"])
+    await stub.start()
+    try:
+        async with NatsServer(tmp_path / "nats") as nats, Link("127.0.0.1", nats.port) as link:
+            env = {"platform_worker": {"SCALER_NATS_URL": link.url}}
+            async with Parts(nats.url, f"127.0.0.1:{stub.port}", env=env) as parts:
+                if during == "its report":
+                    stub.faults.inited = lambda _: setattr(link, "cut", True)
+                pending = asyncio.create_task(assign(parts.gateway, "r1", "slow-init"))
+                if during == "Init":
+                    await eventually(lambda: any(r.instance_id for r in stub.accounting.live.values()))
+                else:
+                    await eventually(lambda: link.cut)
+                    await asyncio.sleep(0.5)  # the answer is in, its report held by the cut link
+                await parts.kill("platform_worker")
+                link.cut = False
+                await parts.start("platform_worker")
+                reply = await pending
+                assert reply.assigment.instance_id == "slow-init-1"
+                assert stub.accounting.created == 1 and len(stub.accounting.init_calls) == 1
+                assert stub.accounting.refused_inits == []
+                states = await settled(nats.url, stub)
+                assert set(stub.accounting.live) == {states["slow-init"].instances["slow-init-1"].slot_id}
+                calls = [Call("r1", "slow-init", reply.assigment.instance_id)]
+                await check_the_log(nats.url, Driver(parts.gateway, calls=calls))
+    finally:
+        await stub.stop()
 
 
 @pytest.mark.parametrize("mode", ["kind", "dedupe", "list", "bare"])
 async def test_a_worker_killed_during_create_slot_leaks_nothing_where_the_platform_promises_it(tmp_path, mode):
     """docs/faults.md, "What the platform must do": a platform that dedupes request ids answers the repeated
-    CreateSlot with the slot the dead worker's call made; one that lists its slots has it reconciled and
-    destroyed; one that does neither (`bare`) keeps it, and nothing names it. (One that tears a vanished
-    CreateSlot down is the challenge's: test_platform_worker_killed_mid_call.)"""
+    CreateSlot with the slot the dead worker's call made; one that lists its slots lets the next worker find it
+    by its request id and take it; one that does neither (`bare`) keeps it, and nothing names it. (One that tears a
+    vanished CreateSlot down is the challenge's: test_platform_worker_killed_mid_call.)"""
     stub = PlatformStub("127.0.0.1:0", create_latency_ms=1000, mode=MODES[mode])
     await stub.start()
     reconcile = ("--reconcile-every", "1", "--reconcile-grace", "3")  # above CreateSlot's 1 s
@@ -166,7 +204,7 @@ async def test_a_worker_killed_during_create_slot_leaks_nothing_where_the_platfo
                 await parts.kill("platform_worker")
                 await parts.start("platform_worker")
                 reply = await pending
-                assert stub.accounting.created == (1 if MODES[mode].dedupes else 2)
+                assert stub.accounting.created == (1 if MODES[mode].dedupes or MODES[mode].lists else 2)
                 if mode == "bare":
                     states = (await controller_state(nats.url)).states
                     leaked = set(stub.accounting.live) - slots_of(states)

@@ -69,7 +69,7 @@ def azure2019(folder: Path) -> Path:
 
 def test_azure2019_minutes_become_arrivals_durations_and_memory_are_drawn(tmp_path, capsys):
     out = tmp_path / "out"
-    code, said, _ = trace_cli(capsys, "azure2019", azure2019(tmp_path / "az19"), out, "--seed", 3, "--init-ms", 700)
+    code, said, _ = trace_cli(capsys, "azure2019", azure2019(tmp_path / "az19"), out, "--seed", 3, "--init-from", 700)
     assert code == 0, said
     assert "1 functions without duration percentiles left out" in said
     d = load_dataset(out)
@@ -112,6 +112,120 @@ def test_a_sample_spans_the_popularity_of_the_trace():
     assert len(sample(functions, 500, 0)) == 100
 
 
+# --- vHive In-Vitro's samples of Azure 2019 -------------------------------------------------------
+
+
+def invitro(folder: Path, minutes: list[str], counts: dict[str, dict[int, int]]) -> Path:
+    """In-Vitro's layout today (data/traces/example, samples/N): invocations.csv with a Trigger and the
+    minute columns given, durations.csv, and memory.csv per function (HashFunction), an app's memory
+    shared among its functions. F1 and F2 of one app, memory 1000-1100 MB and 100-120 MB."""
+    write_csv(
+        folder / "invocations.csv",
+        ["HashOwner", "HashApp", "HashFunction", "Trigger", *minutes],
+        [
+            [OWNER, APP, f, "queue", *(c.get(int(m.removeprefix("minute_")), 0) for m in minutes)]
+            for f, c in counts.items()
+        ],
+    )
+    write_csv(
+        folder / "durations.csv",
+        ["HashOwner", "HashApp", "HashFunction", "Average", "Count", "Minimum", "Maximum"]
+        + [f"percentile_Average_{q}" for q in (0, 1, 25, 50, 75, 99, 100)],
+        [[OWNER, APP, f, 100.0, 5.0, 99.0, 101.0, 99.0, 99.0, 99.0, 100.0, 101.0, 101.0, 101.0] for f in counts],
+    )
+    write_csv(
+        folder / "memory.csv",
+        ["HashOwner", "HashApp", "HashFunction", "SampleCount", "AverageAllocatedMb"]
+        + [f"AverageAllocatedMb_pct{q}" for q in (1, 5, 25, 50, 75, 95, 99, 100)],
+        [
+            [OWNER, APP, F1, 10.0, 1050.0, 1000.0, 1010.0, 1020.0, 1050.0, 1060.0, 1080.0, 1090.0, 1100.0],
+            [OWNER, APP, F2, 10.0, 110.0, 100.0, 101.0, 105.0, 110.0, 112.0, 115.0, 118.0, 120.0],
+        ],
+    )
+    return folder
+
+
+def minute_of_day(d) -> Counter:
+    return Counter((r.meta_key[-16:], (r.start_time - DAY_MS) // 60_000) for r in d.requests)
+
+
+def test_an_invitro_sample_converts_with_its_memory_per_function(tmp_path, capsys):
+    src = invitro(tmp_path / "example", [str(m) for m in range(1, 1441)], {F1: {1: 2, 1440: 1}, F2: {7: 3}})
+    code, said, err = trace_cli(capsys, "azure2019", src, tmp_path / "out")
+    assert code == 0, err
+    assert "read invocations.csv, durations.csv, memory.csv" in said
+    d = load_dataset(tmp_path / "out")
+    assert minute_of_day(d) == {(F1[:16], 0): 2, (F1[:16], 1439): 1, (F2[:16], 6): 3}
+    memory = {k[-16:]: m.memory_in_mb for k, m in d.metas.items()}
+    assert memory == {F1[:16]: 1152, F2[:16]: 128}  # each its own row, not the app's: 1000-1100 MB and 100-120 MB
+
+
+def test_invitros_older_samples_are_n_inv_run_mem_with_minute_columns_and_no_trigger(tmp_path, capsys):
+    """data/traces/N_inv.csv as In-Vitro shipped them: HashFunction, HashApp, HashOwner, minute_1..minute_1440;
+    N_run.csv its durations; N_mem.csv per app. Several samples in one folder: SRC names one."""
+    folder = tmp_path / "traces"
+    minutes = [f"minute_{m}" for m in range(1, 1441)]
+    for n, f in ((10, F1), (20, F2)):
+        write_csv(
+            folder / f"{n}_inv.csv",
+            ["HashFunction", "HashApp", "HashOwner", *minutes],
+            [[f, f, f, 0, 0, 4] + [0] * 1437],
+        )
+        write_csv(
+            folder / f"{n}_run.csv",
+            ["HashFunction", "HashApp", "HashOwner", "Count", "Average", "Minimum", "Maximum"]
+            + [f"percentile_Average_{q}" for q in (0, 1, 25, 50, 75, 99, 100)],
+            [[f, f, f, 6, 365, 53.0, 799.0, 265, 265, 265, 265, 466, 466, 466]],
+        )
+        write_csv(
+            folder / f"{n}_mem.csv",
+            ["HashApp", "HashOwner", "SampleCount", "AverageAllocatedMb"]
+            + [f"AverageAllocatedMb_pct{q}" for q in (1, 5, 25, 50, 75, 95, 99, 100)],
+            [[f, f, 133, 3 * n * 5] + [3 * n * 5] * 8],  # 150 MB, 300 MB
+        )
+    code, _, err = trace_cli(capsys, "azure2019", folder, tmp_path / "out")
+    assert code == 1 and "holds 2 samples (10_inv.csv, 20_inv.csv): give one's invocations file as SRC" in err
+    code, said, err = trace_cli(capsys, "azure2019", folder / "20_inv.csv", tmp_path / "out")
+    assert code == 0, err
+    assert "read 20_inv.csv, 20_run.csv, 20_mem.csv" in said
+    d = load_dataset(tmp_path / "out")
+    assert minute_of_day(d) == {(F2[:16], 2): 4}  # minute_3 is the day's third minute
+    assert {r.durations_in_ms for r in d.requests} <= set(range(265, 467))
+    assert [m.memory_in_mb for m in d.metas.values()] == [384]  # 20_mem.csv's 300 MB, not 10_mem.csv's 150
+
+
+def test_a_samplers_excerpt_keeps_its_minutes_of_the_day(tmp_path, capsys):
+    """In-Vitro's preprocessing keeps a window of minutes (its reference traces: 09:00 on, columns 541..):
+    a column is the minute its name says, and --window counts from the start of that day."""
+    src = invitro(tmp_path / "x", [str(m) for m in range(541, 546)], {F1: {541: 1, 545: 2}, F2: {543: 5}})
+    assert trace_cli(capsys, "azure2019", src, tmp_path / "all")[0] == 0
+    assert minute_of_day(load_dataset(tmp_path / "all")) == {(F1[:16], 540): 1, (F1[:16], 544): 2, (F2[:16], 542): 5}
+    assert trace_cli(capsys, "azure2019", src, tmp_path / "w", "--window", "541-543")[0] == 0
+    assert minute_of_day(load_dataset(tmp_path / "w")) == {(F2[:16], 542): 5}
+
+
+def test_files_are_known_by_their_columns_not_their_names(tmp_path, capsys):
+    src = invitro(tmp_path / "x", [str(m) for m in range(1, 61)], {F1: {1: 2}, F2: {7: 3}})
+    for old, new in (("invocations", "a"), ("durations", "b"), ("memory", "c")):
+        (src / f"{old}.csv").rename(src / f"{new}.csv")
+    write_csv(src / "dag_structure.csv", ["Width", "WidthPercentile", "Depth"], [[1, "0.00%", 1]])  # not a trace file
+    code, said, err = trace_cli(capsys, "azure2019", src, tmp_path / "out")
+    assert code == 0, err
+    assert "read a.csv, b.csv, c.csv" in said
+    assert len(load_dataset(tmp_path / "out").requests) == 5
+
+
+def test_the_other_azure_format_is_named_when_given_to_the_wrong_importer(tmp_path, capsys):
+    a21 = azure2021(tmp_path / "a21")
+    code, _, err = trace_cli(capsys, "azure2019", a21, tmp_path / "out")
+    assert code == 1
+    assert "no Azure 2019 invocations file" in err and "is an Azure 2021 trace: scaler trace import azure2021" in err
+    src = invitro(tmp_path / "x", ["1", "2"], {F1: {1: 1}})
+    code, _, err = trace_cli(capsys, "azure2021", src / "invocations.csv", tmp_path / "out")
+    assert code == 1 and "an Azure 2019 invocations file: scaler trace import azure2019" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 # --- Azure Functions 2021 -----------------------------------------------------------------------
 
 
@@ -140,6 +254,26 @@ def test_azure2021_each_row_is_a_request_starting_at_its_end_less_its_duration(t
     assert {m.memory_in_mb for m in d.metas.values()} == {512}
     code, _, _ = trace_cli(capsys, "azure2021", src, tmp_path / "w", "--window", "86.6-90")  # 5196 s on
     assert code == 0 and len(load_dataset(tmp_path / "w").requests) == 1
+
+
+def test_invitros_azure2021_examples_are_found_by_their_columns(tmp_path, capsys):
+    """In-Vitro's data/traces/example/Azure2021/Azure2021_30.csv: the trace's columns under another name."""
+    folder = tmp_path / "Azure2021"
+    rows = [[APP, F1, "10.0000000000000", "9.000"], [APP, F2, "11.00000000000000", "9.000"], [APP2, F3, "132.3", "9.0"]]
+    write_csv(folder / "Azure2021_30.csv", ["app", "func", "end_timestamp", "duration"], rows)
+    code, said, err = trace_cli(capsys, "azure2021", folder, tmp_path / "out")
+    assert code == 0, err
+    assert "read Azure2021_30.csv" in said
+    d = load_dataset(tmp_path / "out")
+    assert [(r.start_time - 1_612_051_200_000, r.durations_in_ms) for r in d.requests] == [
+        (1000, 9000),
+        (2000, 9000),
+        (123_300, 9000),
+    ]
+    write_csv(folder / "Azure2021_200.csv", ["app", "func", "end_timestamp", "duration"], rows)
+    code, _, err = trace_cli(capsys, "azure2021", folder, tmp_path / "two")
+    assert code == 1 and "2 files of the trace (Azure2021_200.csv, Azure2021_30.csv): give one as SRC" in err
+    assert trace_cli(capsys, "azure2021", folder / "Azure2021_200.csv", tmp_path / "one")[0] == 0
 
 
 # --- Huawei Cloud 2023 and the 2025 cold starts --------------------------------------------------
@@ -191,7 +325,7 @@ def test_huawei_2025_cold_starts_set_the_inits(tmp_path, capsys):
         tmp_path / "public_dataset" / "requests_minute" / "day_00.csv", ["day", "time", "3"], [[0, 0, 5]]
     )
     out = tmp_path / "out"
-    assert trace_cli(capsys, "huawei", public.parents[1], out, "--cold-starts", starts)[0] == 0
+    assert trace_cli(capsys, "huawei", public.parents[1], out, "--init-from", f"huawei2025:{starts}")[0] == 0
     d = load_dataset(out)
     assert (d.metas["3"].init_duration_in_ms, d.metas["3"].memory_in_mb) == (2239, 512)  # the pod's pool
     assert {r.durations_in_ms for r in d.requests} == {100}  # no execution times in the public set
