@@ -22,7 +22,7 @@ from scaler.controller.leases import LEASES
 from scaler.controller.partitions import OWNERS
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
-from scaler.proto.commands import Code, Delete, Restart, decode_reply, encode
+from scaler.proto.commands import Code, Delete, Restart, SlotFailed, decode_reply, encode
 from scaler.proto.subjects import EVENTS, command_subject, event_subject, partition, report_subject
 from scaler.runtime.access import NatsAccess
 from scaler.runtime.bus import connected
@@ -46,13 +46,14 @@ class Attempt:
     may: frozenset[str] = frozenset()  # the roles that may: it is done for them
 
 
-NODE, READER = frozenset({"node"}), frozenset({"node", "reader"})
+NODE, READER, WORKER = frozenset({"node"}), frozenset({"node", "reader"}), frozenset({"worker"})
 
 
 def attempts(forged: bytes, lease: str) -> list[Attempt]:
-    """What no worker may do (nor a reader or a node, but for `may`), each as an attacker would try it."""
+    """What a role must not do (but those in `may`), each as an attacker would try it."""
     js = lambda nc: nc.jetstream(timeout=ANSWER_S)  # noqa: E731
     delete = encode(Delete(key=KEY, reason="an attacker's", asked_ms=time.time_ns() // 1_000_000))
+    report = encode(SlotFailed(key=KEY, instance_id=f"{KEY}-999", reason="an attacker's"))  # of no instance: a no-op
     cut = StreamConfig(name=EVENTS, subjects=["evt.>"], max_msgs=1)
     objects, api = f"OBJ_{snapshots.BUCKET}", "$JS.API.STREAM"
 
@@ -74,6 +75,8 @@ def attempts(forged: bytes, lease: str) -> list[Attempt]:
         Attempt("find the snapshots", f"{api}.INFO.{objects}", lambda nc: js(nc).object_store(snapshots.BUCKET),
                 READER),
         Attempt("read the snapshots", f"$JS.API.CONSUMER.CREATE.{objects}", read_snapshots, READER),
+        Attempt("send a worker's report", report_subject(KEY),
+                lambda nc: nc.request(report_subject(KEY), report, timeout=ANSWER_S), WORKER),
         Attempt("hear the commands", "cmd.>", lambda nc: nc.subscribe("cmd.>"), NODE),
         Attempt("hear a node's answers (and what it reads)", "_INBOX.node.>", lambda nc: nc.subscribe("_INBOX.node.>"),
                 NODE),
@@ -147,11 +150,11 @@ async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path, ca
                 tries = [a for a in every if role != "node" or role not in a.may]
                 said = await tried(nats_server.access(role), tries)
                 for a in tries:
-                    if role in a.may:  # a reader reads the snapshots: the same calls, permitted
+                    if role in a.may:  # a reader reads the snapshots, a worker reports: the same calls, permitted
                         assert said[a.what] == "done", (role, a.what, said[a.what])
                     else:
                         assert "permissions violation" in said[a.what].lower(), f"the {role} could {a.what}: {said}"
-                assert role != "node" or len(tries) == 4  # a node: delete EVENTS or a bucket, purge, delete a batch
+                assert role != "node" or len(tries) == 5  # delete EVENTS or a bucket, purge, delete a batch, report
 
             # A worker may report, and NATS lets it publish on the report subjects: there the node takes reports
             # and nothing else. An operator's Restart sent as a report is refused by the node, and not stored.
