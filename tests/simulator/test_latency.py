@@ -62,6 +62,11 @@ def test_each_delay_lands_where_it_belongs(tmp_path):
     # each slot from its CreateSlot (15 ms after the core wanted it) to its DestroySlot: the Idle at the core 50 + 3 ms
     # after the answer, kept 1 s, its timer 30 ms late, the destruction 9 ms on its way
     assert run.slot_gb_s == pytest.approx(2 * (299 + 1_000 + 30 + 9 - 15) / 1000)
+    # and the function's features measure the system as the core saw it
+    f = sim.ledger.features_of("f")
+    assert f.starts == (234, 234)  # wanted at 5, ready at the core at 239
+    assert f.late == (30, 30)
+    assert f.overheads == (10, 10)  # held 7 ms (the answer out) and 3 ms (the Idle in) longer than it ran
 
 
 def test_a_run_measures_each_part_from_the_platforms_record_and_the_cores_events():
