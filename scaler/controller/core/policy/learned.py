@@ -615,10 +615,10 @@ class Delays:
     def of(cls, f: FnStats, start: int, gb: float, lam: float, decisions: float) -> "Delays":
         starts = f.starts or (start,)
         longest = max(starts)
-        late = [x for x in f.late if x < longest]
-        work = lam * decisions * _median(f.overheads) / 2 if f.overheads else 0.0
+        late = [x for x in f.late if x < longest] if any(f.late) else []
+        work = lam * decisions * _median(f.overheads) / 2 if any(f.overheads) else 0.0
         worst = longest + (max(late) if late else 0)
-        spread = math.sqrt(_variance(starts) + _variance(late))
+        spread = math.sqrt(_variance(starts) + _variance(late)) if late or min(starts) < longest else 0.0
         if not spread:
             return cls(worst, 0.0, work)
         tail = spread / (len(starts) + 1)  # expected ms past the longest, for a start at the longest
