@@ -367,7 +367,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
                     began=drivers.append,
                     gateway_tls=service.client_tls(args, "gateway"),
                     platform_tls=service.server_tls(args),
-                    latency=(args.nats or "") if args.latency_out is not None else None,
+                    latency=args.latency_out is not None,
+                    events=args.nats,
                 )
             )
         )

@@ -142,6 +142,7 @@ class CallTimes(msgspec.Struct, frozen=True):
     assign_end: int
     idle_start: int
     idle_end: int
+    instance_id: str = ""
 
 
 class SlotTimes(msgspec.Struct, frozen=True):
@@ -154,9 +155,14 @@ class SlotTimes(msgspec.Struct, frozen=True):
     nominal_ms: int
 
 
-def measure(calls: Iterable[CallTimes], slots: Iterable[SlotTimes], batches: Iterable[Batch], source: str) -> Latency:
+def measure(
+    calls: Iterable[CallTimes], slots: Iterable[SlotTimes], batches: Iterable[Batch] | None, source: str
+) -> Latency:
     """The model of a live run at speed 1: the platform's side (`calls`, `slots`) against the core's (the node's
-    EVENTS, `batches`, each decision as stored), every time on the run's one clock."""
+    EVENTS, `batches`, each decision as stored), every time on the run's one clock. Without the core's side (a
+    scaler that keeps no events, `batches` None), from the platform's alone (`from_records`)."""
+    if batches is None:
+        return from_records(list(calls), list(slots), source)
     arrived: dict[str, int] = {}
     assigned: dict[str, int] = {}
     released: dict[str, int] = {}
@@ -228,3 +234,37 @@ async def read_batches(url: str, timeout_s: float = 30.0) -> list[Batch]:
     async with asyncio.timeout(timeout_s), connected(url, "latency") as nc:
         await stream.read(nc.jetstream(), lambda seq, batch: batches.append(batch))
     return batches
+
+
+def from_records(calls: list[CallTimes], slots: list[SlotTimes], source: str) -> Latency:
+    """The model of a scaler whose decisions cannot be read, from what the platform saw alone: a call answered by
+    an instance ready before it came takes all its time on the way out (assign_out), an Idle all of it on the way
+    in (its answer follows the decision); a call whose instance was created after it came waited for that
+    CreateSlot (dispatch), and for its answer once the Init was done (notify), less a warm call's median way out.
+    Timers and destructions are not seen: 0."""
+    by_instance = {s.instance_id: s for s in slots}
+    parts: dict[str, list[float]] = {part: [] for part in PARTS}
+    cold: list[tuple[CallTimes, SlotTimes]] = []
+    for c in calls:
+        slot = by_instance.get(c.instance_id)
+        if slot is None or not c.assign_end:
+            continue
+        if slot.ready_ms and slot.ready_ms <= c.assign_start:
+            parts["assign_out"].append(c.assign_end - c.assign_start)
+        elif slot.created_ms >= c.assign_start:
+            cold.append((c, slot))
+        if c.idle_start:
+            parts["idle_in"].append(c.idle_end - c.idle_start)
+    out = sorted(parts["assign_out"])
+    way_out = out[len(out) // 2] if out else 0
+    for c, slot in cold:
+        parts["dispatch"].append(slot.created_ms - c.assign_start)
+        parts["notify"].append(max(0, c.assign_end - slot.ready_ms - way_out))
+    for s in slots:
+        if s.ready_ms:
+            parts["start_extra"].append(max(0, s.ready_ms - s.created_ms - s.nominal_ms))
+    return Latency(
+        source=f"{source} (the platform's side alone)",
+        samples={part: len(values) for part, values in parts.items()},
+        **{part: percentiles(values) for part, values in parts.items()},
+    )

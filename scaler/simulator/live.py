@@ -269,7 +269,7 @@ class LiveRun:
     def call_times(self) -> list[CallTimes]:
         """Each request's calls as this platform made them (for a latency model: scaler/simulator/latency.py)."""
         return [
-            CallTimes(f"{self._tag}-{n}", c.assign_start, c.assign_end, c.idle_start, c.idle_end)
+            CallTimes(f"{self._tag}-{n}", c.assign_start, c.assign_end, c.idle_start, c.idle_end, c.instance_id)
             for n, c in enumerate(self.calls)
             if c.done and c.failure is None
         ]
@@ -436,12 +436,14 @@ async def run_live(
     began: Callable[[LiveRun], None] = lambda driver: None,
     gateway_tls: tls.ClientTls | None = None,
     platform_tls: tls.ServerTls | None = None,
-    latency: str | None = None,
+    latency: bool = False,
+    events: str | None = None,
 ) -> "LiveOutcome":
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
 
-    `latency`: the NATS URL of the scaler's EVENTS stream ("" for the one the scaler says it uses): the run's
-    latency model is measured on it and this run's records (`LiveOutcome.latency`; speed 1 only).
+    `latency`: measure the run's latency model (`LiveOutcome.latency`; speed 1 only) on this run's records and
+    the scaler's EVENTS, at `events` (a NATS URL) or where the scaler says they are; a scaler that does not say
+    (not ours) is measured on the records alone (scaler/simulator/latency.py, `from_records`).
 
     The setup is checked before the first request: the scaler's speed (when it says it) and, at
     its first answer, that it uses this platform. With `stats_listen`, the statistics so far are
@@ -490,7 +492,7 @@ async def run_live(
                 said(f"statistics so far: http://{_reachable(stats_listen)}:{stats.port}/stats")
             run = await driver.run()
             await _platform_quiet(stub, dataset)
-            model = await _latency(driver, latency or info.nats, speed, gateway) if latency is not None else None
+            model = await _latency(driver, events or info.nats, speed, gateway) if latency else None
     finally:
         if stats is not None:
             await stats.stop()
@@ -499,15 +501,15 @@ async def run_live(
 
 
 async def _latency(driver: LiveRun, url: str, speed: float, gateway: str) -> Latency:
-    """The run's latency model, from its records and the scaler's EVENTS at `url`."""
+    """The run's latency model, from its records and the scaler's EVENTS at `url` (none: its records alone)."""
     if speed != 1:
         raise LiveError("a latency model is measured at speed 1 only: the scaler's own time is not sped up")
-    if not url:
-        raise LiveError(f"the scaler at {gateway} does not say where its events are: give its NATS URL")
-    try:
-        batches = await read_batches(url)
-    except Exception as e:  # any failure to read says the same: no model
-        raise LiveError(f"cannot read the scaler's events at {url} for the latency model: {e}") from None
+    batches = None
+    if url:
+        try:
+            batches = await read_batches(url)
+        except Exception as e:  # any failure to read says the same: no model
+            raise LiveError(f"cannot read the scaler's events at {url} for the latency model: {e}") from None
     source = f"{driver.dataset.name}, live at speed 1 against {gateway}"
     return measure(driver.call_times(), driver.slot_times(), batches, source)
 

@@ -161,3 +161,15 @@ async def test_a_live_runs_model_splits_each_call_at_the_cores_decision(nats_url
     for c in warm:
         into, out = arrived[c.request_id] - c.assign_start, c.assign_end - assigned[c.request_id]
         assert into >= 0 and out >= 0 and into + out == c.assign_end - c.assign_start
+
+
+def test_a_scaler_without_events_is_measured_on_the_platforms_side_alone():
+    calls = [
+        CallTimes("cold", assign_start=1_000, assign_end=1_300, idle_start=1_400, idle_end=1_406, instance_id="i1"),
+        CallTimes("warm", assign_start=2_000, assign_end=2_004, idle_start=2_100, idle_end=2_103, instance_id="i1"),
+    ]
+    slots = [SlotTimes("i1", created_ms=1_020, ready_ms=1_250, destroyed_ms=None, nominal_ms=200)]
+    model = measure(calls, slots, None, "records")
+    assert model.assign_out[50] == 4 and model.idle_in == percentiles([6, 3])
+    assert model.dispatch[50] == 20 and model.notify[50] == 300 - 250 - 4 and model.start_extra[50] == 30
+    assert not model.assign_in and not model.timer and "the platform's side alone" in model.source
