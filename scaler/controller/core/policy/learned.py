@@ -551,10 +551,11 @@ class Learned(Policy):
 
     def _in_stead(self, s: FnState, f: FnStats, now: int, run: RunView) -> Prewarm:
         """Instances that went with their release, not by a keep-alive of the policy's (need_destroy, mostly: no
-        keep-alive was decided for them), started again while the load needs them (`pool_target`, counting those
-        starting): a busy function's pool grows only for waiting requests, so without this it erodes death by
-        death until every call waits for a start (dataSet_3's 8b83a83f, 246 of its 61,111 calls fatal, lost its
-        ten instances in 15 s and then queued 50 calls for 3.8 s starts)."""
+        keep-alive was decided for them), started again while the load clearly needs them (`pool_target` for the
+        load half a standard error below its estimate, as a pool shrinks only past half of one above; those
+        starting counted): a busy function's pool grows only for waiting requests, so without this it erodes
+        death by death until every call waits for a start (dataSet_3's 8b83a83f, 246 of its 61,111 calls fatal,
+        lost its ten instances in 15 s and then queued 50 calls for 3.8 s starts)."""
         gone = 0
         for i in s.instances.values():
             if i.phase is Phase.RETIRING and not i.keep_until_ms and (done := s.release_of(i.request_id)):
@@ -562,7 +563,7 @@ class Learned(Policy):
         if not gone:
             return NO_PREWARM
         live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
-        target = self.pool_target(s, f, now, run=run)
+        target = self.pool_target(s, f, now, margin=-0.5, run=run)
         if (short := min(gone, target - live)) <= 0:
             return NO_PREWARM
         return Prewarm(short, f"an instance went with its request, and the load needs {target}: one in its stead")
