@@ -11,10 +11,14 @@ one event a call: the node's storage contract in as few lines as it takes), `sca
 (the same policy in the node) and `scaler up` with the default policy (learned). Live, every call takes
 the scaler's own time, which offline counts as zero; "live - offline" is what the machine and the
 scaler's own work cost the score. The durable reference less the in-memory one is what storing costs;
-the node with demo less the durable reference is what the node's own machinery costs. Prints every
-round, then the medians (score, cold starts, Assign and Idle seconds) with how far the rounds spread,
-the Idle latency over the run and in its busiest second, and slot GB·s per function; on this machine,
-under whatever else it runs.
+the node with demo less the durable reference is what the node's own machinery costs. Each live run's
+own latency is measured (scaler/simulator/latency.py: from the node's events and the run's records; a
+reference, which keeps no events the simulator can read, from the records alone) and the scenario is
+played offline on it with the run's policy: "live - on its latency" is what that model misses. Prints
+every round, then the medians (score, cold starts, Assign and Idle seconds) with how far the rounds
+spread, then `learned` and `demo` played offline on each scaler's latency (what each policy would score
+live on a scaler that fast), the Idle latency over the run and in its busiest second, and slot GB·s per
+function; on this machine, under whatever else it runs.
 
 - smoke: function_smoke_test (806 of its 980 requests within one second);
 - busiest-minute: dataSet_1 from 18,600 s to 18,660 s (2,731 requests of 20-40 ms, 45 a second, on
@@ -40,6 +44,7 @@ from scaler.controller.core.policy import get_policy  # noqa: E402
 from scaler.runtime.natsd import NatsServer  # noqa: E402
 from scaler.runtime.ports import free_port  # noqa: E402
 from scaler.simulator.dataset import Dataset, load_dataset  # noqa: E402
+from scaler.simulator.latency import Latency  # noqa: E402
 from scaler.simulator.live import run_live  # noqa: E402
 from scaler.simulator.offline import simulate  # noqa: E402
 from scaler.simulator.score import Run  # noqa: E402
@@ -96,7 +101,7 @@ SCALERS = {
 }
 
 
-async def live(dataset: Dataset, scaler: str) -> Run:
+async def live(dataset: Dataset, scaler: str) -> tuple[Run, Latency]:
     argv, ready, _ = SCALERS[scaler]
     platform = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory() as store:
@@ -109,22 +114,23 @@ async def live(dataset: Dataset, scaler: str) -> Run:
                 while not (m := re.search(ready, (line := (await proc.stdout.readline()).decode()))):
                     if not line:
                         raise SystemExit(f"{scaler} exited before it was ready")
-                outcome = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform)
+                outcome = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform, latency=True)
                 if outcome.errors:
                     print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}", file=sys.stderr)
-                return outcome.run
+                return outcome.run, outcome.latency
             finally:
                 proc.send_signal(2)
                 await proc.communicate()
 
 
-def row(name: str, scaler: str, n: int, run: Run, offline: Run) -> str:
-    s, o = run.stats(), offline.stats()
+def row(name: str, scaler: str, n: int, run: Run, offline: Run, played: Run) -> str:
+    s, o, p = run.stats(), offline.stats(), played.stats()
     calls = s.invocation_schedule_time_in_secs + s.invocation_idle_time_in_secs
     return (
         f"| {name} | {scaler} | {n} | {s.total_requests_count:,} | {s.failed_requests_count} | {s.cold_starts:,} "
         f"| {run.slot_gb_s:,.1f} | {s.invocation_schedule_time_in_secs:,.1f} | {s.invocation_idle_time_in_secs:,.1f} "
-        f"| {calls:,.1f} | {o.score:.2f} | {s.score:.2f} | {s.score - o.score:+.2f} |"
+        f"| {calls:,.1f} | {o.score:.2f} | {s.score:.2f} | {s.score - o.score:+.2f} | {p.score:.2f} "
+        f"| {s.score - p.score:+.2f} |"
     )
 
 
@@ -145,26 +151,35 @@ def idle_latency(dataset: Dataset, run: Run) -> str:
     )
 
 
+POLICIES = ("learned", "demo")
+
+
 async def main(names: list[str], datasets: Path, rounds: int) -> None:
-    runs: list[tuple[str, str, int, Run, Run]] = []
+    runs: list[tuple[str, str, int, Run, Run, Run]] = []
+    played: dict[tuple[str, str, str], list[float]] = {}  # (scenario, scaler, policy) -> scores on its latencies
+    offline_scores: dict[tuple[str, str], float] = {}
     latency: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
         chosen = scenarios(datasets, Path(scratch))
         for name in names:
             dataset = load_dataset(chosen[name])
-            offline = {policy: simulate(dataset, get_policy(policy)) for policy in ("learned", "demo")}
+            offline = {policy: simulate(dataset, get_policy(policy)) for policy in POLICIES}
+            offline_scores.update({(name, policy): run.stats().score for policy, run in offline.items()})
             for n in range(1, rounds + 1):
                 for scaler, (_, _, policy) in SCALERS.items():
-                    on = await live(dataset, scaler)
-                    runs.append((name, scaler, n, on, offline[policy]))
+                    on, model = await live(dataset, scaler)
+                    on_its = {p: simulate(dataset, get_policy(p), latency=model) for p in POLICIES}
+                    for p, run in on_its.items():
+                        played.setdefault((name, scaler, p), []).append(run.stats().score)
+                    runs.append((name, scaler, n, on, offline[policy], on_its[policy]))
                     latency.append(f"| {name} | {scaler} | {n} | {idle_latency(dataset, on)} |")
     print(
         "| scenario | scaler | round | requests | failed | cold starts | slot GB·s | Assign s | Idle s | calls s "
-        "| offline score | live score | live - offline |"
+        "| offline score | live score | live - offline | offline on its latency | live - on its latency |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, scaler, n, on, offline in runs:
-        print(row(name, scaler, n, on, offline))
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, scaler, n, on, offline, on_its_own in runs:
+        print(row(name, scaler, n, on, offline, on_its_own))
     print()
     print(
         "| scenario | scaler | live score, median | rounds' spread | cold starts, median (offline) | Assign s, median"
@@ -173,10 +188,10 @@ async def main(names: list[str], datasets: Path, rounds: int) -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         durable = statistics.median(
-            on.stats().score for m, sc, _, on, _ in runs if (m, sc) == (name, "durable reference")
+            on.stats().score for m, sc, _, on, _, _ in runs if (m, sc) == (name, "durable reference")
         )
         for scaler in SCALERS:
-            mine = [(on.stats(), offline.stats()) for m, sc, _, on, offline in runs if (m, sc) == (name, scaler)]
+            mine = [(on.stats(), offline.stats()) for m, sc, _, on, offline, _ in runs if (m, sc) == (name, scaler)]
             scores = [s.score for s, _ in mine]
             score, offline = statistics.median(scores), mine[0][1]
             print(
@@ -187,13 +202,31 @@ async def main(names: list[str], datasets: Path, rounds: int) -> None:
                 f" | {statistics.median(s.score - o.score for s, o in mine):+.2f} | {score - durable:+.2f} |"
             )
     print()
+    print(
+        "| scenario | on the latency of | learned, median | learned - its offline | demo, median"
+        " | demo - its offline | that scaler's own live - offline, median |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name in names:
+        for scaler in SCALERS:
+            learned, demo = (statistics.median(played[name, scaler, p]) for p in POLICIES)
+            own = statistics.median(
+                on.stats().score - offline.stats().score
+                for m, sc, _, on, offline, _ in runs
+                if (m, sc) == (name, scaler)
+            )
+            print(
+                f"| {name} | {scaler} | {learned:.2f} | {learned - offline_scores[name, 'learned']:+.2f}"
+                f" | {demo:.2f} | {demo - offline_scores[name, 'demo']:+.2f} | {own:+.2f} |"
+            )
+    print()
     print("| scenario | scaler | round | Idle p50 / p99 ms | busiest second: requests | its Idle p50 / p99 ms |")
     print("|---|---|---:|---:|---:|---:|")
     print("\n".join(latency))
     print()
     print("| scenario | scaler | round | function | offline slot GB·s | live slot GB·s | live / offline |")
     print("|---|---|---:|---|---:|---:|---:|")
-    for name, scaler, n, on, offline in runs:
+    for name, scaler, n, on, offline, _ in runs:
         for key, gb_s in sorted(offline.slot_gb_s_by_key.items(), key=lambda kv: -kv[1])[:3]:
             there = on.slot_gb_s_by_key.get(key, 0.0)
             print(

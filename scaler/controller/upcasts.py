@@ -118,9 +118,10 @@ STEPS: dict[int, Callable[[Data], Data]] = {
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
 # (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the
 # new histories starting empty; so does one that only adds what the others are worked out into (5: `next_gap`,
-# from `gaps`, `lulls` and `gap_hist`, built again where missing); one that folds a stat differently is not
-# listed, and its snapshots are ignored (the stream replayed in full).
-FEATURES_CONTINUED = frozenset({2, 3, 4})
+# from `gaps`, `lulls` and `gap_hist`, built again where missing); so does 6's (`starts`, `late`, `overheads`:
+# the system a function runs on, measured from its events); one that folds a stat differently is not listed,
+# and its snapshots are ignored (the stream replayed in full).
+FEATURES_CONTINUED = frozenset({2, 3, 4, 5})
 
 
 def upcast(body: bytes, version: int, into: type[T]) -> T:

@@ -4,7 +4,8 @@ Live (default): serve the Platform API, drive a running scaler's gateway through
 measure. Start the scaler first, at the same speed, pointed at this platform:
     scaler up --platform 127.0.0.1:50051 --speed N      then      scaler simulate DIR --speed N
 Offline (--offline): run the controller's pure core and a policy on a virtual clock, no NATS or
-gRPC; deterministic, seconds for hours of trace. Both end in the same scoring code.
+gRPC; deterministic, seconds for hours of trace; with `--latency FILE`, on the latency a live run
+measured (`--latency-out FILE`; scaler/simulator/latency.py). Both end in the same scoring code.
 `--report PATH.html` draws the run as a page (scaler/simulator/report.py; docs/reports.md), `--save-run`
 keeps it for a later `--compare`.
 Exit status: 0 when the run completed (whatever the score), 1 when it could not be done, 2 for a
@@ -33,6 +34,7 @@ from scaler.report.timeline import Folds, Timeline
 from scaler.runtime import service
 from scaler.runtime.ports import address, nats_url, peer, port
 from scaler.runtime.service import positive
+from scaler.simulator import latency as latencies
 from scaler.simulator import runs
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
 from scaler.simulator.live import LiveError, LiveRun, run_live
@@ -143,6 +145,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--host",
         default=DEFAULT_HOST,
         help="live: the address the Platform API and the statistics bind (0.0.0.0: every interface)",
+    )
+    p.add_argument(
+        "--latency",
+        metavar="FILE",
+        help="offline: play the run on a live scaler's own latency, measured with --latency-out (docs/simulation.md)",
+    )
+    p.add_argument("--latency-seed", type=int, default=0, metavar="N", help="offline, with --latency: the delays' seed")
+    p.add_argument(
+        "--latency-out",
+        metavar="FILE",
+        help="live, speed 1: measure the scaler's own latency in this run (its calls, starts and timers, from this"
+        " run's records and the scaler's events) and write it to FILE, for --offline --latency",
     )
     p.add_argument("--json", metavar="PATH", help="also write the statistics as a JSON object to PATH")
     p.add_argument(
@@ -280,7 +294,14 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
     given = [flag for flag, value in (("--speed", args.speed), ("--gateway", args.gateway)) if value is not None]
     given += ["--platform-listen"] if args.platform_listen is not None else []
     given += ["--stats-port"] if args.stats_port is not None else []
+    given += ["--latency-out"] if args.latency_out is not None else []
     _note(given, "offline mode runs no scaler and no clock")
+    model = None
+    if args.latency is not None:
+        try:
+            model = latencies.load(args.latency)
+        except ValueError as e:
+            raise Failure(str(e)) from None
     started = time.perf_counter()
     progress = Progress(len(dataset.requests), dataset.span_ms, args.progress_every)
     sim = Simulation(
@@ -289,6 +310,8 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
         CREATE_LATENCY_MS,
         progress=progress,
         folds=Folds() if drawing else None,
+        latency=model,
+        seed=args.latency_seed,
     )
     run = sim.run()
     took = time.perf_counter() - started
@@ -305,8 +328,12 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
         run,
         [
             f"{dataset.name}: offline, policy {name}, {len(dataset.requests)} requests, simulated in {took:.1f}s",
-            f"schedule time: CreateSlot ({CREATE_LATENCY_MS} ms) + Init waits in trace time; the scaler's own latency"
-            " counts as zero offline",
+            f"schedule time: CreateSlot ({CREATE_LATENCY_MS} ms) + Init waits in trace time; "
+            + (
+                "the scaler's own latency counts as zero offline"
+                if model is None
+                else f"the scaler's own latency drawn from {args.latency} (seed {args.latency_seed}: {model.source})"
+            ),
         ],
         recorded,
     )
@@ -318,6 +345,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
         _note(["--policy"], f"live mode measures the running scaler's policy; start it with `--policy {name}`")
     if args.exchange_rate is not None:
         _note(["--exchange-rate"], "live mode measures the running scaler's; start it with `--exchange-rate`")
+    if args.latency is not None:
+        _note(["--latency"], "live mode measures the scaler's own latency (--latency-out writes it)")
     speed = args.speed or 1.0
     gateway = args.gateway or DEFAULT_GATEWAY
     started = time.perf_counter()
@@ -338,6 +367,8 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
                     began=drivers.append,
                     gateway_tls=service.client_tls(args, "gateway"),
                     platform_tls=service.server_tls(args),
+                    latency=args.latency_out is not None,
+                    events=args.nats,
                 )
             )
         )
@@ -373,6 +404,13 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
         heading.append(f"retried, each with the same request, as a platform does: {calls}")
     for message, count in outcome.errors.most_common(3):
         heading.append(f"failed: {count} x {message}")
+    if outcome.latency is not None:
+        try:
+            latencies.dump(outcome.latency, args.latency_out)
+        except OSError as e:
+            raise Failure(f"{args.latency_out}: cannot write: {e.strerror}") from None
+        heading.append(f"the scaler's own latency, written to {args.latency_out} (for --offline --latency):")
+        heading += [f"  {line}" for line in outcome.latency.rows()]
     recorded = None
     if drawing:
         title = f"{dataset.name}: live{policy}, speed {speed:g}"

@@ -31,7 +31,7 @@ from typing import TypeVar
 import grpc
 import msgspec
 
-from scaler.platform_stub.server import PlatformStub, SlotRecord
+from scaler.platform_stub.server import DEFAULT_INIT_MS, PlatformStub, SlotRecord
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.info import Info, NoAnswer, ask
@@ -41,6 +41,7 @@ from scaler.runtime.http import HttpEndpoint
 from scaler.runtime.ports import CannotListen
 from scaler.simulator.dataset import Dataset, Request
 from scaler.simulator.holds import Holds
+from scaler.simulator.latency import CallTimes, Latency, SlotTimes, measure, read_batches
 from scaler.simulator.progress import Progress
 from scaler.simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
 
@@ -265,6 +266,29 @@ class LiveRun:
     def slots_by_instance(self) -> dict[str, SlotRecord]:
         return {s.instance_id: s for s in self.stub.accounting.slots.values() if s.instance_id}
 
+    def call_times(self) -> list[CallTimes]:
+        """Each request's calls as this platform made them (for a latency model: scaler/simulator/latency.py)."""
+        return [
+            CallTimes(f"{self._tag}-{n}", c.assign_start, c.assign_end, c.idle_start, c.idle_end, c.instance_id)
+            for n, c in enumerate(self.calls)
+            if c.done and c.failure is None
+        ]
+
+    def slot_times(self) -> list[SlotTimes]:
+        """Each slot as this platform ran it, with its CreateSlot and Init's nominal lengths."""
+        metas = self.dataset.metas
+        return [
+            SlotTimes(
+                s.instance_id,
+                s.created_ms,
+                s.ready_ms,
+                s.destroyed_ms,
+                self.stub.create_latency_ms + (metas[s.key].init_duration_in_ms if s.key in metas else DEFAULT_INIT_MS),
+            )
+            for s in self.stub.accounting.slots.values()
+            if s.instance_id
+        ]
+
     def _not_ours(self, instance_id: str) -> str:
         return (
             f"the scaler's first answer is {instance_id}, an instance this simulator's platform never started: the"
@@ -397,6 +421,7 @@ class LiveOutcome:
     errors: Counter[str]  # how the failed calls failed: message -> count
     retried: Counter[str]  # calls sent again: "Assign: UNAVAILABLE" -> count
     info: Info  # what the scaler said of itself
+    latency: Latency | None = None  # the scaler's own latency in this run, when asked for (`run_live(latency=...)`)
 
 
 async def run_live(
@@ -411,8 +436,14 @@ async def run_live(
     began: Callable[[LiveRun], None] = lambda driver: None,
     gateway_tls: tls.ClientTls | None = None,
     platform_tls: tls.ServerTls | None = None,
+    latency: bool = False,
+    events: str | None = None,
 ) -> "LiveOutcome":
     """Serve the Platform API on `platform_listen` and drive the scaler at `gateway`.
+
+    `latency`: measure the run's latency model (`LiveOutcome.latency`; speed 1 only) on this run's records and
+    the scaler's EVENTS, at `events` (a NATS URL) or where the scaler says they are; a scaler that does not say
+    (not ours) is measured on the records alone (scaler/simulator/latency.py, `from_records`).
 
     The setup is checked before the first request: the scaler's speed (when it says it) and, at
     its first answer, that it uses this platform. With `stats_listen`, the statistics so far are
@@ -461,11 +492,26 @@ async def run_live(
                 said(f"statistics so far: http://{_reachable(stats_listen)}:{stats.port}/stats")
             run = await driver.run()
             await _platform_quiet(stub, dataset)
+            model = await _latency(driver, events or info.nats, speed, gateway) if latency else None
     finally:
         if stats is not None:
             await stats.stop()
         await stub.stop()
-    return LiveOutcome(run, driver.errors(), driver.retried, info)
+    return LiveOutcome(run, driver.errors(), driver.retried, info, model)
+
+
+async def _latency(driver: LiveRun, url: str, speed: float, gateway: str) -> Latency:
+    """The run's latency model, from its records and the scaler's EVENTS at `url` (none: its records alone)."""
+    if speed != 1:
+        raise LiveError("a latency model is measured at speed 1 only: the scaler's own time is not sped up")
+    batches = None
+    if url:
+        try:
+            batches = await read_batches(url)
+        except Exception as e:  # any failure to read says the same: no model
+            raise LiveError(f"cannot read the scaler's events at {url} for the latency model: {e}") from None
+    source = f"{driver.dataset.name}, live at speed 1 against {gateway}"
+    return measure(driver.call_times(), driver.slot_times(), batches, source)
 
 
 def _reachable(listen: str) -> str:

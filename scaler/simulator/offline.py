@@ -6,7 +6,11 @@ is immediate). Decisions go through the same ledger as the node's (scaler/contro
 states, totals and deadlines follow the same rules; what the node's effects would do, this does
 too: SlotWanted starts a creation, Assigned starts the request's execution (Idle follows after
 its duration), a retired slot is destroyed, and the function's next deadline arms a Tick, as the
-node's timers would. Deterministic, and the scaler's own latency counts as zero.
+node's timers would. Deterministic, and the scaler's own latency counts as zero, unless a latency model
+measured on a live run is given (`latency`, scaler/simulator/latency.py): then each call reaches the core
+and its answer the platform that much later, each start is dispatched, run and reported that much later,
+each destruction reaches the platform later, and each timer fires late, every delay drawn from the model
+with a generator seeded by `seed`.
 
 The platform's side is kept apart from the fold: each Assigned is checked against the slots
 and who runs on them (`Holds`), an Idle the core refuses fails its request, and the run ends
@@ -30,14 +34,17 @@ from scaler.proto.subjects import partition
 from scaler.report.timeline import Folds
 from scaler.simulator.dataset import Dataset
 from scaler.simulator.holds import Holds
+from scaler.simulator.latency import Latency, Sampler
 from scaler.simulator.progress import Progress
 from scaler.simulator.score import RUN_TAIL_MS, Failure, Invocation, Run
 
 SIMULATOR = "simulator"  # the reply_to of our Idle calls, so the core's answer says whether it took them
 
 # What can happen next, in the order the loop takes simultaneous things: a request's arrival
-# comes after the Idle, readiness and Tick due at the same instant.
-IDLE, READY, DESTROYED, TICK, ARRIVAL, SHARE = range(6)
+# comes after the Idle, readiness and Tick due at the same instant. With a latency model, a call's
+# answer reaching the platform (ANSWERED) and an Idle reaching the core (IDLE_IN) come apart from
+# the call; without one they happen within it.
+IDLE, READY, DESTROYED, TICK, ARRIVAL, SHARE, ANSWERED, IDLE_IN = range(8)
 
 
 @dataclass
@@ -61,6 +68,9 @@ class Simulation:
     nodes: int = 1
     # how often the nodes tell each other their totals (0: never), as scaler/controller/shared.py
     share_every_ms: int = 0
+    # the live scaler's own latency (None: none, the core's answers are instant), drawn with `seed`
+    latency: Latency | None = None
+    seed: int = 0
     ledgers: list[Ledger] = field(default_factory=list)
     slots: dict[str, Slot] = field(default_factory=dict)  # by slot id (= the instance id here)
     arrival_ms: dict[str, int] = field(default_factory=dict)
@@ -76,6 +86,12 @@ class Simulation:
 
     def __post_init__(self) -> None:
         self.ledgers = [self.ledger, *(Ledger() for _ in range(self.nodes - 1))]
+        self.delays = Sampler(self.latency, self.seed) if self.latency is not None else None
+        self.idle_ms: dict[str, int] = {}  # with a latency model: each request's Idle call, in and out
+
+    def delay(self, part: str) -> int:
+        """A delay the live scaler's own work adds here (scaler/simulator/latency.py); 0 without a model."""
+        return self.delays.draw(part) if self.delays is not None else 0
 
     def ledger_of(self, key: str) -> Ledger:
         return self.ledgers[partition(key) % self.nodes]
@@ -105,6 +121,10 @@ class Simulation:
                 self.arrive(item, now)
             elif kind == IDLE:
                 self.idle(item, now)
+            elif kind == IDLE_IN:
+                self.idle_in(item, now)
+            elif kind == ANSWERED:
+                self.answered(*item, now)
             elif kind == SHARE:
                 self.share()
                 self.at(now + self.share_every_ms, SHARE, None)
@@ -126,12 +146,21 @@ class Simulation:
                     others = others.plus(other.totals)
             ledger.others = others
 
-    def arrive(self, n: int, now: int) -> None:
+    def arrive(self, n: int | c.Assign, now: int) -> None:
+        """The platform calls Assign (`n`, the request's index), which reaches the core now, or with a latency
+        model once its time in (assign_in) has passed (the Assign itself)."""
+        if isinstance(n, c.Assign):
+            self.command(n, now)
+            return
         r = self.dataset.requests[n]
         m = self.dataset.metas[r.meta_key]
         meta = e.Meta(memory_mb=m.memory_in_mb, runtime=m.runtime, timeout_s=m.timeout_in_secs)
         self.arrival_ms[str(n)] = now
-        self.command(c.Assign(key=r.meta_key, request_id=str(n), meta=meta), now)
+        assign = c.Assign(key=r.meta_key, request_id=str(n), meta=meta)
+        if into := self.delay("assign_in"):
+            self.at(now + into, ARRIVAL, assign)
+        else:
+            self.command(assign, now)
 
     def command(self, cmd: c.AnyCommand, now: int) -> Decision:
         """The command's response and the plan after it, as one decision at rest."""
@@ -147,7 +176,7 @@ class Simulation:
                 self.folds.event(cmd.key, event)
         wake = ledger.wake.get(cmd.key)
         if wake is not None and wake != before:
-            self.at(max(wake, now), TICK, (cmd.key, wake))
+            self.at(max(wake, now) + self.delay("timer"), TICK, (cmd.key, wake))
         cues = ledger.cues(d)  # as the node does: its followers on this node are cued, and the other nodes told
         if len(self.ledgers) > 1 and (back := came_back(d)):
             cues += [cue for other in self.ledgers if other is not ledger for cue in other.hear(cmd.key, back)]
@@ -163,24 +192,39 @@ class Simulation:
         match event:
             case e.SlotWanted(instance_id=i, meta=meta):
                 init_ms = self.dataset.metas[key].init_duration_in_ms
-                ready = now + self.create_latency_ms + init_ms
-                self.slots[i] = Slot(key, meta.memory_mb, now, ready)
+                created = now + self.delay("dispatch")
+                ready = created + self.create_latency_ms + init_ms + self.delay("start_extra")
+                self.slots[i] = Slot(key, meta.memory_mb, created, ready)
                 report = c.SlotReady(
                     key=key, instance_id=i, slot_id=i, create_ms=self.create_latency_ms, init_ms=init_ms
                 )
-                self.at(ready, READY, report)
+                self.at(ready + self.delay("notify"), READY, report)
             case e.Assigned(request_id=r, instance_id=i):
-                self.assigned(key, r, i, now)
+                if out := self.delay("assign_out"):
+                    self.at(now + out, ANSWERED, (key, r, i))
+                else:
+                    self.assigned(key, r, i, now)
             case e.RequestFailed(request_id=r):
-                m = self.dataset.metas[key]
-                request = self.dataset.requests[int(r)]
-                schedule_ms = now - self.arrival_ms[r]
-                invocation = Invocation(key, m.memory_in_mb, request.durations_in_ms, schedule_ms, 0.0, False)
-                self.invocations[r] = replace(invocation, failure=Failure.ASSIGN_ERROR)
-                self.unanswered -= 1
+                if out := self.delay("assign_out"):
+                    self.at(now + out, ANSWERED, (key, r, ""))
+                else:
+                    self.answered(key, r, "", now)
             case e.InstanceRetired(instance_id=i, slot_id=slot_id) if slot_id:
-                self.slots[slot_id].destroyed_ms = now
-                self.at(now, DESTROYED, c.SlotDestroyed(key=key, instance_id=i, slot_id=slot_id))
+                gone = now + self.delay("destroy")
+                self.slots[slot_id].destroyed_ms = gone
+                self.at(gone, DESTROYED, c.SlotDestroyed(key=key, instance_id=i, slot_id=slot_id))
+
+    def answered(self, key: str, r: str, i: str, now: int) -> None:
+        """The platform holds the core's answer to request `r`: instance `i`, or a failure (no instance)."""
+        if i:
+            self.assigned(key, r, i, now)
+            return
+        m = self.dataset.metas[key]
+        request = self.dataset.requests[int(r)]
+        schedule_ms = now - self.arrival_ms[r]
+        invocation = Invocation(key, m.memory_in_mb, request.durations_in_ms, schedule_ms, 0.0, False)
+        self.invocations[r] = replace(invocation, failure=Failure.ASSIGN_ERROR)
+        self.unanswered -= 1
 
     # The platform's side: what it checks of an assignment and of an execution's end.
 
@@ -188,7 +232,7 @@ class Simulation:
         """The request runs on the instance for its duration, then calls Idle; or fails at once."""
         request = self.dataset.requests[int(r)]
         slot = self.slots.get(i)
-        live = slot is not None and slot.destroyed_ms is None
+        live = slot is not None and (slot.destroyed_ms is None or slot.destroyed_ms > now)
         failure = self.holds.assign(i, r, live=live, ready=live and slot.ready_ms <= now)
         self.invocations[r] = Invocation(
             key=key,
@@ -211,14 +255,33 @@ class Simulation:
         self.at(now if failure else now + request.durations_in_ms, IDLE, idle)
 
     def idle(self, idle: c.Idle, now: int) -> None:
+        """The request's execution ended and the platform calls Idle: it reaches the core now, or with a latency
+        model once its time in (idle_in) has passed; the call lasts that and its time out (idle_out)."""
         r = idle.request_id
         invocation = self.invocations[r]
         if not invocation.failed:
             slot = self.slots[idle.instance_id]
-            invocation = self._fail(r, self.holds.finish(idle.instance_id, r, live=slot.destroyed_ms is None))
+            # the slot may be destroyed by now without the platform knowing yet (a model's destroy delay)
+            live = slot.destroyed_ms is None or slot.destroyed_ms > now
+            self._fail(r, self.holds.finish(idle.instance_id, r, live=live))
+        if self.delays is None:
+            self.idle_in(idle, now)
+            return
+        into = self.delay("idle_in")
+        self.idle_ms[r] = into + self.delay("idle_out")
+        if into:
+            self.at(now + into, IDLE_IN, idle)
+        else:
+            self.idle_in(idle, now)
+
+    def idle_in(self, idle: c.Idle, now: int) -> None:
+        """The core takes the Idle; one it refuses fails its request."""
+        r = idle.request_id
         refused = any(reply.code != c.Code.OK for reply in self.command(idle, now).replies)
-        if refused and not invocation.failed:
+        if refused and not self.invocations[r].failed:
             self._fail(r, Failure.IDLE_ERROR)
+        if r in self.idle_ms:
+            self.invocations[r] = replace(self.invocations[r], idle_ms=float(self.idle_ms.pop(r)))
         self.unanswered -= 1
 
     def _fail(self, r: str, failure: Failure | None) -> Invocation:
@@ -250,5 +313,7 @@ def simulate(
     create_latency_ms: int = 100,
     tail_ms: int = RUN_TAIL_MS,
     progress: Progress | None = None,
+    latency: Latency | None = None,
+    seed: int = 0,
 ) -> Run:
-    return Simulation(dataset, policy, create_latency_ms, tail_ms, progress=progress).run()
+    return Simulation(dataset, policy, create_latency_ms, tail_ms, progress=progress, latency=latency, seed=seed).run()

@@ -4,12 +4,16 @@ import random
 
 import pytest
 
-from scaler.controller.core.features import FnStats
+from scaler.controller.core import decide as core
+from scaler.controller.core import folds
+from scaler.controller.core.features import NO_STATS, FnStats
+from scaler.controller.core.limits import NO_ROOM
 from scaler.controller.core.policy import Capability, get_policy
 from scaler.controller.core.state import FnState, Phase
 from scaler.controller.core.totals import Totals
 from scaler.proto import events as e
 from scaler.simulator.dataset import Dataset, FunctionMeta, Request
+from scaler.simulator.latency import Latency, percentiles
 from scaler.simulator.offline import Simulation
 
 LEARNED = get_policy("learned")
@@ -214,3 +218,113 @@ def test_functions_that_only_happen_to_come_back_together_do_not_follow_each_oth
     assert leaders and any(isinstance(event, e.Cued) for event in seen), "together often enough to be tried"
     assert all(x.failed() for x in leaders if x.trials >= 10), leaders
     assert not cued_prewarms(seen)
+
+
+# A node as one measures live (ms): each call's way in and out, a start's dispatch, its excess at the platform and
+# its report, a destruction's way out and a timer's lateness, each spread over a range.
+LIVE_NODE = Latency(
+    source="a node as measured live",
+    assign_in=percentiles(range(0, 5)),
+    assign_out=percentiles(range(2, 21)),
+    idle_in=percentiles(range(1, 11)),
+    idle_out=percentiles(range(0, 3)),
+    dispatch=percentiles(range(5, 31)),
+    start_extra=percentiles(range(10, 61)),
+    notify=percentiles(range(2, 11)),
+    destroy=percentiles(range(5, 21)),
+    timer=percentiles(range(0, 11)),
+)
+
+
+def round_robin(functions: int, every_ms: int, calls: int) -> Dataset:
+    """bench/hot_path.py's round: `functions` functions of 128 MB called in turn, each every `every_ms`, 1 ms runs."""
+    metas = {f"f{n}": FunctionMeta(key=f"f{n}", memory_in_mb=128, init_duration_in_ms=100) for n in range(functions)}
+    step = every_ms // functions
+    return Dataset("round", metas, [Request(n * step, f"f{n % functions}", 1) for n in range(calls)])
+
+
+def test_on_a_node_as_measured_live_calls_0_8_s_apart_keep_their_instance():
+    # With no latency, a start is sure and instant to order: retiring after each call and starting again just
+    # before the next costs less memory, and nothing waits. On a node, a start may come late and each restart is
+    # the node's work: the instance is kept between calls.
+    ds = round_robin(functions=10, every_ms=800, calls=600)
+    instant = Simulation(ds, LEARNED)
+    assert instant.run().slots_created > 500
+    live = Simulation(ds, LEARNED, latency=LIVE_NODE)
+    run = live.run()
+    assert run.slots_created == 10, "no restart between calls"
+    assert sum(i.cold for i in run.invocations) == 10
+
+
+def test_on_a_node_as_measured_live_a_timer_is_prewarmed_early_enough_for_its_slowest_starts():
+    period = 30_000
+    ds = dataset([n * period for n in range(40)], run_ms=40, memory_mb=512, init_ms=200)
+    sim = Simulation(ds, LEARNED, latency=LIVE_NODE)
+    run = sim.run()
+    f = sim.ledger.features_of("fn")
+    assert len(set(f.starts)) > 1, "the starts it measured vary"
+    # Once the period is learned, every tick's instance is ready before it, but for one at most (its lead covers
+    # the starts seen, and past the longest a start comes one time in n + 1); led by the last start alone, 12 of
+    # these 28 ticks waited for theirs.
+    assert sum(i.cold for i in run.invocations[12:]) <= 1
+    assert run.slots_created >= 30, "and still retired between ticks: a tick is 30 s away, a start some 300 ms"
+
+
+def test_replay_rebuilds_the_latency_it_measured_and_decides_the_same(monkeypatch):
+    # The latency learned reads is folded from the events (starts, timers' lateness, calls' overheads): the
+    # stream replayed gives the same features, and every decision taken again on them is the same.
+    taken = []
+    respond, plan = core.respond, core.plan
+
+    def responding(s, cmd, now, policy, totals=None, room=NO_ROOM, features=NO_STATS):
+        d = respond(s, cmd, now, policy, totals, room, features)
+        taken.append((s.key, cmd, now, s, features, totals, room, d.events))
+        return d
+
+    def planning(s, now, policy, totals=None, room=NO_ROOM, features=NO_STATS):
+        d = plan(s, now, policy, totals, room, features)
+        taken.append((s.key, None, now, s, features, totals, room, d.events))
+        return d
+
+    monkeypatch.setattr(core, "respond", responding)
+    monkeypatch.setattr(core, "plan", planning)
+    period = 5_000
+    metas = {
+        "clock": FunctionMeta(key="clock", memory_in_mb=256, init_duration_in_ms=300),
+        "busy": FunctionMeta(key="busy", memory_in_mb=128, init_duration_in_ms=100),
+    }
+    requests = [Request(n * period, "clock", 20) for n in range(30)] + [
+        Request(n * 800 + 200, "busy", 20) for n in range(150)
+    ]
+    Simulation(Dataset("two", metas, sorted(requests, key=lambda r: r.start_time)), LEARNED, latency=LIVE_NODE).run()
+    folded: dict[str, tuple[FnState, FnStats]] = {}
+    measured = 0
+    for key, cmd, now, state, learned, totals, room, events in taken:
+        s, f = folded.get(key) or (FnState(key=key), NO_STATS)
+        assert (s, f) == (state, learned), f"replay differs before the decision at {now}"
+        measured += bool(f.overheads and f.late and len(set(f.starts)) > 1)
+        if cmd is None:
+            again = plan(s, now, LEARNED, totals, room, f)
+        else:
+            again = respond(s, cmd, now, LEARNED, totals, room, f)
+        assert again.events == events, f"decided otherwise at {now}"
+        folded[key] = folds.replay(s, f, events)
+    assert measured > 100, "most decisions were taken with latency measured"
+
+
+def test_a_busy_function_whose_calls_sometimes_kill_their_instance_keeps_its_pool():
+    # Poisson calls, 50 a second, 13 ms runs, a 3 s start, one call in a hundred killing its instance (need_destroy):
+    # each death is started again at once while the load needs it. Before, the pool grew only for waiting requests
+    # and eroded death by death: 951 calls after the first 10 s waited for starts, 1,196 s in all.
+    rng = random.Random(3)
+    t, requests = 0.0, []
+    while t < 300_000:
+        t += rng.expovariate(1 / 20)
+        requests.append(Request(round(t), "fn", 13, 500 if rng.random() < 0.01 else 200))
+    meta = FunctionMeta(key="fn", memory_in_mb=1024, init_duration_in_ms=3_000)
+    sim = Simulation(Dataset("deaths", {"fn": meta}, requests), LEARNED)
+    run = sim.run()
+    f = sim.ledger.features_of("fn")
+    assert f.deaths > 150 and f.prewarms >= f.deaths, "every death started again"
+    later = [i for r, i in zip(requests, run.invocations, strict=True) if r.start_time > 10_000]
+    assert sum(i.cold for i in later) == 0 and sum(i.schedule_ms for i in later) < 1_000

@@ -32,6 +32,8 @@ from scaler.proto.events import (
     FunctionDeleted,
     FunctionForgotten,
     InstanceReady,
+    InstanceRetired,
+    KeptAlive,
     Lead,
     Released,
     RequestArrived,
@@ -42,7 +44,7 @@ from scaler.proto.events import (
 if TYPE_CHECKING:  # the lifecycle is read, never imported at run time: state.py and this module stand apart
     from scaler.controller.core.state import FnState, Instance
 
-VERSION = 5
+VERSION = 6
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
@@ -58,6 +60,9 @@ FOLLOW_MS = 1_000  # a function back within this of another's return may be one 
 LEADERS_KEPT = 4  # the functions a function may follow
 LEAD_LAGS_KEPT = 8  # recent lags from a leader's return to the function's
 LEAD_TRIALS = 5  # a lead that failed most of this many trials is not followed
+STARTS_KEPT = 16  # recent starts (SlotWanted to ready), as the core saw them
+LATE_KEPT = 16  # recent keep-alive deadlines, how late they were acted on
+OVERHEADS_KEPT = 32  # recent requests' hold of their instance beyond their run
 
 
 class Leader(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +115,14 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     ideal_gb_ms: float = 0.0  # idle slot time a clairvoyant scaler would pay (see _clairvoyant)
     ideal_free: tuple[int, ...] = ()  # when that scaler's instances free up, ascending (those it may still reuse)
     next_gap: NextGap = NO_NEXT_GAP  # where the next gap may end, from `gaps`, `lulls` and `gap_hist` (next_gap.py)
+    # The system it runs on, as its events measure it (what a live node's own work adds, and none offline
+    # unless a latency model plays it): recent starts, from SlotWanted to ready as the core saw them (the
+    # platform's CreateSlot and Init, and the node's dispatch and report of them); how late recent keep-alive
+    # deadlines were acted on (the node's timers); and how much longer than its run each recent request held
+    # its instance (the Assign's answer on its way out, the Idle's on its way in).
+    starts: tuple[int, ...] = ()
+    late: tuple[int, ...] = ()
+    overheads: tuple[int, ...] = ()
 
 
 NO_STATS = FnStats()
@@ -131,17 +144,12 @@ def fold(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
             return replace(st, cold_starts=st.cold_starts + 1) if r else replace(st, prewarms=st.prewarms + 1)
         case InstanceReady(instance_id=i, at_ms=t) if i in before.instances:
             start = t - before.instances[i].wanted_ms
-            return replace(st, start_ms=start, next_gap=_next_gap(st, st.gaps, st.lulls, st.gap_hist, start))
+            next_gap = _next_gap(st, st.gaps, st.lulls, st.gap_hist, start)
+            return replace(st, start_ms=start, starts=_ring(st.starts, start, STARTS_KEPT), next_gap=next_gap)
         case Assigned(request_id=r, instance_id=i, at_ms=t) if i in before.instances:
-            waiting = before.pending(r)
-            if waiting is None:
-                return st
-            wait = t - waiting.since_ms
-            inst = before.instances[i]
-            queued = wait if inst.for_request != r and inst.wanted_ms <= waiting.since_ms else 0
-            return replace(st, wait_ms=st.wait_ms + wait, queued=_ring(st.queued, queued, QUEUED_KEPT))
-        case Released(instance_id=i, at_ms=t, need_destroy=dies) if i in before.instances:
-            return _release(st, t, before.instances[i], dies, after)
+            return _assigned(st, t, r, before.instances[i], before)
+        case Released(instance_id=i, at_ms=t, need_destroy=dies, duration_ms=ran) if i in before.instances:
+            return _release(st, t, before.instances[i], dies, after, ran)
         case RequestFailed():
             return replace(st, failures=st.failures + 1)
         case Followed(leads=leads):
@@ -154,7 +162,29 @@ def fold(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
             return NO_STATS
         case ClockRebased(shift_ms=shift):
             return shifted(st, shift)
+        case InstanceRetired(instance_id=i, at_ms=t) | KeptAlive(instance_id=i, at_ms=t):
+            return _expired(st, before, i, t)
     return st
+
+
+def _assigned(st: FnStats, t: int, r: str, inst: Instance, before: FnState) -> FnStats:
+    """Request `r` got `inst` at `t`: how long it waited, and of that how long it queued for an instance that
+    existed when it came."""
+    waiting = before.pending(r)
+    if waiting is None:
+        return st
+    wait = t - waiting.since_ms
+    queued = wait if inst.for_request != r and inst.wanted_ms <= waiting.since_ms else 0
+    return replace(st, wait_ms=st.wait_ms + wait, queued=_ring(st.queued, queued, QUEUED_KEPT))
+
+
+def _expired(st: FnStats, before: FnState, i: str, t: int) -> FnStats:
+    """An idle instance retired or kept longer at `t`: when its keep-alive deadline had come, this is its timer's
+    doing, as late as it is."""
+    inst = before.instances.get(i)
+    if inst is None or inst.phase != "idle" or not 0 < inst.keep_until_ms <= t:
+        return st
+    return replace(st, late=_ring(st.late, t - inst.keep_until_ms, LATE_KEPT))
 
 
 def shifted(st: FnStats, shift_ms: int) -> FnStats:
@@ -217,8 +247,9 @@ def _outcomes(st: FnStats, t: int) -> dict[str, int | None]:
     return {leader: (t - at if t - at <= FOLLOW_MS else None) for leader, at in st.cues}
 
 
-def _release(st: FnStats, t: int, inst: Instance, dies: bool, after: FnState) -> FnStats:
-    """A request let its instance go: a run ends (when it was busy), and maybe the function's activity."""
+def _release(st: FnStats, t: int, inst: Instance, dies: bool, after: FnState, ran: int) -> FnStats:
+    """A request let its instance go: a run ends (when it was busy), and maybe the function's activity. `ran`:
+    how long the platform says it ran (0: not said)."""
     last_end = st.last_end_ms if after.in_flight() else t
     if not inst.busy:
         return replace(st, last_end_ms=last_end, deaths=st.deaths + dies)
@@ -230,6 +261,7 @@ def _release(st: FnStats, t: int, inst: Instance, dies: bool, after: FnState) ->
         runs=_ring(st.runs, busy, RUNS_KEPT),
         last_end_ms=last_end,
         deaths=st.deaths + dies,
+        overheads=_ring(st.overheads, max(0, busy - ran), OVERHEADS_KEPT) if ran > 0 else st.overheads,
     )
 
 

@@ -8,7 +8,7 @@ from scaler.controller.core.decide import START_MARGIN_MS, decide
 from scaler.controller.core.features import GAP_BINS, NO_STATS, FnStats, gap_bin
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.base import score_rate as exchange_rate
-from scaler.controller.core.policy.learned import Learned, LearnedConfig
+from scaler.controller.core.policy.learned import Delays, Learned, LearnedConfig
 from scaler.controller.core.state import FnState, Phase
 from scaler.controller.core.totals import Totals
 from scaler.proto import commands as c
@@ -389,3 +389,23 @@ def test_a_leaders_return_stamped_in_the_future_spreads_its_lags_without_failing
     assert nxt.timed and nxt.points.total > 0
     lull = LEARNED.lull(*s, 200)
     assert lull.until_ms >= 200 and lull.count >= 0 and lull.why
+
+
+def test_with_nothing_measured_a_start_is_led_by_itself_and_costs_nothing_more():
+    f = replace(NO_STATS, starts=(150,) * 16, late=(0,) * 16, overheads=(0,) * 32)
+    assert Delays.of(f, 150, gb=0.25, lam=1_000.0, decisions=4) == Delays(150, 0.0, 0.0)
+    assert Delays.of(NO_STATS, 150, gb=0.25, lam=5.0, decisions=4) == Delays(150, 0.0, 0.0)  # nothing folded yet
+
+
+def test_a_start_is_led_past_the_longest_seen_as_far_as_waiting_is_dearer_than_memory():
+    f = replace(NO_STATS, starts=(150, 170, 160, 210, 155, 180, 165, 175), late=(0, 3, 1, 12, 2))
+    cheap, dear = Delays.of(f, 150, gb=0.25, lam=1.0, decisions=4), Delays.of(f, 150, gb=0.25, lam=1_000.0, decisions=4)
+    assert cheap.lead == 210 + 12  # the longest start and the latest timer: waiting is not dear enough for more
+    assert dear.lead > cheap.lead + 50 and dear.late < cheap.late  # a tail past them, and less risk of being late
+    outage = replace(f, late=(*f.late, 3_600_000))  # a deadline acted on an hour late: an outage, not a timer
+    assert Delays.of(outage, 150, gb=0.25, lam=1.0, decisions=4).lead == cheap.lead
+
+
+def test_a_restart_costs_the_nodes_measured_time_for_its_decisions_as_waiting():
+    f = replace(NO_STATS, starts=(150,) * 4, overheads=(2, 4, 6, 30, 4))  # the median call held 4 ms past its run
+    assert Delays.of(f, 150, gb=0.25, lam=10.0, decisions=4).work == 10.0 * 4 * 4 / 2

@@ -448,6 +448,7 @@ def restart_plan(
     rate: float,
     options: list[Option],
     candidates: int = 16,
+    restart: float = 0.0,
 ) -> Plan | None:
     """Start instances to be ready at `ready` >= elapsed + start and hold them until `until`, and how many:
     the cheapest such plan over `options`, or None when letting the next arrival miss costs less.
@@ -455,7 +456,8 @@ def restart_plan(
     An arrival before `ready - start` misses (nothing started yet); one before `ready` waits for the
     starting instances, and so do those arriving meanwhile at `rate` per ms; one after `until` misses
     after all, the instances' memory paid. An arrival served still costs the option's shortfall (its
-    burst waiting for want of more instances).
+    burst waiting for want of more instances). Each instance started costs `restart` besides its memory
+    (what the system it runs on makes a start cost: `Learned.outlook`), unless the arrival came first.
 
     Looked at: every `step`-th point (each apart, of `candidates`) to be ready at, and from there every
     `step`-th to hold until, and the last. Held until a point, an option costs what `_held` says but for
@@ -510,6 +512,8 @@ def restart_plan(
         late = total - (pj - p0)
         cost = gb * (waiting * start + served * (start - ready) + served_x) + served * shortfall
         cost = base + cost + late * (gb * (start + xs[j] - ready) + miss)
+        if restart:
+            cost = cost + restart * options[n_option].count * (total - early)
         if best_cost is None:
             best_cost, best_j, best_n = cost, j, np.zeros(len(j), np.int64)
         else:  # the least (cost, until, option), as tuples compare

@@ -27,6 +27,14 @@ What a function's history says (`next_arrival`, `outlook`; the arithmetic is in 
   below, at that rate), and what missing it costs: its first request waits a start, its followers
   half a start each and then in the queue they made, which those instances drain a run at a time.
 
+- The system it runs on (`Delays`): its recent starts as the core saw them (the platform's CreateSlot and
+  Init, and the node's dispatch and report of them), how late its keep-alive timers were acted on, and how
+  much longer than their runs its requests held their instances (the node's own time in a call), all folded
+  from its events: measured live on the node, and offline on a latency model played by the simulator
+  (scaler/simulator/latency.py), none without one. A pre-warm is started as far ahead as the starts and
+  timers measured say (past the longest seen by as much as waiting is dearer than memory), and a restart
+  is priced at what it costs besides memory: the risk of its instance being late, and the node's own work.
+
 What it decides:
 - Pool: while a function is busy it keeps the k instances that minimise memory x k + wait_gb x
   expected waiting: Erlang C on the recent rate and busy time, scaled by (ca^2 + cs^2) / 2
@@ -158,6 +166,13 @@ class LearnedConfig(PolicyConfig, frozen=True, kw_only=True):
         float,
         msgspec.Meta(description="how reliably a leader's return must have brought the function's call to pre-warm"),
     ] = 0.9
+    restart_decisions: Annotated[
+        float,
+        msgspec.Meta(
+            description="the node's decisions a restart adds (its start, the slot's reports, its destruction), each"
+            " priced as half a call's measured overhead of waiting"
+        ),
+    ] = 4.0
 
 
 @dataclass(frozen=True)
@@ -220,6 +235,8 @@ class Outlook:
     followers: float = 0.0  # arrivals a burst brings within a start of its first
     run: float = 0.0  # ms a request keeps its instance, on average
     variability: float = 1.0  # (ca^2 + cs^2) / 2 of the arrivals within bursts and of the runs
+    lead: int = 0  # ms from starting an instance for a predicted arrival to its being surely ready (`Delays`)
+    restart: float = 0.0  # GB·ms a start costs besides its memory: its risk of being late, the node's work
 
     def shortfall(self, count: int) -> float:
         """What an arrival served by `count` ready instances still costs: its followers that find none free."""
@@ -275,8 +292,10 @@ class Learned(Policy):
             need = pool_size(rate, busy, gb, lam, variability)
         followers = min(rate * start, len(near) / max(len(gaps) - len(near), 1)) if near else 0.0
         waits = followers * start / 2 + followers * followers * busy / (2 * need)
-        miss = lam * (start + waits) + gb * start
-        return Outlook(gb, start, rate, need, waits, miss, lam, followers, busy, variability)
+        delays = Delays.of(f, start, gb, lam, self.config.restart_decisions)
+        miss = lam * (start + waits) + gb * start + delays.work
+        restart = delays.work + lam * delays.late
+        return Outlook(gb, start, rate, need, waits, miss, lam, followers, busy, variability, delays.lead, restart)
 
     def pool_target(self, s: FnState, f: FnStats, now: int, margin: float = 0.0, run: RunView = UNSEEN) -> int:
         """Instances worth keeping for the recent load (`forecast.pool_size`), plus spares for those that die.
@@ -401,7 +420,7 @@ class Learned(Policy):
         if not nxt.timed:
             return None
         elapsed = now - st.last_arrival_ms
-        return restart_plan(nxt.points, elapsed, o.start, o.lam, o.miss, o.burst_rate, o.options())
+        return restart_plan(nxt.points, elapsed, o.lead, o.lam, o.miss, o.burst_rate, o.options(), restart=o.restart)
 
     def lull(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Lull:
         """How many instances to keep for the function's next arrival, until when, and why: the cheapest of
@@ -425,9 +444,9 @@ class Learned(Policy):
         count = keep.count
         quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
         # A restart costs at least what the arrivals within a start from now wait for it (or miss).
-        if quiet and served_within(points, o.start, o.miss, o.lam, elapsed) < keep.cost:
+        if quiet and served_within(points, o.lead, o.miss, o.lam, elapsed) < keep.cost:
             back = self.return_plan(s, f, now, run, (nxt, o))
-            if back is not None and back.cost < keep.cost and back.ready - o.start > elapsed:
+            if back is not None and back.cost < keep.cost and back.ready - o.lead > elapsed:
                 return Lull(now, 0, "cheaper to start again just before the next arrival")
         if keep.until <= elapsed:
             return Lull(now, 0, "a longer wait for the next arrival costs more than a miss")
@@ -530,16 +549,35 @@ class Learned(Policy):
             expected_ms=int(first),
         )
 
+    def _in_stead(self, s: FnState, f: FnStats, now: int, run: RunView) -> Prewarm:
+        """Instances that went with their release, not by a keep-alive of the policy's (need_destroy, mostly: no
+        keep-alive was decided for them), started again while the load clearly needs them (`pool_target` for the
+        load half a standard error below its estimate, as a pool shrinks only past half of one above; those
+        starting counted): a busy function's pool grows only for waiting requests, so without this it erodes
+        death by death until every call waits for a start (dataSet_3's 8b83a83f, 246 of its 61,111 calls fatal,
+        lost its ten instances in 15 s and then queued 50 calls for 3.8 s starts)."""
+        gone = 0
+        for i in s.instances.values():
+            if i.phase is Phase.RETIRING and not i.keep_until_ms and (done := s.release_of(i.request_id)):
+                gone += done.instance_id == i.id and done.at_ms == i.since_ms
+        if not gone:
+            return NO_PREWARM
+        live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
+        target = self.pool_target(s, f, now, margin=-0.5, run=run)
+        if (short := min(gone, target - live)) <= 0:
+            return NO_PREWARM
+        return Prewarm(short, f"an instance went with its request, and the load needs {target}: one in its stead")
+
     def prewarm(self, s: FnState, f: FnStats, now: int, run: RunView = UNSEEN) -> Prewarm:
         if not s.nothing_live():
-            return NO_PREWARM  # a function with instances grows only for waiting requests (`plan_queue`)
+            return self._in_stead(s, f, now, run)  # else it grows only for waiting requests (`plan_queue`)
         if (soon := self._imminent(s, f, now, run)).count:
             return soon
         plan = self.return_plan(s, f, now, run)
         if plan is None:
             return NO_PREWARM
         count = plan.count
-        begin = f.last_arrival_ms + int(plan.ready) - start_ms(s, f)
+        begin = f.last_arrival_ms + int(plan.ready) - self.outlook(s, f, run).lead
         if begin > now:
             return Prewarm(next_ms=begin)
         expected = (f.last_arrival_ms + plan.ready - now) / 1000
@@ -547,6 +585,61 @@ class Learned(Policy):
         if leader := self._cue(s, f, now).leader:
             why += f" ({leader} came back, and this function follows it)"
         return Prewarm(count, why)
+
+
+@dataclass(frozen=True)
+class Delays:
+    """What the system the function runs on makes a start cost, from what its events measured: recent starts
+    (SlotWanted to ready, as the core saw them) and how late its timers were acted on (`FnStats.starts`,
+    `FnStats.late`), and how much longer than their runs its requests held their instances (`FnStats.overheads`:
+    the node's own time in a call). Offline, with no latency played, every start alike and no timer late: a lead
+    of the start, no risk, no work.
+
+    - `lead`: how long before an arrival to start its instance. An instance started `lead` ahead is late when
+      its start and its timer's lateness D come to more. Past the longest D seen a new one comes one time in
+      n + 1 (n starts seen), by about D's spread (its sd) more; holding one ms longer costs gb x 1 ms, a ms late
+      costs lam: so the lead is the longest D seen plus sd x ln(lam / (gb (n + 1))) when that is positive (the
+      newsvendor's quantile, P(D > lead) = gb / lam, on that tail).
+    - `late`: the ms an arrival at the ready time is then expected to wait for its instance.
+    - `work`: the node's own time a restart takes (its decisions, each appended: `restart_decisions`), priced as
+      waiting: each decision as half a call's measured overhead (a call is two: its Assign and its Idle).
+
+    A timer's lateness beyond the longest start is an outage (a node down, a partition moved), not a timer's: it
+    is left out.
+    """
+
+    lead: int
+    late: float = 0.0
+    work: float = 0.0
+
+    @classmethod
+    def of(cls, f: FnStats, start: int, gb: float, lam: float, decisions: float) -> "Delays":
+        starts = f.starts or (start,)
+        longest = max(starts)
+        late = [x for x in f.late if x < longest] if any(f.late) else []
+        work = lam * decisions * _median(f.overheads) / 2 if any(f.overheads) else 0.0
+        worst = longest + (max(late) if late else 0)
+        spread = math.sqrt(_variance(starts) + _variance(late)) if late or min(starts) < longest else 0.0
+        if not spread:
+            return cls(worst, 0.0, work)
+        tail = spread / (len(starts) + 1)  # expected ms past the longest, for a start at the longest
+        ratio = lam / (gb * (len(starts) + 1))
+        if ratio <= 1:
+            return cls(worst, tail, work)
+        return cls(worst + round(spread * math.log(ratio)), spread * gb / lam, work)
+
+
+def _median(values: tuple[int, ...]) -> float:
+    ordered = sorted(values)
+    return float(ordered[len(ordered) // 2])
+
+
+def _variance(values: tuple[int, ...] | list[int]) -> float:
+    """The population variance (0 for fewer than two values, or all alike)."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return sum((x - mean) * (x - mean) for x in values) / len(values)
 
 
 def _spares(s: FnState, f: FnStats, rate: float, gb: float, lam: float) -> int:
