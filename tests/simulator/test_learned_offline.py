@@ -328,3 +328,24 @@ def test_a_busy_function_whose_calls_sometimes_kill_their_instance_keeps_its_poo
     assert f.deaths > 150 and f.prewarms >= f.deaths, "every death started again"
     later = [i for r, i in zip(requests, run.invocations, strict=True) if r.start_time > 10_000]
     assert sum(i.cold for i in later) == 0 and sum(i.schedule_ms for i in later) < 1_000
+
+
+@pytest.mark.parametrize("policy", ["demo", "learned"])
+def test_a_function_whose_start_takes_40_s_is_served(policy):
+    """Longer than a first start's bound (1 s assumed, plus its 30 s margin): the start given up as lost says how long
+    starts take at least, so the next one is waited for long enough, where every start was given up for ever."""
+    init_ms = 40_000
+    sim = Simulation(dataset([0, 100_000, 101_000], init_ms=init_ms, run_ms=200), get_policy(policy))
+    decide, decisions = sim.command, iter(range(1_000))
+
+    def bounded(cmd, now):  # every start given up and another made would run for ever
+        assert next(decisions, None) is not None, f"still deciding at {now} ms"
+        return decide(cmd, now)
+
+    sim.command = bounded
+    sim.run()
+    run = sim.result(400_000)
+    assert [i.failed for i in run.invocations] == [False] * 3
+    assert run.invocations[0].schedule_ms >= init_ms  # it waited for a start, not for ever
+    assert run.slots_created <= 3  # the first given up once, then one that became ready (and perhaps a second)
+    assert sim.ledger.features_of("fn").start_ms >= init_ms

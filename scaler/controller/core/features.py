@@ -44,7 +44,7 @@ from scaler.proto.events import (
 if TYPE_CHECKING:  # the lifecycle is read, never imported at run time: state.py and this module stand apart
     from scaler.controller.core.state import FnState, Instance
 
-VERSION = 6
+VERSION = 7
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
@@ -163,7 +163,7 @@ def fold(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
         case ClockRebased(shift_ms=shift):
             return shifted(st, shift)
         case InstanceRetired(instance_id=i, at_ms=t) | KeptAlive(instance_id=i, at_ms=t):
-            return _expired(st, before, i, t)
+            return _expired(_unfinished(st, before, i, t), before, i, t)
     return st
 
 
@@ -176,6 +176,19 @@ def _assigned(st: FnStats, t: int, r: str, inst: Instance, before: FnState) -> F
     wait = t - waiting.since_ms
     queued = wait if inst.for_request != r and inst.wanted_ms <= waiting.since_ms else 0
     return replace(st, wait_ms=st.wait_ms + wait, queued=_ring(st.queued, queued, QUEUED_KEPT))
+
+
+def _unfinished(st: FnStats, before: FnState, i: str, t: int) -> FnStats:
+    """A start given up at `t` after taking longer than the function's known start: its starts take at least that
+    long. So the next start's bound (decide.start_bound_ms) and pre-warm lead grow with it, where a function whose
+    Init takes longer than the bound would have every start given up as lost, for ever."""
+    inst = before.instances.get(i)
+    if inst is None or inst.phase != "creating":
+        return st
+    took = t - inst.wanted_ms
+    if took <= (st.start_ms or UNKNOWN_START_MS):
+        return st
+    return replace(st, start_ms=took, next_gap=_next_gap(st, st.gaps, st.lulls, st.gap_hist, took))
 
 
 def _expired(st: FnStats, before: FnState, i: str, t: int) -> FnStats:
