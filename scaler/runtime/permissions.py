@@ -3,11 +3,15 @@ it, not a JetStream request that times out later for no reason given.
 
 Each need is tried on a connection of its own, without effect: a publish to a stream's subjects carries
 `Nats-Expected-Stream` naming no stream, so JetStream stores nothing; a JetStream API request goes with no
-body and no reply subject (the API answers its error to nobody); a publish elsewhere goes to a subject no one
-listens on; a subscription is dropped at once. NATS says a refusal (a permissions violation) on the
-connection, mostly before it answers the flush that follows, but not always (a node given a worker's
-permissions was told none of its 17 refusals by then, 4 runs in 14): so it flushes again until a flush
-brings no more.
+body and no reply subject, so one that needs a body (a create, an update) is refused and answered to nobody;
+a publish elsewhere goes to a subject no one listens on; a subscription is dropped at once. A request whose
+subject says it all (a delete, a purge, a leader's step-down) is done with no body and no reply as well, so
+it cannot be tried: `publish` refuses to make such a need (a worker's preflight that tried the delete of its
+durable consumer deleted it, and the effects it had not acked were sent again as new ones).
+
+NATS says a refusal (a permissions violation) on the connection, mostly before it answers the flush that
+follows, but not always (a node given a worker's permissions was told none of its 17 refusals by then, 4 runs
+in 14): so it flushes again until a flush brings no more.
 """
 
 import asyncio
@@ -42,7 +46,12 @@ class Need:
     stored: bool = False  # the subject is a stream's: the publish carries NO_STREAM
 
 
+ACTS_BARE = {"DELETE", "PURGE", "STEPDOWN", "REMOVE"}  # JetStream API requests done with no body
+
+
 def publish(subject: str, why: str, stored: bool = False) -> Need:
+    if subject.startswith("$JS.API.") and ACTS_BARE & set(subject.split(".")):
+        raise ValueError(f"{subject} cannot be tried without effect: JetStream does it, body or not")
     return Need(Verb.PUBLISH, subject, why, stored)
 
 

@@ -2,7 +2,8 @@
 
 The operator's side of it is deploy/nats.conf's WORKER (docs/operations.md, "NATS permissions"): a worker reads
 EVENTS through its kind's durable consumer and reports on `report.<partition>`; it sends no command, writes no
-event, lease or snapshot, and hears no other role's answers.
+event, lease or snapshot, and hears no other role's answers. Deleting its consumer (to make it again, should
+EVENTS be deleted under it) is not tried here: trying it would do it (scaler/runtime/permissions.py).
 """
 
 from scaler.proto.subjects import EVENTS, RECONCILE_ASK, REPORT
@@ -29,7 +30,6 @@ def of(kinds: list[type[EffectWorker]]) -> list[Need]:
         out += [
             publish(f"{_API}.CONSUMER.DURABLE.CREATE.{EVENTS}.{durable}", f"join its consumer {durable}"),
             publish(f"{_API}.CONSUMER.INFO.{EVENTS}.{durable}", f"watch its consumer {durable}"),
-            publish(f"{_API}.CONSUMER.DELETE.{EVENTS}.{durable}", f"make its consumer {durable} again"),
             publish(f"$JS.ACK.{EVENTS}.{durable}.{PROBE}", f"ack the batches of {durable}"),
         ]
     if GcWorker in kinds:
