@@ -44,7 +44,14 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from scaler.controller.core import folds, operator, reconcile
-from scaler.controller.core.features import FOLLOW_MS, NO_STATS, UNKNOWN_START_MS, FnStats, comes_back
+from scaler.controller.core.features import (
+    FOLLOW_MS,
+    NO_STATS,
+    UNKNOWN_START_MS,
+    FnStats,
+    comes_back,
+    start_bound_ms,
+)
 from scaler.controller.core.limits import NO_ROOM, Room
 from scaler.controller.core.operator import misfit, retire_past_max
 from scaler.controller.core.policy import UNSEEN, Capability, Policy, RunView
@@ -112,11 +119,6 @@ RESERVED_RECHECK_MS = 60_000  # how often a reserved (min warm) instance's keep-
 # instance started at once would have served it by then. Sessions' requests are mostly sequential (the
 # next one comes after the last one's answer), so their bound instance is rarely busy at all.
 MAX_SESSION_WAIT_MS = 10_000
-# A start not reported within its function's expected start (its last one) plus this will not come: its report was
-# lost (with a store's lost tail, say) or nobody is left to send it. The margin covers what may rightly delay one:
-# the platform worker holding a start while its circuit is open (up to 10 s), a dead worker's event coming back
-# to another (its ack wait, 10 s), and the platform's own retries.
-START_MARGIN_MS = 30_000
 # While the platform worker's circuit holds a function's starts (StartsHeld), a request nothing else covers waits
 # this long at most for an instance of the function to free up, or for the hold to end (then it gets a start), so
 # its caller hears "not now" (Throttle) well within a usual deadline rather than wait out the hold or fail with a
@@ -579,11 +581,6 @@ def _free_lost_leases(d: _Draft) -> None:
             why = f"no Idle within {given} {d.s.timeout_s()}s timeout"
             d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
-
-
-def start_bound_ms(st: FnStats) -> int:
-    """How long an instance may be being created before its start is taken as lost (see START_MARGIN_MS)."""
-    return (st.start_ms or UNKNOWN_START_MS) + START_MARGIN_MS
 
 
 def _retire_lost_starts(d: _Draft) -> None:

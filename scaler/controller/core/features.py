@@ -53,6 +53,11 @@ EARLY_GAPS = 3  # a function's first gaps, which tell how soon functions seen on
 IDLE_BINS = 240  # idle-time histogram: 1-minute bins over 4 hours ("Serverless in the Wild")
 GAP_HALF_LIFE_MS = 30 * 60_000  # its counts halve every 30 minutes, so rare long gaps are remembered
 UNKNOWN_START_MS = 1_000  # assumed CreateSlot + Init before the function's first instance is ready
+# A start not reported within its function's expected start (its last one) plus this will not come: its report was
+# lost (with a store's lost tail, say) or nobody is left to send it. The margin covers what may rightly delay one:
+# the platform worker holding a start while its circuit is open (up to 10 s), a dead worker's event coming back
+# to another (its ack wait, 10 s), and the platform's own retries.
+START_MARGIN_MS = 30_000
 QUEUED_KEPT = 32  # recent requests' time queued for an instance
 ACTIVITY_BIN_MS = 10_000  # the bins of a function's activity: a call in a bin makes it active
 QUIET_KEPT = 32  # recent runs of quiet bins
@@ -178,15 +183,20 @@ def _assigned(st: FnStats, t: int, r: str, inst: Instance, before: FnState) -> F
     return replace(st, wait_ms=st.wait_ms + wait, queued=_ring(st.queued, queued, QUEUED_KEPT))
 
 
+def start_bound_ms(st: FnStats) -> int:
+    """How long an instance may be being created before its start is taken as lost (see START_MARGIN_MS)."""
+    return (st.start_ms or UNKNOWN_START_MS) + START_MARGIN_MS
+
+
 def _unfinished(st: FnStats, before: FnState, i: str, t: int) -> FnStats:
-    """A start given up at `t` after taking longer than the function's known start: its starts take at least that
-    long. So the next start's bound (decide.start_bound_ms) and pre-warm lead grow with it, where a function whose
-    Init takes longer than the bound would have every start given up as lost, for ever."""
+    """A start given up at `t` as lost, at its bound: its function's starts take at least that long. So the next
+    start's bound and pre-warm lead grow with it, where a function whose Init takes longer than the bound would
+    have every start given up, for ever. A start that failed before its bound says nothing of how long one takes."""
     inst = before.instances.get(i)
     if inst is None or inst.phase != "creating":
         return st
     took = t - inst.wanted_ms
-    if took <= (st.start_ms or UNKNOWN_START_MS):
+    if took < start_bound_ms(st):
         return st
     return replace(st, start_ms=took, next_gap=_next_gap(st, st.gaps, st.lulls, st.gap_hist, took))
 

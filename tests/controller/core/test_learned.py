@@ -4,8 +4,8 @@ from typing import NamedTuple
 
 from msgspec.structs import replace
 
-from scaler.controller.core.decide import START_MARGIN_MS, decide
-from scaler.controller.core.features import GAP_BINS, NO_STATS, FnStats, gap_bin
+from scaler.controller.core.decide import decide
+from scaler.controller.core.features import GAP_BINS, NO_STATS, START_MARGIN_MS, FnStats, gap_bin
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.base import score_rate as exchange_rate
 from scaler.controller.core.policy.learned import Delays, Learned, LearnedConfig

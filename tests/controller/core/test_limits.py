@@ -6,8 +6,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from scaler.controller.core import folds
-from scaler.controller.core.decide import START_MARGIN_MS, decide
-from scaler.controller.core.features import NO_STATS, UNKNOWN_START_MS, FnStats
+from scaler.controller.core.decide import decide
+from scaler.controller.core.features import NO_STATS, START_MARGIN_MS, UNKNOWN_START_MS, FnStats
 from scaler.controller.core.limits import FunctionLimits, Limits, Room
 from scaler.controller.core.state import FnState, Phase
 from scaler.controller.core.totals import Totals

@@ -3,8 +3,7 @@ mean gap, pre-warm and keep-alive bound), CIDRE (queueing for a busy instance, a
 
 import pytest
 
-from scaler.controller.core.decide import START_MARGIN_MS
-from scaler.controller.core.features import UNKNOWN_START_MS, FnStats
+from scaler.controller.core.features import START_MARGIN_MS, UNKNOWN_START_MS, FnStats
 from scaler.controller.core.policy import get_policy, spes
 from scaler.controller.core.policy import rainbowcake as rc
 from scaler.controller.core.state import FnState, Instance, Phase

@@ -24,7 +24,7 @@ def slot(id: str, instance: str = "", age_ms: int = 60_000) -> c.PlatformSlot:
 
 def two_instances_learned() -> tuple[FnState, FnStats]:
     """fn-1 idle on s1, fn-2 busy on s2, both started long before the listing; fn-3 being created since shortly
-    before it (a start older than its bound is taken as lost: decide.START_MARGIN_MS). With its features."""
+    before it (a start older than its bound is taken as lost: features.START_MARGIN_MS). With its features."""
     # Built a little before the listing, so fn-1's keep-alive is still running when it is decided.
     s, ds = run(assign("r1"), assign("r2"), ready("fn-1", "s1"), ready("fn-2", "s2"), at=T - 50_000)
     at = T - 10_000

@@ -1,8 +1,8 @@
 """Sessions, restart and delete in the pure core: what each decides, as events and replies."""
 
 from scaler.controller.core import folds
-from scaler.controller.core.decide import START_MARGIN_MS, decide, session_wait_ms
-from scaler.controller.core.features import NO_STATS, UNKNOWN_START_MS
+from scaler.controller.core.decide import decide, session_wait_ms
+from scaler.controller.core.features import NO_STATS, START_MARGIN_MS, UNKNOWN_START_MS
 from scaler.controller.core.limits import Room
 from scaler.controller.core.state import FnState, Phase
 from scaler.proto import commands as c
