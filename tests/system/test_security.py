@@ -28,7 +28,7 @@ from scaler.proto.subjects import partition
 from scaler.runtime.bus import connected
 from scaler.runtime.kv import entries
 from scaler.runtime.natsd import NatsServer
-from scaler.runtime.permissions import publish, refused
+from scaler.runtime.permissions import Need, Verb, publish, refused
 from scaler.runtime.ports import free_port
 from scaler.runtime.tls import ClientTls, ServerTls, channel
 from tests.certs import Authority, Operator
@@ -242,7 +242,8 @@ async def test_a_node_with_nats_credentials_and_tls_serves_and_replays(ca, tmp_p
                 publish("$KV.scaler_leases.p0", "take a lease", stored=True),
                 publish("cmd.0", "send a command"),
                 publish("$JS.API.STREAM.UPDATE.EVENTS", "change the stream"),
-                publish("$JS.API.STREAM.PURGE.EVENTS", "purge the stream"),
+                # tried as an attacker would: a purge is done if permitted (`publish` will not make it a need)
+                Need(Verb.PUBLISH, "$JS.API.STREAM.PURGE.EVENTS", "purge the stream"),
             ]
             assert await refused(nats.access("reader"), writes) == writes
         finally:
