@@ -349,3 +349,30 @@ def test_a_function_whose_start_takes_40_s_is_served(policy):
     assert run.invocations[0].schedule_ms >= init_ms  # it waited for a start, not for ever
     assert run.slots_created <= 3  # the first given up once, then one that became ready (and perhaps a second)
     assert sim.ledger.features_of("fn").start_ms >= init_ms
+
+
+def bunched(bursts: int, bunches: int, size: int, apart_ms: int, every_ms: int, seed: int = 1) -> list[int]:
+    """`bursts` bursts, one every `every_ms` ± 20 %, each of `bunches` bunches about `apart_ms` apart, a bunch being
+    `size` calls within 10 ms."""
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in range(bursts):
+        at = t
+        for _ in range(bunches):
+            arrivals += [round(at + rng.uniform(0, 10)) for _ in range(size)]
+            at += apart_ms * rng.uniform(0.5, 1.5)
+        t += every_ms * rng.uniform(0.8, 1.2)
+    return sorted(arrivals)
+
+
+def test_calls_that_come_in_bunches_find_a_pool_as_large_as_a_bunch():
+    # Bunches of 20 calls within 10 ms, a second apart, ten to a burst, a burst a minute; 50 ms runs, a 3 s start.
+    # One call in 50 ms is a load of one instance, and Erlang C at that rate, even scaled by how the gaps vary,
+    # says six instances hardly wait; but 20 calls at once on six wait 1.2 runs on average, 1.2 s a bunch: sized so,
+    # the calls of the run's last half waited 120 s in all. The pool is sized for the bunches: none waits.
+    arrivals = bunched(24, 10, 20, 1_000, 60_000)
+    sim = simulate(dataset(arrivals, run_ms=50, memory_mb=1024, init_ms=3_000))
+    run = sim.result(arrivals[-1] + 1_000)
+    late = run.invocations[len(arrivals) // 2 :]
+    assert sum(i.cold for i in late) <= len(late) // 100
+    assert sum(i.schedule_ms for i in late) < 10 * 1_000, "calls within a bunch hardly queue"

@@ -409,3 +409,17 @@ def test_a_start_is_led_past_the_longest_seen_as_far_as_waiting_is_dearer_than_m
 def test_a_restart_costs_the_nodes_measured_time_for_its_decisions_as_waiting():
     f = replace(NO_STATS, starts=(150,) * 4, overheads=(2, 4, 6, 30, 4))  # the median call held 4 ms past its run
     assert Delays.of(f, 150, gb=0.25, lam=10.0, decisions=4).work == 10.0 * 4 * 4 / 2
+
+
+def test_calls_in_bunches_keep_a_pool_as_large_as_a_bunch_where_as_many_one_at_a_time_keep_fewer():
+    # 16 calls within 4 ms, then 1 s apart (64 gaps, four bunches), 50 ms runs: one instance busy on average.
+    # Erlang C at that rate, scaled by how much the gaps vary, keeps a few instances; but a bunch of 16 on a few
+    # queues for runs of 50 ms, however idle they were before it.
+    gaps = (0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 1_000) * 4
+    runs = (50,) * 32
+    policy = Learned(LearnedConfig(exchange_rate=100.0))
+    s = history(gaps, runs, start_ms=3_000, memory_mb=1024)
+    spread = history((1_004 // 16,) * 64, runs, start_ms=3_000, memory_mb=1024)  # as many calls, one at a time
+    assert policy.pool_target(*s, 10) >= 16
+    assert policy.pool_target(*spread, 10) < 8
+    assert policy.outlook(*s).need >= 16

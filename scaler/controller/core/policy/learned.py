@@ -36,19 +36,21 @@ What a function's history says (`next_arrival`, `outlook`; the arithmetic is in 
   is priced at what it costs besides memory: the risk of its instance being late, and the node's own work.
 
 What it decides:
-- Pool: while a function is busy it keeps the k instances that minimise memory x k + wait_gb x
-  expected waiting: Erlang C on the recent rate and busy time, scaled by (ca^2 + cs^2) / 2
-  (Allen-Cunneen), so a timer's arrivals queue far less than Poisson ones and a burst's more. A
+- Pool: while a function is busy it keeps the k instances that minimise memory x k + wait_gb x expected
+  waiting: Erlang C on the recent rate and busy time, scaled by (ca^2 + cs^2) / 2 (Allen-Cunneen), so a
+  timer's arrivals queue far less than Poisson ones and a burst's more; for calls that come in bunches (a
+  call and those within a quarter of a run after it: `forecast.bunches`), at least what they wait within
+  their bunch, k at a time, which Erlang C, seeing them come one at a time at their rate, leaves out. A
   request that kills its instance (need_destroy) keeps it busy a start longer, plus spares. A pool
-  shrinks only past the load half a standard error above its estimate, so that it does not shrink
-  and grow with the noise of its rate; it grows only for waiting requests (pre-warms to a target
-  while active churn, and overshoot at a burst's end).
-- Lulls (`lull`): for the next arrival, the cheapest of keeping one instance, or as many as a
-  burst needs, until some time; retiring them (a miss); and, when nothing is busy, retiring them
-  to start again just before the next arrival (`return_plan`), when the history says when. A keep
-  that reaches past a burst is looked at again at its end, when it may be cheaper to come back later.
-  Fewer instances kept than a burst needs cost what its followers then wait: they queue for the kept
-  ones a run at a time (Erlang C at the rate within bursts), not a start each. The plans look for the
+  shrinks only past the load half a standard error above its estimate, so that it does not shrink and
+  grow with the noise of its rate; it grows only for waiting requests (pre-warms to a target while active
+  churn, and overshoot at a burst's end).
+- Lulls (`lull`): for the next arrival, the cheapest of keeping one instance, or as many as a burst
+  needs, until some time; retiring them (a miss); and, when nothing is busy, retiring them to start again
+  just before the next arrival (`return_plan`), when the history says when. A keep that reaches past a
+  burst is looked at again at its end, when it may be cheaper to come back later. Fewer instances kept
+  than a burst needs cost what its followers then wait: they queue for the kept ones a run at a time
+  (Erlang C at the rate within bursts, or within their bunch), not a start each. The plans look for the
   cheapest place to hold until over the points' prefix sums (`forecast.Points`), a few lookups each.
 - Waiting (`plan_queue`): with no idle instance, start the number of instances that minimises the
   queue's expected total wait (the queue now and the arrivals to come, simulated against the busy
@@ -86,6 +88,8 @@ from scaler.controller.core.policy.base import (
 )
 from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.policy.forecast import (
+    NO_BUNCHES,
+    Bunches,
     GroupPause,
     Option,
     Plan,
@@ -93,6 +97,7 @@ from scaler.controller.core.policy.forecast import (
     Points,
     beyond,
     blend,
+    bunches,
     group_pause,
     in_group,
     keep_plan,
@@ -166,6 +171,10 @@ class LearnedConfig(PolicyConfig, frozen=True, kw_only=True):
         float,
         msgspec.Meta(description="how reliably a leader's return must have brought the function's call to pre-warm"),
     ] = 0.9
+    bunch_share: Annotated[
+        float,
+        msgspec.Meta(description="a call and those within this share of a run after it come at once: a bunch"),
+    ] = 0.25
     restart_decisions: Annotated[
         float,
         msgspec.Meta(
@@ -235,6 +244,7 @@ class Outlook:
     followers: float = 0.0  # arrivals a burst brings within a start of its first
     run: float = 0.0  # ms a request keeps its instance, on average
     variability: float = 1.0  # (ca^2 + cs^2) / 2 of the arrivals within bursts and of the runs
+    bunched: Bunches = NO_BUNCHES  # recent calls in bunches: how many of each size
     lead: int = 0  # ms from starting an instance for a predicted arrival to its being surely ready (`Delays`)
     restart: float = 0.0  # GB·ms a start costs besides its memory: its risk of being late, the node's work
 
@@ -249,7 +259,7 @@ class Outlook:
         pre-warmed instance would be held in a burst's stead for bursts that may not come."""
         if count >= self.need:
             return 0.0
-        queued = self.followers * queue_wait(self.burst_rate, self.run, count, self.variability)
+        queued = self.followers * queue_wait(self.burst_rate, self.run, count, self.variability, self.bunched)
         return min(self.shortfall(count), self.lam * queued)
 
     def options(self, kept: bool = False) -> list[Option]:
@@ -288,14 +298,17 @@ class Learned(Policy):
         busy = _busy(s, f) if runs else 0.0
         rate = len(near) / max(sum(near), 1) if near else 0.0
         need, variability = 1, (scv(near) + scv(runs)) / 2
+        bunched = self._bunched(f, busy)
         if runs and len(near) >= 2:
-            need = pool_size(rate, busy, gb, lam, variability)
+            need = pool_size(rate, busy, gb, lam, variability, bunched)
         followers = min(rate * start, len(near) / max(len(gaps) - len(near), 1)) if near else 0.0
         waits = followers * start / 2 + followers * followers * busy / (2 * need)
         delays = Delays.of(f, start, gb, lam, self.config.restart_decisions)
         miss = lam * (start + waits) + gb * start + delays.work
         restart = delays.work + lam * delays.late
-        return Outlook(gb, start, rate, need, waits, miss, lam, followers, busy, variability, delays.lead, restart)
+        return Outlook(
+            gb, start, rate, need, waits, miss, lam, followers, busy, variability, bunched, delays.lead, restart
+        )
 
     def pool_target(self, s: FnState, f: FnStats, now: int, margin: float = 0.0, run: RunView = UNSEEN) -> int:
         """Instances worth keeping for the recent load (`forecast.pool_size`), plus spares for those that die.
@@ -311,7 +324,12 @@ class Learned(Policy):
         if margin and gaps:
             rate *= 1 + margin * math.sqrt(arrivals / len(gaps))
         variability = (arrivals + scv(runs)) / 2
-        return pool_size(rate, busy, gb, lam, variability) + _spares(s, f, rate, gb, lam)
+        pool = pool_size(rate, busy, gb, lam, variability, self._bunched(f, busy))
+        return pool + _spares(s, f, rate, gb, lam)
+
+    def _bunched(self, f: FnStats, busy: float) -> Bunches:
+        """The recent calls in bunches (`forecast.bunches`): those closer than a share of a run come at once."""
+        return bunches(f.gaps, self.config.bunch_share * busy) if busy else NO_BUNCHES
 
     def _little_history(self, s: FnState, f: FnStats, run: RunView) -> bool:
         """Too few gaps of its own, and too few of the run's new functions to go by."""
