@@ -293,9 +293,20 @@ async def test_nats_restarted_with_its_store(tmp_path, stub):
             assert driver.overlaps() == []
             states = await settled(nats.url, stub)
             held = [i for s in states.values() for i in s.instances.values() if i.phase.value == "busy"]
-            said = {c.request_id: c.error or "answered" for c in driver.calls}
-            holders = [(i.id, i.request_id, said.get(i.request_id, "a probe")) for i in held]
-            assert held == [], f"held for callers that gave up: {holders}"
+            calls = {c.request_id: c for c in driver.calls}
+
+            def told(c: Call | None) -> str:
+                if c is None:
+                    return "a probe"
+                if c.error:
+                    return f"its caller gave up: {c.error}"
+                if not c.idled_at:
+                    return "its Idle never answered"
+                when = f"{c.idled_at - down_at:+.2f}s from NATS's stop (down {up_at - down_at:.1f}s)"
+                return f"its Idle answered OK {when}, after {len(c.refusals)} refusals: the release was lost"
+
+            holders = [(i.id, i.request_id, told(calls.get(i.request_id))) for i in held]
+            assert held == [], f"held once settled: {holders}"
             async with connected(nats.url, "test") as nc:
                 out = io.StringIO()
                 assert await replay.verify(nc, None, out) == 0, out.getvalue()
