@@ -111,6 +111,7 @@ class Call:
     instance: str = ""
     got_at: float = 0.0  # monotonic: answer received
     idle_at: float = 0.0  # monotonic: Idle sent
+    idled_at: float = 0.0  # monotonic: the Idle answered
     error: str = ""
     failed_at: float = 0.0  # monotonic: the error received
     retries: int = 0  # calls repeated because the scaler was unavailable
@@ -175,6 +176,7 @@ class Driver:
             result = pb.Result(status_code=200, duration_in_ms=int(self.hold_s * 1000), need_destroy=self.destroy)
             idle = pb.IdleRequest(assigment=reply.assigment, result=result)
             await self._retried(call, lambda: scaler.Idle(idle, timeout=self.timeout_s), True)
+            call.idled_at = time.monotonic()
         except grpc.aio.AioRpcError as e:
             call.error, call.failed_at = f"{e.code().name}: {e.details()}", time.monotonic()
 

@@ -41,6 +41,7 @@ from scaler.proto.commands import (
     decode_report,
     encode,
 )
+from scaler.proto.subjects import partition
 from scaler.runtime.bus import Unavailable, send
 from scaler.runtime.forward import Forwarder
 from scaler.store import TooBig
@@ -48,6 +49,8 @@ from scaler.store import TooBig
 log = logging.getLogger("scaler.controller")
 
 PERSIST_PATIENCE_S = 120.0  # how long a Cancel, or a release answered early, is retried through an outage
+RETRY_FIRST_S = 0.05  # a persist's first wait before it is tried again, doubled each time up to RETRY_MAX_S
+RETRY_MAX_S = 2.0
 
 
 class Door:
@@ -215,15 +218,19 @@ class Door:
 
     async def _persist(self, cmd: Cancel | Idle) -> None:
         """Store a command through an outage or a hand-over: a Cancel (the Assign may have been stored all the
-        same), or a release its caller was told of before it was stored."""
+        same), or a release its caller was told of before it was stored.
+
+        One that failed, or waits on its partition's owner, because this node could not decide its partition (a
+        lease lapsed or late, a reload) is decided here as soon as this node can, not at the end of a wait grown
+        through the outage: until then its instance is held for nobody."""
         loop = asyncio.get_running_loop()
-        deadline, delay = loop.time() + PERSIST_PATIENCE_S, 0.05
+        deadline, delay = loop.time() + PERSIST_PATIENCE_S, RETRY_FIRST_S
         while True:
             try:
                 if self.partitions.serves(cmd.key):
                     await self.handle(cmd)
-                else:
-                    await send(self.nc, cmd, patience_s=max(0.1, deadline - loop.time()))
+                elif not await self._sent(cmd, deadline - loop.time()):
+                    continue  # served here again meanwhile: decided here
                 return
             except TooBig as e:
                 log.error("could not store %s: %s", command_id(cmd), e)
@@ -232,8 +239,27 @@ class Door:
                 if loop.time() > deadline:
                     log.warning("could not store %s: %s", command_id(cmd), e)
                     return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await self.partitions.reopened(partition(cmd.key), delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _sent(self, cmd: Cancel | Idle, patience_s: float) -> bool:
+        """Send a command to its partition's owner; False, the sending given up, once this node may decide that
+        partition again (a try that reached an owner meanwhile makes the second decision a no-op)."""
+        p = partition(cmd.key)
+        sending = asyncio.ensure_future(send(self.nc, cmd, patience_s=max(0.1, patience_s)))
+        opened = asyncio.ensure_future(self.partitions.reopened(p, patience_s))
+        try:
+            await asyncio.wait({sending, opened}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sending, opened):
+                task.cancel()
+            await asyncio.gather(sending, opened, return_exceptions=True)
+        if not sending.cancelled():
+            sending.result()  # raises what stopped it
+            return True
+        if self.partitions.decides(p):
+            return False
+        raise TimeoutError(f"no owner of partition {p} answered")
 
 
 def unstorable(cmd: AnyCommand, to: str, e: TooBig) -> Reply:

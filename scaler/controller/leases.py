@@ -96,6 +96,7 @@ class Leases:
         self.reclaim = reclaim  # `node` is held by this process alone (runtime/identity.py): take its leases back
         self.deadline_s = renew_deadline(ttl_s)
         self.about: Callable[[], bytes] = lambda: b""  # what its heartbeat says of the node (`scaler nodes`)
+        self.refreshed: Callable[[], None] = lambda: None  # told when a lease renewed late is fresh again
         self.held: dict[int, int] = {}  # partition -> revision of our lease entry
         self.renewed: dict[int, float] = {}  # partition -> when its last renewal that succeeded was sent (monotonic)
         self.took: dict[int, float] = {}  # ... and how long that renewal took to be answered (s)
@@ -277,7 +278,10 @@ class Leases:
         await self.lost(partitions)
 
     def _renewed(self, p: int, sent: float) -> None:
+        late = not self.fresh(p)
         self.renewed[p], self.took[p] = sent, time.monotonic() - sent
+        if late and self.fresh(p):
+            self.refreshed()
 
     def _lock(self, p: int) -> asyncio.Lock:
         return self._locks.setdefault(p, asyncio.Lock())

@@ -98,6 +98,8 @@ class Partitions:
         self._subs: dict[int, list] = {}  # each partition's subscriptions: its commands, its reports
         self._in_flight: Counter[int] = Counter()  # commands under way, by partition
         self._drained = asyncio.Event()  # set when a partition's commands under way reach none
+        self._opened = asyncio.Event()  # set (then replaced) when a partition may be decided here again
+        self.leases.refreshed = self._open
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
@@ -115,6 +117,28 @@ class Partitions:
             raise NotServing(f"partition {p} is not served by {self.leases.node}")
         if not self.leases.fresh(p):
             raise NotServing(f"partition {p}: {self.leases.node}'s lease is not renewed in time, it decides nothing")
+
+    def decides(self, p: int) -> bool:
+        """Whether this node may decide for partition `p` now: served here, its lease renewed in time."""
+        return p in self.serving and self.leases.fresh(p)
+
+    async def reopened(self, p: int, timeout_s: float) -> None:
+        """Wait `timeout_s`, ended early once partition `p`, which this node cannot decide for now (NATS away, its
+        lease lapsed or late, a load under way), may be decided here again."""
+        if self.decides(p):
+            await asyncio.sleep(timeout_s)
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not self.decides(p):
+                    await self._opened.wait()
+        except TimeoutError:
+            pass
+
+    def _open(self) -> None:
+        """A partition was served, or a late lease renewed: whoever waits for one looks again."""
+        self._opened.set()
+        self._opened = asyncio.Event()
 
     def entered(self, p: int) -> None:
         """A command of partition `p` is under way (a partition given up waits for it)."""
@@ -168,6 +192,7 @@ class Partitions:
                 self.snapshotter.loaded(p, after[p], at.last_seq)
                 self._subs[p] = await self._take(p, self.on_command, self.on_report)
                 self.serving.add(p)
+            self._open()
             self._share_the_caps()
             await self.served(partitions)
         except Exception as e:

@@ -5,7 +5,7 @@ import asyncio
 
 import grpc
 
-from scaler.controller import lanes
+from scaler.controller import door, lanes
 from scaler.controller.admission import Admission
 from scaler.controller.core.state import Phase
 from scaler.controller.lane import Lane
@@ -20,6 +20,7 @@ from scaler.proto.events import Assigned, KeptAlive, Released, decode_batch
 from scaler.proto.subjects import function_events, partition
 from scaler.runtime.bus import Unavailable, connected
 from scaler.runtime.clock import Clock
+from scaler.runtime.natsd import NatsServer
 from scaler.store import stream
 from tests.invariants import snapshots_hold_what_they_claim
 from tests.stack import Stack, eventually
@@ -141,6 +142,34 @@ async def test_a_release_answered_but_not_stored_is_stored_behind_its_answer(nat
         assert [events for cause, events in stored if cause == "idle:r1"] == [["Released"]]
         second = await stack.assign("r2")
         assert second.assigment.instance_id == "fn-1"
+
+
+async def test_a_release_answered_through_an_outage_is_stored_first_once_its_partition_is_served_again(
+    tmp_path, monkeypatch
+):
+    """NATS stopped right after the Idle's release was decided: its caller is answered, the append fails, the
+    leases lapse and the partition is given up. The node stores the release all the same, as soon as it serves the
+    partition again: before the next Assign, which reuses the instance. Not at the next try that the wait between
+    tries (an hour here), or a send to the partition's owner, would bring: meanwhile the instance was held for a
+    caller long gone, and a node stopped then lost the release."""
+    monkeypatch.setattr(door, "RETRY_FIRST_S", 3600.0)
+    nats = NatsServer(tmp_path / "nats")
+    await nats.start()
+    try:
+        async with Stack(nats.url) as stack:
+            first = await stack.assign("r1")
+            await stack.settled()
+            await nats.stop()
+            assert (await stack.idle(first)).status == pb.Ok  # answered once decided, before it can be stored
+            await eventually(lambda: not stack.controller.serving, seconds=30)  # the leases lapsed: given up
+            await nats.start()
+            await eventually(lambda: stack.controller.serves("fn"), seconds=30)
+            second = await stack.assign("r2")
+            stored = [(cause, events) for cause, events in await causes(nats.url) if cause in ("idle:r1", "assign:r2")]
+            assert second.assigment.instance_id == "fn-1", f"r1's release not stored before r2 was decided: {stored}"
+            assert [events for cause, events in stored if cause == "idle:r1"] == [["Released"]]
+    finally:
+        await nats.stop()
 
 
 async def test_commands_that_queue_behind_an_append_are_decided_in_order_and_stored_together(nats_url):
