@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -119,8 +120,18 @@ async def live(dataset: Dataset, scaler: str) -> tuple[Run, Latency]:
                     print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}", file=sys.stderr)
                 return outcome.run, outcome.latency
             finally:
-                proc.send_signal(2)
-                await proc.communicate()
+                await stop(proc)
+
+
+async def stop(proc: asyncio.subprocess.Process) -> None:
+    """Ctrl-C, and kill -9 should the scaler not be gone 10 s later: the references, stopped in a run, at times never
+    returned from their server's shutdown, and the bench waited for them for ever."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        await asyncio.wait_for(proc.communicate(), 10)
+    except TimeoutError:
+        proc.kill()
+        await proc.communicate()
 
 
 def row(name: str, scaler: str, n: int, run: Run, offline: Run, played: Run) -> str:
