@@ -169,8 +169,7 @@ class Door:
         except Exception as e:
             log.error("refusing a command on %s: %s", msg.subject, e)
             if msg.reply:
-                reply = Reply(to=msg.reply, request_id="", code=Code.INVALID_ARGUMENT, message=str(e))
-                await self.nc.publish(msg.reply, encode(reply))
+                await self._answer(Reply(to=msg.reply, request_id="", code=Code.INVALID_ARGUMENT, message=str(e)))
             return
         self.lanes.spawn(self._serve(cmd, msg))
 
@@ -181,7 +180,7 @@ class Door:
         if is_call:
             cmd = replace(cmd, reply_to=msg.reply)
             if (refused := self.refused(cmd)) is not None:
-                await self.nc.publish(msg.reply, encode(refused))
+                await self._answer(refused)
                 return
         try:
             await self.handle(cmd)
@@ -191,15 +190,22 @@ class Door:
         except Unavailable as e:  # the sender tries again
             log.info("could not handle %s: %s", command_id(cmd), e)
             if msg.reply:
-                reply = Reply(to=msg.reply, request_id=getattr(cmd, "request_id", ""), code=Code.UNAVAILABLE)
-                await self.nc.publish(msg.reply, encode(replace(reply, message=str(e))))
+                request_id = getattr(cmd, "request_id", "")
+                await self._answer(Reply(to=msg.reply, request_id=request_id, code=Code.UNAVAILABLE, message=str(e)))
             return
         except TooBig as e:  # refused once: sending it again would fail again
             if msg.reply:
-                await self.nc.publish(msg.reply, encode(unstorable(cmd, msg.reply, e)))
+                await self._answer(unstorable(cmd, msg.reply, e))
             return
         if not is_call and msg.reply:
-            await self.nc.publish(msg.reply, encode(Reply(to=msg.reply, request_id=command_id(cmd))))
+            await self._answer(Reply(to=msg.reply, request_id=command_id(cmd)))
+
+    async def _answer(self, reply: Reply) -> None:
+        """An answer over NATS, or none while NATS is away: its sender sends the command again."""
+        try:
+            await self.nc.publish(reply.to, encode(reply))
+        except NatsError as e:
+            log.info("could not answer %s (%s sends it again): %r", reply.request_id, reply.to, e)
 
     async def _reconcile(self, cmd: Reconcile) -> None:
         """The platform's list for one partition, put to each of its functions in turn (those the list names

@@ -27,6 +27,7 @@ log = logging.getLogger("scaler.forward")
 RESEND_S = 2.0  # no answer this long: send the call again (its owner may have died with it)
 PING_S = 1.0  # ... and NATS is asked whether it answers at all: given this long to
 PING = f"{CMD}.{PROBE}"  # where: a subject a node and a front gateway may publish on, and nobody serves
+RECONNECT_POLL_S = 0.05  # a call made while the connection reconnects looks again this often
 CANCEL_PATIENCE_S = 120.0
 NO_RESPONDERS = "503"
 
@@ -82,11 +83,18 @@ class Forwarder:
     async def _until_answered(self, cmd: Assign | Idle, answers: asyncio.Queue[Reply | None]) -> Reply:
         subject, body = command_subject(cmd.key), encode(cmd)
         delay = 0.02
+        away_since = None  # when the connection was first found reconnecting, for this call
         while True:
             try:
                 await self._nc.publish(subject, body, reply=cmd.reply_to)
             except NatsError as e:
-                raise Unavailable(f"NATS unavailable: {e!r}") from None
+                # Reconnecting (a restarted nats-server): given as long to come back as a stalled one to answer.
+                now = asyncio.get_running_loop().time()
+                away_since = now if away_since is None else away_since
+                if self._nc.is_closed or now - away_since >= self.resend_s + PING_S:
+                    raise Unavailable(f"NATS unavailable: {e!r}") from None
+                await asyncio.sleep(RECONNECT_POLL_S)
+                continue
             self.sent += 1
             try:
                 reply = await asyncio.wait_for(answers.get(), self.resend_s)

@@ -8,7 +8,7 @@ import pytest
 from scaler.proto.commands import Assign, Cancel, Reply, decode_command, encode
 from scaler.proto.events import Meta
 from scaler.proto.subjects import command_subject
-from scaler.runtime.bus import Unavailable, connected
+from scaler.runtime.bus import Unavailable, close, connect, connected
 from scaler.runtime.forward import Forwarder
 from scaler.runtime.natsd import NatsServer
 from tests.nemesis import Link
@@ -92,3 +92,46 @@ async def test_a_call_is_told_unavailable_and_its_assign_cancelled_when_nats_sto
             await forwarder.stop()
     cancels = [c for c in owner.heard if isinstance(c, Cancel)]
     assert {c.request_id for c in cancels} == {"r1"} and "NATS does not answer" in cancels[0].reason
+
+
+async def test_a_call_made_while_the_connection_reconnects_waits_for_nats_to_be_back(tmp_path):
+    """A node's forwarder rides its controller's connection, which sends nothing late (no buffer): a call made
+    while that connection reconnects after a nats-server restart was refused at once (OutboundBufferLimitError),
+    so the first call after `scaler up` restarted its nats-server failed. It now waits for the connection as long
+    as it would wait for a stalled NATS to answer; the owner hears it once and answers it."""
+    owner = Owner()
+    async with NatsServer(tmp_path / "nats") as nats:
+        nc = await connect(nats.url, "node", buffered=False)
+        forwarder = Forwarder.over(nc)
+        await forwarder.start()
+        try:
+            await nats.stop()
+            async with asyncio.timeout(10):
+                while not nc.is_reconnecting:  # noqa: ASYNC110 (the client says it by no event)
+                    await asyncio.sleep(0.01)
+            call = asyncio.create_task(forwarder.call(assign("r1"), timeout_s=30))
+            await asyncio.sleep(0.5)  # refused by the connection, and again
+            assert not call.done()
+            await nats.start()
+            async with connected(nats.url, "owner") as owner_nc:
+                await owner.serve(owner_nc)
+                reply = await call
+        finally:
+            await forwarder.stop()
+            await close(nc)
+    assert reply.instance_id == "fa-1" and [c.request_id for c in owner.heard] == ["r1"]
+
+
+async def test_a_call_is_told_unavailable_when_the_connection_does_not_come_back(tmp_path):
+    """... and told UNAVAILABLE, not left to its deadline, when NATS stays away."""
+    async with NatsServer(tmp_path / "nats") as nats:
+        nc = await connect(nats.url, "node", buffered=False)
+        forwarder = Forwarder.over(nc)
+        forwarder.resend_s = 0.3
+        await forwarder.start()
+        try:
+            await nats.stop()
+            with pytest.raises(Unavailable, match=r"NATS unavailable: .*OutboundBufferLimitError"):
+                await forwarder.call(assign("r1"), timeout_s=30)
+        finally:
+            await close(nc)
