@@ -1,6 +1,6 @@
 """What the scaler adds to a call: a bare grpc.aio echo server, the node, and a front gateway + node, side by side.
 
-    python bench/hot_path.py [--json PATH] [--pairs N] [--seconds S]
+    python bench/hot_path.py [--json PATH] [--pairs N] [--seconds S] [--rounds N]
 
 Real processes on loopback, and the client in its own process, as a platform would be:
 - echo: a Scaler service that answers Assign and Idle at once (the floor of any Python scaler);
@@ -14,15 +14,16 @@ Real processes on loopback, and the client in its own process, as a platform wou
   node), with the default policy (learned), and with demo for the record;
 - node, NATS not syncing: the same (learned) on a nats-server with JetStream's default (fsync every 2
   minutes), for the record of what syncing costs;
-- front + node: the node (learned), called through `python -m scaler.gateway` (a front gateway forwarding
-  over NATS).
+- front + node: a node of its own (learned), called through `python -m scaler.gateway` (a front gateway
+  forwarding over NATS).
 For each: warm Assign and Idle latency with one caller, back to back (after every function has its
 instance), and for a node the instances it started meanwhile (a policy that retires an instance between
 two calls and starts one again before the next: those Assigns are not all warm, and may wait); then
 Assign + Idle pairs per second with 50 callers over 50 functions, and with 50 callers on one hot
 function; and the Assign p99 under those loads; and the CPU the server spent per pair over the whole
 client run (every process of it, its nats-server included, but the platform stub): unlike the rates, a
-figure other jobs on the machine move far less. Ratios are to the echo server of the same run.
+figure other jobs on the machine move far less. Ratios are to the echo server of the same run. The whole
+bench runs `--rounds` times; the table shows each figure's median, then how far the rounds were apart.
 `--json` writes the node's figures with the echo server's and the unsynced node's beside them.
 """
 
@@ -355,8 +356,11 @@ async def bench(pairs: int, seconds: float) -> dict[str, dict]:
         await stop(up)
     up, found = await up_node()
     try:
-        node = f"127.0.0.1:{found[1]}"
-        results[NODE] = await client(node, pairs, seconds, found[3])
+        results[NODE] = await client(f"127.0.0.1:{found[1]}", pairs, seconds, found[3])
+    finally:
+        await stop(up)
+    up, found = await up_node()  # its own: on the node row's, its functions would come with that row's history
+    try:
         front, at = await spawn(
             sys.executable, "-m", "scaler.gateway", "--nats", found[2], "--listen", "127.0.0.1:0",
             "--log-level", "INFO",
@@ -416,13 +420,33 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def medians(rounds: list[dict[str, dict]]) -> dict[str, dict]:
+    """Each row's figures, each the median of the rounds' (a figure a round did not measure stays None)."""
+    return {
+        name: {
+            k: None if any(r[name].get(k) is None for r in rounds) else statistics.median(r[name][k] for r in rounds)
+            for k in rows
+        }
+        for name, rows in rounds[0].items()
+    }
+
+
+def spread(rounds: list[dict[str, dict]]) -> str:
+    """How far the rounds were apart: each row's pairs/s on 50 functions and warm Assign p50, round by round."""
+    lines = [f"{len(rounds)} rounds, the table their medians; round by round, pairs/s on 50 functions and warm p50:"]
+    for name in rounds[0]:
+        each = ", ".join(f"{r[name]['pairs_per_s']:,.0f} / {r[name]['p50_ms']:.2f} ms" for r in rounds)
+        lines.append(f"  {name}: {each}")
+    return "\n".join(lines)
+
+
 def _cpu(r: dict, echo: dict) -> str:
     ms, base = r.get("cpu_ms_per_pair"), echo.get("cpu_ms_per_pair")
     return "" if ms is None else f"{ms:.2f} ms ({ms / base:.2f}x)" if base else f"{ms:.2f} ms"
 
 
-def _count(n: int | None) -> str:
-    return "" if n is None else f"{n:,}"
+def _count(n: float | None) -> str:
+    return "" if n is None else f"{n:,.0f}"
 
 
 def figures(results: dict[str, dict]) -> dict:
@@ -454,6 +478,7 @@ def main() -> None:
     p.add_argument("--json", metavar="PATH", help="write the node's figures (and the echo server's) here")
     p.add_argument("--pairs", type=int, default=2000, help="Assign + Idle pairs with one caller")
     p.add_argument("--seconds", type=float, default=10.0, help="how long 50 callers run")
+    p.add_argument("--rounds", type=int, default=3, help="runs of the whole bench; the table shows their medians")
     p.add_argument("--client", metavar="ADDRESS", help=argparse.SUPPRESS)
     p.add_argument("--metrics", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
@@ -468,8 +493,10 @@ def main() -> None:
     if args.client:
         print(json.dumps(run(measure(args.client, args.pairs, args.seconds, args.metrics))))
         return
-    results = run(bench(args.pairs, args.seconds))
+    rounds = [run(bench(args.pairs, args.seconds)) for _ in range(args.rounds)]
+    results = medians(rounds)
     print(table(results))
+    print(spread(rounds))
     if args.json:
         Path(args.json).write_text(json.dumps(figures(results), indent=2) + "\n")
 
