@@ -103,6 +103,7 @@ async def test_a_call_made_while_the_connection_reconnects_waits_for_nats_to_be_
     async with NatsServer(tmp_path / "nats") as nats:
         nc = await connect(nats.url, "node", buffered=False)
         forwarder = Forwarder.over(nc)
+        forwarder.resend_s = 10.0  # its wait (resend + ping) longer than a restart takes on a loaded machine
         await forwarder.start()
         try:
             await nats.stop()
