@@ -4,7 +4,9 @@ One inbox per gateway, one reply subject per call: a call is sent again on that 
 nobody owns the partition right now (NATS answers "no responders" at once: a node restarting or
 a partition changing hands), when its owner could not store it, or when no answer came for a
 while (a lost reply, or an owner that died with the call). A repeat is a no-op in the core, and
-since it carries the same reply subject it adds no waiter, so the call is decided once.
+since it carries the same reply subject it adds no waiter, so the call is decided once. A call made
+while the connection reconnects (a restarted nats-server, on a connection that buffers nothing) waits for it
+as long as it would for a stalled NATS to answer, then is told UNAVAILABLE.
 """
 
 import asyncio
