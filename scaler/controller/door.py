@@ -93,6 +93,8 @@ class Door:
                     done = self.lanes.submit(cmd)
                     if isinstance(cmd, Idle):  # answered once its release is decided, before it is stored
                         done.add_done_callback(lambda f: self._stored_behind(cmd, f, answer))
+                        if self._released_surely(cmd):  # or at once, not behind its function's append in flight
+                            answer.set_result(Reply(to=to, request_id=cmd.request_id))
                         return await answer
                     await done  # decided and stored (a caller leaving drops it if still queued: it is cancelled)
                 except NotServing:  # the partition went elsewhere just now, or while it queued: its new owner decides
@@ -108,6 +110,15 @@ class Door:
             raise
         finally:
             self.replies.forget(to)
+
+    def _released_surely(self, cmd: Idle) -> bool:
+        """Whether the Idle can only be decided as a release: its request holds its instance in the decided state (an
+        Idle comes after its Assign was stored), and its reason, carried twice in the release's batch, takes less than
+        half a message (the rest of that batch is small), so the batch will fit."""
+        state = self.lanes.ledger.states.get(cmd.key)
+        inst = state.instances.get(cmd.instance_id) if state is not None else None
+        held = inst is not None and inst.busy and inst.request_id == cmd.request_id
+        return held and 4 * len(cmd.reason.encode()) < self.writer.room
 
     async def _instance_for(self, answer: asyncio.Future[Reply]) -> Reply:
         """A stored Assign's answer, once an instance serves it; Unavailable once it has waited `store_wait_s` while
@@ -129,10 +140,12 @@ class Door:
         answered yet, whose decision failed, is told why."""
         if done.cancelled() or (e := done.exception()) is None:
             return
-        if isinstance(e, Told):
+        if isinstance(e, Told) or (answer.done() and not isinstance(e, TooBig)):  # answered: stored behind it
             self.persist(replace(cmd, reply_to=""))
         elif not answer.done():
             answer.set_exception(e)
+        else:
+            log.error("%s was answered, but its release cannot be stored: %s", command_id(cmd), e)
 
     def refused(self, cmd: AnyCommand) -> Reply | None:
         """The answer refusing `cmd` before it is decided, or None to take it: a function's policy this node

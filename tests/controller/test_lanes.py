@@ -2,9 +2,12 @@
 plan stored after the replies; on a real nats-server, with the store's appends held back where a test says."""
 
 import asyncio
+import os
+import signal
 
 import grpc
 
+from scaler import replay
 from scaler.controller import door, lanes
 from scaler.controller.admission import Admission
 from scaler.controller.core.state import Phase
@@ -170,6 +173,32 @@ async def test_a_release_answered_through_an_outage_is_stored_first_once_its_par
             assert [events for cause, events in stored if cause == "idle:r1"] == [["Released"]]
     finally:
         await nats.stop()
+
+
+async def test_an_idle_is_answered_at_once_not_behind_its_functions_append_in_flight(tmp_path):
+    """NATS stands still (SIGSTOP, shorter than the leases) while an Assign of the function is on its way to the
+    store: the Idle of another of its requests, whose request holds its instance, is answered at once rather than
+    once that append is answered (before, it waited in the lane behind it: about a synced append an Idle on a busy
+    function, the Idle seconds of bench/live.py). Its release is stored behind the append once NATS moves again,
+    and the Assign gets the instance it frees or another; replay equals the state."""
+    async with NatsServer(tmp_path / "nats") as nats, Stack(nats.url, lease_ttl_s=30.0) as stack:
+        first = await stack.assign("r1")
+        await stack.settled()
+        os.kill(nats.proc.pid, signal.SIGSTOP)
+        try:
+            second = asyncio.create_task(stack.assign("r2"))  # decided (a cold start), its append stuck
+            await eventually(lambda: stack.controller.lanes.busy)
+            async with asyncio.timeout(10):  # NATS still stopped: only an Idle answered without it returns
+                assert (await stack.idle(first)).status == pb.Ok
+            assert not second.done()
+        finally:
+            os.kill(nats.proc.pid, signal.SIGCONT)
+        assert (await second).status == pb.Ok
+        await stack.settled()
+        stored = [cause for cause, _ in await causes(nats.url)]
+        assert "idle:r1" in stored and stored.index("idle:r1") > stored.index("assign:r2"), stored
+        async with connected(nats.url, "test") as nc:
+            assert (await replay.replay(nc)).ledger.states["fn"] == stack.controller.states["fn"]
 
 
 async def test_commands_that_queue_behind_an_append_are_decided_in_order_and_stored_together(nats_url):
