@@ -270,7 +270,7 @@ def _earliest(*wakes: int | None) -> int | None:
 def _holder(s: FnState, request_id: str) -> Instance | None:
     """The instance serving the request now. An idle one keeps the id of the last request it served: after a
     cancelled assignment the retry is served anew, and the idle instance must not hide the busy one."""
-    return next((i for i in s.instances.values() if i.phase is Phase.BUSY and i.request_id == request_id), None)
+    return next((i for i in s.instances.values() if i.serves(request_id)), None)
 
 
 def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy) -> None:

@@ -88,6 +88,10 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     def busy(self) -> bool:
         return self.phase is Phase.BUSY
 
+    def serves(self, request_id: str) -> bool:
+        """Whether it is busy with that request (an idle one keeps the id of the last request it served)."""
+        return self.phase is Phase.BUSY and self.request_id == request_id
+
 
 class Pending(msgspec.Struct, frozen=True, kw_only=True):
     """An Assign waiting for an instance."""
@@ -570,11 +574,7 @@ def _dequeue(s: FnState, request_id: str) -> FnState:
 def _waiters(s: FnState, request_id: str, change: Callable[[tuple[str, ...]], tuple[str, ...]]) -> FnState:
     """Change who waits for a request's answer: while it is queued, or once an instance serves it."""
     queue = tuple(replace(p, waiters=change(p.waiters)) if p.request_id == request_id else p for p in s.queue)
-    held = {
-        i.id: replace(i, waiters=change(i.waiters))
-        for i in s.instances.values()
-        if i.phase is Phase.BUSY and i.request_id == request_id
-    }
+    held = {i.id: replace(i, waiters=change(i.waiters)) for i in s.instances.values() if i.serves(request_id)}
     return replace(s, queue=queue, instances={**s.instances, **held} if held else s.instances)
 
 
