@@ -4,8 +4,9 @@ A command joins its function's queue; the function's runner takes what queued wh
 append was in flight as one group (group commit: one message and one ack for all), has the lane decide
 and store it, then delivers what it committed: the replies, the function's next deadline, the cues of
 the functions that follow it. Once nothing more waits (or every PLAN_EVERY groups under a steady flow)
-it has the function's plan decided and stored. Functions do not wait for each other; a function with
-nothing under way costs nothing.
+it has the function's plan decided and stored, once the group's callers have run on: a warm Assign's
+answer goes out before its function's plan is decided, not behind it. Functions do not wait for each
+other; a function with nothing under way costs nothing.
 
 A command that has waited `store_wait_s` (2.5 s) for its decision to be stored, while the event store does not
 answer (an append or a read stalled or failing), is answered UNAVAILABLE then, queued or in flight: its caller
@@ -140,6 +141,8 @@ class Lanes:
             while queue:
                 planned = await self._group(key, queue)
                 groups = 0 if planned else groups + 1
+                if groups and not queue:  # the group's callers answered first: planning is beside the reply path
+                    await asyncio.sleep(0)
                 if groups and (not queue or groups % PLAN_EVERY == 0):
                     await self._plan(key)
                     groups = 0

@@ -106,6 +106,30 @@ async def test_an_idles_plan_rides_in_its_releases_batch_and_an_assigns_follows_
         assert kept.phase is Phase.IDLE and kept.keep_until_ms > 0
 
 
+async def test_a_warm_assign_is_answered_before_its_functions_plan_is_decided(nats_url):
+    """Planning is beside the reply path: once a group is stored its callers run on (the gateway sends a warm
+    Assign's answer) before the function's plan is decided, rather than after that decision's CPU."""
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("r1"))
+        await stack.settled()
+        controller, answered, seen = stack.controller, set(), []
+        call, plan = controller.door.call, controller.ledger.plan
+
+        async def calling(cmd, timeout_s):
+            reply = await call(cmd, timeout_s)
+            answered.add(cmd.request_id)
+            return reply
+
+        def planning(key, *args, **kw):
+            seen.append(key == "fn" and "r2" in answered)
+            return plan(key, *args, **kw)
+
+        controller.door.call, controller.ledger.plan = calling, planning
+        assert (await stack.assign("r2")).assigment.instance_id == "fn-1"  # warm
+        await stack.settled()
+    assert seen[:1] == [True], "the function's plan was decided before the warm Assign's caller had its answer"
+
+
 async def test_a_partition_given_up_waits_for_a_plan_under_way_so_its_snapshot_holds_it(nats_url):
     """The plan is appended after the replies, when no command of the partition is under way any more; a
     hand-over (drain, stop) that snapshotted then would leave the plan's batch behind its snapshot."""
