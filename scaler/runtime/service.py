@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar
 from scaler.runtime import reload
 from scaler.runtime.access import NatsAccess
 from scaler.runtime.ports import nats_url
+from scaler.runtime.tasks import say_where_tasks_wait
 from scaler.runtime.tls import ClientTls, ServerTls
 
 log = logging.getLogger("scaler")
@@ -245,6 +246,7 @@ def main(make: Callable[[argparse.Namespace], Component], args: argparse.Namespa
     async def serve() -> bool:
         stop = stop_on_signals()
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload.hangup)  # certificates and keys replaced
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, say_where_tasks_wait)
         component = make(args)
         try:
             starting = asyncio.create_task(component.start())

@@ -1,4 +1,4 @@
-"""Stopping a background task for good.
+"""Background tasks: stopping one for good, and saying where each one waits.
 
 `task.cancel()` alone is not enough on Python 3.11: `asyncio.wait_for`, which nats-py's requests
 use, swallows a cancellation that lands just as the future it waits on completes
@@ -8,6 +8,11 @@ replay, its lease round mid-request). So the cancel is repeated until the task h
 """
 
 import asyncio
+import io
+import logging
+from collections.abc import Iterator
+
+log = logging.getLogger("scaler.tasks")
 
 RECANCEL_S = 0.1
 
@@ -19,3 +24,27 @@ async def cancelled(task: asyncio.Task | None) -> None:
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=RECANCEL_S)
+
+
+def say_where_tasks_wait() -> None:
+    """Log every task of the running loop with the lines its coroutines wait on, outermost first (`kill -USR2`):
+    what a process that has stopped making progress is stuck in, read off it while it runs, without a debugger."""
+    out = io.StringIO()
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    for task in tasks:
+        out.write(f"--- {task.get_name()}\n")
+        for line in _awaits(task.get_coro()):
+            out.write(f"    {line}\n")
+    log.warning("%d tasks, where each waits:\n%s", len(tasks), out.getvalue())
+
+
+def _awaits(coro) -> Iterator[str]:
+    """The coroutine's line, then each one it awaits in turn, down to what the innermost awaits (a future, a
+    generator): a task's own stack shows only its outermost coroutine."""
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:  # finished, or not a coroutine: a future, an async generator's step
+            yield f"awaits {coro!r}"[:300]
+            return
+        yield f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)

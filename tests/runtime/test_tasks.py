@@ -1,9 +1,10 @@
 """A background task is stopped for good, even when a cancellation is swallowed on the way (Python 3.11's
-wait_for does that when its future completes as the cancel lands)."""
+wait_for does that when its future completes as the cancel lands); where each task waits is said on demand."""
 
 import asyncio
+import logging
 
-from scaler.runtime.tasks import cancelled
+from scaler.runtime.tasks import cancelled, say_where_tasks_wait
 
 
 async def test_a_swallowed_cancellation_is_repeated_until_the_task_ends():
@@ -32,3 +33,25 @@ async def test_nothing_to_stop_is_fine():
     await done
     await cancelled(done)
     assert done.done() and not done.cancelled()
+
+
+async def test_where_each_task_waits_is_logged_line_by_line(caplog):
+    """What `kill -USR2` logs: every task, and the lines its coroutines wait on, down to the innermost."""
+
+    async def loading(gate: asyncio.Event) -> None:
+        await waiting_for_a_release(gate)
+
+    async def waiting_for_a_release(gate: asyncio.Event) -> None:
+        await gate.wait()
+
+    gate = asyncio.Event()
+    task = asyncio.create_task(loading(gate), name="load-partitions-0-15")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING, logger="scaler.tasks"):
+        say_where_tasks_wait()
+    gate.set()
+    await task
+    said = caplog.text
+    assert "--- load-partitions-0-15" in said
+    assert said.index(" in loading") < said.index(" in waiting_for_a_release"), said
+    assert f"{__file__}:" in said
