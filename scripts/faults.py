@@ -1012,6 +1012,7 @@ async def power_loss_cluster(tmp: Path, stub: PlatformStub, cut: int = 1) -> Row
                 await running(drivers, seconds=120)
             except TimeoutError:  # the checks still run: what was stored, and which partitions nobody serves
                 row.unmet.append("the callers were not all served again within 120 s of the restart")
+                parts.say_where_tasks_wait()  # into the log, for whoever reads why
             await finish(row, cluster.url, stub, drivers, fault_at)
             await asyncio.gather(*loads)
             await acknowledged(row, cluster.url, drivers, fault_at, dropped)

@@ -97,6 +97,13 @@ class Parts:
     def address(self, part: str) -> str:
         return f"127.0.0.1:{self.ports[part]}"
 
+    def say_where_tasks_wait(self) -> None:
+        """Have each node still running log where every task of its waits (SIGUSR2, scaler/runtime/tasks.py): what
+        the nodes are stuck in when a fault leaves the callers unserved."""
+        for part in self.nodes:
+            if (running := self.running.get(part)) is not None and running.proc.returncode is None:
+                running.proc.send_signal(signal.SIGUSR2)
+
     async def kill(self, part: str) -> None:
         """kill -9: no cleanup, no ack, no goodbye."""
         proc = self.running[part].proc
