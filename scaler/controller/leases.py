@@ -23,6 +23,7 @@ the expected-sequence check of every append (scaler/store/stream.py) makes a sta
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -100,6 +101,8 @@ class Leases:
         self.held: dict[int, int] = {}  # partition -> revision of our lease entry
         self.renewed: dict[int, float] = {}  # partition -> when its last renewal that succeeded was sent (monotonic)
         self.took: dict[int, float] = {}  # ... and how long that renewal took to be answered (s)
+        self.tenure: dict[int, int] = {}  # partition -> which holding of it this is: new each time it is taken
+        self._tenures = itertools.count(1)
         self._locks: dict[int, asyncio.Lock] = {}  # one renewal of a partition at a time
         self._leases: KeyValue | None = None
         self._nodes: KeyValue | None = None
@@ -128,12 +131,14 @@ class Leases:
         """Partitions held past their renewal deadline."""
         return [p for p in self.held if not self.fresh(p)]
 
-    async def confirm(self, p: int) -> bool:
+    async def confirm(self, p: int, tenure: int | None = None) -> bool:
         """Renew `p`'s lease if it is still ours at the revision we hold (compare-and-set): whether it is, and
-        fresh. After a True, nobody else wrote the partition since we took it, for `deadline_s` from now."""
+        fresh. After a True, nobody else wrote the partition since we took it, for `deadline_s` from now.
+        With `tenure`, only within that holding of it: a lease lost and taken again since is another holding,
+        and what this node held of the partition before is not what it holds now."""
         async with self._lock(p):
             revision = self.held.get(p)
-            if revision is None:
+            if revision is None or (tenure is not None and self.tenure.get(p) != tenure):
                 return False
             sent = time.monotonic()
             try:
@@ -275,6 +280,7 @@ class Leases:
         for p in partitions:
             del self.held[p]
             self.renewed.pop(p, None)
+            self.tenure.pop(p, None)
         await self.lost(partitions)
 
     def _renewed(self, p: int, sent: float) -> None:
@@ -305,6 +311,7 @@ class Leases:
                     self.held[p] = revision
                     reclaimed.append(p)
                 self._renewed(p, sent)
+                self.tenure[p] = next(self._tenures)
                 taken.append(p)
         finally:
             if reclaimed:
@@ -336,6 +343,7 @@ class Leases:
         freed = [(p, self.held.pop(p)) for p in partitions if p in self.held]
         for p, _ in freed:
             self.renewed.pop(p, None)
+            self.tenure.pop(p, None)
         # All at once and each on its own: one that times out (NATS slow or away) lapses after the TTL,
         # and does not keep the others held until then, nor the stop waiting a timeout per partition.
         results = await asyncio.gather(*(self._free(p, revision) for p, revision in freed), return_exceptions=True)

@@ -200,8 +200,9 @@ class Controller:
         self.writer = Writer(events, self.ledger, self._writes)
         self.snapshots = Snapshotter(
             events, store, self.ledger, self.clock, s.retention, serving, self.writer.floor,
-            lambda p: self.partitions.leases.confirm(p), lambda why: self.recovery.lost(why),
-            await events.incarnation(), s.snapshot_every, s.snapshot_interval_s, s.guard_every_s,
+            lambda p, tenure: self.partitions.leases.confirm(p, tenure), lambda p: self.partitions.leases.tenure.get(p),
+            lambda why: self.recovery.lost(why), await events.incarnation(), s.snapshot_every, s.snapshot_interval_s,
+            s.guard_every_s,
         )  # fmt: skip
         replies = Replies()
         await replies.start(self._nc)

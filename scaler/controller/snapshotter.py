@@ -46,7 +46,8 @@ class Snapshotter:
         retention: Retention,
         serving: set[int],
         floor: Callable[[int, set[int] | None], int],
-        fence: Callable[[int], Awaitable[bool]],
+        fence: Callable[[int, int | None], Awaitable[bool]],
+        tenure: Callable[[int], int | None],
         lost: Callable[[str], Awaitable[None]],
         stream_id: str,
         every: int = SNAPSHOT_EVERY,
@@ -60,7 +61,8 @@ class Snapshotter:
         self.retention = retention
         self.serving = serving  # the node's partitions (the set itself, kept up to date by the node)
         self.floor = floor  # the write path's floor: no watermark above an append under way
-        self.fence = fence  # whether the partition's lease is still ours, renewed just now
+        self.fence = fence  # whether the partition's lease is still ours (within a holding of it), renewed just now
+        self.tenure = tenure  # which holding of the partition's lease this node is in now (None: it holds none)
         self.lost = lost  # EVENTS lost batches this node holds: reload (and say why)
         self.stream_id = stream_id
         self.every = every
@@ -72,6 +74,7 @@ class Snapshotter:
         self._saved_at: dict[int, float] = {}
         self._saving: dict[int, asyncio.Task] = {}
         self._snap_seq: dict[int, int] = {}  # the watermark of each partition's newest snapshot (0: none)
+        self._loads: Counter[int] = Counter()  # per partition, a new count each time its state is loaded or forgotten
         self._seen = 0  # the stream's last sequence when last looked at (see watermark)
         self._first = 0  # ... and its first
         self._retention_set = False  # the stream's limits are ours (see _apply_retention)
@@ -131,6 +134,7 @@ class Snapshotter:
 
     def loaded(self, p: int, snap_seq: int, last_seq: int) -> None:
         """Partition `p` was rebuilt from its snapshot at `snap_seq` and the stream up to `last_seq`."""
+        self._loads[p] += 1
         self._snap_seq[p] = snap_seq
         if snap_seq < last_seq:  # a snapshot now spares the next start (or owner) what was just read
             self._unsaved[p] += 1
@@ -151,18 +155,25 @@ class Snapshotter:
 
     def forget(self, partitions: list[int]) -> None:
         for p in partitions:
+            self._loads[p] += 1
             self._unsaved.pop(p, None)
             self._snap_seq.pop(p, None)
 
     async def save(self, p: int, force: bool = False) -> None:
-        """Snapshot one partition (after the one being written, if any), if it changed or `force`."""
+        """Snapshot one partition (after the one being written, if any), if it changed or `force`.
+
+        Only of the state it was asked of, within the holding of the lease it was asked in: a save that waited
+        (behind another, or for the lease's renewal) while the lease was lost and taken again, or the partition
+        reloaded, would otherwise snapshot what this node held before under the stream's newest watermark, or a
+        partition half loaded."""
+        tenure, loads = self.tenure(p), self._loads[p]
         if (saving := self._saving.get(p)) is not None and saving is not asyncio.current_task():
             await asyncio.shield(saving)
         if not self._unsaved[p] and not force:
             return
         try:
-            if not await self.fence(p):
-                log.info("partition %d not snapshotted: its lease is no longer certainly ours", p)
+            if tenure is None or not await self.fence(p, tenure) or self._loads[p] != loads:
+                log.info("partition %d not snapshotted: its lease or its state is not the one it was asked of", p)
                 return
             self._unsaved[p], self._saved_at[p] = 0, asyncio.get_running_loop().time()
             snap = self.snapshot({p})  # at once: the lease was just confirmed

@@ -82,6 +82,31 @@ async def test_a_partition_dropped_and_taken_again_is_loaded_only_once_its_relea
         assert c.ledger.states.get("fn") == before, "the partition is served with its function's state"
 
 
+async def test_a_lease_lost_and_taken_again_confirms_nothing_for_the_holding_before(nats_url):
+    """A snapshot asked while the node held a partition can wait (behind another snapshot of it, for a renewal)
+    while the lease lapses and the node takes it again and loads it anew. It must not be confirmed then: what the
+    node held before is not what it holds now (the fault suite's pause run once found a snapshot of a woken node's
+    old state claiming the stream's newest batches). The new holding confirms as before."""
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        leases = Leases(js, "n1", nothing, nothing, ttl_s=60)
+        await leases.start()
+        try:
+            p = 7
+            first = leases.tenure[p]
+            assert await leases.confirm(p, first)
+            await leases._drop([p], "the test says its lease lapsed")
+            assert not await leases.confirm(p, first)
+            await (await js.key_value(LEASES)).delete(f"p{p}")  # lapsed at the server too
+            await leases.round()  # taken again
+            second = leases.tenure[p]
+            assert second != first
+            assert not await leases.confirm(p, first), "confirmed a holding of the lease that ended"
+            assert await leases.confirm(p, second) and await leases.confirm(p)
+        finally:
+            await leases.stop()
+
+
 async def test_a_node_restarted_under_its_name_takes_its_leases_back_and_fences_its_earlier_self(nats_url):
     """An incarnation that died holding leases (no stop, no release) leaves them until they lapse; the next one
     under the same name, which holds the name alone (runtime/identity.py), takes them back in its first round,

@@ -115,6 +115,7 @@ def snapshotter(ledger_seq: int) -> Snapshotter:
         serving={0},
         floor=lambda seq, partitions=None: seq,
         fence=None,
+        tenure=None,
         lost=None,
         stream_id="s",
         interval_s=60,
@@ -146,3 +147,43 @@ def test_a_snapshot_older_than_a_quarter_of_the_stream_age_is_renewed():
     kept = Kept(first_seq=1, last_seq=400, stream_id="s")
     assert not snaps._due(0, kept, now=1_000.0 + 899)
     assert snaps._due(0, kept, now=1_000.0 + 900)  # a quarter of the hour the stream keeps
+
+
+async def test_a_snapshot_asked_in_one_holding_of_the_lease_or_one_load_is_not_written_in_the_next():
+    """A save waiting behind another save of its partition, while the lease was lost and taken again (the
+    partition loading anew), writes nothing: its state would be the holding before's. One asked in the new
+    holding is written. Nor one whose partition was reloaded meanwhile (a loss found in the stream)."""
+    tenure, confirmed, written = [1], [], []
+
+    async def fence(p: int, asked_in: int | None) -> bool:
+        confirmed.append(asked_in)
+        return asked_in == tenure[0]
+
+    class Store:
+        async def save(self, p: int, snap) -> int:
+            written.append((p, snap.seq))
+            return 0
+
+    ledger = SimpleNamespace(seq=100, states={}, last_seq={}, features={}, wake={})
+    snaps = Snapshotter(
+        events=None, store=Store(), ledger=ledger, clock=Clock(), retention=Retention(max_age_s=3600), serving={0},
+        floor=lambda seq, partitions=None: seq, fence=fence, tenure=lambda p: tenure[0], lost=None, stream_id="s",
+    )  # fmt: skip
+    gate = asyncio.Event()
+    snaps._saving[0] = asyncio.create_task(gate.wait())  # a save of the partition under way
+    asked = asyncio.create_task(snaps.save(0, force=True))
+    await asyncio.sleep(0)
+    tenure[0] = 2  # the lease lapsed and was taken again meanwhile
+    gate.set()
+    await asyncio.wait_for(asked, 5)
+    assert written == [] and confirmed == [1]
+    await snaps.save(0, force=True)
+    assert written == [(0, 100)] and confirmed == [1, 2]
+    gate = asyncio.Event()  # again, the partition reloaded (its state forgotten, loaded anew) within the holding
+    snaps._saving[0] = asyncio.create_task(gate.wait())
+    asked = asyncio.create_task(snaps.save(0, force=True))
+    await asyncio.sleep(0)
+    snaps.forget([0])
+    gate.set()
+    await asyncio.wait_for(asked, 5)
+    assert written == [(0, 100)], "snapshotted a partition whose state was forgotten while the save waited"
