@@ -117,7 +117,8 @@ class Door:
         half a message (the rest of that batch is small), so the batch will fit."""
         state = self.lanes.ledger.states.get(cmd.key)
         inst = state.instances.get(cmd.instance_id) if state is not None else None
-        return inst is not None and inst.serves(cmd.request_id) and 4 * len(cmd.reason.encode()) < self.writer.room
+        fits = 4 * len(cmd.reason.encode()) < self.writer.store.room
+        return inst is not None and inst.serves(cmd.request_id) and fits
 
     async def _instance_for(self, answer: asyncio.Future[Reply]) -> Reply:
         """A stored Assign's answer, once an instance serves it; Unavailable once it has waited `store_wait_s` while

@@ -69,11 +69,6 @@ class Writer:
         self._tokens = itertools.count()
         self._trouble_at = -1e9  # when an append last failed to reach JetStream (monotonic)
 
-    @property
-    def room(self) -> int:
-        """Bytes of batch one append may carry."""
-        return self.store.room
-
     def epoch(self, key: str) -> int:
         """The epoch of the function's partition: a decision is stored only within the epoch it was taken in."""
         return self._epochs[partition(key)]
