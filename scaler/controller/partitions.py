@@ -155,7 +155,11 @@ class Partitions:
 
     async def gained(self, partitions: list[int]) -> None:
         """Leased: load them in the background (the lease round must go on renewing meanwhile)."""
-        task = asyncio.create_task(self.load(partitions))
+        self._load(partitions)
+
+    def _load(self, partitions: list[int], behind: asyncio.Task | None = None) -> None:
+        """One load for all of them (a load of many reads the stream once), once `behind` (a load cancelled) ends."""
+        task = asyncio.create_task(self.load(partitions, behind))
         task.add_done_callback(_seen)
         for p in partitions:
             self.loading[p] = task
@@ -168,13 +172,16 @@ class Partitions:
         await self.gained(partitions)
         await asyncio.gather(*{self.loading[p] for p in partitions if p in self.loading}, return_exceptions=True)
 
-    async def load(self, partitions: list[int]) -> None:
+    async def load(self, partitions: list[int], behind: asyncio.Task | None = None) -> None:
         """Each partition's snapshot, then its batches after it; then serve it.
 
         Once what was held of them before is released: the lease round may take a partition again while the
         drop of its lapsed lease still waits for commands under way, and the release then forgets its functions.
+        And once `behind`, a load of theirs cancelled when others of its partitions were given up, has ended.
         """
         try:
+            if behind is not None:
+                await asyncio.wait([behind])
             if releases := {e for p in partitions for e in self._releasing.get(p, ())}:
                 await asyncio.gather(*(e.wait() for e in releases))
             at = await self.events.kept()
@@ -190,7 +197,7 @@ class Partitions:
             await self._rebase(partitions)
             for p in partitions:
                 self.snapshotter.loaded(p, after[p], at.last_seq)
-                self._subs[p] = await self._take(p, self.on_command, self.on_report)
+                await self._take(p, self.on_command, self.on_report)
                 self.serving.add(p)
             self._open()
             self._share_the_caps()
@@ -206,7 +213,8 @@ class Partitions:
             raise
         finally:
             for p in partitions:
-                self.loading.pop(p, None)
+                if self.loading.get(p) is asyncio.current_task():  # not the load that took over a cancelled one's
+                    del self.loading[p]
 
     async def _rebase(self, partitions: list[int]) -> None:
         """Move the times of functions another node wrote on another clock onto this node's (clocks.py), each
@@ -275,12 +283,17 @@ class Partitions:
         log.error("%s refuses partitions %s: %s", self.leases.node, ranges(uncovered.partitions), uncovered)
         for p in uncovered.partitions:
             self.refused[p] = f"{self.leases.node} refuses partition {p}: {uncovered}"
-            self._subs[p] = await self._take(p, self._answer_refused, self._answer_refused)
+            await self._take(p, self._answer_refused, self._answer_refused)
 
-    async def _take(self, p: int, commands: OnMsg, reports: OnMsg) -> list:
-        """Take the partition's commands and its workers' reports (one node of the queue group answers each)."""
-        taken = ((CMD, commands), (REPORT, reports))
-        return [await self.nc.subscribe(f"{subject}.{p}", queue=OWNERS, cb=cb) for subject, cb in taken]
+    async def _take(self, p: int, commands: OnMsg, reports: OnMsg) -> None:
+        """Take the partition's commands and its workers' reports (one node of the queue group answers each), each
+        kept as it is made, so a load cancelled between the two leaves nothing taken that is not given up with the
+        partition; what a load cancelled after taking them took is given up first."""
+        for sub in self._subs.pop(p, ()):
+            await sub.unsubscribe()
+        subs = self._subs[p] = []
+        for subject, cb in ((CMD, commands), (REPORT, reports)):
+            subs.append(await self.nc.subscribe(f"{subject}.{p}", queue=OWNERS, cb=cb))
 
     async def _answer_refused(self, msg: Msg) -> None:
         if not msg.reply:
@@ -316,9 +329,16 @@ class Partitions:
             released.set()
 
     async def _release(self, partitions: list[int], served: list[int], keep: bool, drain_s: float) -> None:
+        cancelled = {task for p in partitions if (task := self.loading.pop(p, None)) is not None}
+        for task in cancelled:
+            task.cancel()
+            # A load is one for all the partitions gained together: those of them still held are loaded again (a
+            # node that took every partition while it seemed alone gives half back a round later, and the half it
+            # kept was never loaded, its leases renewed, its commands answered by nobody).
+            if kept := [p for p, loading in self.loading.items() if loading is task]:
+                self.serving.difference_update(kept)  # any it served already: nothing decided on a state reloading
+                self._load(kept, behind=task)
         for p in partitions:
-            if (task := self.loading.pop(p, None)) is not None:
-                task.cancel()
             self.serving.discard(p)
             self.refused.pop(p, None)
             for sub in self._subs.pop(p, ()):

@@ -82,6 +82,31 @@ async def test_a_partition_dropped_and_taken_again_is_loaded_only_once_its_relea
         assert c.ledger.states.get("fn") == before, "the partition is served with its function's state"
 
 
+async def test_partitions_kept_of_a_load_cancelled_for_others_given_back_are_loaded(nats_url):
+    """Partitions gained together are loaded by one load. After a cluster's power loss both nodes' leases and
+    heartbeats lapsed; one node, counting itself alone, took every partition, and a round later (the other node
+    back) gave half of them back while their load still waited: cancelling it for those cancelled the load of the
+    half it kept. Their leases were renewed, nobody served them (scripts/faults.py power-loss-cluster-2 hung)."""
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("r1", key="fn"))
+        await stack.settled()
+        c, p = stack.controller, partition("fn")
+        q = (p + 1) % PARTITIONS  # the half given back, as one partition
+        before = c.ledger.states["fn"]
+        c.partitions.entered(q)  # a command under way: the release of q waits for it, and so does the load below
+        dropping = asyncio.create_task(c.partitions.lost([p, q]))  # both leases lapsed
+        await eventually(lambda: p not in c.serving and q not in c.serving, 10)
+        await c.partitions.gained([p, q])  # taken again, together: one load, waiting for the release
+        giving = asyncio.create_task(c.partitions.lost([q]))  # over its share a round later: q given back
+        await eventually(lambda: q not in c.partitions.loading, 10)
+        c.partitions.left(q)
+        await asyncio.gather(dropping, giving)
+        await eventually(lambda: p in c.serving and not c.partitions.loading, 10)
+        assert q not in c.serving
+        assert c.ledger.states.get("fn") == before, "the partition kept is served with its function's state"
+        await stack.idle(await stack.assign("r2", key="fn"))  # and its commands answered
+
+
 async def test_a_lease_lost_and_taken_again_confirms_nothing_for_the_holding_before(nats_url):
     """A snapshot asked while the node held a partition can wait (behind another snapshot of it, for a renewal)
     while the lease lapses and the node takes it again and loads it anew. It must not be confirmed then: what the
