@@ -119,9 +119,10 @@ STEPS: dict[int, Callable[[Data], Data]] = {
 # (3: `queued`, `quiet_bins`; 4: `returned_ms`, `leaders`, `cues`) leaves what the earlier one folded right, the
 # new histories starting empty; so does one that only adds what the others are worked out into (5: `next_gap`,
 # from `gaps`, `lulls` and `gap_hist`, built again where missing); so does 6's (`starts`, `late`, `overheads`:
-# the system a function runs on, measured from its events); one that folds a stat differently is not listed,
-# and its snapshots are ignored (the stream replayed in full).
-FEATURES_CONTINUED = frozenset({2, 3, 4, 5})
+# the system a function runs on, measured from its events); so does one whose successor only drops what the others
+# are worked out into (7's `next_gap`, built when a policy asks since 8: a snapshot's is ignored); one that folds a
+# stat differently is not listed, and its snapshots are ignored (the stream replayed in full).
+FEATURES_CONTINUED = frozenset({2, 3, 4, 5, 7})
 
 
 def upcast(body: bytes, version: int, into: type[T]) -> T:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from msgspec.structs import replace
 
-from scaler.controller.core.next_gap import GAP_BINS, NO_NEXT_GAP, NextGap, build
+from scaler.controller.core.next_gap import GAP_BINS
 from scaler.proto.events import (
     Assigned,
     ClockRebased,
@@ -44,7 +44,7 @@ from scaler.proto.events import (
 if TYPE_CHECKING:  # the lifecycle is read, never imported at run time: state.py and this module stand apart
     from scaler.controller.core.state import FnState, Instance
 
-VERSION = 7
+VERSION = 8
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
@@ -119,7 +119,6 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     wait_ms: float = 0.0  # time requests waited for an instance
     ideal_gb_ms: float = 0.0  # idle slot time a clairvoyant scaler would pay (see _clairvoyant)
     ideal_free: tuple[int, ...] = ()  # when that scaler's instances free up, ascending (those it may still reuse)
-    next_gap: NextGap = NO_NEXT_GAP  # where the next gap may end, from `gaps`, `lulls` and `gap_hist` (next_gap.py)
     # The system it runs on, as its events measure it (what a live node's own work adds, and none offline
     # unless a latency model plays it): recent starts, from SlotWanted to ready as the core saw them (the
     # platform's CreateSlot and Init, and the node's dispatch and report of them); how late recent keep-alive
@@ -149,8 +148,7 @@ def fold(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
             return replace(st, cold_starts=st.cold_starts + 1) if r else replace(st, prewarms=st.prewarms + 1)
         case InstanceReady(instance_id=i, at_ms=t) if i in before.instances:
             start = t - before.instances[i].wanted_ms
-            next_gap = _next_gap(st, st.gaps, st.lulls, st.gap_hist, start)
-            return replace(st, start_ms=start, starts=_ring(st.starts, start, STARTS_KEPT), next_gap=next_gap)
+            return replace(st, start_ms=start, starts=_ring(st.starts, start, STARTS_KEPT))
         case Assigned(request_id=r, instance_id=i, at_ms=t) if i in before.instances:
             return _assigned(st, t, r, before.instances[i], before)
         case Released(instance_id=i, at_ms=t, need_destroy=dies, duration_ms=ran) if i in before.instances:
@@ -198,7 +196,7 @@ def _unfinished(st: FnStats, before: FnState, i: str, t: int) -> FnStats:
     took = t - inst.wanted_ms
     if took < start_bound_ms(st):
         return st
-    return replace(st, start_ms=took, next_gap=_next_gap(st, st.gaps, st.lulls, st.gap_hist, took))
+    return replace(st, start_ms=took)
 
 
 def _expired(st: FnStats, before: FnState, i: str, t: int) -> FnStats:
@@ -301,7 +299,6 @@ def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
         last_arrival_ms=t,
         gaps=gaps,
         lulls=lulls,
-        next_gap=_next_gap(st, gaps, lulls, gap_hist, st.start_ms),
         quiet_bins=_quiet_bins(st, t),
         early_gaps=(*st.early_gaps, t - st.last_arrival_ms) if 0 < st.arrivals <= EARLY_GAPS else st.early_gaps,
         gap_hist=gap_hist,
@@ -311,16 +308,6 @@ def _arrival(st: FnStats, t: int, before: FnState) -> FnStats:
         leaders=_judged(st.leaders, _outcomes(st, t)),
         cues=(),
     )
-
-
-def _next_gap(
-    st: FnStats, gaps: tuple[int, ...], lulls: tuple[int, ...], hist: tuple[float, ...], start: int
-) -> NextGap:
-    """The next gap's points once the gaps, lulls, histogram or start are these (a lull is longer than two starts)."""
-    burst = 2 * (start or UNKNOWN_START_MS)
-    if gaps is st.gaps and lulls is st.lulls and hist is st.gap_hist and burst == st.next_gap.burst:
-        return st.next_gap
-    return build(gaps, lulls, hist, burst, st.next_gap)
 
 
 def _lulls(st: FnStats, t: int) -> tuple[int, ...]:

@@ -1,22 +1,24 @@
-"""Where a function's recent gaps put its next one, kept by the features fold as the gaps come (`FnStats.next_gap`).
+"""Where a function's recent gaps put its next one, built from its features when the learned policy asks.
 
 The learned policy reads a function's next call from its recent gaps (policy/forecast.py): each half-octave
 bin's decayed weight put where the recent gaps in it were, each of those spread over a few points as much
 as such gaps vary (from a bin's lulls on). Worked out from scratch, that is most of what a decision costs,
 many times between two calls; as the gaps come, a new gap changes only its bin and the two beside it
-(whose spread it is read for), and so does the one it pushes out. So the fold keeps each bin's points, and
-the policy puts the bins' weights on them when it asks (they decay with every call, so they are not kept).
+(whose spread it is read for), and so does the one it pushes out. So each bin's points are kept from one
+decision to the next, and the policy puts the bins' weights on them when it asks (they decay with every
+call, so they are not kept).
 
 `NextGap` is a pure function of the stats it is built from (`build`): `build(..., prev)` gives what
-`build(...)` gives, reusing `prev`'s bins where their gaps and neighbours are the same; replay and snapshots
-rebuild it exactly.
+`build(...)` gives, reusing `prev`'s bins where their gaps and neighbours are the same. So it is not kept in the
+stats, where every policy's fold would pay for it at every call: it is built when a policy asks (`of`), from the
+one last built for the function, which only saves work (`Recent`); replay and snapshots need nothing of it.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from itertools import chain, islice, repeat
 from operator import eq
@@ -24,6 +26,8 @@ from operator import eq
 import msgspec
 
 GAP_BINS = 48  # inter-arrival histogram (features.gap_hist): half-octave bins from 1 ms to 4.6 h
+RECENT_KEPT = 4096  # functions whose last NextGap is kept to build the next one from (`Recent`)
+MOVED_AT_MOST = 8  # gaps come since the last NextGap built, up to which only their bins are built again
 
 LOWER = tuple(2 ** (i / 2) for i in range(GAP_BINS))  # edges of each gap bin (features.gap_bin), ms
 UPPER = tuple(2 ** ((i + 1) / 2) for i in range(GAP_BINS))
@@ -127,11 +131,37 @@ class NextGap(msgspec.Struct, frozen=True, kw_only=True):
 NO_NEXT_GAP = NextGap()
 
 
+class Recent:
+    """The NextGap last built for each of the functions asked of lately, to build the next from: a cache, which
+    changes no result (`build` gives the same from any `prev`), only what it costs."""
+
+    def __init__(self, kept: int = RECENT_KEPT) -> None:
+        self.kept = kept
+        self._built: OrderedDict[str, NextGap] = OrderedDict()
+
+    def of(
+        self, key: str, gaps: tuple[int, ...], lulls: tuple[int, ...], hist: tuple[float, ...], burst: int
+    ) -> NextGap:
+        """The function's NextGap for these stats."""
+        prev = self._built.get(key, NO_NEXT_GAP)
+        if prev.fits(gaps, lulls, hist, burst):
+            self._built.move_to_end(key)
+            return prev
+        built = self._built[key] = build(gaps, lulls, hist, burst, prev)
+        self._built.move_to_end(key)
+        if len(self._built) > self.kept:
+            self._built.popitem(last=False)
+        return built
+
+
+recent = Recent()  # the process's: the policies of every ledger in it share it, as results do not depend on it
+
+
 def build(
     gaps: tuple[int, ...], lulls: tuple[int, ...], hist: tuple[float, ...], burst: int, prev: NextGap = NO_NEXT_GAP
 ) -> NextGap:
-    """The bins' points as these stats say. From `prev`, when these rings are its with a gap added (the fold's
-    case), only the bins that gap (and the one dropped) changes are worked out again."""
+    """The bins' points as these stats say. From `prev`, when these rings are its with a few gaps added (and as
+    many of the oldest dropped, once full), only the bins those gaps change are worked out again."""
     ordered = sorted(gaps + lulls)
     gaps_moved, lulls_moved = _moved(prev.gaps, gaps), _moved(prev.lulls, lulls)
     if gaps_moved is None or lulls_moved is None:
@@ -217,16 +247,17 @@ def _alike(x: list[float], k: list[int]) -> tuple[list[float], list[int]]:
 
 
 def _moved(before: tuple[int, ...], after: tuple[int, ...]) -> list[int] | None:
-    """The gaps that came into a ring or left it, when `after` is `before` with one gap added (and the oldest
-    dropped, if full), newest first; None when it is not."""
-    if after is before:
+    """The gaps that came into a ring or left it, when `after` is `before` with up to MOVED_AT_MOST gaps added (and
+    as many of the oldest dropped, once full), newest first; None when it is not."""
+    if after is before or after == before:
         return []
-    if not after or len(after) < len(before) or len(after) > len(before) + 1:
+    if not after or len(after) < len(before):
         return None
-    kept = after[:-1]
-    if kept != before[len(before) - len(kept) :]:
-        return None
-    return [after[-1], *before[: len(before) - len(kept)]]
+    for added in range(max(1, len(after) - len(before)), min(MOVED_AT_MOST, len(after)) + 1):
+        kept = after[: len(after) - added]
+        if kept == before[len(before) - len(kept) :]:
+            return [*reversed(after[len(after) - added :]), *before[: len(before) - len(kept)]]
+    return None
 
 
 def _bin(gap: int) -> int:

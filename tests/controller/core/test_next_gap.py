@@ -1,6 +1,7 @@
-"""A function's NextGap as the features fold keeps it, and what the learned policy reads from it.
+"""A function's NextGap as the policy builds it when it asks, and what the learned policy reads from it.
 
-Kept as the gaps come, it must be what building it from the stats gives; the points read from it must be
+Built from the one built last, however many gaps came since, it must be what building it whole from the stats
+gives; the points read from it must be
 those the gaps give worked out whole (`gap_points` below: how the policy read them on every decision before
 the fold kept them); and the plans over them, worked out with prefix sums over every candidate at once, must
 be the cheapest, as looking at each candidate apart finds (`keep_costs`, `restart_costs`).
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from scaler.controller.core import folds
 from scaler.controller.core.features import GAP_BINS, NO_STATS, UNKNOWN_START_MS, FnStats, gap_bin
-from scaler.controller.core.next_gap import LOWER, MIDDLE, UPPER, build, spread
+from scaler.controller.core.next_gap import LOWER, MIDDLE, UPPER, Recent, build, spread
 from scaler.controller.core.policy.forecast import (
     NEVER,
     Option,
@@ -37,16 +38,18 @@ gap = st.one_of(
     st.sampled_from([250, 1_000, 30_000, 60_000]),
 )
 step = st.one_of(st.tuples(st.just("call"), gap), st.tuples(st.just("start"), st.integers(20, 6_000)))
+asked = st.lists(st.booleans(), min_size=1, max_size=110)  # whether the policy asks after each step
 
 
 def burst(f: FnStats) -> int:
     return 2 * (f.start_ms or UNKNOWN_START_MS)
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.lists(step, min_size=1, max_size=110))
-def test_kept_as_the_gaps_come_it_is_what_the_stats_build(steps):
-    s, t = (FnState(key="fn"), NO_STATS), 0
+@settings(max_examples=40, deadline=None)
+@given(st.lists(step, min_size=1, max_size=110), asked)
+def test_built_from_the_last_one_it_is_what_the_stats_build_whole(steps, asks):
+    """Asked after every call, or after several (a busy function planned every few groups), or after a start."""
+    recent, s, t, asks_made = Recent(), (FnState(key="fn"), NO_STATS), 0, 0
     for n, (kind, ms) in enumerate(steps):
         if kind == "call":
             t += ms
@@ -56,7 +59,41 @@ def test_kept_as_the_gaps_come_it_is_what_the_stats_build(steps):
             t += ms
             s = folds.apply(s, e.InstanceReady(at_ms=t, instance_id=f"i{n}", slot_id=f"s{n}"))
         st_ = s[1]
-        assert st_.next_gap == build(st_.gaps, st_.lulls, st_.gap_hist, burst(st_))
+        if asks[n % len(asks)] or n == len(steps) - 1:
+            asks_made += 1
+            assert recent.of("fn", st_.gaps, st_.lulls, st_.gap_hist, burst(st_)) == build(
+                st_.gaps, st_.lulls, st_.gap_hist, burst(st_)
+            )
+    assert asks_made
+
+
+def test_it_builds_from_the_last_one_only_the_bins_the_gaps_come_since_change(monkeypatch):
+    """A few gaps since the last build: the bins they (and those they push out) do not touch are the last one's."""
+    from scaler.controller.core import next_gap
+
+    gaps = tuple(range(100, 6_500, 100))  # a full ring of 64 gaps, 0.1 s to 6.4 s
+    hist = tuple(1.0 if i in {13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25} else 0.0 for i in range(GAP_BINS))
+    recent = Recent()
+    before = recent.of("fn", gaps, (), hist, 0)
+    later = (*gaps[3:], 150, 160, 170)  # three short gaps came, the three oldest went: bins 14-15 and their next
+    hist_later = tuple(h + (1.0 if i == 14 else 0.0) for i, h in enumerate(hist))
+    worked_out = []
+    real = next_gap._points
+    monkeypatch.setattr(next_gap, "_points", lambda i, *a: worked_out.append(i) or real(i, *a))
+    after = recent.of("fn", later, (), hist_later, 0)
+    assert worked_out and len(worked_out) < len(before.bins) // 2, worked_out
+    assert after == build(later, (), hist_later, 0)
+    assert recent.of("fn", later, (), hist_later, 0) is after  # the same stats: the same one, nothing built
+
+
+def test_it_keeps_the_last_of_as_many_functions_as_it_may():
+    recent = Recent(kept=2)
+    hist = tuple(1.0 for _ in range(GAP_BINS))
+    a = recent.of("a", (100, 200), (), hist, 0)
+    recent.of("b", (300,), (), hist, 0)
+    assert recent.of("a", (100, 200), (), hist, 0) is a  # asked lately: kept
+    recent.of("c", (400,), (), hist, 0)  # b was the least lately asked
+    assert set(recent._built) == {"a", "c"}
 
 
 def history(gaps: list[int], start_ms: int) -> FnStats:
@@ -73,7 +110,7 @@ def history(gaps: list[int], start_ms: int) -> FnStats:
 @given(st.lists(gap, min_size=1, max_size=100), st.integers(20, 5_000), st.floats(0, 500_000))
 def test_its_points_are_those_the_gaps_give_worked_out_whole(gaps, start_ms, elapsed):
     st_ = history(gaps, start_ms)
-    points = own_points(st_.next_gap, elapsed, [])
+    points = own_points(build(st_.gaps, st_.lulls, st_.gap_hist, burst(st_)), elapsed, [])
     whole = gap_points(st_.gap_hist, st_.gaps + st_.lulls, elapsed, burst(st_))
     assert (points is None) == (not whole)
     if points is not None:
@@ -118,7 +155,7 @@ def test_a_bins_weight_moves_to_its_end_once_the_time_since_is_inside_it():
     (inside,) = own_points(gaps, 9_000.0, []).pairs()
     assert before == (MIDDLE[gap_bin(10_000)], 3.0)
     assert inside[0] == UPPER[gap_bin(10_000)] and 0 < inside[1] < 3.0
-    assert own_points(gaps, UPPER[gap_bin(10_000)], []) is None and NO_STATS.next_gap.bins == ()
+    assert own_points(gaps, UPPER[gap_bin(10_000)], []) is None and build((), (), (), 2_000).bins == ()
 
 
 # The plans: the cheapest over every candidate, as the policy looked for it before the prefix sums.

@@ -4,8 +4,8 @@ Pure functions of a function's history (and of the run's, for functions too new 
 are ms after the function's last arrival; costs are GB·ms, waiting counted at `lam` GB·ms per ms
 (the exchange rate, `exchange_rate`).
 
-Where the next call may come is a set of weighted points (`Points`): the function's own, kept by the
-features fold as its gaps come (scaler/controller/core/next_gap.py), and read here as a view from
+Where the next call may come is a set of weighted points (`Points`): the function's own, built as its gaps
+come (scaler/controller/core/next_gap.py), and read here as a view from
 the time since its last call on; or a list of points worked out for the call (`Points.of`). A plan
 over them (`keep_plan`, `restart_plan`) is a search for the cheapest place to hold until, which with
 the points' prefix sums costs a few lookups per candidate, all candidates at once (the points are numpy

@@ -10,8 +10,8 @@ instead (`LearnedConfig.exchange_rate`). Every knob is a field of `LearnedConfig
 What a function's history says (`next_arrival`, `outlook`; the arithmetic is in forecast.py):
 - The next arrival: the time-decayed histogram of its gaps, each bin's weight put where the recent
   gaps in it were, exactly (a timer's period where it is, not at its bin's middle), those of a lull's
-  bins spread as much as such gaps vary. The features fold keeps each bin's points as the gaps come
-  (`FnStats.next_gap`, scaler/controller/core/next_gap.py); a decision puts the bins' weights on them.
+  bins spread as much as such gaps vary. Each bin's points are built as the gaps come, when a decision asks
+  (scaler/controller/core/next_gap.py); the decision puts the bins' weights on them.
   Past its longest gap, a Pareto tail: the longer a lull has lasted, the longer it may. A function with
   little history of its own borrows how soon the run's new functions came back, rather than keeping an
   instance for the break-even time of a miss; a gap still open counts as one that lasted at least its
@@ -72,8 +72,9 @@ from typing import Annotated
 
 import msgspec
 
+from scaler.controller.core import next_gap
 from scaler.controller.core.features import FOLLOW_MS, FnStats, Leader
-from scaler.controller.core.next_gap import KERNEL, NextGap, build
+from scaler.controller.core.next_gap import KERNEL, NextGap
 from scaler.controller.core.policy import forecast
 from scaler.controller.core.policy.base import (
     NO_PREWARM,
@@ -355,9 +356,9 @@ class Learned(Policy):
         return NextArrival(Points.of(sorted(mine + cue.points)), True)
 
     def _own_forecast(self, s: FnState, f: FnStats, now: int, run: RunView) -> NextArrival:
-        """The function's own gaps, counted from its last arrival (their points as the features fold keeps them,
-        `next_gap`); a clock's from its last beat (`since_beat`); a function called in groups, as its current
-        group's place says (`group_pause`)."""
+        """The function's own gaps, counted from its last arrival (their points as `next_gap` builds them); a clock's
+        from its last beat (`since_beat`); a function called in groups, as its current group's place says
+        (`group_pause`)."""
         gaps = f.gaps
         c = self.config
         beat = since_beat(gaps, c.clock_share, c.beat_sds, c.beat_share)
@@ -686,12 +687,8 @@ def _spares(s: FnState, f: FnStats, rate: float, gb: float, lam: float) -> int:
 
 
 def _next_gap(s: FnState, f: FnStats, burst: int) -> NextGap:
-    """The function's NextGap as the features fold keeps it, or (for stats put together otherwise) as built now."""
-    st = f
-    gaps = st.next_gap
-    if gaps.fits(st.gaps, st.lulls, st.gap_hist, burst):
-        return gaps
-    return build(st.gaps, st.lulls, st.gap_hist, burst, gaps)
+    """The function's NextGap for its stats as they are (built from the one built for it last)."""
+    return next_gap.recent.of(s.key, f.gaps, f.lulls, f.gap_hist, burst)
 
 
 def _median_lag(lead: Leader) -> int:
