@@ -332,7 +332,7 @@ def _gaps(st: FnStats, t: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
         return st.gaps, st.gap_hist
     gap = t - st.last_arrival_ms
     decay = 0.5 ** (gap / GAP_HALF_LIFE_MS)
-    hist = tuple(c * decay for c in st.gap_hist) if st.gap_hist else (0.0,) * GAP_BINS
+    hist = tuple(map(decay.__mul__, st.gap_hist)) if st.gap_hist else (0.0,) * GAP_BINS
     b = gap_bin(gap)
     return _ring(st.gaps, gap, GAPS_KEPT), (*hist[:b], hist[b] + 1.0, *hist[b + 1 :])
 
