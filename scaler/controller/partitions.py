@@ -179,6 +179,7 @@ class Partitions:
         drop of its lapsed lease still waits for commands under way, and the release then forgets its functions.
         And once `behind`, a load of theirs cancelled when others of its partitions were given up, has ended.
         """
+        asked = partitions  # those refused are dropped from `partitions` below, but were loaded here all the same
         try:
             if behind is not None:
                 await asyncio.wait([behind])
@@ -212,7 +213,7 @@ class Partitions:
             self._spawn(self._give_back(partitions))
             raise
         finally:
-            for p in partitions:
+            for p in asked:
                 if self.loading.get(p) is asyncio.current_task():  # not the load that took over a cancelled one's
                     del self.loading[p]
 

@@ -99,7 +99,7 @@ class Recovery:
         self.reloading = why
         try:
             self.losses += 1
-            partitions = sorted(self.partitions.serving | set(self.partitions.loading))
+            partitions = sorted(self.partitions.serving | set(self.partitions.loading) | set(self.partitions.refused))
             log.error("EVENTS lost batches: %s; reloading partitions %s from the stream and reconciling them",
                       why, ranges(partitions))  # fmt: skip
             held = self._slots(partitions)  # what the platform runs for them, as this node knew before the loss

@@ -155,6 +155,8 @@ async def test_a_partition_no_snapshot_covers_is_refused_once_and_the_others_ser
             await asyncio.sleep(3 * EVERY_S)  # lease rounds: the refused partitions are not loaded again
             refused = {partition(k) for k in before} & {lost, torn}
             assert set(controller.partitions.refused) == {lost, torn} == refused
+            assert not controller.partitions.loading, "the refused are not loading: their load ended"
+            assert controller.trouble().startswith(f"the controller refuses partitions {min(lost, torn)}")
             exported = {m.name: m.samples[0].value for m in ControllerCollector(controller).collect() if m.samples}
             assert exported["scaler_partitions_refused"] == 2
             assert controller.states == {k: s for k, s in before.items() if partition(k) not in refused}
