@@ -58,6 +58,11 @@ class Admission:
             self._decided.discard(self._arrivals.popleft()[1])
         return self.clock() - self._arrivals[0][0] if self._arrivals else 0.0
 
+    def over(self) -> bool:
+        """Whether a new Assign would be refused, were the event store well: a cheap look before `refuse` asks
+        whether it is."""
+        return self.backlog >= self.max_backlog or max(self.behind_s(), self.lag_s) >= self.max_behind_s
+
     def refuse(self, cmd: AnyCommand, node: str, store_troubled: bool = False) -> Reply | None:
         """The answer refusing `cmd` for overload, or None to take it."""
         if store_troubled or not isinstance(cmd, Assign):

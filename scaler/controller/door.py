@@ -156,7 +156,7 @@ class Door:
 
     def overloaded(self, cmd: AnyCommand) -> Reply | None:
         """Refuse a new Assign at once when the node is behind, rather than let every call queue for seconds."""
-        if not isinstance(cmd, Assign):
+        if not isinstance(cmd, Assign) or not self.admission.over():  # the store's health is asked only then
             return None
         lag = self.admission.lag_s
         behind = max(self.admission.behind_s(), lag)  # a backlog from the store's outage is its own

@@ -609,6 +609,8 @@ def _answer_waiting_requests(d: _Draft, policy: Policy) -> None:
     With dedicated starts a request whose own instance is being created waits for that one. A
     session's request takes its bound instance when idle, and waits while it is busy (`_holding`).
     """
+    if not d.s.queue:  # nothing waits (an Idle, a warm Assign once matched): the rest would find no request
+        return
     held: set[str] = set()
     while (free := _free_to_take(d.s, d.f, policy)) and (
         idle := [i for i in d.s.in_phase(Phase.IDLE) if _fits(d.s, i)]
@@ -704,6 +706,8 @@ def _start_instances_for_waiting(d: _Draft, policy: Policy) -> int | None:
     Returns when the policy wants to look again at those left waiting. A session's request that waits
     for its own busy instance gets no start (and says so when it arrives).
     """
+    if not d.s.queue:
+        return None
     for waiting in d.s.queue if d.s.sessions or d.s.states else ():
         if waiting.since_ms == d.now and _holding(d.s, d.f, waiting, d.now):
             if waiting.state:
@@ -784,7 +788,7 @@ def _throttle(d: _Draft, policy: Policy) -> int | None:
 
     Returns when the next one's time is up, while any is held back.
     """
-    if d.s.meta is None or d.may_start(1):
+    if not d.s.queue or d.s.meta is None or d.may_start(1):
         return None
     if d.held():
         wait_ms = min(HELD_WAIT_MS, d.room.throttle_after_ms)
