@@ -270,7 +270,7 @@ def _earliest(*wakes: int | None) -> int | None:
 def _holder(s: FnState, request_id: str) -> Instance | None:
     """The instance serving the request now. An idle one keeps the id of the last request it served: after a
     cancelled assignment the retry is served anew, and the idle instance must not hide the busy one."""
-    return next((i for i in s.instances.values() if i.serves(request_id)), None)
+    return next((i for i in s.in_phase(Phase.BUSY) if i.request_id == request_id), None)
 
 
 def _queue_request(d: _Draft, cmd: Assign, totals: Totals | None, policy: Policy) -> None:
@@ -923,8 +923,9 @@ def _live(s: FnState) -> int:
 
 def _serving_deadlines(s: FnState, st: FnStats, now: int) -> list[int]:
     """Leases of busy instances, bounds of starts, and the waits of sessions' requests for their own busy instance."""
-    wakes = [i.since_ms + s.lease_ms() for i in s.in_phase(Phase.BUSY)]
-    wakes += [i.since_ms + start_bound_ms(st) for i in s.in_phase(Phase.CREATING)]
+    lease, bound = s.lease_ms(), start_bound_ms(st)
+    wakes = [i.since_ms + lease for i in s.in_phase(Phase.BUSY)]
+    wakes += [i.since_ms + bound for i in s.in_phase(Phase.CREATING)]
     if s.queue:  # those still waiting get a start once the hold ends
         wakes.append(s.starts_held_until_ms)
     if s.sessions:

@@ -76,7 +76,7 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             wait_ms=self.wait_ms - was.wait_ms + now.wait_ms,
             ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
             instances=self.instances - len(before) + len(after),
-            memory_mb=self.memory_mb - _memory(before) + _memory(after),
+            memory_mb=self.memory_mb + _memory_change(before, after),
             early_gaps=early,
             early_open=_still_open(self.early_open, old, new, was, now),
             returns=_returned(self.returns, old, new, was, now),
@@ -145,6 +145,15 @@ def _tenants(tenants: dict[str, Held], old: FnState | None, new: FnState | None)
 
 def _memory(instances: dict[str, Instance]) -> int:
     return sum(i.memory_mb for i in instances.values()) if instances else 0
+
+
+def _memory_change(before: dict[str, Instance], after: dict[str, Instance]) -> int:
+    """What the function's instances hold more once `before` become `after`. An instance's memory is fixed when it
+    is started, so the same instances hold the same: most decisions (an assignment, a release) change a phase
+    only, and a function's dozens of instances are not summed twice for them."""
+    if before is after or before.keys() == after.keys():
+        return 0
+    return _memory(after) - _memory(before)
 
 
 def _still_open(opened: OpenGaps, old: FnState | None, new: FnState | None, was: FnStats, now: FnStats) -> OpenGaps:

@@ -1,0 +1,77 @@
+"""The run's totals kept as decisions change one function at a time: equal, at every step, to what the states hold.
+
+`Totals.change` counts only what differs between a function's state before and after (an assignment or a release
+changes an instance's phase, not the memory the function holds); these runs check it against the sums made anew.
+"""
+
+from scaler.controller.core.decide import decide
+from scaler.controller.core.features import NO_STATS
+from scaler.controller.core.limits import FunctionLimits, Room
+from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.totals import Totals
+from scaler.proto import commands as c
+from scaler.proto import events as e
+from tests.controller.core.factories import DEMO
+
+
+def held(states: dict[str, FnState]) -> tuple[int, int]:
+    """(instances, memory in MB) of every function, summed anew."""
+    instances = [i for s in states.values() for i in s.instances.values()]
+    return len(instances), sum(i.memory_mb for i in instances)
+
+
+def test_the_memory_held_follows_starts_assignments_releases_and_retirements_of_a_busy_function():
+    totals, states, features, now = Totals(), {}, {}, 0
+    seen: set[str] = set()
+
+    def step(cmd: c.AnyCommand) -> FnState:
+        nonlocal totals, now
+        now += 10
+        old, was = states.get(cmd.key), features.get(cmd.key, NO_STATS)
+        d = decide(old or FnState(key=cmd.key), cmd, now, DEMO, totals, features=was)
+        totals = totals.change(old, d.state, was, d.features)
+        states[cmd.key], features[cmd.key] = d.state, d.features
+        seen.update(type(ev).__name__ for ev in d.events)
+        assert (totals.instances, totals.memory_mb) == held(states), f"after {type(cmd).__name__} at {now}"
+        return d.state
+
+    for key, memory in (("big", 1024), ("small", 128)):
+        meta = e.Meta(memory_mb=memory, timeout_s=60)
+        for n in range(12):  # a burst: each waits for an instance of its own
+            step(c.Assign(key=key, request_id=f"{key}-r{n}", meta=meta, reply_to="to"))
+        for inst in states[key].in_phase(Phase.CREATING):
+            step(c.SlotReady(key=key, instance_id=inst.id, slot_id=f"slot-{inst.id}", create_ms=100))
+        for rounds in range(3):  # warm: each release and assignment changes a phase only
+            for inst in states[key].in_phase(Phase.BUSY):
+                step(c.Idle(key=key, request_id=inst.request_id, instance_id=inst.id))
+                step(c.Assign(key=key, request_id=f"{key}-again-{rounds}-{inst.id}", meta=meta, reply_to="to"))
+        for inst in states[key].in_phase(Phase.BUSY)[:4]:  # these retire once released, then go
+            step(c.Idle(key=key, request_id=inst.request_id, instance_id=inst.id, need_destroy=True))
+            step(c.SlotDestroyed(key=key, instance_id=inst.id, slot_id=f"slot-{inst.id}"))
+
+    assert {"SlotWanted", "InstanceReady", "Assigned", "Released", "InstanceRetired", "InstanceDestroyed"} <= seen
+    assert totals.instances == 16 and totals.memory_mb == 8 * 1024 + 8 * 128
+
+
+def test_an_instance_destroyed_and_a_bigger_one_started_in_its_place_change_the_memory_held():
+    """One decision takes an instance away and starts another in its place, bigger: as many instances, more memory.
+    At a cap of one instance, a request asking for more memory waits for the small instance to go."""
+    room = Room(limits=FunctionLimits(max_instances=1), throttle_after_ms=60_000)
+    states, totals, s, f = {}, Totals(), FnState(key="fn"), NO_STATS
+    small, big = e.Meta(memory_mb=256, timeout_s=60), e.Meta(memory_mb=1024, timeout_s=60)
+    counts = []
+    for n, cmd in enumerate(
+        [
+            c.Assign(key="fn", request_id="r1", meta=small, reply_to="to"),
+            c.SlotReady(key="fn", instance_id="fn-1", slot_id="slot-1", create_ms=100),
+            c.Assign(key="fn", request_id="r2", meta=big, reply_to="to"),  # waits: at the cap, and fn-1 too small
+            c.Idle(key="fn", request_id="r1", instance_id="fn-1"),  # fn-1 retires: it no longer fits
+            c.SlotDestroyed(key="fn", instance_id="fn-1", slot_id="slot-1"),  # gone, and r2 gets its start
+        ]
+    ):
+        d = decide(s, cmd, 10 * n, DEMO, totals, room, f)
+        totals = totals.change(states.get("fn"), d.state, f, d.features)
+        states["fn"], s, f = d.state, d.state, d.features
+        assert (totals.instances, totals.memory_mb) == held(states), f"after {type(cmd).__name__}"
+        counts.append({i.id: i.memory_mb for i in s.instances.values()})
+    assert counts[-2:] == [{"fn-1": 256}, {"fn-2": 1024}]
