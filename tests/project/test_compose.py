@@ -343,10 +343,10 @@ async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(
                     stats = (await driver.run()).stats()
                 assert stats.total_requests_count == 980
                 assert stats.failed_requests_count == 0, {call.error for call in driver.calls if call.error}
-                # No slot leaks: once keep-alive runs out, every slot created is destroyed. And every slot
-                # destroyed without an Init is one the scaler gave up as a lost start (unreported for 30 s of
-                # the sped clock, a loaded machine's second or so: how many depends on the machine's speed, not
-                # whether each is the scaler's decision), its slot destroyed when it comes.
+                # No slot leaks: once keep-alive runs out, every slot created is destroyed. Every slot destroyed
+                # without an Init is a start the scaler gave up as lost (unreported for 30 s of the sped clock, a
+                # loaded machine's second or so), its slot destroyed when it came: how many depends on the
+                # machine's speed, that each is the scaler's own decision does not.
                 await eventually(lambda: not platform.accounting.live, seconds=60)
                 a = platform.accounting
                 assert a.created == a.destroyed >= a.inits > 0
