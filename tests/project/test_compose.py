@@ -23,6 +23,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from scaler.cli.up import Supervisor
+from scaler.controller.core.decide import LOST_START
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import platform_admin_pb2 as admin
 from scaler.proto import platform_admin_pb2_grpc as admin_grpc
@@ -281,12 +282,12 @@ SPEED = "20"  # the demo's 5-minute keep-alive lasts 15 s, so every slot is dest
 
 
 async def lost_starts(nats_url: str) -> int:
-    """How many instances the stored events retire as lost starts (scaler/controller/core/decide.py)."""
+    """How many instances the stored events retire as lost starts."""
     lost = 0
 
     def count(seq: int, batch: Batch) -> None:
         nonlocal lost
-        lost += sum(isinstance(ev, InstanceRetired) and ev.reason.endswith(": a lost start") for ev in batch.events)
+        lost += sum(isinstance(ev, InstanceRetired) and ev.reason.endswith(LOST_START) for ev in batch.events)
 
     async with connected(nats_url, "test") as nc:
         await stream.read(nc.jetstream(), count)

@@ -124,6 +124,7 @@ MAX_SESSION_WAIT_MS = 10_000
 # its caller hears "not now" (Throttle) well within a usual deadline rather than wait out the hold or fail with a
 # start; not at once, which a caller that repeats at once would turn into a stream of refusals.
 HELD_WAIT_MS = 2_000
+LOST_START = "a lost start"  # how a retirement's reason ends for an instance not ready within its start's bound
 
 
 class Decision(NamedTuple):
@@ -589,7 +590,7 @@ def _retire_lost_starts(d: _Draft) -> None:
     bound = start_bound_ms(d.f)
     for inst in d.s.in_phase(Phase.CREATING):
         if inst.since_ms + bound <= d.now:
-            why = f"not ready within {bound / 1000:g}s (its function's last start and a margin): a lost start"
+            why = f"not ready within {bound / 1000:g}s (its function's last start and a margin): {LOST_START}"
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
 
