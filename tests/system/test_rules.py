@@ -182,6 +182,7 @@ async def test_idle_errors(nats_url):
 
         assert (await stack.idle(reply)).status == pb.Ok
         assert (await stack.idle(reply)).status == pb.Ok  # twice: a retry, answered without a second release
+        await stack.settled()  # both answered at once, the release stored behind them
         state = stack.controller.states["fn"]
         assert [i.phase.value for i in state.instances.values()] == ["idle"]
         second = await stack.assign("r2")
