@@ -65,11 +65,9 @@ class Admission:
 
     def refuse(self, cmd: AnyCommand, node: str, store_troubled: bool = False) -> Reply | None:
         """The answer refusing `cmd` for overload, or None to take it."""
-        if store_troubled or not isinstance(cmd, Assign):
+        if store_troubled or not isinstance(cmd, Assign) or not self.over():
             return None
         behind = max(self.behind_s(), self.lag_s)
-        if self.backlog < self.max_backlog and behind < self.max_behind_s:
-            return None
         self.refused += 1
         message = (
             f"node {node} is overloaded ({self.backlog} commands waiting to be decided, {behind:.1f}s"
