@@ -14,9 +14,16 @@ starts with (the last of each key; a pull consumer has sent none yet), and the l
 many. An entry replaced meanwhile is read in its new version (the old one is gone: a bucket keeps
 one per key); one removed with nothing in its place (its TTL ran out) ends the listing early, when
 the server says nothing is left. The values come with the keys, so no caller gets each key again.
+
+A server reading its configuration again (SIGHUP: new certificates) makes its accounts again, and for a moment
+JetStream's API has no responder ("no responders": nats-py's ServiceUnavailableError; nats-server issue 1736 was
+the lasting form of it). A listing asks again through that moment, as it waits for keys, rather than fail an Admin
+call that lists the leases while an operator rotates certificates.
 """
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats.errors
 from nats.js import JetStreamContext, api
@@ -26,6 +33,8 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 LISTING_INACTIVE_S = 2.0  # how long the server keeps a listing's consumer once nothing reads it
 LISTING_WAIT_S = 5.0  # the longest a listing waits for the next keys
 _BATCH = 256
+
+T = TypeVar("T")
 
 
 async def entries(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
@@ -45,13 +54,14 @@ async def entries_at(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes
         inactive_threshold=LISTING_INACTIVE_S,
         filter_subject=f"{prefix}>",
     )
-    made = await js.add_consumer(stream, config)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + LISTING_WAIT_S  # moved on by every key that comes
+    made = await _answered(lambda: js.add_consumer(stream, config), until)
     expected = made.num_pending  # a pull consumer sends nothing before it is asked
     sub = await js.pull_subscribe_bind(consumer=made.name, stream=stream)
     try:
         found: dict[str, tuple[bytes, float] | None] = {}  # None: deleted
-        read, loop = 0, asyncio.get_running_loop()
-        until = loop.time() + LISTING_WAIT_S  # moved on by every key that comes
+        read = 0
         while read < expected:
             msgs = []
             try:
@@ -70,10 +80,23 @@ async def entries_at(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes
             if msgs:
                 until = loop.time() + LISTING_WAIT_S
             if not msgs or msgs[-1].metadata.num_pending == 0:
-                if (await sub.consumer_info()).num_pending == 0:  # some expired meanwhile: all there is was read
+                left = await _answered(sub.consumer_info, until)
+                if left.num_pending == 0:  # some expired meanwhile: all there is was read
                     break
                 if loop.time() >= until:
                     raise TimeoutError(f"listing {bucket}: no key came in {LISTING_WAIT_S:g}s")
         return {k: v for k, v in found.items() if v is not None}
     finally:
         await sub.unsubscribe()
+
+
+async def _answered(ask: Callable[[], Awaitable[T]], until: float) -> T:
+    """JetStream's API answer to `ask`, asked again while the server has no responder for it, until `until`."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return await ask()
+        except ServiceUnavailableError:
+            if loop.time() >= until:
+                raise
+            await asyncio.sleep(0.05)

@@ -8,6 +8,8 @@ from nats.js.errors import NotFoundError
 
 from scaler.runtime.bus import connected
 from scaler.runtime.kv import entries
+from tests.certs import Authority
+from tests.secured import Secured
 
 
 async def test_listing_a_buckets_keys_leaves_no_consumer_behind(nats_url):
@@ -60,3 +62,32 @@ async def test_a_listing_has_every_key_even_when_the_server_sends_them_all_at_on
                 assert sorted(await entries(js, "leases")) == sorted(keys)
         finally:
             renewing.cancel()
+
+
+async def test_a_listing_rides_through_the_server_reading_its_configuration_again(tmp_path):
+    """nats-server makes its accounts again on SIGHUP (new certificates, under deploy/nats.conf), and for a moment
+    JetStream's API has no responder: a listing of the leases then failed an Admin List while an operator rotated
+    certificates (tests/system/test_rotation.py). Every listing here is whole, whenever the reload comes."""
+    async with Secured(tmp_path, Authority(tmp_path / "ca")) as server, connected(server.access("node"), "test") as nc:
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket="scaler_leases"))
+        await kv.put("p0", b"node")
+        reloading = True
+
+        async def reload() -> None:
+            nonlocal reloading
+            for _ in range(20):
+                server.server.reload()
+                await asyncio.sleep(0.3)
+            reloading = False
+
+        reloads = asyncio.create_task(reload())
+        listed = 0
+        try:
+            while reloading:
+                assert await entries(js, "scaler_leases") == {"p0": b"node"}
+                listed += 1
+                await asyncio.sleep(0.005)  # each listing's consumer stays 2 s: well under the server's 1,000
+        finally:
+            reloads.cancel()
+        assert listed > 20, listed  # listed all along, not once before the reloads and once after
