@@ -10,7 +10,7 @@ from typing import TypeVar
 from nats.aio.client import Client
 from nats.errors import AuthorizationError, ConnectionClosedError, NoServersError, StaleConnectionError
 from nats.errors import Error as NatsError
-from nats.js.errors import APIError
+from nats.js.errors import ServiceUnavailableError
 
 from scaler.proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
 from scaler.proto.subjects import command_subject
@@ -118,20 +118,21 @@ async def connect(
     return nc
 
 
-async def answered(ask: Callable[[], Awaitable[T]], patience_s: float = 30.0) -> T:
-    """`ask()`'s answer, asked again while JetStream does not answer or says it is electing a leader: a
-    cluster's JetStream, and a stream or bucket new on it, answers nothing until it has one (up to
-    `patience_s`)."""
+async def answered(ask: Callable[[], Awaitable[T]], patience_s: float = 30.0, pause_s: float = 0.2) -> T:
+    """`ask()`'s answer, asked again while JetStream does not answer or says it cannot (up to `patience_s`, then
+    TimeoutError): a cluster's JetStream, and a stream or bucket new on it, answers nothing until it has elected a
+    leader ("temporarily unavailable", 503); a server remaking its accounts (SIGHUP under deploy/nats.conf) has for
+    a moment no responder for JetStream's API (nats-server issue 1736 was the lasting form of it). Both are
+    nats-py's ServiceUnavailableError."""
     async with asyncio.timeout(patience_s):
         while True:
             try:
                 return await ask()
             except TimeoutError:
                 log.info("JetStream does not answer yet; waiting")
-            except APIError as e:
-                if e.code != 503:  # "JetStream system temporarily unavailable": a leader is being elected
-                    raise
-            await asyncio.sleep(0.2)
+            except ServiceUnavailableError:
+                pass
+            await asyncio.sleep(pause_s)
 
 
 async def send(nc: Client, cmd: AnyCommand, patience_s: float = 60.0, subject: str = "") -> Reply:

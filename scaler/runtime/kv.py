@@ -15,26 +15,24 @@ many. An entry replaced meanwhile is read in its new version (the old one is gon
 one per key); one removed with nothing in its place (its TTL ran out) ends the listing early, when
 the server says nothing is left. The values come with the keys, so no caller gets each key again.
 
-A server reading its configuration again (SIGHUP: new certificates) makes its accounts again, and for a moment
-JetStream's API has no responder ("no responders": nats-py's ServiceUnavailableError; nats-server issue 1736 was
-the lasting form of it). A listing asks again through that moment, as it waits for keys, rather than fail an Admin
-call that lists the leases while an operator rotates certificates.
+JetStream's API asked for the listing's consumer and its count is asked again while it cannot answer (`answered`:
+a server reading its configuration again has for a moment no responder for it), within the listing's own wait:
+an Admin call lists the leases, and an operator rotating certificates must not fail it.
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import nats.errors
 from nats.js import JetStreamContext, api
 from nats.js.errors import ServiceUnavailableError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
+from scaler.runtime.bus import answered
+
 LISTING_INACTIVE_S = 2.0  # how long the server keeps a listing's consumer once nothing reads it
 LISTING_WAIT_S = 5.0  # the longest a listing waits for the next keys
 _BATCH = 256
-
-T = TypeVar("T")
+_PAUSE_S = 0.05  # between asks JetStream's API could not answer
 
 
 async def entries(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
@@ -56,7 +54,7 @@ async def entries_at(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes
     )
     loop = asyncio.get_running_loop()
     until = loop.time() + LISTING_WAIT_S  # moved on by every key that comes
-    made = await _answered(lambda: js.add_consumer(stream, config), until)
+    made = await answered(lambda: js.add_consumer(stream, config), LISTING_WAIT_S, _PAUSE_S)
     expected = made.num_pending  # a pull consumer sends nothing before it is asked
     sub = await js.pull_subscribe_bind(consumer=made.name, stream=stream)
     try:
@@ -80,7 +78,7 @@ async def entries_at(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes
             if msgs:
                 until = loop.time() + LISTING_WAIT_S
             if not msgs or msgs[-1].metadata.num_pending == 0:
-                left = await _answered(sub.consumer_info, until)
+                left = await answered(sub.consumer_info, max(until - loop.time(), _PAUSE_S), _PAUSE_S)
                 if left.num_pending == 0:  # some expired meanwhile: all there is was read
                     break
                 if loop.time() >= until:
@@ -88,15 +86,3 @@ async def entries_at(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes
         return {k: v for k, v in found.items() if v is not None}
     finally:
         await sub.unsubscribe()
-
-
-async def _answered(ask: Callable[[], Awaitable[T]], until: float) -> T:
-    """JetStream's API answer to `ask`, asked again while the server has no responder for it, until `until`."""
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            return await ask()
-        except ServiceUnavailableError:
-            if loop.time() >= until:
-                raise
-            await asyncio.sleep(0.05)
