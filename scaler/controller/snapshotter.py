@@ -2,12 +2,13 @@
 
 A partition is snapshotted after `every` events, or when it has unsaved events and its last
 snapshot is `interval_s` old. Every `guard_every_s` the stream's extent is looked at: a partition
-whose snapshot falls into the older half of what EVENTS keeps, or is older than a quarter of the
-retention's age, is snapshotted, so that the batches retention drops are always held by a
-snapshot; and the stream's own limits are brought to the node's retention once every partition
-has such a snapshot. A snapshot is taken only just after the partition's lease was confirmed ours
-(`fence`, a compare-and-set renewal: scaler/controller/leases.py), so it never claims batches another
-owner wrote: a node that lost a lease, or is giving up one it no longer holds, writes none.
+whose snapshot is older than a quarter of the retention's age, or, once EVENTS holds half its byte
+limit (or has dropped batches), falls into the older half of what it keeps, is snapshotted, so that
+the batches retention drops are always held by a snapshot; and the stream's own limits are brought
+to the node's retention once every partition has such a snapshot. A snapshot is taken only just
+after the partition's lease was confirmed ours (`fence`, a compare-and-set renewal:
+scaler/controller/leases.py), so it never claims batches another owner wrote: a node that lost a
+lease, or is giving up one it no longer holds, writes none.
 """
 
 import asyncio
@@ -247,12 +248,25 @@ class Snapshotter:
         self._retention_set = True
 
     def _due(self, p: int, at: Kept, now: float) -> bool:
-        """Events unsaved for the snapshot interval (a partition that went quiet), or a snapshot in the older
-        half of what the stream keeps or older than a quarter of its age, which a newer watermark would help."""
+        """Events unsaved for the snapshot interval (a partition that went quiet), or a snapshot older than a
+        quarter of the stream's age or, while retention may drop batches by size, in the older half of what the
+        stream keeps: which a newer watermark would help."""
         saved_at = self._saved_at.get(p, now)
         if self._unsaved[p] and now - saved_at >= self.interval_s:
             return True
         if self.watermark({p}) <= self._snap_seq.get(p, 0):
             return False
+        if now - saved_at >= self.retention.max_age_s / 4:
+            return True
         older_half = self._snap_seq.get(p, 0) < at.first_seq + (at.last_seq - at.first_seq) // 2
-        return older_half or now - saved_at >= self.retention.max_age_s / 4
+        return older_half and self._dropping(at)
+
+    def _dropping(self, at: Kept) -> bool:
+        """Whether the stream may soon drop batches by size: it dropped some, holds half its byte limit or more, or
+        keeps limits not ours yet. A young stream far below its limit drops none (its age has a rule of its own),
+        and snapshotting every partition each time it doubles would be a wave of writes every few seconds after
+        a start, under the calls the node is serving."""
+        if not self._retention_set or at.truncated:
+            return True
+        limit = self.retention.max_bytes
+        return limit > 0 and 2 * at.bytes >= limit

@@ -40,9 +40,10 @@ class Retention:
 
 DEFAULT_RETENTION = Retention()
 
-# The least retention a node accepts: the controller looks at the stream every second and snapshots a
-# partition once its snapshot falls into the older half of what is kept (or a quarter of the age), so
-# half the store must outlast a second of the busiest appends (about 1,000 batches/s of ~1.5 kB).
+# The least retention a node accepts: the controller looks at the stream every second and, once the stream
+# holds half its byte limit, snapshots a partition whose snapshot falls into the older half of what is kept
+# (or, always, one older than a quarter of the age), so half the store must outlast a second of the busiest
+# appends (about 1,000 batches/s of ~1.5 kB).
 MIN_RETENTION_HOURS = 1 / 60
 MIN_STORE_LIMIT_GB = 0.004
 

@@ -214,13 +214,14 @@ def incarnation(info: StreamInfo) -> str:
 
 
 class Kept(NamedTuple):
-    """What EVENTS holds now: the first and last sequences kept, which incarnation of the stream it is, and the
-    configuration it keeps them by."""
+    """What EVENTS holds now: the first and last sequences kept, which incarnation of the stream it is, the
+    configuration it keeps them by, and the bytes they take."""
 
     first_seq: int
     last_seq: int
     stream_id: str
     config: StreamConfig | None = None
+    bytes: int = 0
 
     @property
     def truncated(self) -> bool:
@@ -230,7 +231,7 @@ class Kept(NamedTuple):
 
 async def kept(js: JetStreamContext) -> Kept:
     info = await js.stream_info(EVENTS)
-    return Kept(info.state.first_seq, info.state.last_seq, incarnation(info), info.config)
+    return Kept(info.state.first_seq, info.state.last_seq, incarnation(info), info.config, info.state.bytes)
 
 
 async def read(
