@@ -1,7 +1,7 @@
 """Snapshots of the partitions a node serves, kept ahead of the stream's retention.
 
 A partition is snapshotted after `every` events, or when it has unsaved events and its last
-snapshot is `interval_s` old. Every `guard_every_s` the stream's extent is looked at: a partition
+snapshot is `interval_s` old, or none. Every `guard_every_s` the stream's extent is looked at: a partition
 whose snapshot is older than a quarter of the retention's age, or, once EVENTS holds half its byte
 limit (or has dropped batches), falls into the older half of what it keeps, is snapshotted, so that
 the batches retention drops are always held by a snapshot; and the stream's own limits are brought
@@ -248,11 +248,12 @@ class Snapshotter:
         self._retention_set = True
 
     def _due(self, p: int, at: Kept, now: float) -> bool:
-        """Events unsaved for the snapshot interval (a partition that went quiet), or a snapshot older than a
-        quarter of the stream's age or, while retention may drop batches by size, in the older half of what the
-        stream keeps: which a newer watermark would help."""
+        """Events unsaved for the snapshot interval (a partition that went quiet) or with no snapshot before them
+        (its first, within a look of its first events), or a snapshot older than a quarter of the stream's age
+        or, while retention may drop batches by size, in the older half of what the stream keeps: which a newer
+        watermark would help."""
         saved_at = self._saved_at.get(p, now)
-        if self._unsaved[p] and now - saved_at >= self.interval_s:
+        if self._unsaved[p] and (now - saved_at >= self.interval_s or not self._snap_seq.get(p)):
             return True
         if self.watermark({p}) <= self._snap_seq.get(p, 0):
             return False

@@ -132,6 +132,19 @@ def test_a_partition_with_unsaved_events_is_snapshotted_once_the_interval_passed
     assert snaps._due(0, kept, now=1_060.0)
 
 
+def test_a_partition_s_first_events_are_snapshotted_at_the_next_look():
+    """No snapshot yet (a new stream): its first events are, without waiting for the interval; none before them."""
+    snaps = snapshotter(ledger_seq=100)
+    snaps._retention_set = True
+    snaps._snap_seq[0], snaps._saved_at[0] = 0, 1_000.0  # loaded with no snapshot
+    kept = Kept(first_seq=1, last_seq=100, stream_id="s", bytes=10**5)
+    assert not snaps._due(0, kept, now=1_001.0)
+    snaps._unsaved[0] = 1
+    assert snaps._due(0, kept, now=1_001.0)
+    snaps._snap_seq[0] = 90  # its first written: the interval again
+    assert not snaps._due(0, kept, now=1_001.0)
+
+
 def test_a_snapshot_retention_is_overtaking_is_renewed_once_the_watermark_moved():
     snaps = snapshotter(ledger_seq=400)
     snaps._retention_set = True
