@@ -132,7 +132,7 @@ def test_a_partition_with_unsaved_events_is_snapshotted_once_the_interval_passed
     assert snaps._due(0, kept, now=1_060.0)
 
 
-def test_a_partition_s_first_events_are_snapshotted_at_the_next_look():
+def test_the_first_events_of_a_partition_with_no_snapshot_are_snapshotted_at_the_next_look():
     """No snapshot yet (a new stream): its first events are, without waiting for the interval; none before them."""
     snaps = snapshotter(ledger_seq=100)
     snaps._retention_set = True
@@ -157,9 +157,9 @@ def test_a_snapshot_retention_is_overtaking_is_renewed_once_the_watermark_moved(
 
 def test_the_older_half_counts_only_once_retention_may_drop_batches_by_size():
     """A young stream far below its byte limit drops nothing: a snapshot in the older half of it is not renewed
-    (every partition's was, each time the stream doubled: 32 snapshots at 2, 5, 12, 26 and 54 s after a start,
-    under the calls). Once it holds half its limit, or has dropped batches, or keeps limits not yet the node's
-    (which waits for every snapshot in the newer half), it is."""
+    (else every partition's would be each time the stream doubles: 32 snapshots at 2, 5, 12, 26 and 54 s after a
+    start, under the calls). Once it holds half its limit, or has dropped batches, or keeps limits not yet the
+    node's (which waits for every snapshot in the newer half), it is."""
     snaps = snapshotter(ledger_seq=400)
     snaps._retention_set = True
     snaps._snap_seq[0], snaps._saved_at[0] = 100, 1_000.0
