@@ -52,14 +52,13 @@ async def entries_at(js: JetStreamContext, bucket: str) -> dict[str, tuple[bytes
         inactive_threshold=LISTING_INACTIVE_S,
         filter_subject=f"{prefix}>",
     )
-    loop = asyncio.get_running_loop()
-    until = loop.time() + LISTING_WAIT_S  # moved on by every key that comes
     made = await answered(lambda: js.add_consumer(stream, config), LISTING_WAIT_S, _PAUSE_S)
     expected = made.num_pending  # a pull consumer sends nothing before it is asked
     sub = await js.pull_subscribe_bind(consumer=made.name, stream=stream)
     try:
         found: dict[str, tuple[bytes, float] | None] = {}  # None: deleted
-        read = 0
+        read, loop = 0, asyncio.get_running_loop()
+        until = loop.time() + LISTING_WAIT_S  # moved on by every key that comes
         while read < expected:
             msgs = []
             try:
