@@ -252,14 +252,14 @@ class Snapshotter:
         (its first, within a look of its first events), or a snapshot older than a quarter of the stream's age
         or, while retention may drop batches by size, in the older half of what the stream keeps: which a newer
         watermark would help."""
-        saved_at = self._saved_at.get(p, now)
-        if self._unsaved[p] and (now - saved_at >= self.interval_s or not self._snap_seq.get(p)):
+        saved_at, snap_seq = self._saved_at.get(p, now), self.claimed(p)
+        if self._unsaved[p] and (now - saved_at >= self.interval_s or not snap_seq):
             return True
-        if self.watermark({p}) <= self._snap_seq.get(p, 0):
+        if self.watermark({p}) <= snap_seq:
             return False
         if now - saved_at >= self.retention.max_age_s / 4:
             return True
-        older_half = self._snap_seq.get(p, 0) < at.first_seq + (at.last_seq - at.first_seq) // 2
+        older_half = snap_seq < at.first_seq + (at.last_seq - at.first_seq) // 2
         return older_half and self._dropping(at)
 
     def _dropping(self, at: Kept) -> bool:
