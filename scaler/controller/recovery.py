@@ -16,14 +16,14 @@ import logging
 from nats.aio.client import Client
 
 from scaler.controller.core.state import FnState, Phase
-from scaler.controller.lane import Lane
 from scaler.controller.leases import ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.partitions import Partitions
-from scaler.controller.replies import Replies
+from scaler.controller.path.lane import Lane
+from scaler.controller.path.replies import Replies
+from scaler.controller.path.timers import Timers
+from scaler.controller.path.writer import Writer
 from scaler.controller.snapshotter import Snapshotter
-from scaler.controller.timers import Timers
-from scaler.controller.writer import Writer
 from scaler.proto.commands import Code, PlatformSlot, Reconcile
 from scaler.proto.subjects import CMD, RECONCILE_ASK, SYSTEM_KEY, UNLISTED, partition
 from scaler.runtime.bus import send

@@ -1,11 +1,12 @@
 """The controller: the single writer of the functions of the partitions it leases.
 
-It puts the parts together and runs them: commands come in at the door (door.py: routed, admitted
-once), go down their function's lane (lanes.py, lane.py: decided by the pure core, stored through the
-writer, answered, planned), and their replies go out through one owner (replies.py). Around that:
-which partitions the node serves (partitions.py, leases.py), what it does as they come and go and when
-the store lost batches (recovery.py), the snapshots kept ahead of retention (snapshotter.py), each
-function's deadlines (timers.py), and the run's totals shared across nodes (shared.py, returns.py).
+It puts the parts together and runs them: commands come in at the door (path/door.py: routed, admitted
+once), go down their function's lane (path/lanes.py, path/lane.py: decided by the pure core, stored
+through the writer, answered, planned), and their replies go out through one owner (path/replies.py):
+the command path, whose package follows a call through it. Around that: which partitions the node
+serves (partitions.py, leases.py), what it does as they come and go and when the store lost batches
+(recovery.py), the snapshots kept ahead of retention (snapshotter.py), each function's deadlines
+(path/timers.py), and the run's totals shared across nodes (shared.py, returns.py).
 """
 
 import asyncio
@@ -16,26 +17,26 @@ import time
 from dataclasses import dataclass
 
 from scaler.controller import membership, state_service
-from scaler.controller.admission import MAX_BACKLOG, MAX_BEHIND_S, Admission
 from scaler.controller.core.limits import NO_LIMITS, Limits, TenantQuota
 from scaler.controller.core.policy import Capability, Policy
 from scaler.controller.core.state import FnState
 from scaler.controller.core.totals import Totals
-from scaler.controller.door import Door
-from scaler.controller.lane import Lane
-from scaler.controller.lanes import STORE_WAIT_S, Lanes
 from scaler.controller.leases import EVERY_S, TTL_S, ranges
 from scaler.controller.ledger import Ledger
 from scaler.controller.partitions import NotServing, Partitions
+from scaler.controller.path.admission import MAX_BACKLOG, MAX_BEHIND_S, Admission
+from scaler.controller.path.door import Door
+from scaler.controller.path.lane import Lane
+from scaler.controller.path.lanes import STORE_WAIT_S, Lanes
+from scaler.controller.path.replies import Replies
+from scaler.controller.path.timers import Timers
+from scaler.controller.path.writer import Writer
 from scaler.controller.recovery import Recovery
-from scaler.controller.replies import Replies
 from scaler.controller.returns import Returns
 from scaler.controller.shared import SharedTotals
 from scaler.controller.snapshots import Snapshot, SnapshotStore
 from scaler.controller.snapshotter import GUARD_EVERY_S, SNAPSHOT_EVERY, SNAPSHOT_INTERVAL_S, Snapshotter
 from scaler.controller.tenants import TenantQuotas
-from scaler.controller.timers import Timers
-from scaler.controller.writer import Writer
 from scaler.proto.commands import Admin, AnyCommand, Assign, Idle, Reply
 from scaler.proto.subjects import PARTITIONS, partition
 from scaler.runtime import durability

@@ -126,7 +126,7 @@ class Snapshotter:
     def suspects_loss(self) -> bool:
         """The last look found the stream behind this node (a loss, unless the next look finds it caught up): until
         then what a command decides is answered only once stored, or once its function's end of the stream
-        is read (scaler/controller/lane.py)."""
+        is read (scaler/controller/path/lane.py)."""
         return self._behind > 0
 
     def restart(self, stream_id: str, last_seq: int) -> None:

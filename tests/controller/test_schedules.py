@@ -4,8 +4,8 @@ the snapshotter renews a partition's snapshot, given the time and what the strea
 import asyncio
 from types import SimpleNamespace
 
+from scaler.controller.path.timers import Timers
 from scaler.controller.snapshotter import Snapshotter
-from scaler.controller.timers import Timers
 from scaler.runtime.clock import Clock
 from scaler.store import Kept, Retention
 from tests.clocks import Stopped

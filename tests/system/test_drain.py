@@ -16,7 +16,7 @@ from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.events import Assigned
 from scaler.proto.subjects import PARTITIONS
-from tests.controller.test_lanes import Held
+from tests.controller.path.test_lanes import Held
 from tests.gateway.test_admin import scaler
 from tests.processes import Driver, Parts
 from tests.stack import Stack, eventually

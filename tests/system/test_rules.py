@@ -206,7 +206,7 @@ async def test_a_retried_assign_is_not_a_second_command(nats_url):
 async def test_a_node_that_believes_it_serves_a_partition_it_holds_no_lease_for_decides_nothing(nats_url):
     """Fenced: a node that takes a partition as one whose lease lapsed unnoticed would decides nothing for it (its
     lease is not fresh); the call goes to the owner, on the state the stream holds. Beneath the fence, the order
-    check stops a stale writer's append all the same (tests/controller/test_writer.py)."""
+    check stops a stale writer's append all the same (tests/controller/path/test_writer.py)."""
     async with Stack(nats_url) as stack:
         stale = Controller(nats_url, get_policy("demo"))
         await stale.start()  # every partition is leased to the stack's controller: it serves none

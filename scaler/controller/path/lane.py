@@ -20,8 +20,8 @@ from scaler.controller.core.decide import Decision
 from scaler.controller.core.policy import Policy
 from scaler.controller.core.state import Phase
 from scaler.controller.ledger import Ledger
+from scaler.controller.path.writer import Writer
 from scaler.controller.snapshotter import Snapshotter
-from scaler.controller.writer import Writer
 from scaler.proto.commands import (
     AnyCommand,
     Assign,

@@ -18,13 +18,13 @@ import logging
 from collections import deque
 from typing import NamedTuple
 
-from scaler.controller.admission import Admission
-from scaler.controller.lane import Committed, Lane
 from scaler.controller.partitions import NotServing, Partitions
-from scaler.controller.replies import Replies
+from scaler.controller.path.admission import Admission
+from scaler.controller.path.lane import Committed, Lane
+from scaler.controller.path.replies import Replies
+from scaler.controller.path.timers import Timers
+from scaler.controller.path.writer import StoreLost
 from scaler.controller.returns import Returns
-from scaler.controller.timers import Timers
-from scaler.controller.writer import StoreLost
 from scaler.proto.commands import AnyCommand, Cue, Tick
 from scaler.proto.subjects import partition
 from scaler.runtime.bus import Unavailable

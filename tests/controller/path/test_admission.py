@@ -1,6 +1,6 @@
 """Admission without a node: a clock that only moves when told, and commands that never leave."""
 
-from scaler.controller.admission import Admission
+from scaler.controller.path.admission import Admission
 from scaler.proto.commands import Assign, Code, Idle, Reply
 from scaler.proto.events import Meta
 from tests.clocks import Monotonic

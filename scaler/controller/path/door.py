@@ -17,13 +17,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
-from scaler.controller.admission import Admission
 from scaler.controller.core import reconcile
-from scaler.controller.lanes import Lanes, Told
 from scaler.controller.partitions import NotServing, Partitions
+from scaler.controller.path.admission import Admission
+from scaler.controller.path.lanes import Lanes, Told
+from scaler.controller.path.replies import Replies
+from scaler.controller.path.writer import Writer
 from scaler.controller.policies import policy_problem
-from scaler.controller.replies import Replies
-from scaler.controller.writer import Writer
 from scaler.proto.commands import (
     OPERATOR,
     Admin,

@@ -8,15 +8,15 @@ import signal
 import grpc
 
 from scaler import replay
-from scaler.controller import door, lanes
-from scaler.controller.admission import Admission
 from scaler.controller.core.state import Phase
-from scaler.controller.lane import Lane
-from scaler.controller.lanes import Lanes, Told
 from scaler.controller.ledger import PLAN, Ledger
-from scaler.controller.replies import Replies
+from scaler.controller.path import door, lanes
+from scaler.controller.path.admission import Admission
+from scaler.controller.path.lane import Lane
+from scaler.controller.path.lanes import Lanes, Told
+from scaler.controller.path.replies import Replies
+from scaler.controller.path.timers import Timers
 from scaler.controller.snapshots import SnapshotStore
-from scaler.controller.timers import Timers
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto.commands import Idle, SlotDestroyed, Tick
 from scaler.proto.events import Assigned, KeptAlive, Released, decode_batch

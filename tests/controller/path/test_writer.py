@@ -7,7 +7,7 @@ import functools
 import pytest
 
 from scaler.controller.ledger import Ledger
-from scaler.controller.writer import FENCE, Conflict, TooBig, Writer
+from scaler.controller.path.writer import FENCE, Conflict, TooBig, Writer
 from scaler.proto.events import Batch, RequestArrived
 from scaler.proto.subjects import function_events, partition
 from scaler.runtime.bus import Unavailable, connected

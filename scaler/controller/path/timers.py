@@ -14,7 +14,7 @@ from scaler.runtime.clock import Clock
 from scaler.runtime.faults import LastingFault
 from scaler.runtime.tasks import cancelled
 
-log = logging.getLogger("scaler.controller.timers")
+log = logging.getLogger("scaler.controller.path.timers")
 
 
 class Timers:
