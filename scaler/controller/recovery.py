@@ -27,6 +27,7 @@ from scaler.controller.snapshotter import Snapshotter
 from scaler.proto.commands import Code, PlatformSlot, Reconcile
 from scaler.proto.subjects import CMD, RECONCILE_ASK, SYSTEM_KEY, UNLISTED, partition
 from scaler.runtime.bus import send
+from scaler.runtime.tasks import cancelled
 from scaler.store import EventStore, Retention
 
 log = logging.getLogger("scaler.controller")
@@ -66,9 +67,7 @@ class Recovery:
         self.reloading = ""  # why every partition is being reloaded, while it is
 
     async def stop(self) -> None:
-        if self._asking is not None:  # no gc worker may be there to answer (a node alone)
-            self._asking.cancel()
-            await asyncio.gather(self._asking, return_exceptions=True)
+        await cancelled(self._asking)  # no gc worker may be there to answer (a node alone)
 
     async def served(self, partitions: list[int]) -> None:
         """Loaded and served: arm their timers, tell their callers again what they were assigned, and have the

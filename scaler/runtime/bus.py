@@ -15,6 +15,7 @@ from nats.js.errors import ServiceUnavailableError
 from scaler.proto.commands import AnyCommand, Code, Reply, command_id, decode_reply, encode
 from scaler.proto.subjects import command_subject
 from scaler.runtime.access import Nats, access, follow
+from scaler.runtime.tasks import cancelled
 
 T = TypeVar("T")
 
@@ -197,8 +198,7 @@ async def while_connected(nc: Client | None, work: Awaitable[None], what: str) -
         if done:
             break
         if not nc.is_connected:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancelled(task)
             log.warning("NATS is away; stopping without %s", what)
             return False
     await task

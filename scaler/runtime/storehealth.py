@@ -24,6 +24,7 @@ from enum import Enum
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from scaler.runtime.durability import ASK_S, monitor_get
+from scaler.runtime.tasks import cancelled
 
 log = logging.getLogger("scaler.store")
 
@@ -114,11 +115,8 @@ class StoreWatch:
             self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancelled(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

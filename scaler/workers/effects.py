@@ -33,6 +33,7 @@ from scaler.runtime import durability, tls
 from scaler.runtime.access import Nats
 from scaler.runtime.bus import Unavailable, close, connect, send
 from scaler.runtime.faults import LastingFault
+from scaler.runtime.tasks import cancelled
 from scaler.store.config import Retention, ensure_stream
 
 log = logging.getLogger("scaler.effects")
@@ -282,9 +283,7 @@ class EffectWorker:
     async def stop(self) -> None:
         """Take no more work, and let what is under way finish for a moment: an event whose effect is not
         reported is not acked, so the next worker performs it again (effects are idempotent)."""
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+        await cancelled(self._watch)
         if self._sub is not None:
             with contextlib.suppress(NatsError):  # its consumer gone with the stream, say
                 await self._sub.unsubscribe()
@@ -296,9 +295,7 @@ class EffectWorker:
                 STOP_GRACE_S,
             )
             _, late = await asyncio.wait(self._tasks, timeout=STOP_GRACE_S)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            await asyncio.gather(*map(cancelled, late))
         await close(self._nc)
         if self._channels is not None:
             await self._channels.close()

@@ -25,6 +25,7 @@ from scaler.proto.subjects import PARTITIONS, RECONCILE_ASK, REPORT, SYSTEM_KEY,
 from scaler.runtime.access import Nats
 from scaler.runtime.bus import send
 from scaler.runtime.clock import Clock
+from scaler.runtime.tasks import cancelled
 from scaler.store import stream
 from scaler.workers.effects import ACK_WAIT_S, Delivery, EffectWorker, PlatformError, call_platform
 
@@ -94,9 +95,7 @@ class GcWorker(EffectWorker):
 
     async def stop(self) -> None:
         for task in (self.reconciled, self._again):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await cancelled(task)
         await super().stop()
 
     async def _on_ask(self, msg) -> None:

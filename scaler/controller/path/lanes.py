@@ -28,6 +28,7 @@ from scaler.controller.returns import Returns
 from scaler.proto.commands import AnyCommand, Cue, Tick
 from scaler.proto.subjects import partition
 from scaler.runtime.bus import Unavailable
+from scaler.runtime.tasks import cancelled
 from scaler.store import TooBig
 
 log = logging.getLogger("scaler.controller")
@@ -119,14 +120,10 @@ class Lanes:
 
     async def stop(self, connected: bool = True) -> None:
         """Let what is under way finish (10 s at most); with NATS away nothing can, and it is cancelled."""
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+        await cancelled(self._watch)
         if self._tasks and connected:
             await asyncio.wait(self._tasks, timeout=10)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*map(cancelled, list(self._tasks)))
 
     async def _cued(self, cue: Cue) -> None:
         try:
