@@ -32,6 +32,7 @@ from scaler.runtime.bus import close, connect
 from scaler.runtime.natsd import NatsServer, claim
 from scaler.runtime.ports import nats_url, peer, port
 from scaler.runtime.service import READY_FD, add_log_level, env, positive, setup_logging, stop_on_signals
+from scaler.runtime.tasks import cancelled
 from scaler.simulator.dataset import metas_argument
 from scaler.workers import effects
 
@@ -320,9 +321,7 @@ class Supervisor:
         menders = [asyncio.create_task(self._mend_store(nats))] if nats is not None else []
         stopping = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([stopping, *keepers], return_when=asyncio.FIRST_COMPLETED)
-        for task in [stopping, *keepers, *menders]:
-            task.cancel()
-        await asyncio.gather(*keepers, *menders, return_exceptions=True)
+        await asyncio.gather(*map(cancelled, [stopping, *keepers, *menders]))
         return 0 if stopping in done else 1
 
     async def _keep(self, child: Child) -> None:
