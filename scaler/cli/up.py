@@ -321,7 +321,7 @@ class Supervisor:
         menders = [asyncio.create_task(self._mend_store(nats))] if nats is not None else []
         stopping = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([stopping, *keepers], return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.gather(*map(cancelled, [stopping, *keepers, *menders]))
+        await cancelled(stopping, *keepers, *menders)
         return 0 if stopping in done else 1
 
     async def _keep(self, child: Child) -> None:

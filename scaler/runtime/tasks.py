@@ -17,13 +17,12 @@ log = logging.getLogger("scaler.tasks")
 RECANCEL_S = 0.1
 
 
-async def cancelled(task: asyncio.Task | None) -> None:
-    """Cancel `task` and return once it has ended, whatever it swallowed on the way."""
-    if task is None:
-        return
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=RECANCEL_S)
+async def cancelled(*tasks: asyncio.Task | None) -> None:
+    """Cancel the tasks (None: none) and return once each has ended, whatever it swallowed on the way."""
+    while running := [task for task in tasks if task is not None and not task.done()]:
+        for task in running:
+            task.cancel()
+        await asyncio.wait(running, timeout=RECANCEL_S)
 
 
 def say_where_tasks_wait() -> None:

@@ -295,7 +295,7 @@ class EffectWorker:
                 STOP_GRACE_S,
             )
             _, late = await asyncio.wait(self._tasks, timeout=STOP_GRACE_S)
-            await asyncio.gather(*map(cancelled, late))
+            await cancelled(*late)
         await close(self._nc)
         if self._channels is not None:
             await self._channels.close()

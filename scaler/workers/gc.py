@@ -94,8 +94,7 @@ class GcWorker(EffectWorker):
         return f"{what}, reconciling once the platform answers"
 
     async def stop(self) -> None:
-        for task in (self.reconciled, self._again):
-            await cancelled(task)
+        await cancelled(self.reconciled, self._again)
         await super().stop()
 
     async def _on_ask(self, msg) -> None:

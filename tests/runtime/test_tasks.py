@@ -27,6 +27,25 @@ async def test_a_swallowed_cancellation_is_repeated_until_the_task_ends():
     assert task.cancelled() and swallowed == 1
 
 
+async def test_several_tasks_are_stopped_together_whichever_swallows():
+    swallowed = []
+
+    async def swallowing_once() -> None:
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)
+
+    tasks = [asyncio.create_task(swallowing_once()), asyncio.create_task(asyncio.sleep(10))]
+    await asyncio.sleep(0)
+    async with asyncio.timeout(5):
+        await cancelled(tasks[0], None, tasks[1])
+    assert all(t.cancelled() for t in tasks) and swallowed
+
+
 async def test_nothing_to_stop_is_fine():
     await cancelled(None)
     done = asyncio.create_task(asyncio.sleep(0))

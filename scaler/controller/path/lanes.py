@@ -123,7 +123,7 @@ class Lanes:
         await cancelled(self._watch)
         if self._tasks and connected:
             await asyncio.wait(self._tasks, timeout=10)
-        await asyncio.gather(*map(cancelled, list(self._tasks)))
+        await cancelled(*self._tasks)
 
     async def _cued(self, cue: Cue) -> None:
         try:
