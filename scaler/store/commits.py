@@ -24,7 +24,7 @@ from nats.aio.client import Client
 
 from scaler.runtime.bus import Unavailable
 from scaler.store import stream
-from scaler.store.stream import Append, Conflict, NotSent
+from scaler.store.stream import NOT_SENDABLE, Append, Conflict, NotSent
 
 MAX_ATOMIC = 1000  # appends in one atomic batch, at most (JetStream's limit)
 
@@ -96,7 +96,7 @@ class Commits:
         functions: set[str] = set()
         for w in self._waiting:
             if not w.append.sendable():
-                w.done.set_exception(NotSent(f"{w.append.subject}: its writer may no longer write it"))
+                w.done.set_exception(NotSent(f"{w.append.subject}: {NOT_SENDABLE}"))
             elif len(group) < MAX_ATOMIC and w.append.key_subjects not in functions:
                 functions.add(w.append.key_subjects)
                 group.append(w)
@@ -118,7 +118,7 @@ class Commits:
 
     async def _alone(self, a: Append) -> int:
         if not a.sendable():
-            raise NotSent(f"{a.subject}: its writer may no longer write it")
+            raise NotSent(f"{a.subject}: {NOT_SENDABLE}")
         return await stream.append(self.nc, a.subject, a.data, a.key_subjects, a.last_seq, self.timeout_s, self.writer)
 
 

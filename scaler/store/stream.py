@@ -130,6 +130,9 @@ class Append(NamedTuple):
     sendable: Callable[[], bool] = lambda: True
 
 
+NOT_SENDABLE = "its writer may no longer write it"  # past its lease's renewal deadline (`Append.sendable`)
+
+
 class NotSent(Unavailable):
     """The append was not sent: its writer may no longer write it (`Append.sendable`)."""
 

@@ -13,12 +13,12 @@ from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.runtime.natsd import NatsServer
+from scaler.store.stream import NOT_SENDABLE
 from tests.processes import Parts, settled
 
 KEYS = tuple(f"hot{n}" for n in range(2))  # two hot functions: their queues grow fastest
 BURST = 5_000  # Assigns fired at once, far past what the node decides in the second it lets them wait
 STALL_S = 1.0  # the node stopped once mid-burst, as a busy machine can: calls pile up in front of it
-FENCED = "its writer may no longer write it"  # an append past its lease's renewal deadline (store/commits.py)
 
 
 def rss_mb(pid: int) -> float:
@@ -99,7 +99,7 @@ async def test_a_burst_far_beyond_capacity_is_answered_refused_or_served_and_the
                     # deadline, the node decides nothing for that partition until renewed: what it was storing
                     # then is refused UNAVAILABLE (a stale node never decides), to be sent again.
                     refused = {o for o in outcomes if o not in {"OK", "RESOURCE_EXHAUSTED"}}
-                    assert all(o.startswith("UNAVAILABLE") and FENCED in o for o in refused), outcomes
+                    assert all(o.startswith("UNAVAILABLE") and NOT_SENDABLE in o for o in refused), outcomes
                     assert outcomes["RESOURCE_EXHAUSTED"] > 0, "the burst did overload the node"
                     assert outcomes["OK"] > 0
                     assert during_mb < before_mb + 200, "memory stays bounded"
