@@ -6,12 +6,15 @@ and the test reads its exact accounting. A small driver plays clients that assig
 
 import argparse
 import asyncio
+import contextlib
 import itertools
+import os
 import secrets
 import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -25,6 +28,21 @@ from scaler.runtime.bus import connected
 from scaler.runtime.ports import free_port
 from scaler.runtime.tls import ClientTls, channel
 from scaler.simulator.dataset import Dataset, Request
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path):
+    """Children started within inherit `path` (appended to) as their stderr: their log read as it grows, whole. Not
+    pytest's capfd, whose reads rewind and truncate the file a child still writes to, and lose what it wrote then."""
+    kept = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.dup2(log, 2)
+        yield
+    finally:
+        os.dup2(kept, 2)
+        os.close(kept)
+        os.close(log)
 
 
 class Parts:

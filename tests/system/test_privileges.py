@@ -29,7 +29,7 @@ from scaler.runtime.bus import connected
 from scaler.runtime.kv import entries
 from scaler.runtime.permissions import VIOLATION
 from tests.certs import Authority
-from tests.processes import Parts
+from tests.processes import Parts, stderr_to
 from tests.secured import Secured
 from tests.system.test_security import assign_and_idle, component, scaler
 from tests.system.test_sessions import stored_events
@@ -125,13 +125,15 @@ async def looks(node: NatsAccess) -> dict[str, object]:
         }
 
 
-async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path, capfd):
+async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path):
     stub = PlatformStub("127.0.0.1:0", create_latency_ms=20)
     await stub.start()
+    node_log = tmp_path / "node.log"
     async with Secured(tmp_path, ca) as nats_server:
         parts = Parts(nats_server.url, f"127.0.0.1:{stub.port}", policy="demo")
         try:
-            await parts.supervisor.spawn(*parts.argv("node"), name="node", env_extra=nats_server.env("node"))
+            with stderr_to(node_log):
+                await parts.supervisor.spawn(*parts.argv("node"), name="node", env_extra=nats_server.env("node"))
             await parts.supervisor.spawn("scaler.workers", "--platform", f"127.0.0.1:{stub.port}", name="workers",
                                          env_extra=nats_server.env("worker"))  # fmt: skip
             async with grpc.aio.insecure_channel(parts.address("node")) as ch:
@@ -144,7 +146,6 @@ async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path, ca
             before = await looks(node)
             assert before["leases"], "the node holds its leases"
 
-            logged = capfd.readouterr().err
             every = attempts(forged, lease)
             for role in ("worker", "reader", "node"):  # a node is not made to do what it may: it would be done
                 tries = [a for a in every if role != "node" or role not in a.may]
@@ -173,7 +174,7 @@ async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path, ca
                     await nc.jetstream().add_consumer(EVENTS, config)
             refusing = f"refusing a command on {event_subject(KEY, 'c')}"
             async with asyncio.timeout(30):
-                while refusing not in (logged := logged + capfd.readouterr().err):  # noqa: ASYNC110
+                while refusing not in node_log.read_text():  # noqa: ASYNC110
                     await asyncio.sleep(0.1)
 
             # The operator holds the admin key and a certificate the CA signed, but no NATS user: refused outright.
@@ -190,8 +191,7 @@ async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path, ca
             assert not kinds & {"FunctionRestarted", "FunctionDeleted"}, kinds
             async with grpc.aio.insecure_channel(parts.address("node")) as ch:
                 assert await assign_and_idle(pb_grpc.ScalerStub(ch), "r2", KEY) == first  # still served, same instance
-            logged += capfd.readouterr().err
-            assert "a Restart is not a report" in logged  # the node said what it refused
+            assert "a Restart is not a report" in node_log.read_text()  # the node said what it refused
         finally:
             await parts.supervisor.stop()
             await stub.stop()

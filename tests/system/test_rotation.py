@@ -31,7 +31,7 @@ from scaler.runtime.bus import Refused, connected
 from scaler.runtime.ports import free_port
 from scaler.runtime.tls import ClientTls, ServerTls, channel
 from tests.certs import Authority, Pair
-from tests.processes import Driver, Parts
+from tests.processes import Driver, Parts, stderr_to
 from tests.secured import Secured
 from tests.system.test_security import assign_and_idle
 
@@ -68,14 +68,14 @@ class Live:
 
 
 class Log:
-    """The children's stderr, as it comes: their one line per reload."""
+    """The children's stderr (`stderr_to`), as it comes: their one line per reload."""
 
-    def __init__(self, capfd) -> None:
-        self.capfd = capfd
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.text = ""
 
     def read(self) -> str:
-        self.text += self.capfd.readouterr().err
+        self.text = self.path.read_text()
         return self.text
 
     def reloads(self, marker: str) -> int:
@@ -111,7 +111,7 @@ async def refused_handshake(call) -> bool:
     return False
 
 
-async def test_certificates_cas_and_the_admin_key_rotate_under_load_with_no_call_failed(tmp_path, capfd):
+async def test_certificates_cas_and_the_admin_key_rotate_under_load_with_no_call_failed(tmp_path):
     old, new = Authority(tmp_path / "old", "old CA"), Authority(tmp_path / "new", "new CA")
     live = Live(tmp_path / "live")
     nats_dir = Live(tmp_path / "live" / "nats")
@@ -162,14 +162,15 @@ async def test_certificates_cas_and_the_admin_key_rotate_under_load_with_no_call
     gateway_port = free_port()
     platform_tls = ("--platform-ca", live.path("platform-ca.pem"), "--platform-cert",
                     live.path("worker-platform.pem"), "--platform-key", live.path("worker-platform.key"))  # fmt: skip
-    log = Log(capfd)
+    log = Log(tmp_path / "children.log")
     try:
-        await parts.supervisor.spawn(*parts.argv("node"), name="node", env_extra=nats_env("node", "node"))
-        await parts.supervisor.spawn("scaler.workers", "--platform", f"127.0.0.1:{stub.port}", *platform_tls,
-                                     name="workers", env_extra=nats_env("worker", "worker"))  # fmt: skip
-        gateway_argv = ("--listen", f"127.0.0.1:{gateway_port}", "--reply-timeout", "30", *listen("gateway"))
-        await parts.supervisor.spawn("scaler.gateway", *gateway_argv, name="gateway",
-                                     env_extra=nats_env("node", "gateway"))  # fmt: skip
+        with stderr_to(log.path):
+            await parts.supervisor.spawn(*parts.argv("node"), name="node", env_extra=nats_env("node", "node"))
+            await parts.supervisor.spawn("scaler.workers", "--platform", f"127.0.0.1:{stub.port}", *platform_tls,
+                                         name="workers", env_extra=nats_env("worker", "worker"))  # fmt: skip
+            gateway_argv = ("--listen", f"127.0.0.1:{gateway_port}", "--reply-timeout", "30", *listen("gateway"))
+            await parts.supervisor.spawn("scaler.gateway", *gateway_argv, name="gateway",
+                                         env_extra=nats_env("node", "gateway"))  # fmt: skip
         node, gateway = parts.address("node"), f"127.0.0.1:{gateway_port}"
         drivers = [
             Driver(address, keys=keys, clients=3, tls=caller, destroy=True, retry_assign=True, attempts=120, tag=tag)

@@ -6,6 +6,7 @@ The certificates are made here (tests/certs.py); the nats-server is configured w
 """
 
 import asyncio
+import contextlib
 import ipaddress
 import os
 import re
@@ -33,7 +34,7 @@ from scaler.runtime.ports import free_port
 from scaler.runtime.tls import ClientTls, ServerTls, channel
 from tests.certs import Authority, Operator
 from tests.cli.test_up import start_up, stop
-from tests.processes import Parts
+from tests.processes import Parts, stderr_to
 from tests.secured import Secured, write
 from tests.system.test_nodes import KEYS, shared_between
 from tests.system.test_sessions import stored_events
@@ -78,7 +79,7 @@ def ca(tmp_path) -> Authority:
 # --- Admin: the key, TLS, and a call passed on to another node ---------------------------------------------
 
 
-async def test_admin_needs_the_key_over_mutual_tls_also_when_passed_on_to_another_node(nats_url, ca, tmp_path, capfd):
+async def test_admin_needs_the_key_over_mutual_tls_also_when_passed_on_to_another_node(nats_url, ca, tmp_path):
     node_cert, client = ca.issue("node"), ca.issue("operator")
     stranger = Authority(tmp_path / "stranger").issue("stranger")  # a client certificate the node does not trust
     token_file = tmp_path / "admin.token"  # made by the first node, read by the second
@@ -86,8 +87,13 @@ async def test_admin_needs_the_key_over_mutual_tls_also_when_passed_on_to_anothe
                  "--admin-token-file", str(token_file))  # fmt: skip
     stub = PlatformStub("127.0.0.1:0", create_latency_ms=20)
     await stub.start()
+    nodes_log = tmp_path / "nodes.log"
     try:
-        async with Parts(nats_url, f"127.0.0.1:{stub.port}", nodes=2, node_args=node_args, policy="demo") as parts:
+        async with contextlib.AsyncExitStack() as stack:
+            with stderr_to(nodes_log):  # the nodes' log, read whole (not capfd's, which a node writing races)
+                parts = await stack.enter_async_context(
+                    Parts(nats_url, f"127.0.0.1:{stub.port}", nodes=2, node_args=node_args, policy="demo")
+                )
             await shared_between(nats_url, 2)
             gateway = parts.address("node")  # every call goes to the first node; the other owns about half the keys
             holders = {p: node for node, ps in (await lease_holders(nats_url)).items() for p in ps}
@@ -95,7 +101,7 @@ async def test_admin_needs_the_key_over_mutual_tls_also_when_passed_on_to_anothe
             trusted = ClientTls(ca.ca, client.cert, client.key)
             async with channel(gateway, trusted) as ch:
                 await asyncio.gather(*(assign_and_idle(pb_grpc.ScalerStub(ch), f"r-{key}", key) for key in KEYS))
-            capfd.readouterr()
+            seen = nodes_log.stat().st_size
             tls_cli = ("--gateway", gateway, "--gateway-ca", ca.ca, "--gateway-cert", client.cert)
             tls_cli += ("--gateway-key", client.key)
 
@@ -122,7 +128,7 @@ async def test_admin_needs_the_key_over_mutual_tls_also_when_passed_on_to_anothe
             ran = await asyncio.gather(*(scaler("drain", *tls_cli, *args) for args, _ in refusals))
             for (code, _, err), (_, said) in zip(ran, refusals, strict=True):
                 assert code == 1 and f"scaler drain: {said}" in err, err
-            logged = capfd.readouterr().err
+            logged = nodes_log.read_bytes()[seen:].decode()
             assert logged.count("refused Admin/") == 5, logged  # one line each, naming the caller's address
             assert re.search(r"refused Admin/Delete from ipv4:127\.0\.0\.1:\d+: wrong admin key", logged), logged
             assert token not in logged and wrong not in logged
