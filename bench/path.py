@@ -8,8 +8,9 @@ the gateway's handler to its answer and until nothing of it is under way any mor
 plan stored), traced with `sys.setprofile`: every Python function entered meanwhile, by this process's
 event loop, whatever task runs it (the lease rounds and timers of the node included, should they run). A
 table per call: the functions and files of the scaler entered, those of the libraries (nats.py, gRPC's
-Python, msgspec's), and the tasks, futures and timers made. `--list` prints the scaler's functions in
-the order first entered: the command path as a call takes it.
+Python, msgspec's), and the tasks, futures and timers made; then each of those by who made it (the first
+caller outside asyncio: the scaler's, or a library's). `--list` prints the scaler's functions in the order
+first entered: the command path as a call takes it.
 """
 
 import argparse
@@ -27,6 +28,7 @@ from scaler.runtime.natsd import NatsServer  # noqa: E402
 from tests.stack import Stack  # noqa: E402
 
 SCALER = str(ROOT / "scaler")
+ASYNCIO = str(Path(asyncio.__file__).parent)
 MADE = {"create_task": "tasks", "create_future": "futures", "call_at": "timers"}  # BaseEventLoop's methods
 
 
@@ -47,6 +49,7 @@ class Trace:
     def __init__(self) -> None:
         self.entered: dict[tuple[str, str], int] = {}  # (file, function) -> order first entered
         self.made: Counter[str] = Counter()
+        self.makers: Counter[tuple[str, str]] = Counter()  # (what, who made it) -> how many
 
     def __call__(self, frame, event: str, arg) -> None:
         if event == "call":
@@ -54,6 +57,7 @@ class Trace:
             self.entered.setdefault((code.co_filename, code.co_qualname), len(self.entered))
             if code.co_qualname.startswith("BaseEventLoop.") and (what := MADE.get(code.co_name)):
                 self.made[what] += 1
+                self.makers[what, maker(frame.f_back)] += 1
 
     def ours(self) -> list[tuple[str, str]]:
         return sorted((k for k in self.entered if k[0].startswith(SCALER)), key=self.entered.get)
@@ -64,6 +68,18 @@ class Trace:
         libraries = [k for k in self.entered if "site-packages" in k[0] or "/lib/python" in k[0]]
         made = ", ".join(f"{self.made[k]} {k}" for k in ("tasks", "futures", "timers"))
         return f"| {call} | {len(ours)} | {len(files)} | {len(libraries)} | {made} |"
+
+
+def maker(frame) -> str:
+    """Who made a task, future or timer: the first caller outside asyncio, the scaler's or a library's."""
+    while frame is not None and frame.f_code.co_filename.startswith(ASYNCIO):
+        frame = frame.f_back
+    if frame is None:
+        return "asyncio"
+    file, name = frame.f_code.co_filename, frame.f_code.co_qualname
+    if file.startswith(SCALER):
+        return f"scaler: {Path(file).relative_to(ROOT)} {name}"
+    return f"{file.split('site-packages/')[-1]} {name}"
 
 
 async def traced(stack: Stack, call) -> Trace:
@@ -102,6 +118,12 @@ async def main(policy: str, listed: bool) -> None:
     print("|---|---:|---:|---:|---|")
     for call, trace in traces.items():
         print(trace.row(call))
+    print()
+    print("| call | made | by | how many |")
+    print("|---|---|---|---:|")
+    for call, trace in traces.items():
+        for (what, who), n in sorted(trace.makers.items(), key=lambda kv: (not kv[0][1].startswith("scaler"), kv[0])):
+            print(f"| {call} | {what[:-1]} | {who} | {n} |")
     if listed:
         for call, trace in traces.items():
             print(f"\n{call}:")
