@@ -423,3 +423,25 @@ def test_calls_in_bunches_keep_a_pool_as_large_as_a_bunch_where_as_many_one_at_a
     assert policy.pool_target(*s, 10) >= 16
     assert policy.pool_target(*spread, 10) < 8
     assert policy.outlook(*s).need >= 16
+
+
+def test_a_share_of_the_gaps_weight_between_bursts_and_lulls_puts_a_next_call_where_none_came_yet():
+    # Sessions of calls a second apart after lulls of 40 minutes to two hours (dataSet_1's rolebindings1 early on),
+    # the last call three minutes ago. Its own gaps put nothing between a second and 40 minutes: a session back
+    # after ten minutes is a surprise the forecast gives no chance, whatever a miss is worth. With `between_share`
+    # that share of their weight is spread over the half-octaves where no gap came yet, each alike.
+    from scaler.controller.core.policy.forecast import share_by
+
+    lulls = (7_000_000, 2_500_000, 5_200_000)
+    s = history((1_000,) * 40 + lulls, runs=(30,) * 40, start_ms=113, memory_mb=256).with_stats(lulls=lulls)
+    now, ten_minutes = 180_000, 600_000
+
+    def by_ten_minutes(share: float) -> float:
+        points = Learned(LearnedConfig(between_share=share)).next_arrival(*s, now).points
+        return share_by(points, ten_minutes)
+
+    assert by_ten_minutes(0.0) == 0.0
+    # 1 % of 43 gaps over the 26 empty half-octaves from two starts to the longest gap, about three of them from 3 to
+    # 10 minutes, against the lulls' 3 gaps still to come
+    assert 0.01 < by_ten_minutes(0.01) < 0.03
+    assert by_ten_minutes(0.02) > by_ten_minutes(0.01)

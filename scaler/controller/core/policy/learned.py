@@ -73,7 +73,7 @@ from typing import Annotated
 import msgspec
 
 from scaler.controller.core import next_gap
-from scaler.controller.core.features import FOLLOW_MS, FnStats, Leader
+from scaler.controller.core.features import FOLLOW_MS, FnStats, Leader, gap_bin
 from scaler.controller.core.next_gap import KERNEL, NextGap
 from scaler.controller.core.policy import forecast
 from scaler.controller.core.policy.base import (
@@ -176,6 +176,13 @@ class LearnedConfig(PolicyConfig, frozen=True, kw_only=True):
         float,
         msgspec.Meta(description="a call and those within this share of a run after it come at once: a bunch"),
     ] = 0.25
+    between_share: Annotated[
+        float,
+        msgspec.Meta(
+            description="the share of a function's gap weight spread over the half-octaves between its bursts and its"
+            " longest gap where none came yet, each alike: a next gap possible where the recent ones say never"
+        ),
+    ] = 0.0
     restart_decisions: Annotated[
         float,
         msgspec.Meta(
@@ -356,9 +363,9 @@ class Learned(Policy):
         return NextArrival(Points.of(sorted(mine + cue.points)), True)
 
     def _own_forecast(self, s: FnState, f: FnStats, now: int, run: RunView) -> NextArrival:
-        """The function's own gaps, counted from its last arrival (their points as `next_gap` builds them); a clock's
-        from its last beat (`since_beat`); a function called in groups, as its current group's place says
-        (`group_pause`)."""
+        """The function's own gaps, counted from its last arrival (their points as `next_gap` builds them, with
+        `between_share` of their weight where none came yet: `_between`); a clock's from its last beat
+        (`since_beat`); a function called in groups, as its current group's place says (`group_pause`)."""
         gaps = f.gaps
         c = self.config
         beat = since_beat(gaps, c.clock_share, c.beat_sds, c.beat_share)
@@ -372,7 +379,7 @@ class Learned(Policy):
             shorter = memoryless_below(min(gaps), sum(gaps) / len(gaps), seen, elapsed)
         elif (early := _shorter_than_seen(gaps)) > elapsed:
             shorter = [(early, c.early_weight)]
-        own = own_points(_next_gap(s, f, burst), elapsed, shorter)
+        own = own_points(_between(_next_gap(s, f, burst), burst, seen * c.between_share), elapsed, shorter)
         if seen >= c.min_samples:
             points = own if own is not None else Points.of(beyond(max(elapsed, 1)))
         else:
@@ -689,6 +696,22 @@ def _spares(s: FnState, f: FnStats, rate: float, gb: float, lam: float) -> int:
 def _next_gap(s: FnState, f: FnStats, burst: int) -> NextGap:
     """The function's NextGap for its stats as they are (built from the one built for it last)."""
     return next_gap.recent.of(s.key, f.gaps, f.lulls, f.gap_hist, burst)
+
+
+def _between(gaps: NextGap, burst: int, weight: float) -> NextGap:
+    """`gaps` with `weight` (in gaps) spread alike over the half-octaves from a lull's (past `burst`) to its longest
+    gap's where no gap came yet: a next gap there is possible, if rare, where the recent ones alone say never."""
+    hist = gaps.hist
+    if not weight or not hist:
+        return gaps
+    top = max(i for i, w in enumerate(hist) if w > 0)
+    empty = [i for i in range(gap_bin(burst) + 1, top) if hist[i] <= 0]
+    if not empty:
+        return gaps
+    filled = list(hist)
+    for i in empty:
+        filled[i] = weight / len(empty)
+    return msgspec.structs.replace(gaps, hist=tuple(filled))
 
 
 def _median_lag(lead: Leader) -> int:
