@@ -64,7 +64,7 @@ class Partitions:
         on_command: Callable[[Msg], Awaitable[None]],
         on_report: Callable[[Msg], Awaitable[None]],
         served: Callable[[list[int]], Awaitable[None]],
-        released: Callable[[list[int], list[int]], Awaitable[None]],
+        released: Callable[[dict[int, int], list[int]], Awaitable[None]],
         node: str,
         limits: Limits = NO_LIMITS,
         lease_ttl_s: float = TTL_S,
@@ -83,7 +83,7 @@ class Partitions:
         self.on_command = on_command  # a command on cmd.<partition>
         self.on_report = on_report  # a worker's report on report.<partition>
         self.served = served  # partitions just loaded and served: their timers and callers
-        self.released = released  # (served, all) given up, their commands done: snapshot and forget them
+        self.released = released  # (held, all) given up, their commands done: snapshot those held, forget them all
         self.limits = limits  # the operator's caps; those over all functions are split by partitions held
         self.drain_s = drain_s
         self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas, reclaim)
@@ -313,14 +313,18 @@ class Partitions:
         """Stop serving them: no new command, the ones under way finish, then the node releases them.
 
         Only a partition that was served is snapshotted (and only with `keep`): one still loading (or
-        that failed to) holds no state a snapshot could claim.
+        that failed to) holds no state a snapshot could claim. And only within the holding of its lease it was
+        served in, taken as the release begins: one whose lease lapsed (dropped) is not this node's to snapshot,
+        and the lease round may take it again while its commands under way finish; the snapshot written then in
+        the new holding's name would claim the stream's newest batches with the state from before the lapse.
         """
-        served = [p for p in partitions if p in self.serving]
+        tenure = self.leases.tenure
+        held = {p: tenure[p] for p in partitions if p in self.serving and p in tenure}
         released = asyncio.Event()
         for p in partitions:
             self._releasing.setdefault(p, set()).add(released)
         try:
-            await self._release(partitions, served, keep, self.drain_s if drain_s is None else drain_s)
+            await self._release(partitions, held if keep else {}, self.drain_s if drain_s is None else drain_s)
         finally:
             for p in partitions:
                 if (waiting := self._releasing.get(p)) is not None:
@@ -329,7 +333,7 @@ class Partitions:
                         del self._releasing[p]
             released.set()
 
-    async def _release(self, partitions: list[int], served: list[int], keep: bool, drain_s: float) -> None:
+    async def _release(self, partitions: list[int], held: dict[int, int], drain_s: float) -> None:
         cancelled = {task for p in partitions if (task := self.loading.pop(p, None)) is not None}
         for task in cancelled:
             task.cancel()
@@ -352,7 +356,7 @@ class Partitions:
                     await self._drained.wait()
         except TimeoutError:  # NATS away: their appends fail on their own, and their snapshot is just older
             log.warning("partitions %s given up with commands still under way", partitions)
-        await self.released(served if keep else [], partitions)
+        await self.released(held, partitions)
 
     async def stop(self) -> None:
         await self.leases.stop()  # gives every partition back, each released first

@@ -81,9 +81,11 @@ class Recovery:
         if self._asking is None or self._asking.done():  # one ask at a time answers for every load before it
             self._asking = asyncio.create_task(self._ask_reconcile())
 
-    async def released(self, served: list[int], partitions: list[int]) -> None:
-        """Given up, their commands done: snapshot those served (at the newest watermark when stopping), forget all."""
-        await asyncio.gather(*(self.snapshots.save(p, force=self.snapshots.stopping) for p in served))
+    async def released(self, held: dict[int, int], partitions: list[int]) -> None:
+        """Given up, their commands done: snapshot those served, each within the holding of its lease it was served in
+        (`held`: partition -> tenure; at the newest watermark when stopping), forget all."""
+        stopping = self.snapshots.stopping
+        await asyncio.gather(*(self.snapshots.save(p, force=stopping, tenure=t) for p, t in held.items()))
         for key in self.partitions.keys(partitions):
             self.timers.set(key, None)
             self.ledger.forget(key)

@@ -160,14 +160,14 @@ class Snapshotter:
             self._unsaved.pop(p, None)
             self._snap_seq.pop(p, None)
 
-    async def save(self, p: int, force: bool = False) -> None:
+    async def save(self, p: int, force: bool = False, tenure: int | None = None) -> None:
         """Snapshot one partition (after the one being written, if any), if it changed or `force`.
 
-        Only of the state it was asked of, within the holding of the lease it was asked in: a save that waited
-        (behind another, or for the lease's renewal) while the lease was lost and taken again, or the partition
-        reloaded, would otherwise snapshot what this node held before under the stream's newest watermark, or a
-        partition half loaded."""
-        tenure, loads = self.tenure(p), self._loads[p]
+        Only of the state it was asked of, within the holding of the lease it was asked in (`tenure`; by default the
+        one now): a save that waited (behind another, or for the lease's renewal) while the lease was lost and taken
+        again, or the partition reloaded, would otherwise snapshot what this node held before under the stream's
+        newest watermark, or a partition half loaded."""
+        tenure, loads = self.tenure(p) if tenure is None else tenure, self._loads[p]
         if (saving := self._saving.get(p)) is not None and saving is not asyncio.current_task():
             await asyncio.shield(saving)
         if not self._unsaved[p] and not force:

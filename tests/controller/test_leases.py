@@ -3,8 +3,10 @@
 import asyncio
 
 from scaler.controller.leases import LEASES, Leases, holders
-from scaler.proto.subjects import PARTITIONS, partition
+from scaler.proto.events import Batch, KeptAlive, encode_batch
+from scaler.proto.subjects import EVENTS, PARTITIONS, event_subject, partition
 from scaler.runtime.bus import connected
+from tests.invariants import snapshots_hold_what_they_claim
 from tests.stack import Stack, eventually
 
 
@@ -179,3 +181,38 @@ async def test_without_its_name_held_a_node_waits_for_its_leases_to_lapse(nats_u
             assert again.held == {}
         finally:
             await again.stop()
+
+
+async def test_a_release_done_after_its_partition_was_taken_again_snapshots_nothing(nats_url):
+    """A lapsed lease is dropped (`lost`): its commands under way finish, then the node is told, and snapshots the
+    partition and forgets it. Meanwhile the lease round may take it again (a new holding, whose load waits for the
+    release), and another node may have written its functions in between. The release's snapshot is of the holding
+    that ended: taken in the new one's name it passed its fence, and claimed the stream's newest batches with the
+    state from before the lapse (the fault suite's pause run: partitions 16, 19, 28, twice). It writes nothing."""
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("r1", key="fn"))
+        await stack.settled()
+        c, p = stack.controller, partition("fn")
+        leases, js = c.partitions.leases, c._nc.jetstream()
+        c.snapshots._unsaved[p] += 1  # events no snapshot holds yet (a busy partition): the release snapshots it
+        c.partitions.entered(p)  # a command under way: the release waits for it
+        dropping = asyncio.create_task(leases._drop([p], "the test says its lease lapsed"))
+        await eventually(lambda: p not in c.serving, 10)
+        # Another node took the partition meanwhile and wrote its function: a batch the dropped state lacks.
+        instance = next(iter(c.ledger.states["fn"].instances))
+        late = Batch(
+            key="fn",
+            at_ms=c.clock.now_ms(),
+            cause="another node",
+            events=[KeptAlive(at_ms=c.clock.now_ms(), instance_id=instance, until_ms=c.clock.now_ms() + 1)],
+        )
+        stored = (await js.publish(event_subject("fn"), encode_batch(late), stream=EVENTS)).seq
+        await eventually(lambda: c.snapshots.watermark() >= stored, 10)  # the node's look at the stream has seen it
+        await (await js.key_value(LEASES)).delete(f"p{p}")  # ... and gave it back: this node takes it again
+        await leases.round()
+        assert p in leases.held and p in c.partitions.loading
+        c.partitions.left(p)  # the release goes on, then the load
+        await dropping
+        await eventually(lambda: p in c.serving and not c.partitions.loading, 10)
+        assert await snapshots_hold_what_they_claim(js) == []
+        assert c.ledger.last_seq["fn"] == stored  # and the new holding's load folded it
