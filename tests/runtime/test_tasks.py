@@ -7,39 +7,29 @@ import logging
 from scaler.runtime.tasks import cancelled, say_where_tasks_wait
 
 
+async def swallowing_once(swallowed: list[bool]) -> None:
+    """A loop like a lease round's: the first cancellation is swallowed (as wait_for does) and the loop goes on."""
+    while True:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed.append(True)
+
+
 async def test_a_swallowed_cancellation_is_repeated_until_the_task_ends():
-    swallowed = 0
-
-    async def lease_round_like() -> None:
-        nonlocal swallowed
-        while True:
-            try:
-                await asyncio.sleep(10)
-            except asyncio.CancelledError:
-                if swallowed:
-                    raise
-                swallowed += 1  # as wait_for does: the loop goes on
-
-    task = asyncio.create_task(lease_round_like())
+    swallowed: list[bool] = []
+    task = asyncio.create_task(swallowing_once(swallowed))
     await asyncio.sleep(0)
     async with asyncio.timeout(5):
         await cancelled(task)
-    assert task.cancelled() and swallowed == 1
+    assert task.cancelled() and swallowed == [True]
 
 
 async def test_several_tasks_are_stopped_together_whichever_swallows():
-    swallowed = []
-
-    async def swallowing_once() -> None:
-        while True:
-            try:
-                await asyncio.sleep(10)
-            except asyncio.CancelledError:
-                if swallowed:
-                    raise
-                swallowed.append(True)
-
-    tasks = [asyncio.create_task(swallowing_once()), asyncio.create_task(asyncio.sleep(10))]
+    swallowed: list[bool] = []
+    tasks = [asyncio.create_task(swallowing_once(swallowed)), asyncio.create_task(asyncio.sleep(10))]
     await asyncio.sleep(0)
     async with asyncio.timeout(5):
         await cancelled(tasks[0], None, tasks[1])
