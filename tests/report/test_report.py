@@ -15,7 +15,7 @@ import pytest
 
 from scaler import replay
 from scaler.controller.snapshots import Snapshot
-from scaler.proto.events import Assigned, Batch
+from scaler.proto.events import Assigned, Batch, Released
 from scaler.proto.subjects import function_events, partition
 from scaler.report import draw
 from scaler.report.draw import PLOTLY_JS
@@ -209,11 +209,12 @@ async def test_a_replay_from_a_snapshot_draws_the_instances_the_snapshot_held(na
         await stack.settled()
         async with connected(nats_url, "test") as nc:
             t, snap = await drawn_from_one_snapshot(nc, "fn7")
-            since = await assigned_after(nc, "fn7", max(snap.seq, snap.last_seq.get("fn7", 0)))
+            since = await served_after(nc, "fn7", max(snap.seq, snap.last_seq.get("fn7", 0)))
         held = stack.controller.states["fn7"].instances
     assert {i.id for i in t.instances} == set(held)  # the one it has had all along, from the snapshot
     life = next(i for i in t.instances if i.reason == "alive at the snapshot")
-    # The retention guard snapshots at any moment: the instance is drawn busy for exactly what its stream holds after.
+    # The retention guard snapshots at any moment, a request under way too: the instance is drawn busy for exactly
+    # the requests its stream holds after (assigned or released there).
     assert [r for _, _, r in life.busy] == since and all(end for _, end, _ in life.busy)
 
 
@@ -228,15 +229,15 @@ async def drawn_from_one_snapshot(nc, key: str) -> tuple[Timeline, Snapshot]:
     raise AssertionError(f"{key}'s partition has no snapshot that stays put")
 
 
-async def assigned_after(nc, key: str, seq: int) -> list[str]:
-    """The requests the function's batches above `seq` assign, in order."""
-    found = []
+async def served_after(nc, key: str, seq: int) -> list[str]:
+    """The requests the function's batches above `seq` assign or release, in the order they first appear."""
+    found: dict[str, None] = {}
 
-    def assigned(_: int, b: Batch) -> None:
-        found.extend(e.request_id for e in b.events if isinstance(e, Assigned))
+    def served(_: int, b: Batch) -> None:
+        found.update((e.request_id, None) for e in b.events if isinstance(e, Assigned | Released))
 
-    await stream.read(nc.jetstream(), assigned, function_events(key), after_seq=seq)
-    return found
+    await stream.read(nc.jetstream(), served, function_events(key), after_seq=seq)
+    return list(found)
 
 
 def test_lanes_are_the_instances_states_per_column_and_add_up_to_those_alive():

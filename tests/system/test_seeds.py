@@ -174,6 +174,7 @@ async def test_one_instance_restarted_stopped_and_its_stats(nats_url):
         a, _ = await assign(stack.scaler, "a")
         b, _ = await assign(stack.scaler, "b")
         await idle(stack, a)
+        await stack.settled()  # an Idle is answered before its release is stored, and the stats are what is stored
         ia, ib = a.assigment.instance_id, b.assigment.instance_id
         stats = {i.id: i for i in (await admin_at(stack.channel, "Instances", key="fn")).instances}
         assert (stats[ia].phase, stats[ia].served, stats[ib].phase, stats[ib].request) == ("idle", 1, "busy", "b")
