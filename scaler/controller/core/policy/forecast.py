@@ -15,6 +15,7 @@ arrays: `Points`).
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import compress, pairwise, repeat
 from typing import Literal, NamedTuple
 
@@ -199,6 +200,7 @@ class Beat(NamedTuple):
     late: float = 0.0
 
 
+@lru_cache(maxsize=1024)  # every decision until the next call asks again, of the same gaps
 def beat(
     gaps: tuple[int, ...], clock_share: float = CLOCK_SHARE, beat_sds: float = BEAT_SDS, beat_share: float = BEAT_SHARE
 ) -> Beat:
@@ -233,6 +235,7 @@ NO_BEAT = Beat()
 
 LATE_FROM = ROBUST_FROM  # ticks on the beat, one after another, that say when the beat is...
 LATE_OVER = 16  # ...the most recent of them, at most
+LATE_SDS = 2.0  # ...and a tick is off its beat when further from it than this many robust sds of their gaps
 
 
 def _late(gaps: tuple[int, ...], period: float, tolerance: float) -> float:
@@ -242,7 +245,9 @@ def _late(gaps: tuple[int, ...], period: float, tolerance: float) -> float:
 
     A gap ends on a tick and begins on one, so it varies by both ticks' lateness: after a tick 8 ms late the
     next gap is 8 ms short, shorter than any of its recent ones (dataSet_1's nodes1, whose ticks come 21 ms
-    early to 13 ms late, waited a start at such a tick)."""
+    early to 13 ms late, waited a start at such a tick). A tick no further off than its gaps vary (LATE_SDS)
+    is on the beat (0): their points spread that far already, and putting them twice would cost every
+    decision of a clock that jitters (bench/hot_path.py's functions, called in turn every 0.8 s)."""
     run = []
     for gap in reversed(gaps):
         if abs(gap - period) > tolerance or len(run) == LATE_OVER:
@@ -257,7 +262,10 @@ def _late(gaps: tuple[int, ...], period: float, tolerance: float) -> float:
         total += gap
         ahead.append(total - j * mean)
     ahead.sort()
-    return median_of_ordered(ahead)
+    late = median_of_ordered(ahead)
+    deviations = sorted(abs(gap - mean) for gap in run[1:])
+    spread = LATE_SDS * MAD_TO_SD * median_of_ordered(deviations)
+    return late if abs(late) > spread else 0.0
 
 
 def either_beat(points: Points, late: float, elapsed: float) -> Points:
