@@ -15,7 +15,6 @@ arrays: `Points`).
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import compress, pairwise, repeat
 from typing import Literal, NamedTuple
 
@@ -200,7 +199,6 @@ class Beat(NamedTuple):
     late: float = 0.0
 
 
-@lru_cache(maxsize=1024)  # every decision until the next call asks again, of the same gaps
 def beat(
     gaps: tuple[int, ...], clock_share: float = CLOCK_SHARE, beat_sds: float = BEAT_SDS, beat_share: float = BEAT_SHARE
 ) -> Beat:
@@ -214,6 +212,8 @@ def beat(
         return NO_BEAT
     ordered = sorted(gaps)
     period = median_of_ordered(ordered)
+    if abs(gaps[-1] - period) <= beat_share * period:  # the last call on the beat, whatever the tolerance:
+        return Beat(0, _late(gaps, period, beat_share * period))  # a clock if LATE_FROM ticks before it were too
     off_beat = np.abs(np.fromiter(ordered, np.float64, n) - period)  # each gap's distance from the period (exact)
     off_beat.sort()
     tolerance = max(beat_sds * MAD_TO_SD * float(median_of_ordered(off_beat)), beat_share * period)
@@ -263,8 +263,9 @@ def _late(gaps: tuple[int, ...], period: float, tolerance: float) -> float:
         ahead.append(total - j * mean)
     ahead.sort()
     late = median_of_ordered(ahead)
-    deviations = sorted(abs(gap - mean) for gap in run[1:])
-    spread = LATE_SDS * MAD_TO_SD * median_of_ordered(deviations)
+    if not late:
+        return 0.0
+    spread = LATE_SDS * MAD_TO_SD * median_of_ordered(sorted(abs(gap - mean) for gap in run[1:]))
     return late if abs(late) > spread else 0.0
 
 
