@@ -2,6 +2,7 @@
 
 from typing import NamedTuple
 
+import pytest
 from msgspec.structs import replace
 
 from scaler.controller.core.decide import decide
@@ -326,13 +327,41 @@ def test_a_call_besides_a_timers_ticks_does_not_move_where_its_next_tick_is_expe
         assert plan.next_ms is not None and 30_000 - 2 * start < plan.next_ms <= 30_000 - start
 
 
-def test_only_a_clock_called_off_its_beat_has_a_beat_to_count_from():
-    from scaler.controller.core.policy.forecast import since_beat
+def test_after_a_tick_off_its_beat_the_next_is_expected_a_period_after_the_beat_or_after_that_tick():
+    # A 30 s timer whose ticks come within 3 ms of its beat, then one 8 ms late: the next tick comes a period
+    # after the beat, 29,992 ms after the late one, shorter than any recent gap (dataSet_1's nodes1 waited a
+    # start at such a tick, its pre-warm ready 29,993 ms after); or the beat moved, and it comes 30,000 after.
+    start = 150
+    ticks = (30_000, 29_998, 30_003, 29_999, 30_001) * 4
 
-    assert since_beat((30_000,) * 20 + (3_884,)) == 3_884
-    assert since_beat((30_000,) * 20 + (3_884, 26_116)) == 0
-    assert since_beat((30_000, 12_000, 45_000, 7_000) * 5 + (3_884,)) == 0  # no period to keep
-    assert since_beat((30_000,) * 5 + (3_884,)) == 0  # too few gaps to tell
+    def plan(last: int):
+        gaps = (*ticks, last)
+        return LEARNED.return_plan(*history(gaps, runs=(50,) * len(gaps), start_ms=start, memory_mb=512), 1_000)
+
+    on_beat, late, early = plan(30_000), plan(30_008), plan(29_992)
+    assert on_beat.ready > 29_992 and on_beat.until < 30_008  # ticks on the beat: neither is held for
+    assert late.ready <= 29_992 and late.until >= on_beat.until
+    assert early.until >= 30_008 and early.ready <= on_beat.ready + 2  # its mirror: 8 ms after, or as before
+
+
+def test_a_clocks_tick_is_late_against_the_ticks_before_it():
+    from scaler.controller.core.policy.forecast import beat
+
+    ticks = (30_000, 29_998, 30_003, 29_999, 30_001) * 4
+    assert beat((*ticks, 30_008)).late == pytest.approx(8, abs=1)
+    assert beat((*ticks, 29_992)).late == pytest.approx(-8, abs=1)
+    assert beat((*ticks, 30_003)).late == 0  # off by no more than its gaps vary (a robust sd of 1.8 ms): on it
+    assert beat((*ticks, 30_008, 3_884)) == (3_884, beat((*ticks, 30_008)).late)  # a call since the late tick
+    assert beat((30_000, 12_000, 45_000, 7_000) * 5 + (30_008,)).late == 0  # no clock, no beat
+
+
+def test_only_a_clock_called_off_its_beat_has_a_beat_to_count_from():
+    from scaler.controller.core.policy.forecast import NO_BEAT, beat
+
+    assert beat((30_000,) * 20 + (3_884,)).since == 3_884
+    assert beat((30_000,) * 20 + (3_884, 26_116)) == NO_BEAT
+    assert beat((30_000, 12_000, 45_000, 7_000) * 5 + (3_884,)) == NO_BEAT  # no period to keep
+    assert beat((30_000,) * 5 + (3_884,)) == NO_BEAT  # too few gaps to tell
 
 
 def in_groups(trailing: tuple[int, ...]) -> Fn:

@@ -191,34 +191,100 @@ BEAT_SDS = 4.0  # how far from the period a gap is still on the beat: in sds of 
 BEAT_SHARE = 0.02  # ...or in shares of the period: a tick 10 ms late is no call besides the ticks
 
 
-def since_beat(
-    gaps: tuple[int, ...], clock_share: float = CLOCK_SHARE, beat_sds: float = BEAT_SDS, beat_share: float = BEAT_SHARE
-) -> int:
-    """How long before the last arrival a clock's last beat was, when the calls since were off it (0 when the
-    last call was on it, or the function is not a clock's).
+class Beat(NamedTuple):
+    """Where a clock's beat stands against its last call: how long before that call its last tick was, and how
+    much later than its beat that tick came, earlier when negative (both 0 for a function that is not a clock's)."""
 
-    A timer called besides its ticks (a cron job run by hand) keeps its beat: after a call 3.9 s past a 30 s
-    timer's tick, the next tick comes 26.1 s later, not 30 s (dataSet_1's nodes1 missed the tick after each
-    of its nine extra calls). A clock: most recent gaps near their median (a few robust sds, or 2 %).
+    since: int = 0
+    late: float = 0.0
+
+
+def beat(
+    gaps: tuple[int, ...], clock_share: float = CLOCK_SHARE, beat_sds: float = BEAT_SDS, beat_share: float = BEAT_SHARE
+) -> Beat:
+    """A clock's beat (`Beat`). A timer called besides its ticks (a cron job run by hand) keeps its beat: after a
+    call 3.9 s past a 30 s timer's tick, the next tick comes 26.1 s later, not 30 s (dataSet_1's nodes1 missed
+    the tick after each of its nine extra calls). A tick may come late or early (`_late`). A clock: most recent
+    gaps near their median (a few robust sds, or 2 %).
     """
     n = len(gaps)
     if n < ROBUST_FROM:
-        return 0
+        return NO_BEAT
     ordered = sorted(gaps)
     period = median_of_ordered(ordered)
-    if abs(gaps[-1] - period) <= beat_share * period:  # the last call on the beat, whatever the tolerance
-        return 0
+    if abs(gaps[-1] - period) <= beat_share * period:  # the last call on the beat, whatever the tolerance:
+        return Beat(0, _late(gaps, period, beat_share * period))  # a clock if LATE_FROM ticks before it were too
     off_beat = np.abs(np.fromiter(ordered, np.float64, n) - period)  # each gap's distance from the period (exact)
     off_beat.sort()
     tolerance = max(beat_sds * MAD_TO_SD * float(median_of_ordered(off_beat)), beat_share * period)
     if int(off_beat.searchsorted(tolerance, "right")) < clock_share * n:
-        return 0
-    off = 0
+        return NO_BEAT
+    off, calls = 0, 0
     for gap in reversed(gaps):
         if abs(gap - period) <= tolerance:
             break
         off += gap
-    return int(off) if off < period - tolerance else 0  # the calls since the beat add up to a period: back on it
+        calls += 1
+    if off >= period - tolerance:
+        return NO_BEAT  # the calls since the tick add up to a period: back on the beat
+    return Beat(int(off), _late(gaps[: n - calls], period, tolerance))
+
+
+NO_BEAT = Beat()
+
+
+LATE_FROM = ROBUST_FROM  # ticks on the beat, one after another, that say when the beat is...
+LATE_OVER = 16  # ...the most recent of them, at most
+LATE_SDS = 2.0  # ...and a tick is off its beat when further from it than this many robust sds of their gaps
+
+
+def _late(gaps: tuple[int, ...], period: float, tolerance: float) -> float:
+    """How much later than its beat a clock's last tick came (earlier when negative): against where each of the
+    ticks before it (on the beat, one after another, at most LATE_OVER) puts it at the mean gap between
+    them, the median.
+
+    A gap ends on a tick and begins on one, so it varies by both ticks' lateness: after a tick 8 ms late the
+    next gap is 8 ms short, shorter than any of its recent ones (dataSet_1's nodes1, whose ticks come 21 ms
+    early to 13 ms late, waited a start at such a tick). A tick no further off than its gaps vary (LATE_SDS)
+    is on the beat (0): their points spread that far already, and putting them twice would cost every
+    decision of a clock that jitters (bench/hot_path.py's functions, called in turn every 0.8 s)."""
+    run = []
+    for gap in reversed(gaps):
+        if abs(gap - period) > tolerance or len(run) == LATE_OVER:
+            break
+        run.append(gap)
+    k = len(run)
+    if k < LATE_FROM:
+        return 0.0
+    mean = sum(run[1:]) / (k - 1)  # the period as the ticks before the last keep it
+    ahead, total = [], 0
+    for j, gap in enumerate(run, 1):  # the last tick against the one j ticks before it
+        total += gap
+        ahead.append(total - j * mean)
+    ahead.sort()
+    late = median_of_ordered(ahead)
+    if not late:
+        return 0.0
+    spread = LATE_SDS * MAD_TO_SD * median_of_ordered(sorted(abs(gap - mean) for gap in run[1:]))
+    return late if abs(late) > spread else 0.0
+
+
+def either_beat(points: Points, late: float, elapsed: float) -> Points:
+    """After a tick `late` ms behind its clock's beat (ahead of it when negative): half the points' weight where
+    they are (the beat moved with the tick) and half `late` sooner (it did not: the next tick comes a period
+    after the beat); those still possible after `elapsed`. Nothing says yet which, and either way an instance
+    held a few ms longer costs less than the start a miss would."""
+    lo, hi = points.lo, points.hi
+    x, w = points.x[lo:hi], points.w[lo:hi] / 2
+    k = points.k[lo:hi] if points.k is not None else np.ones(hi - lo, np.int64)
+    sooner = x - late
+    still = sooner > elapsed
+    x, w, k = np.concatenate((x, sooner[still])), np.concatenate((w, w[still])), np.concatenate((k, k[still]))
+    order = x.argsort(kind="stable")
+    x, w, k = x[order], w[order], k[order]
+    if (x[1:] == x[:-1]).any():
+        x, w, k = _alike(x, w, k)
+    return Points(x, w, k, w.cumsum(), (w * x).cumsum(), 0, len(x), points.never, points.shift)
 
 
 GROUPS_FROM = ROBUST_FROM  # groups of the current one's size (with the pauses after them) to read its rhythm from

@@ -17,10 +17,11 @@ What a function's history says (`next_arrival`, `outlook`; the arithmetic is in 
   instance for the break-even time of a miss; a gap still open counts as one that lasted at least its
   age (Kaplan-Meier), so functions with long periods, not back yet, do not read as never coming back.
   A clock called besides its ticks keeps its beat: its next tick is counted from the last one, not from
-  the call (`forecast.since_beat`). A function called in groups with alike pauses between them has its
-  next gap read from its place in the current group (`forecast.group_pause`): after a group's last call
-  a pause comes, and its instance is retired to start again just before the pause ends, rather than
-  kept through every pause as its gaps read as a whole would say. Gaps that vary as an exponential's
+  the call (`forecast.beat`); after a tick that came late or early, half its weight is where it would be
+  had the tick come on the beat (`forecast.either_beat`). A function called in groups with alike pauses
+  between them has its next gap read from its place in the current group (`forecast.group_pause`): after a
+  group's last call a pause comes, and its instance is retired to start again just before the pause ends,
+  rather than kept through every pause as its gaps read as a whole would say. Gaps that vary as an exponential's
   (Poisson calls) say how many shorter than the shortest seen to expect, and where; other gaps, that
   the next may be shorter than any seen one time in n + 1, as far below as they vary.
 - A burst (its gaps shorter than two starts): the rate within it, the instances it needs (the pool
@@ -91,14 +92,15 @@ from scaler.controller.core.policy.estimate import start_ms
 from scaler.controller.core.policy.forecast import (
     NO_BUNCHES,
     Bunches,
-    GroupPause,
     Option,
     Plan,
     Point,
     Points,
+    beat,
     beyond,
     blend,
     bunches,
+    either_beat,
     group_pause,
     in_group,
     keep_plan,
@@ -112,7 +114,6 @@ from scaler.controller.core.policy.forecast import (
     scv,
     served_within,
     share_by,
-    since_beat,
 )
 from scaler.controller.core.state import FnState, Instance, Phase
 
@@ -364,12 +365,13 @@ class Learned(Policy):
 
     def _own_forecast(self, s: FnState, f: FnStats, now: int, run: RunView) -> NextArrival:
         """The function's own gaps, counted from its last arrival (their points as `next_gap` builds them, with
-        `between_share` of their weight where none came yet: `_between`); a clock's from its last beat
-        (`since_beat`); a function called in groups, as its current group's place says (`group_pause`)."""
+        `between_share` of their weight where none came yet: `_between`); a clock's from its last tick
+        (`forecast.beat`), and after a tick off its beat half as if it had come on it (`either_beat`); a
+        function called in groups, as its current group's place says (`group_pause`)."""
         gaps = f.gaps
         c = self.config
-        beat = since_beat(gaps, c.clock_share, c.beat_sds, c.beat_share)
-        elapsed = now - f.last_arrival_ms + beat
+        clock = beat(gaps, c.clock_share, c.beat_sds, c.beat_share)
+        elapsed = now - f.last_arrival_ms + clock.since
         burst = 2 * start_ms(s, f)  # a longer gap is a lull (or a group's pause)
         seen = sum(f.gap_hist)
         shorter = []
@@ -386,14 +388,15 @@ class Learned(Policy):
             ages = run.new_open.ages(now)
             prior = new_function_points(run.new_gaps, ages, elapsed, c.prior_weight, c.min_new_functions)
             points = Points.of(blend(own.pairs() if own is not None else [], prior))
-        if beat:
-            return NextArrival(points._replace(shift=points.shift + beat), own is not None)
-        group: GroupPause | None = (
-            group_pause(gaps, burst, c.groups_from, c.group_pauses_alike) if own is not None else None
-        )
-        if group:
+        if (
+            not clock.since
+            and own is not None
+            and (group := group_pause(gaps, burst, c.groups_from, c.group_pauses_alike))
+        ):
             points = in_group(points, group.ended, group.pauses, elapsed, burst)
-        return NextArrival(points, own is not None)
+        if clock.late:
+            points = either_beat(points, clock.late, elapsed)
+        return NextArrival(points._replace(shift=points.shift + clock.since), own is not None)
 
     def _cue(self, s: FnState, f: FnStats, now: int) -> LeaderCue:
         """Where a leader's return puts the function's next call (ms after its last), how likely it comes
