@@ -2,16 +2,16 @@
 
     python bench/stages.py [--pairs N] [--rounds N] [--policy P]
 
-A live run is not the hot path's back-to-back loop: dataSet_1's busiest minute sends 45 calls a second
-over three functions, and between two calls the machine idles. So each scaler here is called that way:
-one caller, three functions warm, an Assign, 10 ms (the call runs), its Idle, 5 ms, the next function's;
-`--pairs` timed pairs after 30 of warm-up. First the client's view of every scaler, one after another in
-each of `--rounds` rounds (the medians of the rounds' figures, and how far apart they were): the in-memory
-and durable references of bench/live.py and `scaler up` (demo, and `--policy`). Then the
-node again, in a process of its own (on uvloop, as `scaler up`) with a clock stamp at each stage of the
-command path (the same classes, each method wrapped; the stamps add a few us), and for each stage the
-median time from the one before it, taken from the gateway's handler: what the caller waits for (an
-Assign's path to its stored answer, an Idle's to its answer) and what the node does behind an Idle's
+A live run is not the hot path's back-to-back loop: dataSet_1's busiest minute sends 45 requests a second
+(an Assign and an Idle each) over three functions, and between two calls the machine idles. So each scaler
+here is called that way: one caller, three functions warm, an Assign, 10 ms (the call runs), its Idle, 5 ms,
+the next function's; `--pairs` timed pairs after 30 a function of warm-up. First the client's view of every
+scaler, one after another in each of `--rounds` rounds (the medians of the rounds' figures, and how far
+apart they were): the in-memory and durable references of bench/live.py and `scaler up` (demo, and
+`--policy`). Then the node again, in a process of its own (on uvloop, as `scaler up`) with a clock stamp at
+each stage of the command path (the same classes, each method wrapped; the stamps add a few us), and for
+each stage the median time from the one before it, taken from the gateway's handler: what the caller waits
+for (an Assign's path to its stored answer, an Idle's to its answer) and what the node does behind an Idle's
 answer.
 """
 
