@@ -109,7 +109,7 @@ class Lane:
                 early = [r for c, o in taken if _releases(c) for r in _own(c, o) if r.to not in told]
                 told.update(r.to for r in early)
                 await self.send(early)
-            planned = self._plan_along(key, cmds, decided, batches, size, told)
+            planned = self._plan_along(key, cmds, decided, batches, size)
             batch = join(batches) if batches else None
             try:
                 try:
@@ -167,17 +167,13 @@ class Lane:
         raise Unavailable(f"{APPEND_ATTEMPTS} conflicts in a row on {key!r}")
 
     def _plan_along(
-        self, key: str, cmds: list[AnyCommand], decided: list, batches: list[Batch], size: int, told: set[str]
+        self, key: str, cmds: list[AnyCommand], decided: list, batches: list[Batch], size: int
     ) -> Decision | None:
-        """The function's plan after the group's decisions, its batch added to theirs, when no caller waits for the
-        group's storage (an Idle's is answered already): one append for both, where a plan of its own would be a
-        second append, and the function's next Assign could wait behind it. Not for a group with an Assign, nor
-        for one that answers anybody not answered yet (a waiting request an Idle's release or a start serves, a
-        worker's SlotCreated), whose answer the plan's decision would delay: that plan follows the replies
-        (Lanes._plan)."""
+        """The function's plan after the group's decisions, its batch added to theirs, when no caller of the group
+        waits for the group's storage (an Idle's is answered already): one append for both, where a plan of its
+        own would be a second append, and the function's next Assign could wait behind it. Not for a group with
+        an Assign, whose answer the plan's decision would delay: that plan follows the reply (Lanes._plan)."""
         if not decided or any(isinstance(c, Assign) for c in cmds):
-            return None
-        if any(r.to not in told for _, decision, _ in decided for r in decision.replies):
             return None
         now, last = self.clock.now_ms(), decided[-1][1]
         planned = self.ledger.plan(key, now, self.policy, last)

@@ -130,50 +130,6 @@ async def test_a_warm_assign_is_answered_before_its_functions_plan_is_decided(na
     assert seen[:1] == [True], "the function's plan was decided before the warm Assign's caller had its answer"
 
 
-def plans_along(stack: Stack) -> list[str]:
-    """The request ids answered by each decision a plan was decided along with (into the same batch), as they come."""
-    along, plan = [], stack.controller.ledger.plan
-
-    def planning(key, now, policy, after=None):
-        if after is not None:
-            along.extend(r.request_id for r in after.replies)
-        return plan(key, now, policy, after)
-
-    stack.controller.ledger.plan = planning
-    return along
-
-
-async def test_a_start_that_answers_a_waiting_assign_is_stored_without_the_plan(nats_url):
-    """A cold Assign's caller waits for its instance's start to be stored: that decision's batch goes without the
-    function's plan, decided after the reply, as a warm Assign's own group does."""
-    async with Stack(nats_url) as stack:
-        along = plans_along(stack)
-        assert (await stack.assign("r1")).assigment.instance_id == "fn-1"  # answered by the start's decision
-        await stack.settled()
-    assert "r1" not in along, "the plan was decided before the waiting Assign's answer, and stored with it"
-
-
-async def test_a_release_that_answers_a_waiting_assign_is_stored_without_the_plan(nats_url):
-    """An Idle whose release hands its instance to a request queued for a busy one: that caller waits for the batch,
-    so the plan is not decided into it (learned's takes a millisecond at a live pace); the plan follows the reply."""
-    async with Stack(nats_url, policy="cidre") as stack:  # a request that finds every instance busy queues for one
-        await stack.idle(await stack.assign("r1"))
-        await stack.settled()
-        first = await stack.assign("r2")  # warm: fn-1 busy again
-        along = plans_along(stack)
-        second = asyncio.create_task(stack.assign("r3"))
-        await eventually(lambda: any(p.request_id == "r3" for p in stack.controller.states["fn"].queue))
-        assert not stack.controller.states["fn"].in_phase(Phase.CREATING), "r3 queues for fn-1, nothing starts"
-        await stack.idle(first)  # frees fn-1, which r3 takes
-        assert (await second).assigment.instance_id == "fn-1"
-        await stack.settled()
-    assert "r3" not in along, "the plan was decided before the waiting Assign's answer, and stored with it"
-    stored = await causes(nats_url)
-    release = next(i for i, (cause, _) in enumerate(stored) if cause == "idle:r2")
-    assert stored[release] == ("idle:r2", ["Released", "Assigned"])
-    assert all(cause != PLAN for cause, _ in stored[release + 1 :]), "a plan stored after it changes nothing here"
-
-
 async def test_a_partition_given_up_waits_for_a_plan_under_way_so_its_snapshot_holds_it(nats_url):
     """The plan is appended after the replies, when no command of the partition is under way any more; a
     hand-over (drain, stop) that snapshotted then would leave the plan's batch behind its snapshot."""
