@@ -35,7 +35,7 @@ import statistics
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,9 +102,11 @@ SCALERS = {
 }
 
 
-async def live(dataset: Dataset, scaler: str) -> tuple[Run, Latency]:
+@contextlib.asynccontextmanager
+async def serving(scaler: str, platform: str) -> AsyncIterator[str]:
+    """One of SCALERS started against `platform` (the durable reference on a synced nats-server of its own): its
+    address once it says it is ready; stopped after."""
     argv, ready, _ = SCALERS[scaler]
-    platform = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory() as store:
         async with NatsServer(Path(store) / "nats") if scaler == DURABLE else contextlib.nullcontext() as nats:
             proc = await asyncio.create_subprocess_exec(
@@ -115,12 +117,18 @@ async def live(dataset: Dataset, scaler: str) -> tuple[Run, Latency]:
                 while not (m := re.search(ready, (line := (await proc.stdout.readline()).decode()))):
                     if not line:
                         raise SystemExit(f"{scaler} exited before it was ready")
-                outcome = await run_live(dataset, f"127.0.0.1:{m.group(1)}", 1.0, platform, latency=True)
-                if outcome.errors:
-                    print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}", file=sys.stderr)
-                return outcome.run, outcome.latency
+                yield f"127.0.0.1:{m.group(1)}"
             finally:
                 await stop(proc)
+
+
+async def live(dataset: Dataset, scaler: str) -> tuple[Run, Latency]:
+    platform = f"127.0.0.1:{free_port()}"
+    async with serving(scaler, platform) as address:
+        outcome = await run_live(dataset, address, 1.0, platform, latency=True)
+    if outcome.errors:
+        print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}", file=sys.stderr)
+    return outcome.run, outcome.latency
 
 
 async def stop(proc: asyncio.subprocess.Process) -> None:

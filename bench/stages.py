@@ -17,9 +17,7 @@ answer.
 
 import argparse
 import asyncio
-import contextlib
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -102,24 +100,11 @@ async def paced(address: str, pairs: int) -> tuple[list[float], list[float]]:
 
 async def client_view(scaler: str, pairs: int) -> tuple[list[float], list[float]]:
     """One of bench/live.py's scalers, on a platform stub of this process, called at the live pace."""
-    argv, ready, _ = live.SCALERS[scaler]
     stub = PlatformStub("127.0.0.1:0", None, 20)
     await stub.start()
     try:
-        with tempfile.TemporaryDirectory() as store:
-            async with NatsServer(Path(store) / "nats") if scaler == live.DURABLE else contextlib.nullcontext() as nats:
-                platform = f"127.0.0.1:{stub.port}"
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, *argv(platform, nats.url if nats else ""), stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
-                )  # fmt: skip
-                try:
-                    while not (m := re.search(ready, (line := (await proc.stdout.readline()).decode()))):
-                        if not line:
-                            raise SystemExit(f"{scaler} exited before it was ready")
-                    return await paced(f"127.0.0.1:{m.group(1)}", pairs)
-                finally:
-                    await live.stop(proc)
+        async with live.serving(scaler, f"127.0.0.1:{stub.port}") as address:
+            return await paced(address, pairs)
     finally:
         await stub.stop()
 
