@@ -153,11 +153,11 @@ def _stamp_the_path(calls: list[dict]) -> None:
     from scaler.controller.path import door, lane, lanes, writer
     from scaler.gateway import server
 
-    current: list[dict] = []
+    current: dict[str, float] | None = None  # the timed call under way, None during a warm-up one
 
     def stamp(name: str) -> None:
-        if current and name not in current[-1]:
-            current[-1][name] = time.perf_counter()
+        if current is not None and name not in current:
+            current[name] = time.perf_counter()
 
     def wrap(owner, attr: str, name: str) -> None:
         f = getattr(owner, attr)
@@ -184,11 +184,10 @@ def _stamp_the_path(calls: list[dict]) -> None:
         f = getattr(server.Gateway, attr)
 
         async def wrapped(self, request, context):
-            if request_id(request).startswith("timed-"):
-                current.append({"kind": attr})
-                calls.append(current[-1])
-            elif current:
-                current.append({})  # a warm-up call: stamped nowhere
+            nonlocal current
+            current = {"kind": attr} if request_id(request).startswith("timed-") else None
+            if current is not None:
+                calls.append(current)
             stamp("handler>")
             try:
                 return await f(self, request, context)
@@ -234,11 +233,10 @@ def report(
 
 async def main(pairs: int, rounds: int, policy: str) -> None:
     names = ["in-memory reference", live.DURABLE, "node, demo", *([f"node, {policy}"] if policy != "demo" else [])]
+    live.SCALERS.setdefault(f"node, {policy}", live.node(policy))
     views: dict[str, list] = {name: [] for name in names}
     for n in range(rounds):
         for name in names:
-            if name not in live.SCALERS:
-                live.SCALERS[name] = live.node(policy)
             views[name].append(await client_view(name, pairs))
             print(f"round {n + 1}, {name}: done", file=sys.stderr, flush=True)
     print(report(views, await stamped_view(policy, pairs), policy))
