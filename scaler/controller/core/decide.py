@@ -206,7 +206,7 @@ def decide(
     through its view (`RunView.of`, once per decision); `room`: the caps and reserved instances the operator
     set (scaler/controller/core/limits.py); `features`: what the function's events say of it, folded beside
     `s`, handed to the policy with it."""
-    d = _Draft(s, now, room, RunView.of(totals), features)
+    d = _Draft(s, now, room, RunView.of(totals, now), features)
     asked = _respond(d, cmd, totals, policy)
     planned = _rest(d, policy)
     return Decision(d.events, d.replies, d.s, _earliest(asked, planned), d.f)
@@ -225,7 +225,7 @@ def respond(
 
     Its `wake_ms` is the earliest of its own deadlines (a lease, a recheck of the waiting, a
     throttle, a session's wait); `plan`'s are apart."""
-    d = _Draft(s, now, room, RunView.of(totals), features)
+    d = _Draft(s, now, room, RunView.of(totals, now), features)
     wake = _respond(d, cmd, totals, policy)
     return Decision(d.events, d.replies, d.s, wake, d.f)
 
@@ -242,7 +242,7 @@ def plan(
 
     Its `wake_ms` is the earliest of its own deadlines (a keep-alive, a planned pre-warm, a session's
     idle end, rest); `respond`'s are apart."""
-    d = _Draft(s, now, room, RunView.of(totals), features)
+    d = _Draft(s, now, room, RunView.of(totals, now), features)
     wake = _rest(d, policy)
     return Decision(d.events, [], d.s, wake, d.f)
 

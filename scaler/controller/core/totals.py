@@ -34,6 +34,15 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     # oldest first: those a function coming back now came shortly after are the ones it may follow.
     returns: tuple[tuple[str, int], ...] = ()
     tenants: dict[str, Held] = {}  # by tenant: the instances of its functions (only functions with a tenant)
+    # The slot time held so far (FnStats.slot_gb_ms, each function's up to its slot_at_ms), the memory held since,
+    # and that memory times when each function's began (GB·ms): the run's slot time at `now` is `slot_gb_ms_at`.
+    slot_gb_ms: float = 0.0
+    slot_mb: int = 0
+    slot_since: float = 0.0
+
+    def slot_gb_ms_at(self, now: int) -> float:
+        """The slot time the run's instances held up to `now`, as the challenge's score counts it."""
+        return self.slot_gb_ms + (self.slot_mb * now) / 1024 - self.slot_since
 
     def plus(self, other: "Totals") -> "Totals":
         """The run's totals from two sets of functions (another node's partitions, say)."""
@@ -48,6 +57,9 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             early_open=self.early_open.plus(other.early_open),
             returns=newest_returns([*self.returns, *other.returns]),
             tenants=_summed(self.tenants, other.tenants) if other.tenants else self.tenants,
+            slot_gb_ms=self.slot_gb_ms + other.slot_gb_ms,
+            slot_mb=self.slot_mb + other.slot_mb,
+            slot_since=self.slot_since + other.slot_since,
         )
 
     def held(self, tenant: str) -> Held:
@@ -81,6 +93,9 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             early_open=_still_open(self.early_open, old, new, was, now),
             returns=_returned(self.returns, old, new, was, now),
             tenants=_tenants(self.tenants, old, new) if (old and old.tenant) or (new and new.tenant) else self.tenants,
+            slot_gb_ms=self.slot_gb_ms - was.slot_gb_ms + now.slot_gb_ms,
+            slot_mb=self.slot_mb - was.slot_mb + now.slot_mb,
+            slot_since=self.slot_since - _since(was) + _since(now),
         )
 
     def with_returns(self, returns: tuple[tuple[str, int], ...]) -> "Totals":
@@ -145,6 +160,10 @@ def _tenants(tenants: dict[str, Held], old: FnState | None, new: FnState | None)
 
 def _memory(instances: dict[str, Instance]) -> int:
     return sum(i.memory_mb for i in instances.values()) if instances else 0
+
+
+def _since(st: FnStats) -> float:
+    return st.slot_mb * st.slot_at_ms / 1024
 
 
 def _memory_change(before: dict[str, Instance], after: dict[str, Instance]) -> int:

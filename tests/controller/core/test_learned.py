@@ -119,6 +119,31 @@ def test_exchange_rate_values_waiting_more_when_executions_are_tiny():
     assert exchange_rate(Totals(exec_ms=500, exec_gb_ms=500)) is None  # too little history yet
 
 
+def test_exchange_rate_is_read_at_the_runs_own_point_once_its_resource_score_is_spent():
+    """Where the memory held has cost nearly all the resource score there is (below SPENT_SCORE of 50), more can cost
+    little more, and the rate is the one at the run's own slot time and waiting, not the clairvoyant's."""
+    e_s, e_gb_s, wait_s, now = 120.0, 60.0, 400.0, 3_600_000
+
+    def run(held_gb_s: float, exec_s: float = e_s) -> Totals:  # held_gb_s of slot time by `now`, as one instance
+        return Totals(
+            exec_ms=exec_s * 1000,
+            exec_gb_ms=e_gb_s * 1000,
+            wait_ms=wait_s * 1000,
+            ideal_gb_ms=90_000,
+            slot_mb=1024,
+            slot_since=1024 * now / 1024 - held_gb_s * 1000,
+        )
+
+    clairvoyant = (e_gb_s + 90) ** 2 / (e_s * e_gb_s)
+    spent = run(held_gb_s=50 * e_gb_s / 2)  # a resource score of 2
+    assert spent.slot_gb_ms_at(now) == pytest.approx(1_500_000)
+    own = e_s * 1_500**2 / (e_gb_s * (e_s + wait_s) ** 2)
+    assert exchange_rate(spent, now) == pytest.approx(own) and own > clairvoyant
+    assert exchange_rate(run(held_gb_s=50 * e_gb_s / 4), now) == pytest.approx(clairvoyant)  # a resource score of 4
+    early = run(held_gb_s=50 * e_gb_s / 2, exec_s=30)  # spent too, but 30 s executed: any run's first starts look so
+    assert exchange_rate(early, now) == pytest.approx((e_gb_s + 90) ** 2 / (30 * e_gb_s))
+
+
 def periodic(period_ms: int, start_ms: int, calls: int = 20) -> Fn:
     """A function called every `period_ms` for a while, each call 50 ms, its instances taking `start_ms`; its
     last call at t=0 and nothing live."""

@@ -4,6 +4,8 @@
 changes an instance's phase, not the memory the function holds); these runs check it against the sums made anew.
 """
 
+import pytest
+
 from scaler.controller.core.decide import decide
 from scaler.controller.core.features import NO_STATS
 from scaler.controller.core.limits import FunctionLimits, Room
@@ -23,16 +25,24 @@ def held(states: dict[str, FnState]) -> tuple[int, int]:
 def test_the_memory_held_follows_starts_assignments_releases_and_retirements_of_a_busy_function():
     totals, states, features, now = Totals(), {}, {}, 0
     seen: set[str] = set()
+    lives: dict[str, list[int]] = {}  # each instance ever held: its memory, when it came, when it went (or 0)
 
     def step(cmd: c.AnyCommand) -> FnState:
         nonlocal totals, now
-        now += 10
+        now += 10 + len(lives)  # uneven steps: the slot time is a sum of unlike spans
         old, was = states.get(cmd.key), features.get(cmd.key, NO_STATS)
         d = decide(old or FnState(key=cmd.key), cmd, now, DEMO, totals, features=was)
         totals = totals.change(old, d.state, was, d.features)
         states[cmd.key], features[cmd.key] = d.state, d.features
         seen.update(type(ev).__name__ for ev in d.events)
         assert (totals.instances, totals.memory_mb) == held(states), f"after {type(cmd).__name__} at {now}"
+        for i in d.state.instances.values():
+            lives.setdefault(i.id, [i.memory_mb, now, 0])
+        for i, life in lives.items():
+            if not life[2] and i not in d.state.instances and i.startswith(cmd.key):
+                life[2] = now
+        slot = sum(m * ((end or now) - began) for m, began, end in lives.values()) / 1024
+        assert totals.slot_gb_ms_at(now) == pytest.approx(slot), f"slot time after {type(cmd).__name__} at {now}"
         return d.state
 
     for key, memory in (("big", 1024), ("small", 128)):
@@ -51,6 +61,7 @@ def test_the_memory_held_follows_starts_assignments_releases_and_retirements_of_
 
     assert {"SlotWanted", "InstanceReady", "Assigned", "Released", "InstanceRetired", "InstanceDestroyed"} <= seen
     assert totals.instances == 16 and totals.memory_mb == 8 * 1024 + 8 * 128
+    assert sum(1 for _, _, end in lives.values() if end) == 8  # the slot time counted instances gone too
 
 
 def test_an_instance_destroyed_and_a_bigger_one_started_in_its_place_change_the_memory_held():

@@ -60,6 +60,9 @@ def knobs(config: type[PolicyConfig]) -> list[Knob]:
 
 
 MIN_EXEC_MS = 1_000  # execution the run needs before the score's exchange rate is worked out from it
+SPENT_SCORE = 3.0  # a resource score (of 50) below which the run's is spent: its rate is read at its own point
+SPENT_SHARE = SPENT_SCORE / 50  # the execution's share of the slot time held, below which it is
+SPENT_EXEC_MS = 60_000  # execution the run needs before its own resource score is taken as spent
 
 
 @dataclass(frozen=True)
@@ -76,26 +79,34 @@ class RunView:
     new_open: OpenGaps = NO_OPEN_GAPS
 
     @classmethod
-    def of(cls, totals: Totals | None) -> "RunView":
+    def of(cls, totals: Totals | None, now: int = 0) -> "RunView":
         if totals is None:
             return UNSEEN
-        return cls(score_rate(totals), totals.early_gaps, totals.early_open)
+        return cls(score_rate(totals, now), totals.early_gaps, totals.early_open)
 
 
 UNSEEN = RunView()
 
 
-def score_rate(t: Totals) -> float | None:
+def score_rate(t: Totals, now: int = 0) -> float | None:
     """GB·s of slot time that one second of waiting costs the score, at the run's best reachable point.
 
     score = 50 E_gb / S + 50 E / (E + W): d/dW = -50 E / (E + W)^2, d/dS = -50 E_gb / S^2, so a
     second of waiting is worth (E / (E + W)^2) / (E_gb / S^2) GB·s. Taken at the policy's own S and W, it
     feeds on itself (keep more, memory looks cheaper, keep more); so it is taken where a clairvoyant
     scaler would be on this workload: W = 0 and S = E_gb + the idle it could not avoid.
+
+    Unless the run's own resource score, 50 E_gb / S, is spent (below SPENT_SCORE once it has executed
+    SPENT_EXEC_MS): then more memory can cost the score little more whatever is done, where less waiting
+    still counts in full, and the rate is taken at the run's own point (`gen-burst/0`, whose bursts
+    no online scaler foresees as the clairvoyant does: docs/policies.md). Early in a run every
+    resource score is low (its first starts, little executed yet), so not before SPENT_EXEC_MS.
     """
     if t.exec_ms < MIN_EXEC_MS or t.exec_gb_ms <= 0:
         return None
     e, e_gb = t.exec_ms / 1000, t.exec_gb_ms / 1000
+    if t.exec_ms >= SPENT_EXEC_MS and (held := t.slot_gb_ms_at(now) / 1000) > e_gb / SPENT_SHARE:
+        return e * held * held / (e_gb * (e + t.wait_ms / 1000) ** 2)
     slot = e_gb + t.ideal_gb_ms / 1000
     return slot * slot / (e * e_gb)
 
