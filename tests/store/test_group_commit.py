@@ -33,7 +33,10 @@ async def test_a_stalled_nats_holds_every_reply_of_a_batch_until_it_is_stored(tm
         before = len(await stored(nats.url, "fn"))
         os.kill(nats.proc.pid, signal.SIGSTOP)
         try:
-            calls = [asyncio.create_task(stack.assign(f"r{n}")) for n in range(8)]
+            calls = [asyncio.create_task(stack.assign("r0"))]
+            none = 1 << 62  # the writer's floor when no append is under way
+            await eventually(lambda: stack.controller.writer.floor(none) != none)  # r0's append is in flight
+            calls += [asyncio.create_task(stack.assign(f"r{n}")) for n in range(1, 8)]
             done, _ = await asyncio.wait(calls, timeout=2.0)
             assert not done, "a reply went out while NATS stood still: before its decision was stored"
         finally:
