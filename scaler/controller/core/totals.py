@@ -34,8 +34,8 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     # oldest first: those a function coming back now came shortly after are the ones it may follow.
     returns: tuple[tuple[str, int], ...] = ()
     tenants: dict[str, Held] = {}  # by tenant: the instances of its functions (only functions with a tenant)
-    # The slot time held so far (FnStats.slot_gb_ms, each function's up to its slot_at_ms), the memory held since,
-    # and that memory times when each function's began (GB·ms): the run's slot time at `now` is `slot_gb_ms_at`.
+    # The slot time held so far (FnStats.slot_gb_ms, each function's up to its slot_at_ms), the memory held since
+    # then (MB), and each function's such memory times its slot_at_ms, summed (GB·ms): what `slot_gb_ms_at` needs.
     slot_gb_ms: float = 0.0
     slot_mb: int = 0
     slot_since: float = 0.0
