@@ -354,9 +354,9 @@ def _gaps(st: FnStats, t: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
         return st.gaps, st.gap_hist
     gap = t - st.last_arrival_ms
     decay = 0.5 ** (gap / GAP_HALF_LIFE_MS)
-    hist = tuple(map(decay.__mul__, st.gap_hist)) if st.gap_hist else (0.0,) * GAP_BINS
-    b = gap_bin(gap)
-    return _ring(st.gaps, gap, GAPS_KEPT), (*hist[:b], hist[b] + 1.0, *hist[b + 1 :])
+    hist = list(map(decay.__mul__, st.gap_hist)) if st.gap_hist else [0.0] * GAP_BINS
+    hist[gap_bin(gap)] += 1.0
+    return _ring(st.gaps, gap, GAPS_KEPT), tuple(hist)
 
 
 def _idle_time(st: FnStats, t: int, before: FnState) -> tuple[tuple[int, ...], int]:
@@ -366,8 +366,9 @@ def _idle_time(st: FnStats, t: int, before: FnState) -> tuple[tuple[int, ...], i
     minute = (t - st.last_end_ms) // 60_000
     if minute >= IDLE_BINS:
         return st.idle_hist, st.idle_oob + 1
-    hist = st.idle_hist or (0,) * IDLE_BINS
-    return (*hist[:minute], hist[minute] + 1, *hist[minute + 1 :]), st.idle_oob
+    hist = list(st.idle_hist) if st.idle_hist else [0] * IDLE_BINS
+    hist[minute] += 1
+    return tuple(hist), st.idle_oob
 
 
 def _clairvoyant(st: FnStats, t: int) -> tuple[float, tuple[int, ...]]:
