@@ -474,9 +474,9 @@ class Learned(Policy):
         keep = keep_plan(points, elapsed, o.miss, o.options(kept=True))
         count = keep.count
         quiet = not s.queue and all(i.phase in (Phase.IDLE, Phase.RETIRING) for i in s.instances.values())
-        # A restart costs at least what the arrivals within a start from now wait for it (or miss). With lulls
-        # that end at random (an exponential's), what a return plan would skip is as likely as what it holds
-        # for: keeping or missing is cheaper, but gaps that came by chance leave holes where it seems not
+        # A restart costs at least what the arrivals within a start from now wait for it (or miss). Lulls that
+        # end at random (an exponential's) bring a call as likely while a return plan is away as while it holds,
+        # so keeping or missing is cheaper; only the holes a few gaps leave by chance make it look otherwise
         # (gen-poisson/2's poisson-3, gaps of 5.8 s and 18.5 s: retired at 7.5 s, its next call at 11.4 s).
         if (
             quiet
