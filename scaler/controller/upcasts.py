@@ -100,6 +100,12 @@ def _v11(snapshot: Data) -> Data:
     return snapshot
 
 
+def _v12(snapshot: Data) -> Data:
+    """Version 12 closed no slot time for an instance wanted at time 0, which only an offline run's clock has (a
+    node's is the epoch's): nothing a node stored is changed."""
+    return snapshot
+
+
 # from version N to N+1
 STEPS: dict[int, Callable[[Data], Data]] = {
     1: _v1,
@@ -113,6 +119,7 @@ STEPS: dict[int, Callable[[Data], Data]] = {
     9: _v9,
     10: _v10,
     11: _v11,
+    12: _v12,
 }
 
 # Features versions whose stats today's features fold carries on from. A version that only adds histories
@@ -120,9 +127,10 @@ STEPS: dict[int, Callable[[Data], Data]] = {
 # new histories starting empty; so does one that only adds what the others are worked out into (5: `next_gap`,
 # from `gaps`, `lulls` and `gap_hist`, built again where missing); so does 6's (`starts`, `late`, `overheads`:
 # the system a function runs on, measured from its events); so does one whose successor only drops what the others
-# are worked out into (7's `next_gap`, built when a policy asks since 8: a snapshot's is ignored); one that folds a
-# stat differently is not listed, and its snapshots are ignored (the stream replayed in full).
-FEATURES_CONTINUED = frozenset({2, 3, 4, 5, 7})
+# are worked out into (7's `next_gap`, built when a policy asks since 8: a snapshot's is ignored); so do 8 and 9,
+# whose folds are 10's but for 9's slot time (summed from the lifecycle's since 10: a snapshot's is ignored); one
+# that folds a stat differently is not listed, and its snapshots are ignored (the stream replayed in full).
+FEATURES_CONTINUED = frozenset({2, 3, 4, 5, 7, 8, 9})
 
 
 def upcast(body: bytes, version: int, into: type[T]) -> T:

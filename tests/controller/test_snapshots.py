@@ -146,6 +146,32 @@ async def test_only_a_snapshot_known_to_fit_is_used(nats_url, monkeypatch):
         assert await store.load(3, snap.stream, 5) is None, "unreadable: the partition is read from the stream"
 
 
+class _StatsV9(FnStats, kw_only=True):
+    """Features version 9's stats: today's, and the slot time the lifecycle keeps since version 10."""
+
+    slot_gb_ms: float = 0.0
+    slot_at_ms: int = 0
+    slot_mb: int = 0
+
+
+async def test_a_snapshot_whose_features_held_the_slot_time_carries_on_with_the_rest_of_them(nats_url, monkeypatch):
+    """Features version 9 folded each function's slot time, which the totals now sum from the lifecycle: its
+    snapshots are not read from the stream again, their other features carry on, the slot time is left out."""
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        await ensure_stream(js)
+        sid = await stream.stream_id(js)
+        kept = {"arrivals": 3, "gaps": (10, 20), "exec_ms": 250.0}
+        old = {"fn": _StatsV9(**kept, slot_gb_ms=900.0, slot_at_ms=40, slot_mb=512)}
+        store = SnapshotStore(js)
+        await store.open()
+        monkeypatch.setattr(features, "VERSION", 9)
+        await store.save(3, Snapshot(seq=5, stream=sid, last_seq={}, states={"fn": FnState(key="fn")}, features=old))
+        monkeypatch.undo()
+        loaded = await store.load(3, sid, 5)
+        assert loaded is not None and loaded.features == {"fn": FnStats(**kept)}
+
+
 async def test_a_snapshot_replaced_while_it_is_read_is_read_again(nats_url, monkeypatch):
     """Its owner snapshots the partition again while another reads it (an invariant check, a take-over): the old
     object's chunks go, and the reader, waiting for them, would stall."""

@@ -44,7 +44,7 @@ from scaler.proto.events import (
 if TYPE_CHECKING:  # the lifecycle is read, never imported at run time: state.py and this module stand apart
     from scaler.controller.core.state import FnState, Instance
 
-VERSION = 9
+VERSION = 10
 
 GAPS_KEPT = 64  # recent inter-arrival times a policy can learn from
 RUNS_KEPT = 32  # recent execution times
@@ -127,13 +127,6 @@ class FnStats(msgspec.Struct, frozen=True, kw_only=True):
     starts: tuple[int, ...] = ()
     late: tuple[int, ...] = ()
     overheads: tuple[int, ...] = ()
-    # The slot time its instances held up to `slot_at_ms` (every instance from its SlotWanted to its slot's
-    # destruction, as the challenge's score counts a slot), and the memory they hold since then: the run's own
-    # slot time so far, which the learned policy's exchange rate reads once the resource score is spent
-    # (policy/base.score_rate). Brought up to date when the function's instances come or go.
-    slot_gb_ms: float = 0.0
-    slot_at_ms: int = 0
-    slot_mb: int = 0
 
 
 NO_STATS = FnStats()
@@ -148,12 +141,6 @@ Features = dict[str, FnStats]  # every function's features, by metaKey
 
 def fold(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
     """The function's features once `e` is folded: `before` and `after` are its lifecycle around `e`."""
-    if len(before.instances) != len(after.instances):
-        st = _held(st, e.at_ms, after)
-    return _of_event(st, e, before, after)
-
-
-def _of_event(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats:
     match e:
         case RequestArrived(at_ms=t):
             return _arrival(st, t, before)
@@ -181,14 +168,6 @@ def _of_event(st: FnStats, e: Event, before: FnState, after: FnState) -> FnStats
         case InstanceRetired(instance_id=i, at_ms=t) | KeptAlive(instance_id=i, at_ms=t):
             return _expired(_unfinished(st, before, i, t), before, i, t)
     return st
-
-
-def _held(st: FnStats, t: int, after: FnState) -> FnStats:
-    """The slot time held up to `t`, when the function's instances came or went: from then on they hold what `after`'s
-    do (an instance's memory is fixed when it is started)."""
-    held = st.slot_gb_ms + st.slot_mb * max(0, t - st.slot_at_ms) / 1024 if st.slot_mb else st.slot_gb_ms
-    memory = sum(i.memory_mb for i in after.instances.values())
-    return replace(st, slot_gb_ms=held, slot_at_ms=t, slot_mb=memory)
 
 
 def _assigned(st: FnStats, t: int, r: str, inst: Instance, before: FnState) -> FnStats:
@@ -244,7 +223,6 @@ def shifted(st: FnStats, shift_ms: int) -> FnStats:
         returned_ms=at(st.returned_ms),
         cues=tuple((leader, at(t)) for leader, t in st.cues),
         ideal_free=tuple(at(t) for t in st.ideal_free),
-        slot_at_ms=at(st.slot_at_ms),
     )
 
 

@@ -144,8 +144,9 @@ class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
 # leaders in the stats; 6: no tenants, states, versions, tombstones, live limits or policy; an instance
 # had no runtime, version or counts, and `restarting` for `retire_on_release`; 7: no hold of starts;
 # 8: no next gap's points in the stats; 9: no ClockRebased (its times were never moved); 10: the features
-# (`stats`) inside the state; 11: no exchange rate in the limits an operator set
-VERSION = 12
+# (`stats`) inside the state; 11: no exchange rate in the limits an operator set; 12: no slot time for an
+# instance wanted at time 0
+VERSION = 13
 
 # Releases are remembered for as long as the platform may retry their Assign or Idle (the function's lease
 # window: its timeout plus the grace), so a late retry is known for what it is; at most FINISHED_KEPT of them.
@@ -220,7 +221,7 @@ class FnState(msgspec.Struct, frozen=True, kw_only=True):
 
     def slot_gb_ms_at(self, now: int) -> float:
         """Memory x life of every instance started for the function, those alive counted until `now`."""
-        alive = sum(i.memory_mb / 1024 * (now - i.wanted_ms) for i in self.instances.values() if i.wanted_ms)
+        alive = sum(i.memory_mb / 1024 * (now - i.wanted_ms) for i in self.instances.values())
         return self.slot_gb_ms + alive
 
     def release_of(self, request_id: str) -> Finished | None:
@@ -558,11 +559,11 @@ def _put(s: FnState, inst: Instance) -> FnState:
 
 
 def _gone(s: FnState, instance_id: str, at_ms: int) -> FnState:
-    """The instance is gone: its slot time is closed (an orphan slot found later has no start of ours)."""
+    """The instance is gone: its slot time is closed (an orphan slot found later, no memory of ours, holds none)."""
     inst = s.instances.get(instance_id)
     if inst is None:
         return s
-    closed = inst.memory_mb / 1024 * (at_ms - inst.wanted_ms) if inst.wanted_ms else 0.0
+    closed = inst.memory_mb / 1024 * (at_ms - inst.wanted_ms)
     instances = {i: kept for i, kept in s.instances.items() if i != instance_id}
     return replace(s, instances=instances, slot_gb_ms=s.slot_gb_ms + closed)
 

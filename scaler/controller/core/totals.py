@@ -34,15 +34,14 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     # oldest first: those a function coming back now came shortly after are the ones it may follow.
     returns: tuple[tuple[str, int], ...] = ()
     tenants: dict[str, Held] = {}  # by tenant: the instances of its functions (only functions with a tenant)
-    # The slot time held so far (FnStats.slot_gb_ms, each function's up to its slot_at_ms), the memory held since
-    # then (MB), and each function's such memory times its slot_at_ms, summed (GB·ms): what `slot_gb_ms_at` needs.
+    # The slot time of the instances gone (FnState.slot_gb_ms), and the GB of those alive x their wanted_ms, summed
+    # (GB·ms): with `memory_mb`, `slot_gb_ms_at` counts the live ones up to any time.
     slot_gb_ms: float = 0.0
-    slot_mb: int = 0
     slot_since: float = 0.0
 
     def slot_gb_ms_at(self, now: int) -> float:
-        """The slot time the run's instances held up to `now`, as the challenge's score counts it."""
-        return self.slot_gb_ms + (self.slot_mb * now) / 1024 - self.slot_since
+        """The slot time the run's instances held up to `now`, as the score counts it (FnState's, summed)."""
+        return self.slot_gb_ms + (self.memory_mb * now) / 1024 - self.slot_since
 
     def plus(self, other: "Totals") -> "Totals":
         """The run's totals from two sets of functions (another node's partitions, say)."""
@@ -58,7 +57,6 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             returns=newest_returns([*self.returns, *other.returns]),
             tenants=_summed(self.tenants, other.tenants) if other.tenants else self.tenants,
             slot_gb_ms=self.slot_gb_ms + other.slot_gb_ms,
-            slot_mb=self.slot_mb + other.slot_mb,
             slot_since=self.slot_since + other.slot_since,
         )
 
@@ -93,9 +91,8 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             early_open=_still_open(self.early_open, old, new, was, now),
             returns=_returned(self.returns, old, new, was, now),
             tenants=_tenants(self.tenants, old, new) if (old and old.tenant) or (new and new.tenant) else self.tenants,
-            slot_gb_ms=self.slot_gb_ms - was.slot_gb_ms + now.slot_gb_ms,
-            slot_mb=self.slot_mb - was.slot_mb + now.slot_mb,
-            slot_since=self.slot_since - _since(was) + _since(now),
+            slot_gb_ms=self.slot_gb_ms - (old.slot_gb_ms if old else 0.0) + (new.slot_gb_ms if new else 0.0),
+            slot_since=self.slot_since + _since_change(before, after),
         )
 
     def with_returns(self, returns: tuple[tuple[str, int], ...]) -> "Totals":
@@ -162,10 +159,6 @@ def _memory(instances: dict[str, Instance]) -> int:
     return sum(i.memory_mb for i in instances.values()) if instances else 0
 
 
-def _since(st: FnStats) -> float:
-    return st.slot_mb * st.slot_at_ms / 1024
-
-
 def _memory_change(before: dict[str, Instance], after: dict[str, Instance]) -> int:
     """What the function's instances hold more once `before` become `after`. An instance's memory is fixed when it
     is started, so the same instances hold the same: most decisions (an assignment, a release) change a phase
@@ -173,6 +166,24 @@ def _memory_change(before: dict[str, Instance], after: dict[str, Instance]) -> i
     if before is after or before.keys() == after.keys():
         return 0
     return _memory(after) - _memory(before)
+
+
+def _since(instances: dict[str, Instance]) -> float:
+    """The instances' GB x their wanted_ms: where FnState.slot_gb_ms_at counts their slot time from."""
+    return sum(i.memory_mb * i.wanted_ms for i in instances.values()) / 1024
+
+
+def _since_change(before: dict[str, Instance], after: dict[str, Instance]) -> float:
+    """What `_since` says more once `before` become `after`. An instance's memory and wanted_ms are fixed when it is
+    started, but for a ClockRebased, which moves every wanted_ms alike: the same instances, one's wanted_ms unmoved,
+    hold the same, and most decisions (an assignment, a release) are summed for nothing."""
+    if before is after or (not before and not after):
+        return 0.0
+    if before.keys() == after.keys():
+        some = next(iter(before))
+        if before[some].wanted_ms == after[some].wanted_ms:
+            return 0.0
+    return _since(after) - _since(before)
 
 
 def _still_open(opened: OpenGaps, old: FnState | None, new: FnState | None, was: FnStats, now: FnStats) -> OpenGaps:

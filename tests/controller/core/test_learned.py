@@ -130,7 +130,7 @@ def test_exchange_rate_is_read_at_the_runs_own_point_once_its_resource_score_is_
             exec_gb_ms=e_gb_s * 1000,
             wait_ms=wait_s * 1000,
             ideal_gb_ms=90_000,
-            slot_mb=1024,  # 1 GB held since the moment that makes `held_gb_s` by `now`
+            memory_mb=1024,  # 1 GB held since the moment that makes `held_gb_s` by `now`
             slot_since=1024 * now / 1024 - held_gb_s * 1000,
         )
 

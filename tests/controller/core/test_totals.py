@@ -6,6 +6,7 @@ changes an instance's phase, not the memory the function holds); these runs chec
 
 import pytest
 
+from scaler.controller.core import folds
 from scaler.controller.core.decide import decide
 from scaler.controller.core.features import NO_STATS
 from scaler.controller.core.limits import FunctionLimits, Room
@@ -13,7 +14,9 @@ from scaler.controller.core.state import FnState, Phase
 from scaler.controller.core.totals import Totals
 from scaler.proto import commands as c
 from scaler.proto import events as e
-from tests.controller.core.factories import DEMO
+from tests.controller.core.factories import DEMO, KEY, META, assign, idle, ready, run
+
+T0 = 1_700_000_000_000
 
 
 def held(states: dict[str, FnState]) -> tuple[int, int]:
@@ -86,3 +89,36 @@ def test_an_instance_destroyed_and_a_bigger_one_started_in_its_place_change_the_
         assert (totals.instances, totals.memory_mb) == held(states), f"after {type(cmd).__name__}"
         counts.append({i.id: i.memory_mb for i in s.instances.values()})
     assert counts[-2:] == [{"fn-1": 256}, {"fn-2": 1024}]
+
+
+def test_a_rebase_moves_the_slot_time_the_totals_count_as_it_moves_the_instances():
+    """A ClockRebased moves every live instance's wanted_ms, the same instances before and after: the slot time the
+    totals count up to a time on the new clock is still what the function's state counts (FnState.slot_gb_ms_at)."""
+    s, decisions = run(assign("r1"), ready("fn-1", "s1"), assign("r2"), idle("r1", "fn-1"), at=T0, step=700)
+    f = decisions[-1].features
+    assert len(s.instances) == 2
+    totals = Totals().change(None, s, None, f)
+    now = T0 + 5_000
+    assert s.slot_gb_ms_at(now) > 0 and totals.slot_gb_ms_at(now) == pytest.approx(s.slot_gb_ms_at(now))
+
+    shift = 600_000
+    moved, f_moved = folds.apply((s, f), e.ClockRebased(at_ms=now, shift_ms=shift))
+    assert moved.instances.keys() == s.instances.keys() and moved.instances != s.instances
+    totals = totals.change(s, moved, f, f_moved)
+    assert totals.slot_gb_ms_at(now + shift) == pytest.approx(moved.slot_gb_ms_at(now + shift))
+    assert totals.slot_gb_ms_at(now + shift) == pytest.approx(s.slot_gb_ms_at(now))
+
+
+def test_an_instance_wanted_at_time_0_holds_slot_time_as_any_other():
+    """An offline run's clock starts at 0, and its first call's instance is wanted then: its slot time counts from
+    0, alive and once gone, in the function's state and in the totals."""
+    s, _ = run(assign("r1"), ready("fn-1", "s1"), at=0, step=1_000)
+    assert s.instances["fn-1"].wanted_ms == 0
+    assert s.slot_gb_ms_at(4_000) == pytest.approx(META.memory_mb / 1024 * 4_000)
+    totals = Totals().change(None, s)
+    assert totals.slot_gb_ms_at(4_000) == pytest.approx(s.slot_gb_ms_at(4_000))
+
+    gone, _ = run(
+        idle("r1", "fn-1"), c.SlotDestroyed(key=KEY, instance_id="fn-1", slot_id="s1"), at=2_000, step=1_000, s=s
+    )
+    assert not gone.instances and gone.slot_gb_ms == pytest.approx(META.memory_mb / 1024 * 3_000)  # destroyed at 3 s
