@@ -81,6 +81,7 @@ from scaler.controller.leases import holders  # noqa: E402
 from scaler.platform_stub.server import MODES, PlatformStub  # noqa: E402
 from scaler.proto.events import Assigned, Released  # noqa: E402
 from scaler.proto.subjects import EVENTS, PARTITIONS, partition  # noqa: E402
+from scaler.replay import explain  # noqa: E402
 from scaler.runtime.bus import connected  # noqa: E402
 from scaler.runtime.durability import monitor_get  # noqa: E402
 from scaler.runtime.natsd import NatsCluster, NatsServer  # noqa: E402
@@ -898,11 +899,28 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
         def phase(at: float) -> str:
             return "Init failing" if at < began["create"] else "CreateSlot failing" if at < ended else "after"
 
-        kinds = Counter(f"{phase(c.failed_at)}: {c.error.split(':')[0]}" for d in warm[:-2] for c in d.calls if c.error)
+        refused = sorted((c for d in warm[:-2] for c in d.calls if c.error), key=lambda c: c.failed_at)
+        kinds = Counter(f"{phase(c.failed_at)}: {c.error.split(':')[0]}" for c in refused)
         if kinds:
             row.notes.append(f"requests of the warm functions refused: {dict(kinds)}")
+            row.notes += await before_refused(nats.url, refused[0])
         await asyncio.gather(*loads)
     return row
+
+
+async def before_refused(nats_url: str, call: Call, seconds: float = 3, most: int = 16) -> list[str]:
+    """What the function of a refused call did in the `seconds` before it (its last `most` events, from the stream):
+    why none of its instances could take the call."""
+    at_ms = int((time.time() - (time.monotonic() - call.failed_at)) * 1000)
+    told: list[str] = []
+
+    def seen(seq: int, batch) -> None:
+        if at_ms - seconds * 1000 <= batch.at_ms <= at_ms:
+            told.extend(f"    {explain.clock(e.at_ms)} {explain.event(e)}" for e in batch.events)
+
+    async with connected(nats_url, "faults") as nc:
+        await replay.replay(nc, call.key, seen=seen)
+    return [f"{call.key}'s events before {call.request_id} was refused at {explain.clock(at_ms)}:", *told[-most:]]
 
 
 @dataclass
