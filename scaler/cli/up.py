@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaler.controller import __main__ as controller_main
-from scaler.controller.policies import get_policy
 from scaler.runtime import durability, lifeline, service, storehealth
 from scaler.runtime.bus import close, connect
 from scaler.runtime.natsd import NatsServer, claim
@@ -223,6 +222,7 @@ class Supervisor:
         node_args += ["--limits", a.limits] if a.limits else []
         node_args += ["--session-idle", str(a.session_idle)] if a.session_idle is not None else []
         node_args += ["--exchange-rate", str(a.exchange_rate)] if a.exchange_rate is not None else []
+        node_args += [arg for name, value in controller_main.knobs_of(a) for arg in ("--knob", f"{name}={value}")]
         node_args += ["--retention-hours", str(a.retention_hours), "--store-limit-gb", str(a.store_limit_gb)]
         node_args += given(a, SECURITY_FLAGS)
         node = await self._part("node", "scaler", *node_args)
@@ -422,7 +422,7 @@ def _stop_signals() -> asyncio.Event:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    controller_main.rated(get_policy(args.policy), args.exchange_rate)  # refused before anything starts
+    controller_main.policy_of(args)  # its settings refused before anything starts
 
     async def main() -> int:
         stop = _stop_signals()

@@ -12,7 +12,7 @@ import msgspec
 from scaler.controller import needs, policies
 from scaler.controller.core.limits import NO_LIMITS, Limits, limits_problem
 from scaler.controller.core.policy import DEFAULT_POLICY, Policy
-from scaler.controller.core.policy.learned import with_rate
+from scaler.controller.knobs import KnobError, knob_arg, tuned
 from scaler.controller.shell import MAX_BEHIND_S, STORE_WAIT_S, Controller
 from scaler.runtime import service
 from scaler.runtime.clock import Clock
@@ -29,7 +29,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help=f"the scaling policy: {policies.choices()}; the node must be able to import it"
         " (docs/policies.md: A policy from outside the project) [SCALER_POLICY]",
     )
-    add_rate(p)
+    add_tuning(p)
     p.add_argument(
         "--replicas",
         type=replicas,
@@ -86,7 +86,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_rate(p: argparse.ArgumentParser) -> None:
+def add_tuning(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--exchange-rate",
         type=policies.rate_arg,
@@ -95,6 +95,25 @@ def add_rate(p: argparse.ArgumentParser) -> None:
         help="learned: slot GB·s one second of a request's waiting is worth (higher: fewer cold starts, more"
         " idle memory); default: the run's own, the challenge's score (docs/policies.md) [SCALER_EXCHANGE_RATE]",
     )
+    p.add_argument(
+        "--knob",
+        action="append",
+        type=knob_arg,
+        metavar="NAME=VALUE",
+        help="a knob of the policy's config, e.g. between_share=0.01 (`scaler sweep --knobs` lists them); again for"
+        " more [SCALER_KNOBS: NAME=VALUE ..., when no --knob is given]",
+    )
+    p.set_defaults(knobs_from_env=service.env("KNOBS", ""))
+
+
+def knobs_of(a: argparse.Namespace) -> list[tuple[str, str]]:
+    """The knobs asked for: the `--knob` flags, else SCALER_KNOBS (space-separated NAME=VALUE)."""
+    if a.knob:
+        return a.knob
+    try:
+        return [knob_arg(text) for text in a.knobs_from_env.split()]
+    except argparse.ArgumentTypeError as e:
+        raise SystemExit(f"SCALER_KNOBS: {e}") from None
 
 
 def replicas(text: str) -> int:
@@ -134,16 +153,16 @@ def load_limits(path: str) -> Limits:
     return limits
 
 
-def rated(policy: Policy, rate: float | None) -> Policy:
-    """The policy at the exchange rate asked for; a policy without one refuses it, said at the command line."""
+def policy_of(a: argparse.Namespace) -> Policy:
+    """The node's policy with the knobs and the exchange rate asked for; refused, said at the command line."""
     try:
-        return with_rate(policy, rate)
-    except ValueError as e:
-        raise SystemExit(f"--exchange-rate: {e}") from None
+        return tuned(policies.get_policy(a.policy), a.exchange_rate, knobs_of(a))
+    except KnobError as e:
+        raise SystemExit(str(e)) from None
 
 
 def make(a: argparse.Namespace) -> Controller:
-    policy = rated(policies.get_policy(a.policy), a.exchange_rate)
+    policy = policy_of(a)
     limits = load_limits(a.limits)
     if a.session_idle is not None:  # the flag over the limits file's session_idle_ms
         limits = msgspec.structs.replace(limits, session_idle_ms=round(a.session_idle * 1000))

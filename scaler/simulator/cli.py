@@ -28,7 +28,7 @@ import msgspec
 from scaler import replay
 from scaler.controller import policies
 from scaler.controller.core.policy import DEFAULT_POLICY, Policy
-from scaler.controller.core.policy.learned import with_rate
+from scaler.controller.knobs import KnobError, knob_arg, tuned
 from scaler.controller.policies import get_policy
 from scaler.report.timeline import Folds, Timeline
 from scaler.runtime import service
@@ -128,6 +128,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=policies.rate_arg,
         metavar="GB_S",
         help="offline, learned: slot GB·s one second of waiting is worth (default: the run's own; docs/policies.md)",
+    )
+    p.add_argument(
+        "--knob",
+        action="append",
+        type=knob_arg,
+        metavar="NAME=VALUE",
+        help="offline: a knob of the policy's config, e.g. between_share=0.01 (`scaler sweep --knobs` lists them);"
+        " again for more",
     )
     p.add_argument(
         "--speed", type=positive, metavar="N", help="live: replay N times faster; the scaler must run at --speed N too"
@@ -281,12 +289,13 @@ def _load_run(path: Path) -> SavedRun:
         raise Failure(f"{path}: not a run saved with --save-run: {e}") from None
 
 
-def _rated(name: str, rate: float | None) -> Policy:
-    """The policy at the exchange rate asked for (--exchange-rate); one without an exchange rate refuses it."""
+def _tuned(name: str, rate: float | None, knobs: list[tuple[str, str]] | None) -> Policy:
+    """The policy with the knobs and the exchange rate asked for (--knob, --exchange-rate): refused as a node refuses
+    them (a knob the policy lacks, a value it cannot take, an exchange rate of a policy without one)."""
     try:
-        return with_rate(get_policy(name), rate)
-    except ValueError as e:
-        raise Failure(f"--exchange-rate: {e}") from None
+        return tuned(get_policy(name), rate, knobs or [])
+    except KnobError as e:
+        raise Failure(str(e)) from None
 
 
 def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Run, list[str], Recorded | None]:
@@ -306,7 +315,7 @@ def _offline(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple
     progress = Progress(len(dataset.requests), dataset.span_ms, args.progress_every)
     sim = Simulation(
         dataset,
-        _rated(name, args.exchange_rate),
+        _tuned(name, args.exchange_rate, args.knob),
         CREATE_LATENCY_MS,
         progress=progress,
         folds=Folds() if drawing else None,
@@ -343,8 +352,9 @@ def _live(dataset: Dataset, args: argparse.Namespace, drawing: bool) -> tuple[Ru
     if args.policy is not None:
         name = args.policy
         _note(["--policy"], f"live mode measures the running scaler's policy; start it with `--policy {name}`")
-    if args.exchange_rate is not None:
-        _note(["--exchange-rate"], "live mode measures the running scaler's; start it with `--exchange-rate`")
+    if args.exchange_rate is not None or args.knob:
+        flags = [f for f, v in (("--exchange-rate", args.exchange_rate), ("--knob", args.knob)) if v]
+        _note(flags, f"live mode measures the running scaler's; start it with `{' '.join(flags)}`")
     if args.latency is not None:
         _note(["--latency"], "live mode measures the scaler's own latency (--latency-out writes it)")
     speed = args.speed or 1.0

@@ -25,11 +25,11 @@ from typing import NamedTuple, TypeVar
 
 from scaler.controller import policies as outside
 from scaler.controller.core.policy import DEFAULT_POLICY, POLICIES
+from scaler.controller.knobs import KnobError, knobs, listing, with_knobs
 from scaler.controller.policies import get_policy
 from scaler.simulator import runs
 from scaler.simulator.cli import CREATE_LATENCY_MS
 from scaler.simulator.dataset import Dataset, DatasetError, load_dataset
-from scaler.simulator.knobs import KnobError, knobs, listing, with_knobs
 from scaler.simulator.offline import Simulation
 from scaler.simulator.score import FunctionRow, Stats, worst_functions
 

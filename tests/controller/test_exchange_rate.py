@@ -12,8 +12,8 @@ from scaler.controller.core.limits import FunctionLimits, Limits
 from scaler.controller.core.policy import get_policy
 from scaler.controller.core.policy.base import RunView
 from scaler.controller.core.policy.learned import MAX_RATE, MIN_RATE, rate_problem, with_rate
+from scaler.controller.knobs import KnobError, with_knobs
 from scaler.simulator.dataset import Dataset, FunctionMeta, Request
-from scaler.simulator.knobs import KnobError, with_knobs
 from scaler.simulator.offline import Simulation
 from tests.simulator.test_simulate import gentle, simulate_cli
 

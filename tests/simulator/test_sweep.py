@@ -10,7 +10,7 @@ from scaler.cli import main
 from scaler.controller.core.policy import POLICIES, get_policy
 from scaler.controller.core.policy.base import knobs
 from scaler.controller.core.policy.spes import SpesConfig
-from scaler.simulator.knobs import KnobError, listing, with_knobs
+from scaler.controller.knobs import KnobError, listing, with_knobs
 from scaler.simulator.sweep import Point, Reach, compared, front, points, reach
 from tests.simulator.test_run_metrics import by_hand_trace
 

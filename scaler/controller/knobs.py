@@ -1,9 +1,11 @@
-"""A policy's knobs, for `scaler sweep --vary` and `--knobs`: the fields of its config (`PolicyConfig`).
+"""A policy's knobs, for a node's and `scaler simulate`'s `--knob` and `scaler sweep --vary` and `--knobs`: the
+fields of its config (`PolicyConfig`).
 
 The one place a knob is read from text and set (`with_knobs`): a config's numeric fields, with their
 descriptions (`policy.base.knobs`), so a knob is documented where it is defined.
 """
 
+import argparse
 import re
 import types
 import typing
@@ -13,6 +15,7 @@ import msgspec
 from scaler.controller.core.policy import Policy
 from scaler.controller.core.policy.base import Knob
 from scaler.controller.core.policy.base import knobs as config_knobs
+from scaler.controller.core.policy.learned import with_rate
 
 UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|min|h)?")
@@ -83,3 +86,27 @@ def _value(policy: str, name: str, kind: type, text: str) -> int | float:
             raise KnobError(f"{policy}.{name}={text}: must be a whole number")
         return int(value)
     return value
+
+
+def knob_arg(text: str) -> tuple[str, str]:
+    """An argparse type: `--knob NAME=VALUE`, checked against the policy once the policy is known (`with_knobs`)."""
+    name, eq, value = text.partition("=")
+    if not eq or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. between_share=0.01), got {text!r}")
+    return name.strip(), value.strip()
+
+
+def tuned(policy: Policy, rate: float | None, knobs: list[tuple[str, str]]) -> Policy:
+    """The policy with the knobs (`--knob`) and the exchange rate (`--exchange-rate`, which checks learned's bounds)
+    asked for; KnobError naming the flag for a knob the policy lacks, a value it cannot take, or an exchange rate
+    of a policy without one."""
+    if any(name == "exchange_rate" for name, _ in knobs):
+        raise KnobError("--knob: exchange_rate is set with --exchange-rate, which checks its bounds")
+    try:
+        policy, _ = with_knobs(policy, dict(knobs))
+    except KnobError as e:
+        raise KnobError(f"--knob: {e}") from None
+    try:
+        return with_rate(policy, rate)
+    except ValueError as e:
+        raise KnobError(f"--exchange-rate: {e}") from None
