@@ -854,10 +854,11 @@ class RefusedOrLetGo:
     starts were held)"""
 
     let_go: set[str]  # the warm functions with no instance ready when the platform began failing (`none_ready`)
-    ended: float  # when the platform worked again
+    ended: float  # when the platform worked again (the worker's circuit may hold starts a little longer: it says so)
 
     def __call__(self, call: Call, fault_at: float) -> bool:
-        let_go_then = call.key in self.let_go and fault_at <= call.failed_at <= self.ended
+        held = "the platform's circuit open" in call.error
+        let_go_then = call.key in self.let_go and fault_at <= call.failed_at and (call.failed_at <= self.ended or held)
         return (call.key.startswith("cold") or let_go_then) and call.error.startswith(("INTERNAL", "THROTTLE"))
 
 
