@@ -862,12 +862,16 @@ class RefusedOrLetGo:
         return (call.key.startswith("cold") or let_go_then) and call.error.startswith(("INTERNAL", "THROTTLE"))
 
 
+def wall_ms(at: float) -> int:
+    """A moment of time.monotonic() on the wall clock the node stamps its batches with (ms)."""
+    return int((time.time() - (time.monotonic() - at)) * 1000)
+
+
 async def none_ready(nats_url: str, keys: tuple[str, ...], at: float) -> set[str]:
     """The functions of `keys` with no instance idle or busy at `at` (time.monotonic()), from the stream: the policy
     had let them go (a keep-alive ended, or a retirement to start again later), and a call of theirs needs a start."""
-    at_ms = int((time.time() - (time.monotonic() - at)) * 1000)
     async with connected(nats_url, "faults") as nc:
-        states = (await replay.replay(nc, until_ms=at_ms)).states
+        states = (await replay.replay(nc, until_ms=wall_ms(at))).states
     ready = (Phase.IDLE, Phase.BUSY)
     return {k for k in keys if k not in states or not any(i.phase in ready for i in states[k].instances.values())}
 
@@ -936,7 +940,7 @@ async def failing_platform(tmp: Path, stub: PlatformStub, failing_s: float = 15)
 async def before_refused(nats_url: str, call: Call, seconds: float = 3, most: int = 16) -> list[str]:
     """What the function of a refused call did in the `seconds` before it (its last `most` events, from the stream):
     why none of its instances could take the call."""
-    at_ms = int((time.time() - (time.monotonic() - call.failed_at)) * 1000)
+    at_ms = wall_ms(call.failed_at)
     told: list[str] = []
 
     def seen(seq: int, batch) -> None:

@@ -80,19 +80,20 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
             early = tuple(counts)
         before = old.instances if old is not None else {}
         after = new.instances if new is not None else {}
+        memory, since = _held_change(before, after)
         return Totals(
             exec_ms=self.exec_ms - was.exec_ms + now.exec_ms,
             exec_gb_ms=self.exec_gb_ms - was.exec_gb_ms + now.exec_gb_ms,
             wait_ms=self.wait_ms - was.wait_ms + now.wait_ms,
             ideal_gb_ms=self.ideal_gb_ms - was.ideal_gb_ms + now.ideal_gb_ms,
             instances=self.instances - len(before) + len(after),
-            memory_mb=self.memory_mb + _memory_change(before, after),
+            memory_mb=self.memory_mb + memory,
             early_gaps=early,
             early_open=_still_open(self.early_open, old, new, was, now),
             returns=_returned(self.returns, old, new, was, now),
             tenants=_tenants(self.tenants, old, new) if (old and old.tenant) or (new and new.tenant) else self.tenants,
             slot_gb_ms=self.slot_gb_ms - (old.slot_gb_ms if old else 0.0) + (new.slot_gb_ms if new else 0.0),
-            slot_since=self.slot_since + _since_change(before, after),
+            slot_since=self.slot_since + since,
         )
 
     def with_returns(self, returns: tuple[tuple[str, int], ...]) -> "Totals":
@@ -155,35 +156,29 @@ def _tenants(tenants: dict[str, Held], old: FnState | None, new: FnState | None)
     return {t: h for t, h in out.items() if h != NOTHING_HELD}
 
 
-def _memory(instances: dict[str, Instance]) -> int:
-    return sum(i.memory_mb for i in instances.values()) if instances else 0
+def _held(instances: dict[str, Instance]) -> tuple[int, float]:
+    """The instances' memory (MB), and its GB x their wanted_ms: where FnState.slot_gb_ms_at counts their slot time
+    from."""
+    if not instances:
+        return 0, 0.0
+    memory = sum(i.memory_mb for i in instances.values())
+    return memory, sum(i.memory_mb * i.wanted_ms for i in instances.values()) / 1024
 
 
-def _memory_change(before: dict[str, Instance], after: dict[str, Instance]) -> int:
-    """What the function's instances hold more once `before` become `after`. An instance's memory is fixed when it
-    is started, so the same instances hold the same: most decisions (an assignment, a release) change a phase
-    only, and a function's dozens of instances are not summed twice for them."""
-    if before is after or before.keys() == after.keys():
-        return 0
-    return _memory(after) - _memory(before)
-
-
-def _since(instances: dict[str, Instance]) -> float:
-    """The instances' GB x their wanted_ms: where FnState.slot_gb_ms_at counts their slot time from."""
-    return sum(i.memory_mb * i.wanted_ms for i in instances.values()) / 1024
-
-
-def _since_change(before: dict[str, Instance], after: dict[str, Instance]) -> float:
-    """What `_since` says more once `before` become `after`. An instance's memory and wanted_ms are fixed when it is
+def _held_change(before: dict[str, Instance], after: dict[str, Instance]) -> tuple[int, float]:
+    """What `_held` says more once `before` become `after`. An instance's memory and wanted_ms are fixed when it is
     started, but for a ClockRebased, which moves every wanted_ms alike: the same instances, one's wanted_ms unmoved,
-    hold the same, and most decisions (an assignment, a release) are summed for nothing."""
+    hold the same, so most decisions (an assignment, a release: a phase changed) sum a function's dozens of
+    instances for nothing."""
     if before is after or (not before and not after):
-        return 0.0
+        return 0, 0.0
     if before.keys() == after.keys():
         some = next(iter(before))
         if before[some].wanted_ms == after[some].wanted_ms:
-            return 0.0
-    return _since(after) - _since(before)
+            return 0, 0.0
+        return 0, _held(after)[1] - _held(before)[1]  # rebased: the same memory, moved
+    (memory, since), (memory_after, since_after) = _held(before), _held(after)
+    return memory_after - memory, since_after - since
 
 
 def _still_open(opened: OpenGaps, old: FnState | None, new: FnState | None, was: FnStats, now: FnStats) -> OpenGaps:
