@@ -1,7 +1,7 @@
 """What a decision costs: CPU time of the core's `decide` per policy and per command kind, offline.
 
     .venv/bin/python bench/decide.py [--datasets dataSet_1 dataSet_3] [--policies demo learned] [--requests N]
-                                     [--arithmetic]
+                                     [--arithmetic] [--idle-ms MS]
 
 Each dataset is simulated offline (scaler/simulator/offline.py) with each policy, and every decision is
 timed in CPU (time.process_time_ns around the ledger's `decide` and the `plan` after it: the command's own
@@ -14,7 +14,10 @@ dataset, in the same run. `--requests N` simulates only each dataset's first N r
 436,546 take several minutes with `learned`). `--arithmetic` times apart, in a table after it, the calls
 the policies make into policy/forecast.py (the array arithmetic of `learned`'s plans), and each run's CPU
 without them: how fast the run could be were that arithmetic free (compiled, say). It adds a few µs a
-call to what it times. Not a test: the numbers depend on the machine and its load.
+call to what it times. `--idle-ms MS` lets the machine idle that long before each command's decision, as a live
+run's calls come apart (the busiest minute of dataSet_1: some 11 ms between two): a decision then costs several
+times what it costs back to back, its code and data no longer in the core's caches; use it with `--requests`.
+Not a test: the numbers depend on the machine and its load.
 """
 
 import argparse
@@ -40,13 +43,16 @@ KINDS = ("Assign", "Idle", "Tick", "SlotReady", "Cue", "SlotDestroyed")  # in th
 class TimedLedger(Ledger):
     """A ledger that records the CPU time of each decision, by command kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_s: float = 0.0) -> None:
         super().__init__()
+        self.idle_s = idle_s  # slept before each command's decision (--idle-ms)
         self.took: dict[str, list[int]] = defaultdict(list)  # the reply and the plan after it, per command
         self.replied: dict[str, list[int]] = defaultdict(list)  # the reply alone (what its caller waits for)
         self._kind = ""
 
     def decide(self, cmd, now, policy, after=None):
+        if self.idle_s:
+            time.sleep(self.idle_s)
         began = time.process_time_ns()
         d = super().decide(cmd, now, policy, after)
         self._kind = type(cmd).__name__
@@ -112,9 +118,9 @@ def quantile(ordered: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
 
 
-def measure(dataset: Dataset, policy: str) -> tuple[TimedLedger, float, float, float]:
+def measure(dataset: Dataset, policy: str, idle_s: float = 0.0) -> tuple[TimedLedger, float, float, float]:
     """The ledger with each kind's decision times (ns), the simulation's CPU and wall seconds, and its score."""
-    ledger = TimedLedger()
+    ledger = TimedLedger(idle_s)
     wall, cpu = time.perf_counter(), time.process_time()
     run = Simulation(dataset, get_policy(policy), ledger=ledger).run()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -146,6 +152,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=0, help="simulate only each dataset's first N requests")
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR, metavar="DIR")
     p.add_argument("--arithmetic", action="store_true", help="time the policies' calls into forecast.py apart")
+    p.add_argument("--idle-ms", type=float, default=0.0, help="idle this long before each decision, as live")
     args = p.parse_args()
     arithmetic = Arithmetic() if args.arithmetic else None
     if arithmetic:
@@ -176,7 +183,7 @@ def main() -> int:
         for policy in args.policies:
             if arithmetic:
                 arithmetic.clear()
-            ledger, cpu, wall, score = measure(dataset, policy)
+            ledger, cpu, wall, score = measure(dataset, policy, args.idle_ms / 1000)
             print("\n".join(rows(name, policy, ledger, cpu, wall, score, base)), flush=True)
             if arithmetic:
                 apart += arithmetic.rows(name, policy, cpu, base)

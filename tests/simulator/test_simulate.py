@@ -325,3 +325,22 @@ def test_the_decision_bench_times_learned_forecast_arithmetic_apart():
     learned = next(cells(row) for row in decisions.splitlines() if row.startswith(f"| {SMOKE.name} | learned | all |"))
     without = number(learned[9]) - number(by["learned", "all"][4])  # the run's CPU less the arithmetic's
     assert number(by["learned", "all"][6]) == pytest.approx(without, abs=0.11)  # each figure rounded
+
+
+def test_the_decision_bench_idles_before_each_decision_when_asked():
+    """`bench/decide.py --idle-ms` idles before every command's decision (a live run's pace): its run's wall time
+    holds that idle for each decision, and the decisions are the same as back to back."""
+    bench = Path(__file__).resolve().parents[2] / "bench" / "decide.py"
+    args = ["--datasets-dir", str(SMOKE.parent), "--datasets", SMOKE.name, "--policies", "demo", "--requests", "30"]
+
+    def run(*more: str) -> list[str]:
+        result = subprocess.run([sys.executable, str(bench), *args, *more], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        row = next(line for line in result.stdout.splitlines() if "| demo | all |" in line)
+        return [c.strip() for c in row.strip().strip("|").split("|")]
+
+    apart, together = run("--idle-ms", "20"), run()
+    decisions = int(apart[3].replace(",", ""))
+    assert decisions == int(together[3].replace(",", "")) and decisions >= 30
+    assert float(apart[10]) >= decisions * 0.020 - 0.05  # wall s, rounded to 0.1
+    assert apart[11] == together[11]  # the same score: idling changes no decision
