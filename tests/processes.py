@@ -11,6 +11,8 @@ import itertools
 import os
 import secrets
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,6 +30,15 @@ from scaler.runtime.bus import connected
 from scaler.runtime.ports import free_port
 from scaler.runtime.tls import ClientTls, channel
 from scaler.simulator.dataset import Dataset, Request
+
+
+def refused(*args: str) -> tuple[int, str]:
+    """`python -m scaler ARGS` refused: its exit status and its one line of why (stderr's last), with no traceback
+    before it. Refused before anything starts (argparse's exit 2, or 1 for a refusal after parsing)."""
+    done = subprocess.run([sys.executable, "-m", "scaler", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and done.stderr.strip(), done
+    assert "Traceback" not in done.stderr and "nats-server" not in done.stderr, done.stderr
+    return done.returncode, done.stderr.splitlines()[-1]
 
 
 @contextlib.contextmanager
