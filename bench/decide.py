@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from scaler.controller.core.policy import POLICIES, forecast, get_policy  # noqa: E402
 from scaler.controller.ledger import Ledger  # noqa: E402
+from scaler.runtime.service import at_least  # noqa: E402
 from scaler.simulator.dataset import Dataset, load_dataset  # noqa: E402
 from scaler.simulator.offline import Simulation  # noqa: E402
 
@@ -152,7 +153,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=0, help="simulate only each dataset's first N requests")
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR, metavar="DIR")
     p.add_argument("--arithmetic", action="store_true", help="time the policies' calls into forecast.py apart")
-    p.add_argument("--idle-ms", type=float, default=0.0, help="idle this long before each decision, as live")
+    p.add_argument("--idle-ms", type=at_least(0), default=0.0, help="idle this long before each decision, as live")
     args = p.parse_args()
     arithmetic = Arithmetic() if args.arithmetic else None
     if arithmetic:

@@ -329,7 +329,7 @@ def test_the_decision_bench_times_learned_forecast_arithmetic_apart():
 
 def test_the_decision_bench_idles_before_each_decision_when_asked():
     """`bench/decide.py --idle-ms` idles before every command's decision (a live run's pace): its run's wall time
-    holds that idle for each decision, and the decisions are the same as back to back."""
+    holds that idle for each decision, and the decisions are the same as back to back. A wait below 0 is refused."""
     bench = Path(__file__).resolve().parents[2] / "bench" / "decide.py"
     args = ["--datasets-dir", str(SMOKE.parent), "--datasets", SMOKE.name, "--policies", "demo", "--requests", "30"]
 
@@ -344,3 +344,5 @@ def test_the_decision_bench_idles_before_each_decision_when_asked():
     assert decisions == int(together[3].replace(",", "")) and decisions >= 30
     assert float(apart[10]) >= decisions * 0.020 - 0.05  # wall s, rounded to 0.1
     assert apart[11] == together[11]  # the same score: idling changes no decision
+    bad = subprocess.run([sys.executable, str(bench), "--idle-ms", "-1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "argument --idle-ms: must be at least 0, got -1" in bad.stderr.splitlines()[-1]
