@@ -87,10 +87,10 @@ async def traced(stack: Stack, call) -> Trace:
     sys.setprofile(trace)
     try:
         await call()
-        for _ in range(10_000):  # the Idle's release and the plans stored
+        for _ in range(10_000):  # what the call left behind its answer (an Idle's release, the plans) stored
+            await asyncio.sleep(0)
             if not stack.controller.lanes.busy:
                 break
-            await asyncio.sleep(0)
     finally:
         sys.setprofile(None)
     return trace

@@ -56,10 +56,10 @@ ASSIGN = (
 )
 IDLE = (
     ("door>", "the gateway's handler: the command made"),
-    ("submit>", "the door: routed, admitted, its answer expected"),
-    ("door<", "queued in its lane, answered (its release surely decided)"),
+    ("door<", "the door: routed, its release sure, answered"),
     ("handler<", "the gateway's answer made"),
-    ("group>", "behind the answer: taken by the lane's runner"),
+    ("submit>", "behind the answer: handed to its lane"),
+    ("group>", "taken by the lane's runner"),
     ("respond<", "the release decided (core.respond)"),
     ("append>", "the plan decided, riding in the release's batch"),
     ("request<", "the writer, the store, nats-server: stored and acked"),

@@ -84,6 +84,9 @@ class Door:
             return await self.forwarder.call(cmd, timeout_s)
         if (refused := self.refused(cmd)) is not None:
             return refused
+        if isinstance(cmd, Idle) and self._released_surely(cmd):  # answered now, queued in its lane right behind
+            asyncio.get_running_loop().call_soon(self._release_behind, cmd)
+            return Reply(to="", request_id=cmd.request_id)
         answer: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         to = self.replies.expect(answer)
         cmd = replace(cmd, reply_to=to)
@@ -93,8 +96,6 @@ class Door:
                     done = self.lanes.submit(cmd)
                     if isinstance(cmd, Idle):  # answered once its release is decided, before it is stored
                         done.add_done_callback(lambda f: self._stored_behind(cmd, f, answer))
-                        if self._released_surely(cmd):  # or at once, not behind its function's append in flight
-                            answer.set_result(Reply(to=to, request_id=cmd.request_id))
                         return await answer
                     await done  # decided and stored (a caller leaving drops it if still queued: it is cancelled)
                 except NotServing:  # the partition went elsewhere just now, or while it queued: its new owner decides
@@ -110,6 +111,16 @@ class Door:
             raise
         finally:
             self.replies.forget(to)
+
+    def _release_behind(self, cmd: Idle) -> None:
+        """An Idle answered before its lane had it, queued there once the answer is on its way: nothing of the
+        node's work sits between the caller and its answer. Stored all the same should its lane not store it."""
+        try:
+            done = self.lanes.submit(cmd)
+        except NotServing:  # the partition went meanwhile: stored through its owner
+            self.persist(cmd)
+        else:
+            done.add_done_callback(lambda f: self._stored_behind(cmd, f, None))
 
     def _released_surely(self, cmd: Idle) -> bool:
         """Whether the Idle can only be decided as a release: its request holds its instance in the decided state (an
@@ -135,14 +146,15 @@ class Door:
                     raise Unavailable(f"the event store did not answer within {wait_s:g}s while the call waited for an"
                                       " instance") from None  # fmt: skip
 
-    def _stored_behind(self, cmd: Idle, done: asyncio.Future, answer: asyncio.Future) -> None:
-        """An Idle answered before its release was stored, and then nothing was: store it all the same. One not
-        answered yet, whose decision failed, is told why."""
+    def _stored_behind(self, cmd: Idle, done: asyncio.Future, answer: asyncio.Future | None) -> None:
+        """An Idle answered before its release was stored (`answer` done, or None: answered before it was queued),
+        and then nothing was: store it all the same. One not answered yet, whose decision failed, is told why."""
         if done.cancelled() or (e := done.exception()) is None:
             return
-        if isinstance(e, Told) or (answer.done() and not isinstance(e, TooBig)):  # answered: stored behind it
+        answered = answer is None or answer.done()
+        if isinstance(e, Told) or (answered and not isinstance(e, TooBig)):  # answered: stored behind it
             self.persist(replace(cmd, reply_to=""))
-        elif not answer.done():
+        elif not answered:
             answer.set_exception(e)
         else:
             log.error("%s was answered, but its release cannot be stored: %s", command_id(cmd), e)

@@ -18,7 +18,7 @@ from scaler.controller.path.replies import Replies
 from scaler.controller.path.timers import Timers
 from scaler.controller.snapshots import SnapshotStore
 from scaler.proto import serverless_sim_pb2 as pb
-from scaler.proto.commands import Idle, SlotDestroyed, Tick
+from scaler.proto.commands import Code, Idle, SlotDestroyed, Tick
 from scaler.proto.events import Assigned, KeptAlive, Released, decode_batch
 from scaler.proto.subjects import function_events, partition
 from scaler.runtime.bus import Unavailable, connected
@@ -222,6 +222,32 @@ async def test_an_idle_is_answered_at_once_not_behind_its_functions_append_in_fl
         stored = [cause for cause, _ in await causes(nats.url)]
         assert "idle:r1" in stored and stored.index("idle:r1") > stored.index("assign:r2"), stored
         async with connected(nats.url, "test") as nc:
+            assert (await replay.replay(nc)).ledger.states["fn"] == stack.controller.states["fn"]
+
+
+async def test_a_sure_release_is_answered_before_its_lane_has_it_and_stored_right_behind(nats_url):
+    """An Idle whose request holds its instance is answered with nothing of the node's own work ahead of its
+    answer: the door returns before the Idle is in its function's lane (no queue, no runner, no decision yet), and
+    the Idle is queued on the loop's next turn, then decided and stored as any; replay equals the state. An Idle
+    whose release is not sure (its instance is not the one its request holds) still waits for its decision."""
+    async with Stack(nats_url) as stack:
+        first = await stack.assign("r1")
+        await stack.settled()
+        instance = first.assigment.instance_id
+        idle = Idle(key="fn", request_id="r1", instance_id=instance, status_code=200, duration_ms=10)
+        reply = await stack.controller.call(idle, 30)
+        assert reply.code is Code.OK
+        assert not stack.controller.lanes.busy, "the Idle was in its lane before its caller had the answer"
+        await asyncio.sleep(0)
+        assert stack.controller.lanes.busy, "the answered Idle was not handed to its lane right behind its answer"
+        await stack.settled()
+        assert stack.controller.states["fn"].instances[instance].phase is Phase.IDLE
+        stored = [(cause, events) for cause, events in await causes(nats_url) if cause == "idle:r1"]
+        assert [events for _, events in stored] == [["Released"]], stored
+        wrong = Idle(key="fn", request_id="r1", instance_id="fn-9", status_code=200, duration_ms=10)
+        refused = await stack.controller.call(wrong, 30)  # decided in its lane before it is answered
+        assert refused.code is Code.NOT_FOUND, refused
+        async with connected(nats_url, "test") as nc:
             assert (await replay.replay(nc)).ledger.states["fn"] == stack.controller.states["fn"]
 
 
