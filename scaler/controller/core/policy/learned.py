@@ -512,8 +512,10 @@ class Learned(Policy):
     def _keep(self, s: FnState, f: FnStats, now: int, run: RunView) -> KeepAlive:
         """Keep the instance for the lull's plan, unless the function has more than that plan and the load need:
         clearly more, the load taken a standard error above its estimate, so that a pool does not shrink and
-        grow again with the noise of its rate. Until now (retire it) says why not."""
-        live = sum(1 for i in s.instances.values() if i.phase is not Phase.RETIRING)
+        grow again with the noise of its rate. Until now (retire it) says why not. Only ready instances count: one
+        still starting may never be ready (the platform failing starts), and a ready one retired on its account would
+        leave the function's next call a start that fails or waits, where the ready one would have served it."""
+        live = sum(1 for i in s.instances.values() if i.phase in (Phase.IDLE, Phase.BUSY))
         until, count, why = (lull := self.lull(s, f, now, run)).until_ms, lull.count, lull.why
         if live > count and live > self.pool_target(s, f, now, margin=0.5, run=run):
             return KeepAlive(now, f"{live} live, more than the lull's {count} and the load's")
