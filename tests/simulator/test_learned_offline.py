@@ -314,8 +314,9 @@ def test_replay_rebuilds_the_latency_it_measured_and_decides_the_same(monkeypatc
 
 def test_a_busy_function_whose_calls_sometimes_kill_their_instance_keeps_its_pool():
     # Poisson calls, 50 a second, 13 ms runs, a 3 s start, one call in a hundred killing its instance (need_destroy):
-    # each death is started again at once while the load needs it. Before, the pool grew only for waiting requests
-    # and eroded death by death: 951 calls after the first 10 s waited for starts, 1,196 s in all.
+    # each death is started again at once while the load needs it (a few find the pool whole: a ready instance was
+    # kept rather than let go for one still starting). Before, the pool grew only for waiting requests and eroded
+    # death by death: 951 calls after the first 10 s waited for starts, 1,196 s in all.
     rng = random.Random(3)
     t, requests = 0.0, []
     while t < 300_000:
@@ -325,7 +326,7 @@ def test_a_busy_function_whose_calls_sometimes_kill_their_instance_keeps_its_poo
     sim = Simulation(Dataset("deaths", {"fn": meta}, requests), LEARNED)
     run = sim.run()
     f = sim.ledger.features_of("fn")
-    assert f.deaths > 150 and f.prewarms >= f.deaths, "every death started again"
+    assert f.deaths > 150 and f.prewarms >= 0.95 * f.deaths, "deaths not started again"
     later = [i for r, i in zip(requests, run.invocations, strict=True) if r.start_time > 10_000]
     assert sum(i.cold for i in later) == 0 and sum(i.schedule_ms for i in later) < 1_000
 
