@@ -48,8 +48,9 @@ class Cancel(Command, tag="cancel"):
 
 
 class SlotCreated(Command, tag="slot-created"):
-    """CreateSlot answered; the worker calls Init only once this is stored, and not at all when the
-    answer is not OK (the instance is no longer wanted: the slot is retired instead)."""
+    """CreateSlot answered; the worker sends Init beside it, reports the start's outcome only once this is
+    stored, and drops that Init when the answer is not OK (the instance is no longer wanted: the slot is
+    retired instead)."""
 
     instance_id: str
     slot_id: str

@@ -79,8 +79,9 @@ class SlotWanted(Event, tag="slot-wanted"):
 
 
 class InstanceCreated(Event, tag="instance-created"):
-    """CreateSlot answered for an instance still being created: its slot exists before Init runs, so a
-    worker that dies during Init leaves a slot the state knows (the next attempt continues from it)."""
+    """CreateSlot answered for an instance still being created: stored as its Init goes out and before the
+    start's outcome is reported, so a worker that dies during Init leaves a slot the state knows (the next
+    attempt continues from it), and no instance serves on a slot it does not."""
 
     instance_id: str
     slot_id: str

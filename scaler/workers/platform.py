@@ -2,9 +2,12 @@
 
 A platform may create a new slot on every CreateSlot and refuse a second Init on a slot, counting it
 as an error (the challenge's did), so a start is never simply done again:
-- the slot is reported (SlotCreated) and stored before Init, so a worker that dies during Init
-  leaves a slot the state knows, and a slot made for an instance no longer wanted is destroyed
-  instead of initialised;
+- the slot is reported (SlotCreated) as Init goes out, and SlotReady only once that report is stored,
+  so the state knows every slot an instance is ready on, and a cold start waits for the longer of
+  Init and the report rather than for both in turn (in a burst the report waits its turn in a busy
+  node: about 100 ms a start, measured); a slot made for an instance no longer wanted has its Init
+  dropped and is destroyed. A worker that dies during Init has its slot recorded once the report was
+  stored (milliseconds: well within an Init);
 - the same event delivered again while this process still performs it joins that work, and after
   a failure here (NATS away too long) continues from the slot this process made or the Init it
   finished, whose report it sends again;
@@ -77,6 +80,8 @@ class PlatformWorker(EffectWorker):
         self.circuits = Circuits()  # toward a platform failing start after start
         self._starts: dict[str, asyncio.Future[AnyCommand | None]] = {}  # by instance: under way or done here
         self._made: dict[str, SlotMade] = {}  # by instance: the slot this process created, not yet reported
+        # By instance: the slot this process sent Init to, and that Init's outcome.
+        self._inits: dict[str, tuple[str, asyncio.Future[SlotReady | SlotFailed]]] = {}
 
     def wants(self, event: Event) -> bool:
         return creates(event)
@@ -92,6 +97,7 @@ class PlatformWorker(EffectWorker):
         for e in events:
             self._starts.pop(e.instance_id, None)
             self._made.pop(e.instance_id, None)
+            self._inits.pop(e.instance_id, None)
 
     async def _start(self, key: str, event: SlotWanted, delivery: Delivery) -> AnyCommand | None:
         with self.circuits.starting(key):
@@ -99,7 +105,7 @@ class PlatformWorker(EffectWorker):
 
     async def _resume_or_start(self, key: str, event: SlotWanted, delivery: Delivery) -> AnyCommand | None:
         i = event.instance_id
-        if (made := self._made.get(i)) is not None:  # made here, its report not stored: Init has not run on it
+        if (made := self._made.get(i)) is not None:  # made here, its report not stored: its Init is joined
             return await self._report_and_init(key, event, made)
         if delivery.redelivered:
             done, recorded = await self._recorded(key, i, delivery.seq)
@@ -240,19 +246,26 @@ class PlatformWorker(EffectWorker):
     async def _report_and_init(
         self, key: str, event: SlotWanted, slot: SlotMade, info: admin.SlotInfo | None = None
     ) -> AnyCommand | None:
-        """Init only once the slot is stored in the function's state, and only if it is still wanted (an Init the
-        platform's listing `info` says arrived there is waited for instead)."""
+        """Report the slot and Init it (or wait for the Init the platform's listing `info` says arrived there) at
+        once; the outcome once the slot is stored, and only if it is still wanted: an Init for an instance given up
+        is dropped (the controller destroys its slot). A report sent again (NATS away) joins the Init sent first,
+        never a second one on the slot."""
         i = event.instance_id
         circuit = self.circuits.init(key)
+        sent, init = self._inits.get(i, ("", None))
+        if init is None or sent != slot.id:
+            init = asyncio.ensure_future(self._init_or_find(key, event, slot, info))
+            self._inits[i] = slot.id, init
         try:
             created = SlotCreated(key=key, instance_id=i, slot_id=slot.id, create_ms=slot.create_ms)
             answer = await report(self._nc, created, patience_s=REPORT_PATIENCE_S)
             self._made.pop(i, None)
             if answer.code is not Code.OK:
-                log.info("%s: not initialising %s: %s", i, slot.id, answer.message)  # the controller destroys it
+                log.info("%s: dropping the Init on %s: %s", i, slot.id, answer.message)  # the controller destroys it
+                init.cancel()
                 circuit.abandoned()
                 return None
-            done = await self._init_or_find(key, event, slot, info)
+            done = await asyncio.shield(init)
         except BaseException:
             circuit.abandoned()
             raise

@@ -405,9 +405,10 @@ def _being_created_on(inst: Instance | None, slot_id: str) -> bool:
 
 
 def _slot_created(d: _Draft, cmd: SlotCreated) -> None:
-    """CreateSlot answered, Init not yet called: record the slot, or retire it when its instance is no longer
-    being created. The worker calls Init only on an OK answer. A second slot replaces the first (a worker
-    gave up on it, its Init may have run), which is destroyed; a slot given up is never taken back."""
+    """CreateSlot answered, Init sent beside this report: record the slot, or retire it when its instance is no
+    longer being created. The worker reports the start's outcome only on an OK answer (else it drops the Init).
+    A second slot replaces the first (a worker gave up on it, its Init may have run), which is destroyed; a slot
+    given up is never taken back."""
     inst = d.s.instances.get(cmd.instance_id)
     r, to = cmd.instance_id, cmd.reply_to
     given_up = f"{cmd.instance_id}@{cmd.slot_id}" in d.s.instances
