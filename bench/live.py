@@ -16,9 +16,12 @@ own latency is measured (scaler/simulator/latency.py: from the node's events and
 reference, which keeps no events the simulator can read, from the records alone) and the scenario is
 played offline on it with the run's policy: "live - on its latency" is what that model misses. Prints
 every round, then the medians (score, cold starts, Assign and Idle seconds) with how far the rounds
-spread, then `learned` and `demo` played offline on each scaler's latency (what each policy would score
-live on a scaler that fast), a warm Assign's latency and the Idle's over the run and in its busiest second,
-and slot GB·s per function; on this machine, under whatever else it runs.
+spread, and each scaler's score less the durable reference's round by round: a round runs the scalers
+one right after the other, and the machine's speed, which drifts over minutes and moves a score more
+than the gaps measured here, moves a round's two sides more alike than two medians; then `learned` and
+`demo` played offline on each scaler's latency (what each policy would score live on a scaler that
+fast), a warm Assign's latency and the Idle's over the run and in its busiest second, and slot GB·s
+per function; on this machine, under whatever else it runs.
 
 - smoke: function_smoke_test (806 of its 980 requests within one second);
 - busiest-minute: dataSet_1 from 18,600 s to 18,660 s (2,731 requests of 20-40 ms, 45 a second, on
@@ -176,6 +179,12 @@ def call_latency(dataset: Dataset, run: Run) -> str:
 POLICIES = ("learned", "demo")
 
 
+def paired(runs: list[tuple[str, str, int, Run, Run, Run]], name: str, scaler: str) -> list[float]:
+    """The scaler's live score less the durable reference's in the same round, round by round."""
+    durable = {n: on.stats().score for m, sc, n, on, _, _ in runs if (m, sc) == (name, DURABLE)}
+    return [on.stats().score - durable[n] for m, sc, n, on, _, _ in runs if (m, sc) == (name, scaler)]
+
+
 async def main(names: list[str], datasets: Path, rounds: int) -> None:
     runs: list[tuple[str, str, int, Run, Run, Run]] = []
     played: dict[tuple[str, str, str], list[float]] = {}  # (scenario, scaler, policy) -> scores on its latencies
@@ -205,14 +214,15 @@ async def main(names: list[str], datasets: Path, rounds: int) -> None:
     print()
     print(
         "| scenario | scaler | live score, median | rounds' spread | cold starts, median (offline) | Assign s, median"
-        " | Idle s, median | live - offline, median | to the durable reference |"
+        " | Idle s, median | live - offline, median | to the durable reference | round by round: median (each) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         durable = statistics.median(
-            on.stats().score for m, sc, _, on, _, _ in runs if (m, sc) == (name, "durable reference")
+            on.stats().score for m, sc, _, on, _, _ in runs if (m, sc) == (name, DURABLE)
         )
         for scaler in SCALERS:
+            each = paired(runs, name, scaler)
             mine = [(on.stats(), offline.stats()) for m, sc, _, on, offline, _ in runs if (m, sc) == (name, scaler)]
             scores = [s.score for s, _ in mine]
             score, offline = statistics.median(scores), mine[0][1]
@@ -221,7 +231,8 @@ async def main(names: list[str], datasets: Path, rounds: int) -> None:
                 f" | {statistics.median(s.cold_starts for s, _ in mine):g} ({offline.cold_starts})"
                 f" | {statistics.median(s.invocation_schedule_time_in_secs for s, _ in mine):.1f}"
                 f" | {statistics.median(s.invocation_idle_time_in_secs for s, _ in mine):.1f}"
-                f" | {statistics.median(s.score - o.score for s, o in mine):+.2f} | {score - durable:+.2f} |"
+                f" | {statistics.median(s.score - o.score for s, o in mine):+.2f} | {score - durable:+.2f}"
+                f" | {statistics.median(each):+.2f} ({', '.join(f'{d:+.2f}' for d in each)}) |"
             )
     print()
     print(
