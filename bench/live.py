@@ -218,9 +218,7 @@ async def main(names: list[str], datasets: Path, rounds: int) -> None:
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
-        durable = statistics.median(
-            on.stats().score for m, sc, _, on, _, _ in runs if (m, sc) == (name, DURABLE)
-        )
+        durable = statistics.median(on.stats().score for m, sc, _, on, _, _ in runs if (m, sc) == (name, DURABLE))
         for scaler in SCALERS:
             each = paired(runs, name, scaler)
             mine = [(on.stats(), offline.stats()) for m, sc, _, on, offline, _ in runs if (m, sc) == (name, scaler)]
