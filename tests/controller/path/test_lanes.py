@@ -251,6 +251,33 @@ async def test_a_sure_release_is_answered_before_its_lane_has_it_and_stored_righ
             assert (await replay.replay(nc)).ledger.states["fn"] == stack.controller.states["fn"]
 
 
+async def test_a_caller_that_leaves_while_its_warm_assign_is_being_stored_leaves_no_instance_held(nats_url):
+    """The caller hangs up while its warm Assign's batch is held at the store: the batch is stored all the same once
+    the store moves, and the Cancel the door stores for the caller frees the instance it took. It is handed out
+    again; each request is assigned once, the one that left before the Cancel; replay equals the state."""
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("warm"))
+        await stack.settled()
+        gave_up = []
+        give_up = stack.controller.door.give_up
+        stack.controller.door.give_up = lambda cmd, why: (gave_up.append(cmd.request_id), give_up(cmd, why))
+        held = Held(stack, Assigned)
+        leaving = asyncio.create_task(stack.assign("r1"))
+        await held.reached.wait()
+        leaving.cancel()  # the client cancels the call: gRPC cancels its handler, the door gives the Assign up
+        await eventually(lambda: gave_up == ["r1"])
+        held.release()
+        await eventually(lambda: stack.controller.states["fn"].instances["fn-1"].phase is Phase.IDLE)
+        await stack.settled()
+        assert (await stack.assign("r2")).assigment.instance_id == "fn-1"
+        stored = [cause for cause, _ in await causes(nats_url)]
+        assert stored.count("assign:r1") == 1, stored
+        cancel = next(i for i, cause in enumerate(stored) if cause.startswith("cancel:r1"))
+        assert stored.index("assign:r1") < cancel < stored.index("assign:r2"), stored
+        async with connected(nats_url, "test") as nc:
+            assert (await replay.replay(nc)).ledger.states["fn"] == stack.controller.states["fn"]
+
+
 async def test_commands_that_queue_behind_an_append_are_decided_in_order_and_stored_together(nats_url):
     async with Stack(nats_url) as stack:
         await stack.idle(await stack.assign("warm"))
