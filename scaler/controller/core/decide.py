@@ -125,6 +125,7 @@ MAX_SESSION_WAIT_MS = 10_000
 # start; not at once, which a caller that repeats at once would turn into a stream of refusals.
 HELD_WAIT_MS = 2_000
 LOST_START = "a lost start"  # how a retirement's reason ends for an instance not ready within its start's bound
+LEASE_LAPSED = "no Idle within"  # how a release's reason begins for a request busy past its function's timeout
 
 
 class Decision(NamedTuple):
@@ -580,7 +581,7 @@ def _free_lost_leases(d: _Draft) -> None:
     given = "the function's" if d.s.meta is not None and d.s.meta.timeout_s > 0 else "the default"
     for inst in d.s.in_phase(Phase.BUSY):
         if inst.since_ms + lease <= d.now:
-            why = f"no Idle within {given} {d.s.timeout_s()}s timeout"
+            why = f"{LEASE_LAPSED} {given} {d.s.timeout_s()}s timeout"
             d.emit(Released(at_ms=d.now, request_id=inst.request_id, instance_id=inst.id, status_code=0, reason=why))
             d.emit(InstanceRetired(at_ms=d.now, instance_id=inst.id, slot_id=inst.slot_id, reason=why))
 
