@@ -358,8 +358,8 @@ async def test_sim_profile_as_local_processes_runs_the_smoke_test_without_leaks(
                     driver = LiveRun(dataset, pb_grpc.ScalerStub(channel), platform, clock)
                     stats = (await driver.run()).stats()
                 assert stats.total_requests_count == 980
-                # A request whose Idle comes past its function's timeout (5 s here) and the lease's grace, 1.75 s of
-                # wall time at this speed, has had its instance freed as lost: its Idle is NOT_FOUND. A loaded
+                # A request whose Idle comes past its function's timeout (5 s for some here) and the lease's grace,
+                # 1.75 s of wall time at this speed, has had its instance freed as lost: its Idle is NOT_FOUND. A loaded
                 # machine's stall makes that; any other failure, one the stream does not show freed, or one freed
                 # before its lease ran out (as the driver's clock bounds it), is the scaler's.
                 lapsed = await lapsed_leases(nats.url)
