@@ -43,6 +43,7 @@ async def test_two_machines_share_the_work_and_one_survives_the_others_loss(tmp_
             )
             created = stub.accounting.created
             reap(lost)  # the machine is gone: its node and its workers at once, mid-run
+            killed_ms = stub.clock.now_ms()
             doomed.stop()
             lost_at = time.monotonic()
             await shared_between(cluster.url, 1, seconds=30)
@@ -57,7 +58,8 @@ async def test_two_machines_share_the_work_and_one_survives_the_others_loss(tmp_
             assert [c.error for c in survivor.calls if c.error] == []
             assert all(c.error.startswith("UNAVAILABLE") for c in doomed.calls if c.error)
             assert (survivor.overlaps(), doomed.overlaps()) == ([], [])
-            await check(cluster.url, stub, survivor.calls + doomed.calls)  # no slot leaked, replay == state
+            # No slot leaked but one the killed worker had made and not stored: the challenge's platform lets it leak.
+            await check(cluster.url, stub, survivor.calls + doomed.calls, killed_ms)  # replay == state
         finally:
             reap(lost)
             code, rest = await stop(b)
