@@ -62,6 +62,7 @@ async def test_two_machines_share_the_work_and_one_survives_the_others_loss(tmp_
             await check(cluster.url, stub, survivor.calls + doomed.calls, killed_ms)  # replay == state
         finally:
             reap(lost)
+            await asyncio.wait_for(a.wait(), 10)  # its pipes closed on this loop, not by a later test's collector
             code, rest = await stop(b)
             assert code == 0, rest
 
