@@ -53,6 +53,7 @@ async def test_a_killed_scaler_up_frees_its_ports_at_once_when_its_nats_went_wit
         assert code == 0, rest
     finally:
         reap(parts)
+        await asyncio.wait_for(proc.wait(), 10)  # killed: reaped on this loop
 
 
 async def test_a_nats_that_dies_while_a_connection_drains_leaves_no_traceback(tmp_path, caplog, monkeypatch):

@@ -401,6 +401,7 @@ async def test_the_data_dir_stays_locked_while_any_part_lives(tmp_path):
                 break
     finally:
         reap(parts)
+        await asyncio.wait_for(proc.wait(), 10)  # killed: reaped on this loop
 
 
 def test_the_data_dir_stays_locked_whatever_is_deleted_in_it(tmp_path):
