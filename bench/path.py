@@ -98,7 +98,10 @@ async def traced(stack: Stack, call) -> Trace:
 
 async def main(policy: str, listed: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        async with NatsServer(Path(tmp) / "nats") as nats, Stack(nats.url, policy=policy) as stack:
+        async with (
+            NatsServer(Path(tmp) / "nats") as nats,
+            Stack(nats.url, policy=policy, nats_monitor=nats.monitor_url) as stack,
+        ):
             for n in range(5):  # the function warm, its history learned
                 await stack.idle(await stack.assign(f"warm-{n}"))
                 await stack.settled()

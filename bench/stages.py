@@ -129,7 +129,10 @@ async def serve_stamped(policy: str) -> None:
     calls: list[dict[str, float]] = []
     _stamp_the_path(calls)
     with tempfile.TemporaryDirectory() as tmp:
-        async with NatsServer(Path(tmp) / "nats") as nats, Stack(nats.url, policy=policy) as stack:
+        async with (
+            NatsServer(Path(tmp) / "nats") as nats,
+            Stack(nats.url, policy=policy, nats_monitor=nats.monitor_url) as stack,
+        ):
             print(stack.gateway.port, flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     kinds = {"Assign": ASSIGN, "Idle": IDLE}

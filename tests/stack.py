@@ -48,6 +48,7 @@ class Stack:
     lease_every_s: float = EVERY_S
     store_wait_s: float = STORE_WAIT_S
     like_challenge: bool = False  # the stub as the challenge's platform: a new slot per CreateSlot, no list
+    nats_monitor: str = ""  # the nats-server's monitoring, so the controller can tell it syncs every write
 
     async def __aenter__(self) -> "Stack":
         latency, challenge = self.create_latency_ms, self.like_challenge
@@ -64,6 +65,7 @@ class Stack:
             lease_ttl_s=self.lease_ttl_s,
             lease_every_s=self.lease_every_s,
             store_wait_s=self.store_wait_s,
+            nats_monitor=self.nats_monitor,
         )
         self.gateway = Gateway(self.controller, "127.0.0.1:0", reply_timeout_s=30)  # the node: one process
         self.platform_worker = PlatformWorker(self.nats_url, platform)
