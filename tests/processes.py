@@ -359,15 +359,13 @@ def _unsettled(running: state_service.Running, stub: PlatformStub, killed_ms: in
 
 
 def dead_workers_slots(stub: PlatformStub, killed_ms: int) -> set[str]:
-    """Slots a platform worker killed at `killed_ms` was answered for and never stored, which the next worker made
-    again under the same request id: on a platform that neither dedupes CreateSlot nor lists its slots (the
+    """Slots asked for before a platform worker was killed at `killed_ms` and made again under the same request id
+    after it: the killed worker had its answer (or the answer raced the kill) and never stored it, so the next
+    worker made the slot again. On a platform that neither dedupes CreateSlot nor lists its slots (the
     challenge's) such a slot leaks, and nothing can name it (docs/faults.md, "What the platform must do")."""
     slots = stub.accounting.slots.values()
     again = {s.request_id for s in slots if s.created_ms >= killed_ms}
-    return {
-        s.id for s in slots
-        if s.request_id in again and s.created_done_ms and s.created_done_ms <= killed_ms
-    }  # fmt: skip
+    return {s.id for s in slots if s.request_id in again and s.created_ms < killed_ms}
 
 
 def _made_for(slots: list[str], stub: PlatformStub) -> str:
