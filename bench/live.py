@@ -32,12 +32,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import statistics
 import sys
 import tempfile
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -106,31 +107,44 @@ SCALERS = {
 
 
 @contextlib.asynccontextmanager
-async def serving(scaler: str, platform: str) -> AsyncIterator[str]:
+async def serving(scaler: str, platform: str, probe: Path | None = None) -> AsyncIterator[tuple[str, deque[str]]]:
     """One of SCALERS started against `platform` (the durable reference on a synced nats-server of its own): its
-    address once it says it is ready; stopped after."""
+    address once it says it is ready, and the last lines it said (all of them once it stopped); stopped after. With
+    `probe`, a folder, its processes record into it what they spend the run on (bench/probe/sitecustomize.py)."""
     argv, ready, _ = SCALERS[scaler]
     with tempfile.TemporaryDirectory() as store:
         async with NatsServer(Path(store) / "nats") if scaler == DURABLE else contextlib.nullcontext() as nats:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, *argv(platform, nats.url if nats else ""), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+                stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env=probed(probe) if probe else None,
             )  # fmt: skip
+            said: deque[str] = deque(maxlen=20)  # its last lines, shown should a run fail
+            drain = None
             try:
                 while not (m := re.search(ready, (line := (await proc.stdout.readline()).decode()))):
                     if not line:
                         raise SystemExit(f"{scaler} exited before it was ready")
-                yield f"127.0.0.1:{m.group(1)}"
+                # Read on, or a scaler that says more than a pipe holds blocks mid-run on its next line.
+                drain = asyncio.create_task(_drain(proc, said))
+                yield f"127.0.0.1:{m.group(1)}", said
             finally:
                 await stop(proc)
+                if drain is not None:
+                    await drain
 
 
-async def live(dataset: Dataset, scaler: str) -> tuple[Run, Latency]:
+async def _drain(proc: asyncio.subprocess.Process, said: deque[str]) -> None:
+    while line := await proc.stdout.readline():
+        said.append(line.decode(errors="replace"))
+
+
+async def live(dataset: Dataset, scaler: str, probe: Path | None = None) -> tuple[Run, Latency]:
     platform = f"127.0.0.1:{free_port()}"
-    async with serving(scaler, platform) as address:
+    async with serving(scaler, platform, probe) as (address, said):
         outcome = await run_live(dataset, address, 1.0, platform, latency=True)
     if outcome.errors:
-        print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}", file=sys.stderr)
+        print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}; its last lines:", file=sys.stderr)
+        print("".join(said), file=sys.stderr)
     return outcome.run, outcome.latency
 
 
@@ -139,10 +153,69 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
     returned from their server's shutdown, and the bench waited for them for ever."""
     proc.send_signal(signal.SIGINT)
     try:
-        await asyncio.wait_for(proc.communicate(), 10)
+        await asyncio.wait_for(proc.wait(), 10)
     except TimeoutError:
         proc.kill()
-        await proc.communicate()
+        await proc.wait()
+
+
+PROBE = ROOT / "bench" / "probe"
+
+
+def probed(folder: Path) -> dict[str, str]:
+    """The environment of a scaler whose processes record what they spend the run on into `folder`."""
+    path = os.pathsep.join(p for p in (str(PROBE), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "SCALER_PROBE_DIR": str(folder)}
+
+
+def process_name(argv: list[str]) -> str:
+    first = Path(argv[0]).parent.name if argv else ""
+    if first == "workers":
+        return "workers"
+    if argv[1:2] in (["node"], ["up"]):
+        return argv[1]
+    return Path(argv[0]).stem if argv else "?"
+
+
+def probe_rows(run: str, folder: Path) -> list[list[str]]:
+    """Four tables' rows from one run's probes: each process's loop, its longest steps by task, its NATS requests,
+    the node's lanes."""
+    loops, steps, requests, lanes = [], [], [], []
+    for f in sorted(folder.glob("*.json")):
+        d = json.loads(f.read_text())
+        name, loop = process_name(d["argv"]), d["loop"]
+        counts = loop["callbacks"]
+        if not sum(counts):
+            continue
+        over_1ms = sum(c for c, b in zip(counts[1:], loop["bounds_ms"], strict=True) if b >= 1)
+        full = d["gc"].get("2", [])
+        loops.append(
+            f"| {run} | {name} | {sum(counts):,} | {loop['ms'] / 1000:.2f} | {over_1ms} "
+            f"| {len(full)} | {max(full, default=0):.1f} |"
+        )
+        for task, (n, ms) in sorted(d["long"].items(), key=lambda kv: -kv[1][1])[:5]:
+            steps.append(f"| {run} | {name} | {task[:110]} | {n:,} | {ms / n:.3f} |")
+        for subject, ms in sorted(d["requests"].items(), key=lambda kv: -len(kv[1])):
+            slow = sum(1 for m in ms if m >= 3)
+            requests.append(
+                f"| {run} | {name} | {subject} | {len(ms):,} | {pct(ms, 0.5):.2f} | {pct(ms, 0.99):.2f} "
+                f"| {max(ms):.1f} | {slow} |"
+            )
+        for what, ms in sorted(d["lanes"].items()):
+            lanes.append(f"| {run} | {what} | {len(ms):,} | {pct(ms, 0.5):.3f} | {statistics.fmean(ms):.3f} "
+                         f"| {pct(ms, 0.99):.3f} |")  # fmt: skip
+    return [loops, steps, requests, lanes]
+
+
+PROBE_TABLES = (
+    "| run | process | loop callbacks | their s | of 1 ms or more | full collections | longest ms |\n"
+    "|---|---|---:|---:|---:|---:|---:|",
+    "| run | process | a step of 0.25 ms or more, by task (its coroutines at the step's end) | steps | mean ms |\n"
+    "|---|---|---|---:|---:|",
+    "| run | process | NATS request to | n | p50 ms | p99 ms | max ms | 3 ms or more |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|",
+    "| run | in the node's lanes | n | p50 ms | mean ms | p99 ms |\n|---|---|---:|---:|---:|---:|",
+)
 
 
 def row(name: str, scaler: str, n: int, run: Run, offline: Run, played: Run) -> str:
@@ -185,8 +258,9 @@ def paired(runs: list[tuple[str, str, int, Run, Run, Run]], name: str, scaler: s
     return [on.stats().score - durable[n] for m, sc, n, on, _, _ in runs if (m, sc) == (name, scaler)]
 
 
-async def main(names: list[str], datasets: Path, rounds: int) -> None:
+async def main(names: list[str], datasets: Path, rounds: int, probe: bool = False) -> None:
     runs: list[tuple[str, str, int, Run, Run, Run]] = []
+    probes: list[list[list[str]]] = []  # each probed run's rows of PROBE_TABLES
     played: dict[tuple[str, str, str], list[float]] = {}  # (scenario, scaler, policy) -> scores on its latencies
     offline_scores: dict[tuple[str, str], float] = {}
     latency: list[str] = []
@@ -198,7 +272,12 @@ async def main(names: list[str], datasets: Path, rounds: int) -> None:
             offline_scores.update({(name, policy): run.stats().score for policy, run in offline.items()})
             for n in range(1, rounds + 1):
                 for scaler, (_, _, policy) in SCALERS.items():
-                    on, model = await live(dataset, scaler)
+                    folder = Path(scratch) / f"probe-{name}-{scaler}-{n}".replace(" ", "-") if probe else None
+                    if folder:
+                        folder.mkdir()
+                    on, model = await live(dataset, scaler, folder)
+                    if folder:
+                        probes.append(probe_rows(f"{name}, {scaler}, {n}", folder))
                     on_its = {p: simulate(dataset, get_policy(p), latency=model) for p in POLICIES}
                     for p, run in on_its.items():
                         played.setdefault((name, scaler, p), []).append(run.stats().score)
@@ -258,6 +337,10 @@ async def main(names: list[str], datasets: Path, rounds: int) -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     print("\n".join(latency))
     print()
+    for i, header in enumerate(PROBE_TABLES if probes else ()):
+        print(header)
+        print("\n".join(r for rows in probes for r in rows[i]))
+        print()
     print("| scenario | scaler | round | function | offline slot GB·s | live slot GB·s | live / offline |")
     print("|---|---|---:|---|---:|---:|---:|")
     for name, scaler, n, on, offline, _ in runs:
@@ -274,5 +357,8 @@ if __name__ == "__main__":
     p.add_argument("--scenarios", nargs="+", default=names, choices=names)
     p.add_argument("--rounds", type=int, default=3, help="runs of each scaler (medians over them)")
     p.add_argument("--datasets-dir", type=Path, default=DATASETS_DIR)
+    p.add_argument(
+        "--probe", action="store_true", help="also what each scaler's processes spend a run on (bench/probe/)"
+    )
     a = p.parse_args()
-    asyncio.run(main(a.scenarios, a.datasets_dir, a.rounds))
+    asyncio.run(main(a.scenarios, a.datasets_dir, a.rounds, a.probe))

@@ -103,7 +103,7 @@ async def client_view(scaler: str, pairs: int) -> tuple[list[float], list[float]
     stub = PlatformStub("127.0.0.1:0", None, 20)
     await stub.start()
     try:
-        async with live.serving(scaler, f"127.0.0.1:{stub.port}") as address:
+        async with live.serving(scaler, f"127.0.0.1:{stub.port}") as (address, _):
             return await paced(address, pairs)
     finally:
         await stub.stop()
