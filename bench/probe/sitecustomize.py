@@ -70,11 +70,13 @@ def _install(out: str) -> None:
 
     asyncio.events.Handle._run = timed_run
 
-    def collected(phase: str, info: dict, began: list[float] = [0.0]) -> None:  # noqa: B006 (the last start)
+    collecting = [0.0]  # when the collection under way began
+
+    def collected(phase: str, info: dict) -> None:
         if phase == "start":
-            began[0] = clock()
+            collecting[0] = clock()
         else:
-            collections.setdefault(str(info.get("generation")), []).append((clock() - began[0]) * 1000)
+            collections.setdefault(str(info.get("generation")), []).append((clock() - collecting[0]) * 1000)
 
     gc.callbacks.append(collected)
 
