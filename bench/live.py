@@ -188,10 +188,11 @@ def probe_rows(run: str, folder: Path) -> list[list[str]]:
         if not sum(counts):
             continue
         over_1ms = sum(c for c, b in zip(counts[1:], loop["bounds_ms"], strict=True) if b >= 1)
-        full = d["gc"].get("2", [])
+        full = d["full"]  # (s into the process's life, ms)
+        at, longest = max(full, key=lambda c: c[1], default=(0.0, 0.0))
         loops.append(
             f"| {run} | {name} | {sum(counts):,} | {loop['ms'] / 1000:.2f} | {over_1ms} "
-            f"| {len(full)} | {max(full, default=0):.1f} |"
+            f"| {len(full)} | {longest:.1f} ({at:.1f} s) |"
         )
         for task, (n, ms) in sorted(d["long"].items(), key=lambda kv: -kv[1][1])[:5]:
             steps.append(f"| {run} | {name} | {task[:110]} | {n:,} | {ms / n:.3f} |")
@@ -208,7 +209,7 @@ def probe_rows(run: str, folder: Path) -> list[list[str]]:
 
 
 PROBE_TABLES = (
-    "| run | process | loop callbacks | their s | of 1 ms or more | full collections | longest ms |\n"
+    "| run | process | loop callbacks | their s | of 1 ms or more | full collections | longest ms (s into its life) |\n"
     "|---|---|---:|---:|---:|---:|---:|",
     "| run | process | a step of 0.25 ms or more, by task (its coroutines at the step's end) | steps | mean ms |\n"
     "|---|---|---|---:|---:|",

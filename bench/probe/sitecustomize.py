@@ -7,7 +7,7 @@ start then records, until it exits, into SCALER_PROBE_DIR/<pid>.json:
   long ones (0.25 ms or more) were, by their coroutines' chain at the end of the step;
 - every `nc.request` of nats-py (appends, KV writes, JetStream's API, the workers' reports), timed, by its
   subject's first two tokens (a number as `*`);
-- every collection of the garbage collector, by generation;
+- every collection of the garbage collector, by generation, and when each full one came;
 - in the node (`scaler node`), each command's wait from its lane's queue to its decision and the decision itself,
   by command kind, and each plan's decision.
 
@@ -71,12 +71,17 @@ def _install(out: str) -> None:
     asyncio.events.Handle._run = timed_run
 
     collecting = [0.0]  # when the collection under way began
+    started = clock()
+    full: list[tuple[float, float]] = []  # each full collection: s into the process's life, ms
 
     def collected(phase: str, info: dict) -> None:
         if phase == "start":
             collecting[0] = clock()
-        else:
-            collections.setdefault(str(info.get("generation")), []).append((clock() - collecting[0]) * 1000)
+            return
+        ms = (clock() - collecting[0]) * 1000
+        collections.setdefault(str(info.get("generation")), []).append(ms)
+        if info.get("generation") == 2:
+            full.append((collecting[0] - started, ms))
 
     gc.callbacks.append(collected)
 
@@ -107,6 +112,7 @@ def _install(out: str) -> None:
                     "long": long_by_task,
                     "requests": requests,
                     "gc": collections,
+                    "full": full,
                     "lanes": lanes,
                 },
                 f,
