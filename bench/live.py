@@ -1,6 +1,6 @@
 """Live against offline on the same trace and policy, beside two references: the cost of storing apart from the node's.
 
-    python bench/live.py [--scenarios smoke busiest-minute] [--rounds 3] [--datasets-dir DIR]
+    python bench/live.py [--scenarios smoke busiest-minute] [--rounds 3] [--datasets-dir DIR] [--probe]
 
 Each scenario runs once offline (the pure core on a virtual clock: the scaler takes no time) and
 live at speed 1, driven by `scaler simulate`'s live mode, through four scalers, each `--rounds` times
@@ -21,7 +21,8 @@ one right after the other, and the machine's speed, which drifts over minutes an
 than the gaps measured here, moves a round's two sides more alike than two medians; then `learned` and
 `demo` played offline on each scaler's latency (what each policy would score live on a scaler that
 fast), a warm Assign's latency and the Idle's over the run and in its busiest second, and slot GB·s
-per function; on this machine, under whatever else it runs.
+per function; on this machine, under whatever else it runs. With `--probe`, four tables more: what each scaler's
+processes spent each run on, recorded from inside them (bench/probe/sitecustomize.py).
 
 - smoke: function_smoke_test (806 of its 980 requests within one second);
 - busiest-minute: dataSet_1 from 18,600 s to 18,660 s (2,731 requests of 20-40 ms, 45 a second, on
