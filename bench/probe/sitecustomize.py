@@ -7,7 +7,7 @@ start then records, until it exits, into SCALER_PROBE_DIR/<pid>.json:
   long ones (0.25 ms or more) were, by their coroutines' chain at the end of the step;
 - every `nc.request` of nats-py (appends, KV writes, JetStream's API, the workers' reports), timed, by its
   subject's first two tokens (a number as `*`);
-- every collection of the garbage collector, by generation, and when each full one came;
+- every full collection of the garbage collector: when it came, how long it took;
 - in the node (`scaler node`), each command's wait from its lane's queue to its decision and the decision itself,
   by command kind, and each plan's decision.
 
@@ -26,9 +26,13 @@ OUT = os.environ.get("SCALER_PROBE_DIR")
 def _install(out: str) -> None:
     import asyncio
     import atexit
+    import bisect
     import gc
+    import itertools
     import json
     import time
+
+    from scaler.runtime.tasks import awaited
 
     clock = time.perf_counter
     bounds_ms = (0.1, 0.25, 0.5, 1, 2, 5, 10)
@@ -36,18 +40,14 @@ def _install(out: str) -> None:
     loop_ms = [0.0]
     long_by_task: dict[str, list[float]] = {}  # where -> [count, ms]
     requests: dict[str, list[float]] = {}
-    collections: dict[str, list[float]] = {}
     lanes: dict[str, list[float]] = {}
 
     def where(callback) -> str:
         task = getattr(callback, "__self__", None)
         if not isinstance(task, asyncio.Task):
             return str(getattr(callback, "__qualname__", type(callback).__name__))
-        chain, coro = [], task.get_coro()
-        while coro is not None and len(chain) < 8:
-            chain.append(str(getattr(coro, "__qualname__", None) or type(coro).__name__))
-            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-        return ">".join(chain)
+        chain = itertools.islice(awaited(task.get_coro()), 8)
+        return ">".join(str(getattr(c, "__qualname__", None) or type(c).__name__) for c in chain)
 
     run = asyncio.events.Handle._run
 
@@ -56,10 +56,7 @@ def _install(out: str) -> None:
         run(self)
         ms = (clock() - began) * 1000
         loop_ms[0] += ms
-        i = 0
-        while i < len(bounds_ms) and ms >= bounds_ms[i]:
-            i += 1
-        loop_counts[i] += 1
+        loop_counts[bisect.bisect_right(bounds_ms, ms)] += 1
         if ms >= 0.25:
             try:
                 seen = long_by_task.setdefault(where(self._callback), [0, 0.0])
@@ -78,10 +75,8 @@ def _install(out: str) -> None:
         if phase == "start":
             collecting[0] = clock()
             return
-        ms = (clock() - collecting[0]) * 1000
-        collections.setdefault(str(info.get("generation")), []).append(ms)
         if info.get("generation") == 2:
-            full.append((collecting[0] - started, ms))
+            full.append((collecting[0] - started, (clock() - collecting[0]) * 1000))
 
     gc.callbacks.append(collected)
 
@@ -111,7 +106,6 @@ def _install(out: str) -> None:
                     "loop": {"callbacks": loop_counts, "bounds_ms": bounds_ms, "ms": loop_ms[0]},
                     "long": long_by_task,
                     "requests": requests,
-                    "gc": collections,
                     "full": full,
                     "lanes": lanes,
                 },

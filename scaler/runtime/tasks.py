@@ -37,13 +37,19 @@ def say_where_tasks_wait() -> None:
     log.warning("%d tasks, where each waits:\n%s", len(tasks), out.getvalue())
 
 
-def _awaits(coro) -> Iterator[str]:
-    """The coroutine's line, then each one it awaits in turn, down to what the innermost awaits (a future, a
-    generator): a task's own stack shows only its outermost coroutine."""
+def awaited(coro) -> Iterator[object]:
+    """The coroutine, then each one it awaits in turn, down to what the innermost awaits (a future, a generator): a
+    task's own stack shows only its outermost coroutine."""
     while coro is not None:
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        yield coro
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+
+
+def _awaits(coro) -> Iterator[str]:
+    """Each line of `awaited`, and what the innermost awaits."""
+    for c in awaited(coro):
+        frame = getattr(c, "cr_frame", None) or getattr(c, "gi_frame", None)
         if frame is None:  # finished, or not a coroutine: a future, an async generator's step
-            yield f"awaits {coro!r}"[:300]
+            yield f"awaits {c!r}"[:300]
             return
         yield f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
