@@ -21,8 +21,9 @@ one right after the other, and the machine's speed, which drifts over minutes an
 than the gaps measured here, moves a round's two sides more alike than two medians; then `learned` and
 `demo` played offline on each scaler's latency (what each policy would score live on a scaler that
 fast), a warm Assign's latency and the Idle's over the run and in its busiest second, and slot GB·s
-per function; on this machine, under whatever else it runs. With `--probe`, four tables more: what each scaler's
-processes spent each run on, recorded from inside them (bench/probe/sitecustomize.py).
+per function; on this machine, under whatever else it runs. With `--probe`, five tables more: what each scaler's
+processes spent each run on, recorded from inside them (bench/probe/sitecustomize.py), and each call's time on its
+way to the scaler's handler, in it, and back.
 
 - smoke: function_smoke_test (806 of its 980 requests within one second);
 - busiest-minute: dataSet_1 from 18,600 s to 18,660 s (2,731 requests of 20-40 ms, 45 a second, on
@@ -39,14 +40,16 @@ import signal
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scaler.controller.core.policy import get_policy  # noqa: E402
+from scaler.proto import serverless_sim_pb2_grpc as pb_grpc  # noqa: E402
 from scaler.runtime.natsd import NatsServer  # noqa: E402
 from scaler.runtime.ports import free_port  # noqa: E402
 from scaler.simulator.dataset import Dataset, load_dataset  # noqa: E402
@@ -142,7 +145,8 @@ async def _drain(proc: asyncio.subprocess.Process, said: deque[str]) -> None:
 async def live(dataset: Dataset, scaler: str, probe: Path | None = None) -> tuple[Run, Latency]:
     platform = f"127.0.0.1:{free_port()}"
     async with serving(scaler, platform, probe) as (address, said):
-        outcome = await run_live(dataset, address, 1.0, platform, latency=True)
+        with timed_calls(probe / SENT) if probe else contextlib.nullcontext():
+            outcome = await run_live(dataset, address, 1.0, platform, latency=True)
     if outcome.errors:
         print(f"{dataset.name}, {scaler}: failed calls {dict(outcome.errors)}; its last lines:", file=sys.stderr)
         print("".join(said), file=sys.stderr)
@@ -161,6 +165,37 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
 
 
 PROBE = ROOT / "bench" / "probe"
+SENT = "sent"  # in a probed run's folder: when this process sent each call, and had its answer
+
+
+@contextlib.contextmanager
+def timed_calls(into: Path) -> Iterator[None]:
+    """Each Assign and Idle the simulator sends meanwhile, by request id: when it was sent and answered
+    (`time.monotonic()`, the clock the probed scaler stamps its handlers with), written to `into` after."""
+    sent: dict[str, list[tuple[float, float, str]]] = {"Assign": [], "Idle": []}
+    made = pb_grpc.ScalerStub.__init__
+
+    def timed(method: str, call, request_id):
+        async def send(request, *args, **kwargs):
+            began = time.monotonic()
+            try:
+                return await call(request, *args, **kwargs)
+            finally:
+                sent[method].append((began, time.monotonic(), request_id(request)))
+
+        return send
+
+    def make(stub, channel) -> None:
+        made(stub, channel)
+        stub.Assign = timed("Assign", stub.Assign, lambda r: r.request_id)
+        stub.Idle = timed("Idle", stub.Idle, lambda r: r.assigment.request_id)
+
+    pb_grpc.ScalerStub.__init__ = make
+    try:
+        yield
+    finally:
+        pb_grpc.ScalerStub.__init__ = made
+        into.write_text(json.dumps(sent))
 
 
 def probed(folder: Path) -> dict[str, str]:
@@ -179,11 +214,14 @@ def process_name(argv: list[str]) -> str:
 
 
 def probe_rows(run: str, folder: Path) -> list[list[str]]:
-    """Four tables' rows from one run's probes: each process's loop, its longest steps by task, its NATS requests,
-    the node's lanes."""
+    """Five tables' rows from one run's probes: each process's loop, its longest steps by task, its NATS requests,
+    the node's lanes, and where the calls' time went."""
     loops, steps, requests, lanes = [], [], [], []
+    handled: dict[str, dict[str, tuple[float, float]]] = {"Assign": {}, "Idle": {}}
     for f in sorted(folder.glob("*.json")):
         d = json.loads(f.read_text())
+        for method, calls in d.get("handled", {}).items():
+            handled[method].update((request_id, (entered, ms)) for entered, ms, request_id in calls)
         name, loop = process_name(d["argv"]), d["loop"]
         counts = loop["callbacks"]
         if not sum(counts):
@@ -206,7 +244,28 @@ def probe_rows(run: str, folder: Path) -> list[list[str]]:
         for what, ms in sorted(d["lanes"].items()):
             lanes.append(f"| {run} | {what} | {len(ms):,} | {pct(ms, 0.5):.3f} | {statistics.fmean(ms):.3f} "
                          f"| {pct(ms, 0.99):.3f} |")  # fmt: skip
-    return [loops, steps, requests, lanes]
+    return [loops, steps, requests, lanes, call_rows(run, handled, json.loads((folder / SENT).read_text()))]
+
+
+def call_rows(
+    run: str, handled: dict[str, dict[str, tuple[float, float]]], sent: dict[str, list[tuple[float, float, str]]]
+) -> list[str]:
+    """Each call kind's time split three ways, the simulator's stamps joined with the scaler's by request id: on its
+    way to the handler (gRPC's transport; its server taking calls in one at a time, each a few turns of the scaler's
+    event loop), in the handler, and back to the simulator."""
+    rows = []
+    for method, calls in sent.items():
+        parts: tuple[list[float], list[float], list[float]] = ([], [], [])
+        for began, answered, request_id in calls:
+            if (seen := handled[method].get(request_id)) is not None:
+                entered, ms = seen
+                split = ((entered - began) * 1000, ms, (answered - entered) * 1000 - ms)
+                for part, value in zip(parts, split, strict=True):
+                    part.append(value)
+        if parts[0]:
+            cells = " | ".join(f"{pct(v, 0.5):.2f} / {statistics.fmean(v):.2f} / {pct(v, 0.99):.1f}" for v in parts)
+            rows.append(f"| {run} | {method} | {len(parts[0]):,} | {cells} |")
+    return rows
 
 
 PROBE_TABLES = (
@@ -217,6 +276,8 @@ PROBE_TABLES = (
     "| run | process | NATS request to | n | p50 ms | p99 ms | max ms | 3 ms or more |\n"
     "|---|---|---|---:|---:|---:|---:|---:|",
     "| run | in the node's lanes | n | p50 ms | mean ms | p99 ms |\n|---|---|---:|---:|---:|---:|",
+    "| run | call | n | to its handler, p50 / mean / p99 ms | in it | back to the caller |\n"
+    "|---|---|---:|---:|---:|---:|",
 )
 
 

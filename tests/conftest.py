@@ -25,6 +25,9 @@ STARTERS = frozenset(
 THROUGH_THE_SCALER = {
     "tests/simulator/test_runs.py": "a saved run records its commit (`git describe`)",
     "tests/simulator/test_sweep.py::test_a_sweep_runs_its_points_in_processes": "a sweep runs its points in processes",
+    "tests/simulator/test_bench_probe.py::test_a_probed_run_stamps_every_call_between_its_sending_and_its_answer": (
+        "bench/live.py starts the reference scaler"
+    ),
 }
 
 

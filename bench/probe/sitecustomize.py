@@ -9,7 +9,11 @@ start then records, until it exits, into SCALER_PROBE_DIR/<pid>.json:
   subject's first two tokens (a number as `*`);
 - every full collection of the garbage collector: when it came, how long it took;
 - in the node (`scaler node`), each command's wait from its lane's queue to its decision and the decision itself,
-  by command kind, and each plan's decision.
+  by command kind, and each plan's decision;
+- in the process serving the Scaler service (the node, a reference), when each Assign and Idle entered its handler
+  (`time.monotonic()`, CLOCK_MONOTONIC: the same clock in every process of the machine) and how long it took there,
+  by request id: bench/live.py, which records when it sent each call and had its answer, splits a call's time into
+  its way to the handler (gRPC's transport, and its server taking the call in), the handler, and its way back.
 
 The node and the workers run on asyncio's own loop here, not uvloop's (whose callbacks cannot be timed from
 Python): the node measured the same either way on this machine (docs/benchmarks.md). The probe costs a microsecond
@@ -41,6 +45,7 @@ def _install(out: str) -> None:
     long_by_task: dict[str, list[float]] = {}  # where -> [count, ms]
     requests: dict[str, list[float]] = {}
     lanes: dict[str, list[float]] = {}
+    handled: dict[str, list[tuple[float, float, str]]] = {"Assign": [], "Idle": []}  # (entered, ms, request id)
 
     def where(callback) -> str:
         task = getattr(callback, "__self__", None)
@@ -95,6 +100,7 @@ def _install(out: str) -> None:
     nats.aio.client.Client.request = timed_request
 
     _on_asyncio()
+    _probe_handlers(handled)
     if sys.argv[1:2] == ["node"]:  # argv[0] is still "-m" here
         _probe_node(lanes, clock)
 
@@ -108,6 +114,7 @@ def _install(out: str) -> None:
                     "requests": requests,
                     "full": full,
                     "lanes": lanes,
+                    "handled": handled,
                 },
                 f,
             )
@@ -123,6 +130,32 @@ def _on_asyncio() -> None:
     import scaler.runtime.service as service
 
     service.run = asyncio.run
+
+
+def _probe_handlers(handled: dict[str, list[tuple[float, float, str]]]) -> None:
+    """The Scaler service's handlers, in whichever process serves it: when each call entered, for how long."""
+    import time
+
+    from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
+
+    add = pb_grpc.add_ScalerServicer_to_server
+
+    def timed(method: str, handler, request_id):
+        async def handle(request, context):
+            began = time.monotonic()
+            try:
+                return await handler(request, context)
+            finally:
+                handled[method].append((began, (time.monotonic() - began) * 1000, request_id(request)))
+
+        return handle
+
+    def add_timed(servicer, server) -> None:
+        servicer.Assign = timed("Assign", servicer.Assign, lambda r: r.request_id)
+        servicer.Idle = timed("Idle", servicer.Idle, lambda r: r.assigment.request_id)
+        add(servicer, server)
+
+    pb_grpc.add_ScalerServicer_to_server = add_timed
 
 
 def _probe_node(lanes: dict[str, list[float]], clock) -> None:
