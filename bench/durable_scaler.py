@@ -25,7 +25,7 @@ from nats.js.api import StorageType, StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.memory_scaler import MemoryScaler
+from bench.memory_scaler import MemoryScaler, stopped
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 
@@ -108,7 +108,8 @@ async def serve(listen: str, platform: str, nats_url: str) -> None:
         port = server.add_insecure_port(listen)
         await server.start()
         print(f"durable scaler on {listen.rsplit(':', 1)[0]}:{port}", flush=True)
-        await server.wait_for_termination()
+        await stopped()
+        await server.stop(None)
 
 
 if __name__ == "__main__":
@@ -117,7 +118,4 @@ if __name__ == "__main__":
     p.add_argument("--platform", required=True)
     p.add_argument("--nats", required=True)
     a = p.parse_args()
-    try:
-        asyncio.run(serve(a.listen, a.platform, a.nats))
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(serve(a.listen, a.platform, a.nats))

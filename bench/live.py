@@ -154,8 +154,7 @@ async def live(dataset: Dataset, scaler: str, probe: Path | None = None) -> tupl
 
 
 async def stop(proc: asyncio.subprocess.Process) -> None:
-    """Ctrl-C, and kill -9 should the scaler not be gone 10 s later: the references, stopped in a run, at times never
-    returned from their server's shutdown, and the bench waited for them for ever."""
+    """Ctrl-C, and kill -9 should the scaler not be gone 10 s later (a scaler that hangs is not waited for ever)."""
     proc.send_signal(signal.SIGINT)
     try:
         await asyncio.wait_for(proc.wait(), 10)

@@ -12,6 +12,7 @@ Assign's or an Idle's time is gRPC and Python.
 import argparse
 import asyncio
 import itertools
+import signal
 import sys
 from pathlib import Path
 
@@ -85,7 +86,18 @@ async def serve(listen: str, platform: str) -> None:
         port = server.add_insecure_port(listen)
         await server.start()
         print(f"memory scaler on {listen.rsplit(':', 1)[0]}:{port}", flush=True)
-        await server.wait_for_termination()
+        await stopped()
+        await server.stop(None)
+
+
+async def stopped() -> None:
+    """Until SIGINT or SIGTERM, taken on the event loop: a process started in the background by a shell ignores
+    SIGINT, which bench/live.py stops its scalers with (they were then killed 10 s later, their probes unwritten)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 if __name__ == "__main__":
@@ -93,7 +105,4 @@ if __name__ == "__main__":
     p.add_argument("--listen", default="127.0.0.1:0")
     p.add_argument("--platform", required=True)
     a = p.parse_args()
-    try:
-        asyncio.run(serve(a.listen, a.platform))
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(serve(a.listen, a.platform))
