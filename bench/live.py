@@ -198,8 +198,10 @@ def timed_calls(into: Path) -> Iterator[None]:
 
 
 def probed(folder: Path) -> dict[str, str]:
-    """The environment of a scaler whose processes record what they spend the run on into `folder`."""
-    path = os.pathsep.join(p for p in (str(PROBE), os.environ.get("PYTHONPATH", "")) if p)
+    """The environment of a scaler whose processes record what they spend the run on into `folder`. This checkout
+    comes right after the probe on the path: the probe imports `scaler` before `-m` puts the working directory on
+    it, and would otherwise measure the installed package's code rather than the checkout's (another worktree's)."""
+    path = os.pathsep.join(p for p in (str(PROBE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "SCALER_PROBE_DIR": str(folder)}
 
 
