@@ -23,6 +23,7 @@ from scaler.controller.partitions import OWNERS
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
 from scaler.proto.commands import Code, Delete, Restart, SlotFailed, decode_reply, encode
+from scaler.proto.events import Released
 from scaler.proto.subjects import EVENTS, command_subject, event_subject, partition, report_subject
 from scaler.runtime.access import NatsAccess
 from scaler.runtime.bus import connected
@@ -139,6 +140,9 @@ async def test_each_role_is_refused_by_nats_what_it_must_not_do(ca, tmp_path):
             async with grpc.aio.insecure_channel(parts.address("node")) as ch:
                 first = await assign_and_idle(pb_grpc.ScalerStub(ch), "r1", KEY)
             node = nats_server.access("node")
+            async with asyncio.timeout(30):  # the Idle is answered at once, its release stored right behind it
+                while not any(isinstance(x, Released) for b in await stored_events(node, KEY) for x in b):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
             async with connected(node, "test") as nc:  # something in the snapshots' bucket for the attackers to want
                 await (await nc.jetstream().object_store(snapshots.BUCKET)).put("target", b"what a node keeps")
                 forged = (await nc.jetstream().get_last_msg(EVENTS, event_subject(KEY, "c"))).data  # a real batch
