@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import datetime
 import itertools
+import multiprocessing
 import os
 import sys
 import time
@@ -148,9 +149,12 @@ def simulate_point(point: Point) -> Result:
 
 
 def sweep(path: str, todo: list[Point], jobs: int, progress=None) -> list[Result]:
-    """Simulate every point, `jobs` processes at once; results in the order of `todo`."""
+    """Simulate every point, `jobs` processes at once; results in the order of `todo`. The workers are forked from a
+    fresh server process, not from this one: a child forked from a process whose other threads (the executor's own,
+    a test runner's) hold a lock at that moment can hang for ever (seen: both workers spinning for 20 minutes)."""
     done: dict[Point, Result] = {}
-    with ProcessPoolExecutor(max(1, min(jobs, len(todo))), initializer=_load, initargs=(path,)) as pool:
+    workers, fresh = max(1, min(jobs, len(todo))), multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(workers, mp_context=fresh, initializer=_load, initargs=(path,)) as pool:
         futures = {pool.submit(simulate_point, point): point for point in todo}
         for future in as_completed(futures):
             done[futures[future]] = future.result()
