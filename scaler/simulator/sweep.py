@@ -151,7 +151,7 @@ def simulate_point(point: Point) -> Result:
 def sweep(path: str, todo: list[Point], jobs: int, progress=None) -> list[Result]:
     """Simulate every point, `jobs` processes at once; results in the order of `todo`. The workers are forked from a
     fresh server process, not from this one: a child forked from a process whose other threads (the executor's own,
-    a test runner's) hold a lock at that moment can hang for ever (seen: both workers spinning for 20 minutes)."""
+    a test runner's) hold a lock at that moment can hang for ever."""
     done: dict[Point, Result] = {}
     workers, fresh = max(1, min(jobs, len(todo))), multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(workers, mp_context=fresh, initializer=_load, initargs=(path,)) as pool:
