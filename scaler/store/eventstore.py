@@ -13,7 +13,7 @@ from nats.js.api import StreamConfig
 
 from scaler.proto.subjects import EVENTS
 from scaler.store import config, stream
-from scaler.store.commits import Commits
+from scaler.store.commits import SHARE_FROM_LONE, Commits
 from scaler.store.config import Retention
 from scaler.store.stream import ALL, Append, Kept, OnBatch, OnStamp
 
@@ -41,13 +41,15 @@ class EventStore:
         """Create EVENTS or bring it to this configuration (config.ensure); check the server and the layout.
 
         A server that takes atomic batches (2.12+) gets a stream that allows them, and appends of
-        different functions that meet share one commit (store/commits.py)."""
+        different functions that meet share one commit (store/commits.py): on a replicated stream as soon
+        as one is on its way, on a lone server's only once many are."""
         stream.check_server(self.nc)
         v = self.nc.connected_server_version
         atomic = (v.major, v.minor) >= stream.OLDEST_ATOMIC
         configured = await config.ensure_stream(self.js, replicas, retention, atomic=atomic)
         await stream.check_layout(self.js)
         self.commits.atomic = bool(configured.allow_atomic)
+        self.commits.share_from = 1 if (configured.num_replicas or 1) > 1 else SHARE_FROM_LONE
         return configured
 
     async def append(self, a: Append) -> int:

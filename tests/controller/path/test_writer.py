@@ -30,7 +30,7 @@ async def js(nats_url):
 
 def writer(nc, js, ledger: Ledger | None = None, owns=lambda key: True, atomic: bool = False, **kw) -> Writer:
     store = EventStore(nc)
-    store.commits.atomic = atomic  # as `EventStore.ensure` sets it on a stream that takes atomic batches
+    store.commits.atomic = atomic  # as `EventStore.ensure` sets it on a stream that takes them; shared as on a cluster
     return Writer(store, ledger or Ledger(), owns, **kw)
 
 
@@ -209,6 +209,21 @@ async def test_appends_of_several_functions_arriving_together_are_one_atomic_bat
         msg = await js.get_msg("EVENTS", seq)
         batch_ids.add((msg.headers or {}).get("Nats-Batch-Id"))
     assert len(batch_ids) == 1 and None not in batch_ids, batch_ids
+
+
+async def test_appends_share_a_commit_only_once_as_many_as_the_stream_says_are_on_their_way(atomic_js):
+    """On a lone server an atomic batch costs as much as a dozen appends in a row (bench/sync.py): appends go alone
+    until `share_from` are on their way; those that come after wait, and share the next commit."""
+    nc, js = atomic_js
+    w = writer(nc, js, atomic=True)
+    w.store.commits.share_from = 3
+    keys = [f"fn{n}" for n in range(8)]
+    seqs = await asyncio.gather(*(w.append(batch(k, 1)) for k in keys))
+    batch_ids = [((await js.get_msg("EVENTS", seq)).headers or {}).get("Nats-Batch-Id") for seq in seqs]
+    assert batch_ids[:3] == [None] * 3, batch_ids  # alone, at once
+    assert None not in batch_ids[3:] and len(set(batch_ids[3:])) == 1, batch_ids  # the five after them: one batch
+    for k in keys:
+        assert await stored(js, k) == [f"assign:{k}:r1"]
 
 
 async def test_one_stale_function_in_a_shared_commit_gets_the_conflict_and_the_others_are_stored(atomic_js):
