@@ -2,13 +2,15 @@
 
 With every write synced, each message JetStream stores costs a disk sync and an ack, and appends sent at once
 are synced one after another: each one on its way adds about 0.4 ms to the next. On a stream that takes atomic
-batches (nats-server 2.12+, `allow_atomic`), an append that finds `share_from` of them on their way waits
+batches (nats-server 2.12+, `allow_atomic`), an append that finds `share_from` messages on their way waits
 instead, with those that come after it, for the next batch: one commit and one ack for them all. How many is
-the stream's: a lone server (R1) stages an atomic batch on disk before it commits it, which costs about as much
-as a dozen appends in a row (bench/sync.py: 6-7 ms against 1 ms alone), so there appends share a commit only
-once `SHARE_FROM_LONE` are on their way; a cluster stages it in memory and replicates it once, never slower than
-the appends alone, so there an append shares one as soon as anything is on its way. Until then each is sent at
-once, alone.
+the stream's. A lone server (R1) stages an atomic batch on disk before it commits it, the stream locked
+meanwhile: a batch of two to five took 6-7 ms where the same appends sent at once took 1.7-3.3 (bench/sync.py),
+so a lone append is quicker until a dozen are on their way. But each lone append costs the node and the server
+the CPU of a message and an ack of its own, and a burst of calls is short of CPU first: on a lone server appends
+share a commit once `SHARE_FROM_LONE` (4) are on their way, which a few functions called at a steady pace seldom
+reach. A cluster stages a batch in memory and replicates it once, never slower than the appends alone: there an
+append shares one as soon as anything is on its way. Until then each is sent at once, alone.
 
 Each message keeps its own function's order check, and the batch is all or nothing. JetStream checks
 every message of a batch against the stream as it was before the batch, and its guard against two
@@ -34,7 +36,7 @@ from scaler.store import stream
 from scaler.store.stream import NOT_SENDABLE, Append, Conflict, NotSent
 
 MAX_ATOMIC = 1000  # appends in one atomic batch, at most (JetStream's limit)
-SHARE_FROM_LONE = 12  # on a lone server, appends on their way alone before the next waits to share a commit
+SHARE_FROM_LONE = 4  # on a lone server, messages on their way before the next append waits to share a commit
 
 
 class _Waiting(NamedTuple):

@@ -54,9 +54,9 @@ async def test_a_stalled_nats_holds_every_reply_of_a_batch_until_it_is_stored(tm
 async def test_functions_stored_while_nats_stood_still_share_one_atomic_batch_and_none_is_answered_before(tmp_path):
     """nats-server stopped (SIGSTOP) while one function's append is in flight: the calls of other functions arriving
     meanwhile are not answered before NATS runs again. On a lone server the first SHARE_FROM_LONE appends go alone
-    (an atomic batch costs as much as a dozen in a row there); those that find that many on their way are stored as
-    one atomic batch (one commit, one ack), each function's on its own subject with its own order check; replay
-    equals the state."""
+    (an atomic batch is staged on disk there, slower than a few appends at once); those that find that many on their
+    way are stored as one atomic batch (one commit, one ack), each function's on its own subject with its own order
+    check; replay equals the state."""
     keys = [f"fn{n}" for n in range(SHARE_FROM_LONE + 4)]
     async with NatsServer(tmp_path / "nats") as nats, Stack(nats.url) as stack:
         for key in keys:  # each function exists and has an idle instance

@@ -212,7 +212,7 @@ async def test_appends_of_several_functions_arriving_together_are_one_atomic_bat
 
 
 async def test_appends_share_a_commit_only_once_as_many_as_the_stream_says_are_on_their_way(atomic_js):
-    """On a lone server an atomic batch costs as much as a dozen appends in a row (bench/sync.py): appends go alone
+    """On a lone server an atomic batch is slower than a few appends sent at once (bench/sync.py): appends go alone
     until `share_from` are on their way; those that come after wait, and share the next commit."""
     nc, js = atomic_js
     w = writer(nc, js, atomic=True)
