@@ -45,12 +45,12 @@ class _Waiting(NamedTuple):
 
 
 class Commits:
-    def __init__(self, nc: Client, timeout_s: float, atomic: bool, writer: str = "", share_from: int = 1) -> None:
+    def __init__(self, nc: Client, timeout_s: float, atomic: bool, writer: str = "") -> None:
         self.nc = nc
         self.timeout_s = timeout_s
         self.writer = writer  # the node appending, named in each message's headers
         self.atomic = atomic  # the stream takes atomic batches
-        self.share_from = share_from  # messages on their way (alone, or a batch) before an append waits to share one
+        self.share_from = 1  # messages on their way (alone, or a batch) before an append waits to share one
         self._on_way = 0  # messages on their way to JetStream: lone appends, and the batch being committed
         self._waiting: list[_Waiting] = []  # appends waiting for the next batch, in arrival order
         self._sender: asyncio.Task | None = None  # commits the waiting appends, a batch at a time
