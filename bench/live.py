@@ -1,6 +1,7 @@
 """Live against offline on the same trace and policy, beside two references: the cost of storing apart from the node's.
 
     python bench/live.py [--scenarios smoke busiest-minute] [--rounds 3] [--datasets-dir DIR] [--probe]
+                         [--scalers NAME ...] [--against REV]
 
 Each scenario runs once offline (the pure core on a virtual clock: the scaler takes no time) and
 live at speed 1, driven by `scaler simulate`'s live mode, through four scalers, each `--rounds` times
@@ -23,7 +24,10 @@ than the gaps measured here, moves a round's two sides more alike than two media
 fast), a warm Assign's latency and the Idle's over the run and in its busiest second, and slot GB·s
 per function; on this machine, under whatever else it runs. With `--probe`, five tables more: what each scaler's
 processes spent each run on, recorded from inside them (bench/probe/sitecustomize.py), and each call's time on its
-way to the scaler's handler, in it, and back.
+way to the scaler's handler, in it, and back. `--scalers` runs only those named (the durable reference always: it is
+what each is measured against). `--against REV` measures a change: each node scaler chosen runs twice a round, as
+this checkout and as a git worktree of REV (`node, demo @ REV`, its processes on that checkout's code), one right
+after the other, and a last table gives this checkout's score less REV's round by round.
 
 - smoke: function_smoke_test (806 of its 980 requests within one second);
 - busiest-minute: dataSet_1 from 18,600 s to 18,660 s (2,731 requests of 20-40 ms, 45 a second, on
@@ -38,6 +42,7 @@ import os
 import re
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -108,6 +113,7 @@ SCALERS = {
     "node, demo": node("demo"),
     "node, learned": node("learned"),
 }
+NODES = ("node, demo", "node, learned")  # the scalers that are this repository's code (the references are benches)
 
 
 @contextlib.asynccontextmanager
@@ -115,12 +121,13 @@ async def serving(scaler: str, platform: str, probe: Path | None = None) -> Asyn
     """One of SCALERS started against `platform` (the durable reference on a synced nats-server of its own): its
     address once it says it is ready, and the last lines it said (all of them once it stopped); stopped after. With
     `probe`, a folder, its processes record into it what they spend the run on (bench/probe/sitecustomize.py)."""
-    argv, ready, _ = SCALERS[scaler]
+    argv, ready, _ = SCALERS[base_name(scaler)]
+    root = CHECKOUTS.get(scaler, ROOT)
     with tempfile.TemporaryDirectory() as store:
         async with NatsServer(Path(store) / "nats") if scaler == DURABLE else contextlib.nullcontext() as nats:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, *argv(platform, nats.url if nats else ""), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env=probed(probe) if probe else None,
+                stderr=asyncio.subprocess.STDOUT, cwd=root, env=checkout_env(root, probe),
             )  # fmt: skip
             said: deque[str] = deque(maxlen=20)  # its last lines, shown should a run fail
             drain = None
@@ -197,12 +204,37 @@ def timed_calls(into: Path) -> Iterator[None]:
         into.write_text(json.dumps(sent))
 
 
-def probed(folder: Path) -> dict[str, str]:
-    """The environment of a scaler whose processes record what they spend the run on into `folder`. This checkout
-    comes right after the probe on the path: the probe imports `scaler` before `-m` puts the working directory on
-    it, and would otherwise measure the installed package's code rather than the checkout's (another worktree's)."""
-    path = os.pathsep.join(p for p in (str(PROBE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "SCALER_PROBE_DIR": str(folder)}
+def checkout_env(root: Path, probe: Path | None = None) -> dict[str, str]:
+    """The environment of a scaler run from the checkout at `root`: that checkout first on the path of its processes
+    (those `scaler up` starts too), before the installed package's; with `probe`, a folder, they record what they
+    spend the run on into it, the probe first on the path (it imports `scaler` before `-m` puts the working
+    directory there, and would otherwise measure the installed package's code rather than the checkout's)."""
+    first = (str(PROBE), str(root)) if probe else (str(root),)
+    path = os.pathsep.join(p for p in (*first, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **({"SCALER_PROBE_DIR": str(probe)} if probe else {})}
+
+
+AGAINST = " @ "  # a scaler run from another checkout: "node, demo @ 3dc810c"
+CHECKOUTS: dict[str, Path] = {}  # such a scaler's checkout (the others run from this one)
+
+
+def base_name(scaler: str) -> str:
+    """The scaler of SCALERS that `scaler` runs, from whichever checkout."""
+    return scaler.partition(AGAINST)[0]
+
+
+@contextlib.contextmanager
+def worktree(rev: str, into: Path) -> Iterator[str]:
+    """A git worktree of `rev` at `into`, removed after; its name: `rev` as git abbreviates its commit."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "--short", f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if commit.returncode:
+        raise SystemExit(f"--against {rev}: {commit.stderr.strip() or 'not a commit'}")
+    subprocess.run([*git, "worktree", "add", "--detach", "--quiet", str(into), rev], check=True)
+    try:
+        yield commit.stdout.strip()
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(into)], check=False)
 
 
 def process_name(argv: list[str]) -> str:
@@ -316,37 +348,60 @@ def call_latency(dataset: Dataset, run: Run) -> str:
 POLICIES = ("learned", "demo")
 
 
-def paired(runs: list[tuple[str, str, int, Run, Run, Run]], name: str, scaler: str) -> list[float]:
-    """The scaler's live score less the durable reference's in the same round, round by round."""
-    durable = {n: on.stats().score for m, sc, n, on, _, _ in runs if (m, sc) == (name, DURABLE)}
-    return [on.stats().score - durable[n] for m, sc, n, on, _, _ in runs if (m, sc) == (name, scaler)]
+def paired(runs: list[tuple[str, str, int, Run, Run, Run]], name: str, scaler: str, to: str = DURABLE) -> list[float]:
+    """The scaler's live score less `to`'s (the durable reference's) in the same round, round by round."""
+    other = {n: on.stats().score for m, sc, n, on, _, _ in runs if (m, sc) == (name, to)}
+    return [on.stats().score - other[n] for m, sc, n, on, _, _ in runs if (m, sc) == (name, scaler)]
 
 
-async def main(names: list[str], datasets: Path, rounds: int, probe: bool = False) -> None:
+def lineup(scalers: list[str], against: str = "") -> list[str]:
+    """The scalers a round runs, in SCALERS' order, the durable reference among them; with `against` (a commit's
+    name), each node scaler followed by itself run from that commit's checkout."""
+    out = []
+    for scaler in SCALERS:
+        if scaler in scalers or scaler == DURABLE:
+            out.append(scaler)
+            if against and scaler in NODES:
+                out.append(f"{scaler}{AGAINST}{against}")
+    return out
+
+
+async def main(
+    names: list[str], datasets: Path, rounds: int, probe: bool = False, scalers: list[str] | None = None,
+    against: str | None = None,
+) -> None:  # fmt: skip
+    with tempfile.TemporaryDirectory() as scratch:
+        with worktree(against, Path(scratch) / "against") if against else contextlib.nullcontext("") as commit:
+            chosen = lineup(scalers or list(SCALERS), commit)
+            CHECKOUTS.update({s: Path(scratch) / "against" for s in chosen if AGAINST in s})
+            await measure(names, datasets, rounds, probe, chosen, Path(scratch))
+
+
+async def measure(names: list[str], datasets: Path, rounds: int, probe: bool, chosen: list[str], scratch: Path) -> None:
     runs: list[tuple[str, str, int, Run, Run, Run]] = []
     probes: list[list[list[str]]] = []  # each probed run's rows of PROBE_TABLES
     played: dict[tuple[str, str, str], list[float]] = {}  # (scenario, scaler, policy) -> scores on its latencies
     offline_scores: dict[tuple[str, str], float] = {}
     latency: list[str] = []
-    with tempfile.TemporaryDirectory() as scratch:
-        chosen = scenarios(datasets, Path(scratch))
-        for name in names:
-            dataset = load_dataset(chosen[name])
-            offline = {policy: simulate(dataset, get_policy(policy)) for policy in POLICIES}
-            offline_scores.update({(name, policy): run.stats().score for policy, run in offline.items()})
-            for n in range(1, rounds + 1):
-                for scaler, (_, _, policy) in SCALERS.items():
-                    folder = Path(scratch) / f"probe-{name}-{scaler}-{n}".replace(" ", "-") if probe else None
-                    if folder:
-                        folder.mkdir()
-                    on, model = await live(dataset, scaler, folder)
-                    if folder:
-                        probes.append(probe_rows(f"{name}, {scaler}, {n}", folder))
-                    on_its = {p: simulate(dataset, get_policy(p), latency=model) for p in POLICIES}
-                    for p, run in on_its.items():
-                        played.setdefault((name, scaler, p), []).append(run.stats().score)
-                    runs.append((name, scaler, n, on, offline[policy], on_its[policy]))
-                    latency.append(f"| {name} | {scaler} | {n} | {call_latency(dataset, on)} |")
+    paths = scenarios(datasets, scratch)
+    for name in names:
+        dataset = load_dataset(paths[name])
+        offline = {policy: simulate(dataset, get_policy(policy)) for policy in POLICIES}
+        offline_scores.update({(name, policy): run.stats().score for policy, run in offline.items()})
+        for n in range(1, rounds + 1):
+            for scaler in chosen:
+                policy = SCALERS[base_name(scaler)][2]
+                folder = scratch / f"probe-{name}-{scaler}-{n}".replace(" ", "-") if probe else None
+                if folder:
+                    folder.mkdir()
+                on, model = await live(dataset, scaler, folder)
+                if folder:
+                    probes.append(probe_rows(f"{name}, {scaler}, {n}", folder))
+                on_its = {p: simulate(dataset, get_policy(p), latency=model) for p in POLICIES}
+                for p, run in on_its.items():
+                    played.setdefault((name, scaler, p), []).append(run.stats().score)
+                runs.append((name, scaler, n, on, offline[policy], on_its[policy]))
+                latency.append(f"| {name} | {scaler} | {n} | {call_latency(dataset, on)} |")
     print(
         "| scenario | scaler | round | requests | failed | cold starts | slot GB·s | Assign s | Idle s | calls s "
         "| offline score | live score | live - offline | offline on its latency | live - on its latency |"
@@ -362,7 +417,7 @@ async def main(names: list[str], datasets: Path, rounds: int, probe: bool = Fals
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         durable = statistics.median(on.stats().score for m, sc, _, on, _, _ in runs if (m, sc) == (name, DURABLE))
-        for scaler in SCALERS:
+        for scaler in chosen:
             each = paired(runs, name, scaler)
             mine = [(on.stats(), offline.stats()) for m, sc, _, on, offline, _ in runs if (m, sc) == (name, scaler)]
             scores = [s.score for s, _ in mine]
@@ -382,7 +437,7 @@ async def main(names: list[str], datasets: Path, rounds: int, probe: bool = Fals
     )
     print("|---|---|---:|---:|---:|---:|---:|")
     for name in names:
-        for scaler in SCALERS:
+        for scaler in chosen:
             learned, demo = (statistics.median(played[name, scaler, p]) for p in POLICIES)
             own = statistics.median(
                 on.stats().score - offline.stats().score
@@ -405,6 +460,23 @@ async def main(names: list[str], datasets: Path, rounds: int, probe: bool = Fals
         print(header)
         print("\n".join(r for rows in probes for r in rows[i]))
         print()
+    if against := [scaler for scaler in chosen if AGAINST in scaler]:
+        print("| scenario | scaler | this checkout less the other, round by round: median (each) | cold starts, each |")
+        print("|---|---|---:|---|")
+        for name in names:
+            for other in against:
+                scaler = base_name(other)
+                each = paired(runs, name, scaler, other)
+                colds = {
+                    sc: [on.stats().cold_starts for m, s, _, on, _, _ in runs if (m, s) == (name, sc)]
+                    for sc in (scaler, other)
+                }  # fmt: skip
+                pairs = ", ".join(f"{a} / {b}" for a, b in zip(colds[scaler], colds[other], strict=True))
+                print(
+                    f"| {name} | {scaler} against {other.partition(AGAINST)[2]} | {statistics.median(each):+.2f}"
+                    f" ({', '.join(f'{d:+.2f}' for d in each)}) | {pairs} |"
+                )
+        print()
     print("| scenario | scaler | round | function | offline slot GB·s | live slot GB·s | live / offline |")
     print("|---|---|---:|---|---:|---:|---:|")
     for name, scaler, n, on, offline, _ in runs:
@@ -424,5 +496,12 @@ if __name__ == "__main__":
     p.add_argument(
         "--probe", action="store_true", help="also what each scaler's processes spend a run on (bench/probe/)"
     )
+    p.add_argument(
+        "--scalers", nargs="+", choices=list(SCALERS), metavar="NAME", default=list(SCALERS),
+        help=f"the scalers to run ({', '.join(SCALERS)}); the durable reference always",
+    )  # fmt: skip
+    p.add_argument(
+        "--against", metavar="REV", help="each node scaler also run from a worktree of this commit, in the same rounds"
+    )
     a = p.parse_args()
-    asyncio.run(main(a.scenarios, a.datasets_dir, a.rounds, a.probe))
+    asyncio.run(main(a.scenarios, a.datasets_dir, a.rounds, a.probe, a.scalers, a.against))

@@ -28,6 +28,7 @@ THROUGH_THE_SCALER = {
     "tests/simulator/test_bench_probe.py::test_a_probed_run_stamps_every_call_between_its_sending_and_its_answer": (
         "bench/live.py starts the reference scaler"
     ),
+    "tests/simulator/test_bench_against.py::test_a_revision_that_is_no_commit": "bench/live.py asks git for the commit",
 }
 
 
