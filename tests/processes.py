@@ -22,7 +22,7 @@ import grpc
 
 from scaler.cli.up import Child, Supervisor
 from scaler.controller import state_service
-from scaler.controller.core.state import FnState, Phase
+from scaler.controller.core.state import FnState, Instance, Phase
 from scaler.platform_stub.server import PlatformStub
 from scaler.proto import serverless_sim_pb2 as pb
 from scaler.proto import serverless_sim_pb2_grpc as pb_grpc
@@ -338,6 +338,21 @@ async def settled(
                 await asyncio.sleep(0.1)
     except TimeoutError:
         raise AssertionError(f"not settled after {seconds:g}s: {_unsettled(running, stub, killed_ms)}") from None
+
+
+async def settled_and_released(
+    nats_url: str, stub: PlatformStub, seconds: float = 90, release_s: float = 10
+) -> tuple[dict[str, FnState], list[Instance]]:
+    """`settled`, and then the instances still busy, looked for again for up to `release_s` while there are any: an
+    Idle is answered before its release is stored, so the last ones answered may be on their way still, or retried
+    through a store that only just came back. A release lost holds its instance until its function's timeout."""
+    looked_until = time.monotonic() + release_s
+    while True:
+        states = await settled(nats_url, stub, seconds)
+        held = [i for s in states.values() for i in s.instances.values() if i.phase is Phase.BUSY]
+        if not held or time.monotonic() > looked_until:
+            return states, held
+        await asyncio.sleep(0.2)
 
 
 def _unsettled(running: state_service.Running, stub: PlatformStub, killed_ms: int | None = None) -> str:

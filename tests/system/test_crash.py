@@ -29,7 +29,17 @@ from scaler.runtime.bus import connected
 from scaler.runtime.natsd import NatsServer
 from scaler.simulator.dataset import FunctionMeta, load_dataset
 from tests.nemesis import Link
-from tests.processes import Call, Driver, Parts, TraceCallers, controller_state, overlaps, settled, slots_of
+from tests.processes import (
+    Call,
+    Driver,
+    Parts,
+    TraceCallers,
+    controller_state,
+    overlaps,
+    settled,
+    settled_and_released,
+    slots_of,
+)
 from tests.stack import eventually
 
 
@@ -291,15 +301,7 @@ async def test_nats_restarted_with_its_store(tmp_path, stub):
             assert all(e.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED: no answer within")) for e in errors), errors
             assert not late
             assert driver.overlaps() == []
-            # An Idle is answered before its release is stored: one answered a moment ago may be on its way still,
-            # or retried through a store that only just came back. A release lost holds its instance for 15 min.
-            looked_until = time.monotonic() + 10
-            while True:
-                states = await settled(nats.url, stub)
-                held = [i for s in states.values() for i in s.instances.values() if i.phase.value == "busy"]
-                if not held or time.monotonic() > looked_until:
-                    break
-                await asyncio.sleep(0.2)
+            _, held = await settled_and_released(nats.url, stub)  # a release lost holds its instance for 15 min
             calls = {c.request_id: c for c in driver.calls}
 
             def told(c: Call | None) -> str:
@@ -403,8 +405,8 @@ async def test_smoke_test_callers_retrying_through_a_nats_restart_mid_burst_are_
             print(f"\nsmoke test through a NATS restart: calls repeated {dict(callers.refusals)}")
             assert [c.error for c in callers.calls if c.error] == []
             assert all(c.instance for c in callers.calls) and overlaps(callers.calls) == []
-            states = await settled(nats.url, stub, seconds=60)  # no slot leaked
-            assert [i.id for s in states.values() for i in s.instances.values() if i.busy] == []
+            _, held = await settled_and_released(nats.url, stub, seconds=60)  # no slot leaked
+            assert [(i.id, i.request_id) for i in held] == [], "held 10 s after settling: a release lost"
             async with connected(nats.url, "test") as nc:
                 served: Counter[str] = Counter()
 
