@@ -96,6 +96,8 @@ def node(policy: str) -> tuple[Callable[[str, str], list[str]], str, str]:
 
 
 DURABLE = "durable reference"  # the one given a nats-server of its own (the node starts its own)
+# The scalers that are this repository's code (the references are benches), as SCALERS has them.
+NODES = {"node, demo": node("demo"), "node, learned": node("learned")}
 
 # Each scaler: its command (given the platform's address and a synced nats-server's), the line saying where it
 # listens, and its policy.
@@ -110,10 +112,8 @@ SCALERS = {
         r"durable scaler on [\d.]+:(\d+)",
         "demo",
     ),
-    "node, demo": node("demo"),
-    "node, learned": node("learned"),
+    **NODES,
 }
-NODES = ("node, demo", "node, learned")  # the scalers that are this repository's code (the references are benches)
 
 
 @contextlib.asynccontextmanager

@@ -340,10 +340,10 @@ async def settled(
         raise AssertionError(f"not settled after {seconds:g}s: {_unsettled(running, stub, killed_ms)}") from None
 
 
-async def settled_and_released(
+async def held_once_settled(
     nats_url: str, stub: PlatformStub, seconds: float = 90, release_s: float = 10
-) -> tuple[dict[str, FnState], list[Instance]]:
-    """`settled`, and then the instances still busy, looked for again for up to `release_s` while there are any: an
+) -> list[Instance]:
+    """`settled`, then the instances still busy, looked for again for up to `release_s` while there are any: an
     Idle is answered before its release is stored, so the last ones answered may be on their way still, or retried
     through a store that only just came back. A release lost holds its instance until its function's timeout."""
     looked_until = time.monotonic() + release_s
@@ -351,7 +351,7 @@ async def settled_and_released(
         states = await settled(nats_url, stub, seconds)
         held = [i for s in states.values() for i in s.instances.values() if i.phase is Phase.BUSY]
         if not held or time.monotonic() > looked_until:
-            return states, held
+            return held
         await asyncio.sleep(0.2)
 
 

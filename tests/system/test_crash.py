@@ -35,9 +35,9 @@ from tests.processes import (
     Parts,
     TraceCallers,
     controller_state,
+    held_once_settled,
     overlaps,
     settled,
-    settled_and_released,
     slots_of,
 )
 from tests.stack import eventually
@@ -301,7 +301,7 @@ async def test_nats_restarted_with_its_store(tmp_path, stub):
             assert all(e.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED: no answer within")) for e in errors), errors
             assert not late
             assert driver.overlaps() == []
-            _, held = await settled_and_released(nats.url, stub)  # a release lost holds its instance for 15 min
+            held = await held_once_settled(nats.url, stub)  # a release lost holds its instance for 15 min
             calls = {c.request_id: c for c in driver.calls}
 
             def told(c: Call | None) -> str:
@@ -405,7 +405,7 @@ async def test_smoke_test_callers_retrying_through_a_nats_restart_mid_burst_are_
             print(f"\nsmoke test through a NATS restart: calls repeated {dict(callers.refusals)}")
             assert [c.error for c in callers.calls if c.error] == []
             assert all(c.instance for c in callers.calls) and overlaps(callers.calls) == []
-            _, held = await settled_and_released(nats.url, stub, seconds=60)  # no slot leaked
+            held = await held_once_settled(nats.url, stub, seconds=60)  # no slot leaked
             assert [(i.id, i.request_id) for i in held] == [], "held 10 s after settling: a release lost"
             async with connected(nats.url, "test") as nc:
                 served: Counter[str] = Counter()
