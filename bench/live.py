@@ -25,9 +25,12 @@ fast), a warm Assign's latency and the Idle's over the run and in its busiest se
 per function; on this machine, under whatever else it runs. With `--probe`, five tables more: what each scaler's
 processes spent each run on, recorded from inside them (bench/probe/sitecustomize.py), and each call's time on its
 way to the scaler's handler, in it, and back. `--scalers` runs only those named (the durable reference always: it is
-what each is measured against). `--against REV` measures a change: each node scaler chosen runs twice a round, as
-this checkout and as a git worktree of REV (`node, demo @ REV`, its processes on that checkout's code), one right
-after the other, and a last table gives this checkout's score less REV's round by round.
+what each is measured against); `lean node, demo` and `lean node, learned` only when named: the node's core (its
+ledger, the policy) in the durable reference's shape (bench/lean_node.py), so that the durable reference less it is
+what the core costs live, and it less the node what the node's path costs. `--against REV` measures a change: each
+node scaler chosen runs twice a round, as this checkout and as a git worktree of REV (`node, demo @ REV`, its processes
+on that checkout's code), one right after the other, and a last table gives this checkout's score less REV's round by
+round.
 
 - smoke: function_smoke_test (806 of its 980 requests within one second);
 - busiest-minute: dataSet_1 from 18,600 s to 18,660 s (2,731 requests of 20-40 ms, 45 a second, on
@@ -95,9 +98,21 @@ def node(policy: str) -> tuple[Callable[[str, str], list[str]], str, str]:
     )
 
 
-DURABLE = "durable reference"  # the one given a nats-server of its own (the node starts its own)
+def lean(policy: str) -> tuple[Callable[[str, str], list[str]], str, str]:
+    script = str(ROOT / "bench" / "lean_node.py")
+    return (
+        lambda platform, nats: [script, "--platform", platform, "--nats", nats, "--policy", policy],
+        r"lean node on [\d.]+:(\d+)",
+        policy,
+    )
+
+
+DURABLE = "durable reference"
 # The scalers that are this repository's code (the references are benches), as SCALERS has them.
 NODES = {"node, demo": node("demo"), "node, learned": node("learned")}
+# The node's core in the durable reference's shape (bench/lean_node.py), run when named: what the core costs live
+# apart from the node's path.
+LEAN = {f"lean node, {policy}": lean(policy) for policy in ("demo", "learned")}
 
 # Each scaler: its command (given the platform's address and a synced nats-server's), the line saying where it
 # listens, and its policy.
@@ -112,8 +127,11 @@ SCALERS = {
         r"durable scaler on [\d.]+:(\d+)",
         "demo",
     ),
+    **LEAN,
     **NODES,
 }
+STORED = {DURABLE, *LEAN}  # given a synced nats-server of their own each (the node starts its own)
+DEFAULT = [s for s in SCALERS if s not in LEAN]  # what a run measures unless told
 
 
 @contextlib.asynccontextmanager
@@ -124,7 +142,7 @@ async def serving(scaler: str, platform: str, probe: Path | None = None) -> Asyn
     argv, ready, _ = SCALERS[base_name(scaler)]
     root = CHECKOUTS.get(scaler, ROOT)
     with tempfile.TemporaryDirectory() as store:
-        async with NatsServer(Path(store) / "nats") if scaler == DURABLE else contextlib.nullcontext() as nats:
+        async with NatsServer(Path(store) / "nats") if scaler in STORED else contextlib.nullcontext() as nats:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, *argv(platform, nats.url if nats else ""), stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, cwd=root, env=checkout_env(root, probe),
@@ -372,7 +390,7 @@ async def main(
 ) -> None:  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
         with worktree(against, Path(scratch) / "against") if against else contextlib.nullcontext("") as commit:
-            chosen = lineup(scalers or list(SCALERS), commit)
+            chosen = lineup(scalers or DEFAULT, commit)
             CHECKOUTS.update({s: Path(scratch) / "against" for s in chosen if AGAINST in s})
             await measure(names, datasets, rounds, probe, chosen, Path(scratch))
 
@@ -497,8 +515,9 @@ if __name__ == "__main__":
         "--probe", action="store_true", help="also what each scaler's processes spend a run on (bench/probe/)"
     )
     p.add_argument(
-        "--scalers", nargs="+", choices=list(SCALERS), metavar="NAME", default=list(SCALERS),
-        help=f"the scalers to run ({', '.join(SCALERS)}); the durable reference always",
+        "--scalers", nargs="+", choices=list(SCALERS), metavar="NAME", default=DEFAULT,
+        help=f"the scalers to run ({', '.join(SCALERS)}; all but the lean nodes unless named); the durable reference"
+        " always",
     )  # fmt: skip
     p.add_argument(
         "--against", metavar="REV", help="each node scaler also run from a worktree of this commit, in the same rounds"

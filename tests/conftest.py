@@ -29,6 +29,7 @@ THROUGH_THE_SCALER = {
         "bench/live.py starts the reference scaler"
     ),
     "tests/simulator/test_bench_against.py::test_a_revision_that_is_no_commit": "bench/live.py asks git for the commit",
+    "tests/simulator/test_bench_lean.py": "bench/live.py starts the lean node and its nats-server",
 }
 
 
