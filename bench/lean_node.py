@@ -102,6 +102,12 @@ class LeanNode(pb_grpc.ScalerServicer):
                 touched = await self._group(group)
                 await asyncio.sleep(0)  # the group's callers run on before the plans are decided
                 await self._plan(touched)
+        except Exception as e:  # the store failed: said, and every caller waiting told (bench/live.py counts them)
+            print(f"lean node: the store failed: {e!r}", file=sys.stderr, flush=True)
+            for answer in self.waiting.values():
+                if not answer.done():
+                    answer.set_exception(e)
+            self.waiting.clear()
         finally:
             self.writing = False
 
@@ -156,9 +162,14 @@ class LeanNode(pb_grpc.ScalerServicer):
             return
         if key in self.timers:
             self.timers.pop(key)[1].cancel()
-        tick = c.Tick(key=key, due_ms=due)
-        handle = asyncio.get_running_loop().call_later(max(0, due - self.now()) / 1000, self.submit, tick)
+        handle = asyncio.get_running_loop().call_later(max(0, due - self.now()) / 1000, self._tick, key, due)
         self.timers[key] = due, handle
+
+    def _tick(self, key: str, due: int) -> None:
+        """A deadline come: decided as a Tick, and any deadline after it set again (the same one too: a timer that
+        fired early finds nothing due, and the core asks for it once more)."""
+        del self.timers[key]
+        self.submit(c.Tick(key=key, due_ms=due))
 
     async def _start(self, key: str, e: SlotWanted) -> None:
         i = e.instance_id
