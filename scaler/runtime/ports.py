@@ -106,20 +106,26 @@ def nats_url(text: str) -> str:
     return text
 
 
-def grpc_server(max_calls: int | None = None) -> grpc.aio.Server:
-    """A server that owns its port; with `max_calls`, one that takes up to that many calls at once.
+UNREAD_CALLS = 100_000  # calls gRPC's core holds before the application reads them
+UNREAD_FOR_S = 3_600  # ... and for how long: the callers' own deadlines end them first
 
-    gRPC's core cancels calls beyond 1,000 not yet taken by the application (some at random up to
-    3,000): in a burst, a CANCELLED call is a failed request. With `max_calls` those limits are
-    raised to it, and a call past it is refused with RESOURCE_EXHAUSTED.
+
+def grpc_server(max_calls: int | None = None) -> grpc.aio.Server:
+    """A server that owns its port; with `max_calls`, one that takes up to that many calls at once and refuses
+    those past it with RESOURCE_EXHAUSTED.
+
+    gRPC's core holds the calls the application has not read yet; its aio server reads one every few turns
+    of the event loop, so a loop kept busy reads a burst slowly. By default the core cancels what it holds
+    past 1,000 calls (some at random up to 3,000) or after 30 s held: a CANCELLED call is a failed request, and
+    those past `max_calls` would be cancelled rather than refused. So it holds UNREAD_CALLS, as long as their
+    callers wait: each is read in the end, and served or refused then.
     """
-    if max_calls is None:
-        return grpc.aio.server(options=GRPC_OPTIONS)
-    pending = [
-        ("grpc.server.max_pending_requests", max_calls),
-        ("grpc.server.max_pending_requests_hard_limit", max_calls),
+    unread = [
+        ("grpc.server.max_pending_requests", UNREAD_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", UNREAD_CALLS),
+        ("grpc.server_max_unrequested_time_in_server", UNREAD_FOR_S),
     ]
-    return grpc.aio.server(maximum_concurrent_rpcs=max_calls, options=GRPC_OPTIONS + pending)
+    return grpc.aio.server(maximum_concurrent_rpcs=max_calls, options=GRPC_OPTIONS + unread)
 
 
 def bind(server: grpc.aio.Server, listen: str, tls: ServerTls | None = None) -> int:
