@@ -13,6 +13,7 @@ decisions for the leaders' bookkeeping; the lanes that run it (lanes.py) deliver
 """
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +44,11 @@ log = logging.getLogger("scaler.controller")
 
 APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
 STEP_ROOM = 32  # bytes a decision's step adds to a batch holding several, beside its cause
+# Deciding holds the event loop: past this much of the thread's CPU, the rest of a group waits for the next one.
+# gRPC's server reads one new call every few turns of the loop, and leases are renewed on it: turns of half a
+# second (groups of hundreds, each decision slow on a busy machine) left a burst unread for tens of seconds and
+# let the node's leases lapse.
+DECIDE_BUDGET_S = 0.02
 
 
 @dataclass
@@ -186,13 +192,16 @@ class Lane:
 
     def _decide(self, key: str, cmds: list[AnyCommand]):
         """Each command's decision on the state the one before left, the batches they append (those that would take
-        the message past NATS's payload limit are left for the next group), and their size when it was measured."""
+        the message past NATS's payload limit, or come after DECIDE_BUDGET_S of deciding, are left for the next
+        group), and their size when it was measured."""
         room = self.writer.store.room
         outcomes: list[Decision | Exception] = []
         decided: list[tuple[AnyCommand, Decision, bool]] = []
         batches: list[Batch] = []
-        size, last = 0, None
+        size, last, began = 0, None, time.thread_time()
         for cmd in cmds:
+            if outcomes and time.thread_time() - began > DECIDE_BUDGET_S:
+                break
             now = self.clock.now_ms()
             decision = self.ledger.decide(cmd, now, self.policy, last)
             batch = self.ledger.batch(cmd, decision, now)

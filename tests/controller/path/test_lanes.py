@@ -10,7 +10,7 @@ import grpc
 from scaler import replay
 from scaler.controller.core.state import Phase
 from scaler.controller.ledger import PLAN, Ledger
-from scaler.controller.path import door, lanes
+from scaler.controller.path import door, lane, lanes
 from scaler.controller.path.admission import Admission
 from scaler.controller.path.lane import Lane
 from scaler.controller.path.lanes import Lanes, Told
@@ -298,6 +298,32 @@ async def test_commands_that_queue_behind_an_append_are_decided_in_order_and_sto
                 function_events("fn"),
             )
         assert [f"assign:a{n}" for n in range(1, 5)] in grouped, grouped
+
+
+async def test_a_group_past_its_deciding_budget_leaves_the_rest_to_the_next_group_in_order(nats_url, monkeypatch):
+    """Deciding holds the event loop, so a group takes no more commands once it has decided for DECIDE_BUDGET_S (a
+    burst on a busy machine held the loop for half a second, and gRPC's reads and the leases' renewals with it):
+    the next group decides the rest, in order, and each is answered. Here no time at all: a command a group."""
+    monkeypatch.setattr(lane, "DECIDE_BUDGET_S", 0.0)
+    async with Stack(nats_url) as stack:
+        await stack.idle(await stack.assign("warm"))
+        await stack.settled()
+        held = Held(stack, Assigned)
+        first = asyncio.create_task(stack.assign("a0"))
+        await held.reached.wait()
+        rest = [asyncio.create_task(stack.assign(f"a{n}")) for n in range(1, 5)]
+        await asyncio.sleep(0.3)  # they queue behind the held append
+        held.release()
+        replies = await asyncio.gather(first, *rest)
+        assert [r.assigment.request_id for r in replies] == [f"a{n}" for n in range(5)]
+        async with connected(nats_url, "test") as nc:
+            grouped: list[list[str]] = []
+            await stream.read(
+                nc.jetstream(),
+                lambda seq, b: grouped.append([d.cause for d in b.decisions() if d.cause.startswith("assign:a")]),
+                function_events("fn"),
+            )
+        assert [g for g in grouped if g] == [[f"assign:a{n}"] for n in range(5)], grouped
 
 
 async def test_a_call_the_node_cannot_store_is_refused_unavailable_and_nothing_is_answered_ok(nats_url):
