@@ -28,6 +28,7 @@ log = logging.getLogger("scaler.forward")
 
 RESEND_S = 2.0  # no answer this long: send the call again (its owner may have died with it)
 PING_S = 1.0  # ... and NATS is asked whether it answers at all: given this long to
+LATE_S = 0.5  # a ping's timeout firing this late says this process stood still, not that NATS did
 PING = f"{CMD}.{PROBE}"  # where: a subject a node and a front gateway may publish on, and nobody serves
 RECONNECT_POLL_S = 0.05  # a call made while the connection reconnects looks again this often
 CANCEL_PATIENCE_S = 120.0
@@ -111,15 +112,28 @@ class Forwarder:
     async def _answering(self) -> None:
         """Unavailable when NATS does not answer in PING_S (stopped or cut off, its TCP connection still up): asked
         with a request on a subject nobody serves, which a live NATS answers at once with "no responders". (Not
-        nats-py's flush: one given up leaves its PONG to break the connection when it comes.)"""
-        try:
-            await self._nc.request(PING, b"", timeout=PING_S)
-        except NoRespondersError:
-            return
-        except TimeoutError:
-            raise Unavailable(f"NATS does not answer (nothing in {PING_S:g}s): the call was not passed on") from None
-        except NatsError as e:
-            raise Unavailable(f"NATS unavailable: {e!r}") from None
+        nats-py's flush: one given up leaves its PONG to break the connection when it comes.)
+
+        A process running late (a loaded machine, a burst of calls) reads that answer late, and its own stall is not
+        NATS's: while messages from NATS still come in it is there, and a wait this process stood still through
+        (its timeout fired LATE_S past due) proves nothing, so NATS is asked again."""
+        loop = asyncio.get_running_loop()
+        while True:
+            heard, began = self._nc.stats["in_msgs"], loop.time()
+            try:
+                await self._nc.request(PING, b"", timeout=PING_S)
+            except NoRespondersError:
+                return
+            except TimeoutError:
+                if self._nc.stats["in_msgs"] > heard:
+                    return
+                if loop.time() - began > PING_S + LATE_S:
+                    continue
+                raise Unavailable(
+                    f"NATS does not answer (nothing in {PING_S:g}s): the call was not passed on"
+                ) from None
+            except NatsError as e:
+                raise Unavailable(f"NATS unavailable: {e!r}") from None
 
     def _cancel(self, cmd: Assign, why: str) -> None:
         """Tell the owner this caller gave up, in the background: the Assign may have been stored."""
