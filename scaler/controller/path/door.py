@@ -80,10 +80,10 @@ class Door:
         An Assign whose caller stops waiting (timeout, cancellation, or the event store away when its
         outcome is unknown) is cancelled in the background, so a stored request never holds an instance
         for nobody."""
+        if (refused := self.refused(cmd)) is not None:  # passed on or not: a node behind takes no new Assign
+            return refused
         if not self.partitions.serves(cmd.key):
             return await self.forwarder.call(cmd, timeout_s)
-        if (refused := self.refused(cmd)) is not None:
-            return refused
         if isinstance(cmd, Idle) and self._released_surely(cmd):  # answered now, queued in its lane right behind
             asyncio.get_running_loop().call_soon(self._release_behind, cmd)
             return Reply(to="", request_id=cmd.request_id)
