@@ -106,7 +106,7 @@ def nats_url(text: str) -> str:
     return text
 
 
-UNREAD_CALLS = 100_000  # calls gRPC's core holds before the application reads them
+UNREAD_CALLS = 20_000  # calls gRPC's core holds before the application reads them (memory stays bounded)
 UNREAD_FOR_S = 3_600  # ... and for how long: the callers' own deadlines end them first
 
 
