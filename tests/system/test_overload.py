@@ -109,9 +109,12 @@ async def test_a_burst_far_beyond_capacity_is_answered_refused_or_served_and_the
                     # gRPC's core must not cancel it meanwhile (runtime/ports.py). On a machine busy enough that
                     # the stall and the burst hold back a lease's renewal past its deadline, the node decides
                     # nothing for that partition until renewed: what it was storing then is refused UNAVAILABLE
-                    # (a stale node never decides), to be sent again.
+                    # (a stale node never decides), to be sent again. Busier still (the test suite and two busy
+                    # loops beside it), the event store's synced appends can take seconds: an Assign waiting for
+                    # its instance meanwhile is told so, UNAVAILABLE, to be sent again.
                     refused = {o for o in outcomes if o not in {"OK", "RESOURCE_EXHAUSTED"}}
-                    assert all(o.startswith("UNAVAILABLE") and NOT_SENDABLE in o for o in refused), outcomes
+                    told = (NOT_SENDABLE, "the event store did not answer within")
+                    assert all(o.startswith("UNAVAILABLE") and any(t in o for t in told) for o in refused), outcomes
                     assert outcomes["RESOURCE_EXHAUSTED"] > 0, "the burst did overload the node"
                     assert outcomes["OK"] > 0
                     assert during_mb < before_mb + 200, "memory stays bounded"
