@@ -278,26 +278,37 @@ async def test_a_caller_that_leaves_while_its_warm_assign_is_being_stored_leaves
             assert (await replay.replay(nc)).ledger.states["fn"] == stack.controller.states["fn"]
 
 
+async def queued_behind_an_append(stack: Stack) -> list[str]:
+    """a0's append held while a1-a4 queue behind it, then let go: the request each answer went to, in order."""
+    await stack.idle(await stack.assign("warm"))
+    await stack.settled()
+    held = Held(stack, Assigned)
+    first = asyncio.create_task(stack.assign("a0"))
+    await held.reached.wait()
+    rest = [asyncio.create_task(stack.assign(f"a{n}")) for n in range(1, 5)]
+    await asyncio.sleep(0.3)  # they queue behind the held append
+    held.release()
+    return [r.assigment.request_id for r in await asyncio.gather(first, *rest)]
+
+
+async def stored_together(nats_url: str) -> list[list[str]]:
+    """The causes of the a-requests' Assigns in each of the function's messages that holds any, in order."""
+    grouped: list[list[str]] = []
+
+    def each(seq: int, b) -> None:
+        if causes := [d.cause for d in b.decisions() if d.cause.startswith("assign:a")]:
+            grouped.append(causes)
+
+    async with connected(nats_url, "test") as nc:
+        await stream.read(nc.jetstream(), each, function_events("fn"))
+    return grouped
+
+
 async def test_commands_that_queue_behind_an_append_are_decided_in_order_and_stored_together(nats_url):
     async with Stack(nats_url) as stack:
-        await stack.idle(await stack.assign("warm"))
-        await stack.settled()
-        held = Held(stack, Assigned)
-        first = asyncio.create_task(stack.assign("a0"))
-        await held.reached.wait()
-        rest = [asyncio.create_task(stack.assign(f"a{n}")) for n in range(1, 5)]
-        await asyncio.sleep(0.3)  # they queue behind the held append
-        held.release()
-        replies = await asyncio.gather(first, *rest)
-        assert [r.assigment.request_id for r in replies] == [f"a{n}" for n in range(5)]
-        async with connected(nats_url, "test") as nc:
-            grouped: list[list[str]] = []
-            await stream.read(
-                nc.jetstream(),
-                lambda seq, b: grouped.append([d.cause for d in b.decisions()]),
-                function_events("fn"),
-            )
-        assert [f"assign:a{n}" for n in range(1, 5)] in grouped, grouped
+        assert await queued_behind_an_append(stack) == [f"a{n}" for n in range(5)]
+        grouped = await stored_together(nats_url)
+    assert grouped == [["assign:a0"], [f"assign:a{n}" for n in range(1, 5)]], grouped
 
 
 async def test_a_group_past_its_deciding_budget_leaves_the_rest_to_the_next_group_in_order(nats_url, monkeypatch):
@@ -306,24 +317,9 @@ async def test_a_group_past_its_deciding_budget_leaves_the_rest_to_the_next_grou
     the next group decides the rest, in order, and each is answered. Here no time at all: a command a group."""
     monkeypatch.setattr(lane, "DECIDE_BUDGET_S", 0.0)
     async with Stack(nats_url) as stack:
-        await stack.idle(await stack.assign("warm"))
-        await stack.settled()
-        held = Held(stack, Assigned)
-        first = asyncio.create_task(stack.assign("a0"))
-        await held.reached.wait()
-        rest = [asyncio.create_task(stack.assign(f"a{n}")) for n in range(1, 5)]
-        await asyncio.sleep(0.3)  # they queue behind the held append
-        held.release()
-        replies = await asyncio.gather(first, *rest)
-        assert [r.assigment.request_id for r in replies] == [f"a{n}" for n in range(5)]
-        async with connected(nats_url, "test") as nc:
-            grouped: list[list[str]] = []
-            await stream.read(
-                nc.jetstream(),
-                lambda seq, b: grouped.append([d.cause for d in b.decisions() if d.cause.startswith("assign:a")]),
-                function_events("fn"),
-            )
-        assert [g for g in grouped if g] == [[f"assign:a{n}"] for n in range(5)], grouped
+        assert await queued_behind_an_append(stack) == [f"a{n}" for n in range(5)]
+        grouped = await stored_together(nats_url)
+    assert grouped == [[f"assign:a{n}"] for n in range(5)], grouped
 
 
 async def test_a_call_the_node_cannot_store_is_refused_unavailable_and_nothing_is_answered_ok(nats_url):
