@@ -46,7 +46,7 @@ APPEND_ATTEMPTS = 3  # conflicts in a row before a command is refused
 STEP_ROOM = 32  # bytes a decision's step adds to a batch holding several, beside its cause
 # Deciding holds the event loop: past this much of the thread's CPU, the rest of a group waits for the next one.
 # gRPC's server reads one new call every few turns of the loop, and leases are renewed on it: turns of half a
-# second (groups of hundreds, each decision slow on a busy machine) left a burst unread for tens of seconds and
+# second (groups of hundreds, each decision slow on a busy machine) leave a burst unread for tens of seconds and
 # let the node's leases lapse.
 DECIDE_BUDGET_S = 0.02
 
