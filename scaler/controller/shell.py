@@ -304,9 +304,12 @@ class Controller:
         for part in self._parts:
             await part.stop()
 
-    async def _watch_lag(self, every_s: float = 0.05) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            began = loop.time()
-            await asyncio.sleep(every_s)
-            self.admission.lagged(loop.time() - began - every_s)
+    async def _watch_lag(self) -> None:
+        loop, every_s = asyncio.get_running_loop(), self.admission.watch_every_s
+        try:
+            while True:
+                began = loop.time()
+                await asyncio.sleep(every_s)
+                self.admission.lagged(loop.time() - began - every_s)
+        finally:
+            self.admission.unwatched()  # stopped, not quiet

@@ -44,3 +44,21 @@ def test_the_backlog_cap_and_a_late_event_loop_refuse_too_and_recover():
     for _ in range(30):  # falls slowly: a burst of a second or two is absorbed, a lasting lag is not
         a.lagged(0.0)
     assert a.lag_s < 2.0 and a.refuse(assign(), "n1") is None
+
+
+def test_a_watcher_gone_quiet_is_lag_before_it_says_so():
+    """A process stopped for 3 s: the calls that waited it out may be handled before the watcher's next word, and
+    are refused all the same; a watcher stopped with the node says nothing of the loop."""
+    clock = Monotonic()
+    a = Admission(max_backlog=100, max_behind_s=2.0, clock=clock, watch_every_s=0.05)
+    a.lagged(0.0)
+    clock.advance(1.9)
+    assert a.refuse(assign(), "n1") is None, "quiet for less than max_behind_s past its due"
+    clock.advance(0.25)
+    refused = a.refuse(assign(), "n1")
+    assert refused is not None and refused.code is Code.RESOURCE_EXHAUSTED and "2.1s behind" in refused.message
+    a.lagged(0.0)  # its next word: the loop turns on time again, and the silence is over
+    assert a.refuse(assign(), "n1") is None
+    a.unwatched()
+    clock.advance(10.0)
+    assert a.lag_s == 0.0 and a.refuse(assign(), "n1") is None
