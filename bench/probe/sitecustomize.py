@@ -9,7 +9,7 @@ start then records, until it exits, into SCALER_PROBE_DIR/<pid>.json:
   subject's first two tokens (a number as `*`);
 - every full collection of the garbage collector: when it came, how long it took;
 - in the node (`scaler node`), each command's wait from its lane's queue to its decision and the decision itself,
-  by command kind, and each plan's decision;
+  by command kind, and each plan's decision; in the lean node (bench/lean_node.py) the decisions and plans;
 - in the process serving the Scaler service (the node, a reference), when each Assign and Idle entered its handler
   (`time.monotonic()`, CLOCK_MONOTONIC: the same clock in every process of the machine) and how long it took there,
   by request id: bench/live.py, which records when it sent each call and had its answer, splits a call's time into
@@ -101,7 +101,7 @@ def _install(out: str) -> None:
 
     _on_asyncio()
     _probe_handlers(handled, clock)
-    if sys.argv[1:2] == ["node"]:  # argv[0] is still "-m" here
+    if sys.argv[1:2] == ["node"] or sys.argv[0].endswith("lean_node.py"):  # a node's argv[0] is still "-m" here
         _probe_node(lanes, clock)
 
     def dump() -> None:
