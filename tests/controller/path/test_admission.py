@@ -47,7 +47,7 @@ def test_the_backlog_cap_and_a_late_event_loop_refuse_too_and_recover():
 
 
 def test_a_watcher_gone_quiet_is_lag_before_it_says_so():
-    """A process stopped for 3 s: the calls that waited it out may be handled before the watcher's next word, and
+    """A process stopped for over 2 s: the calls that waited it out may be handled before the watcher's next word, and
     are refused all the same; a watcher stopped with the node says nothing of the loop."""
     clock = Monotonic()
     a = Admission(max_backlog=100, max_behind_s=2.0, clock=clock, watch_every_s=0.05)
@@ -57,7 +57,7 @@ def test_a_watcher_gone_quiet_is_lag_before_it_says_so():
     clock.advance(0.25)
     refused = a.refuse(assign(), "n1")
     assert refused is not None and refused.code is Code.RESOURCE_EXHAUSTED and "2.1s behind" in refused.message
-    a.lagged(0.0)  # its next word: the loop turns on time again, and the silence is over
+    a.lagged(0.0)  # its next word counts from then on (here: the loop on time again)
     assert a.refuse(assign(), "n1") is None
     a.unwatched()
     clock.advance(10.0)
