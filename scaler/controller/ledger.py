@@ -9,6 +9,7 @@ the latest immutable state of each function.
 """
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 
@@ -32,6 +33,10 @@ NO_TOTALS = Totals()
 PLAN = "plan"  # the cause of a plan's batch: no command caused it, the function's rest did
 
 
+def _nothing() -> None:
+    pass
+
+
 def came_back(d: Decision) -> int:
     """When the decision's call brought its function back from a lull (FnStats.returned_ms); 0 when it did not."""
     back = d.features.returned_ms
@@ -47,6 +52,7 @@ class Ledger:
         self._asked: dict[str, int] = {}  # ... by what its last decisions serve (leases, waiting requests)
         self._planned: dict[str, int] = {}  # ... by its last plan (keep-alives, pre-warms, rest)
         self.totals = Totals()  # the run so far, summed over these functions
+        self.tenants_moved: Callable[[], None] = _nothing  # told when what these functions' tenants hold changed
         self.others = Totals()  # ... and over the functions other nodes hold, as they last said
         self.limits = NO_LIMITS  # the operator's caps, those over all functions scaled to this ledger's share
         self.quotas: dict[str, TenantQuota] = {}  # tenants' quotas an operator set while running, over the file's
@@ -258,7 +264,7 @@ class Ledger:
             self._drop(key)
             return
         self._follow(key, self.features.get(key), st)
-        self.totals = self.totals.change(self.states.get(key), s, self.features.get(key), st)
+        self._count(self.totals.change(self.states.get(key), s, self.features.get(key), st))
         self.states[key] = s
         if st is NO_STATS:
             self.features.pop(key, None)
@@ -269,7 +275,13 @@ class Ledger:
         """The function holds nothing any more: its state and features go, and what they counted."""
         was = self.features.pop(key, None)
         self._follow(key, was, None)
-        self.totals = self.totals.change(self.states.pop(key, None), None, was)
+        self._count(self.totals.change(self.states.pop(key, None), None, was))
+
+    def _count(self, totals: Totals) -> None:
+        moved = totals.tenants is not self.totals.tenants
+        self.totals = totals
+        if moved:  # the other nodes count them against the tenant's quota (shared.py)
+            self.tenants_moved()
 
     def _follow(self, key: str, old: FnStats | None, new: FnStats | None) -> None:
         """Keep `followers` as the functions' leaders say, once one function's features `old` become `new`."""

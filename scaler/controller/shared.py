@@ -35,7 +35,7 @@ log = logging.getLogger("scaler.controller.shared")
 
 BUCKET = "scaler_totals"
 HELD = "scaler.tenants.held"  # a node's tenants' counts, told as they change
-WATCH_S = 0.02  # how often a node looks whether its tenants' counts changed (a Python attribute: free)
+TELL_EVERY_S = 0.02  # at most one word of a node's tenants' counts this often: a burst of changes is told once
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Totals)
 
@@ -62,13 +62,17 @@ class SharedTotals:
         self._sub = None
         self._theirs: dict[str, Totals] = {}  # by node: the totals it last put in the bucket
         self._told_held: dict[str, dict[str, Held]] = {}  # by node: its tenants' counts as it last told them
+        self._moved = asyncio.Event()  # set by the ledger when this node's tenants' counts change
+        self._said: dict[str, Held] | None = None  # the counts this node last told
 
     async def start(self) -> None:
         self._kv = await bucket(self.js, BUCKET, self.ttl_s, self.replicas)
         self._sub = await self.nc.subscribe(HELD, cb=self._told)
+        self.ledger.tenants_moved = self._moved.set
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        self.ledger.tenants_moved = lambda: None
         await cancelled(self._task)
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
@@ -76,17 +80,22 @@ class SharedTotals:
             await self._kv.delete(self.node)
 
     async def _run(self) -> None:
+        """An exchange every `every_s`, and between two a word whenever the tenants' counts change: woken by the
+        ledger, not by a timer, so a node whose tenants hold still spends nothing on it."""
         loop = asyncio.get_running_loop()
         while True:
             with contextlib.suppress(Exception):  # NATS away: the totals are a little older, that is all
                 await self.exchange()
-            since, told = loop.time(), self.ledger.totals.tenants
-            while loop.time() - since < self.every_s:
-                await asyncio.sleep(WATCH_S)
-                if self.ledger.totals.tenants is not told:
-                    told = self.ledger.totals.tenants
+            until = loop.time() + self.every_s
+            while (left := until - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._moved.wait()
+                self._moved.clear()
+                if self.ledger.totals.tenants is not self._said:  # moved since the last word, the exchange's too
                     with contextlib.suppress(Exception):  # the next exchange tells it all the same
-                        await self._tell(told)
+                        await self._tell(self.ledger.totals.tenants)
+                    await asyncio.sleep(TELL_EVERY_S)
 
     async def exchange(self) -> None:
         totals = self.ledger.totals
@@ -103,6 +112,7 @@ class SharedTotals:
         self._sum()
 
     async def _tell(self, tenants: dict[str, Held]) -> None:
+        self._said = tenants
         await self.nc.publish(HELD, _encoder.encode(TenantsHeld(node=self.node, tenants=tenants)))
 
     async def _told(self, msg: Msg) -> None:

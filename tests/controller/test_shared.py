@@ -1,0 +1,46 @@
+"""The run's totals across nodes (scaler/controller/shared.py) on a real nats-server: a node tells the others its
+tenants' counts when they change, woken by its ledger, and says nothing between its exchanges when they do not."""
+
+import asyncio
+
+import msgspec
+import nats
+
+from scaler.controller.shared import HELD, SharedTotals, TenantsHeld
+from tests.controller.test_seeds_ledger import Node, served
+
+EXCHANGE_S = 600.0  # no exchange during the test but the first: every word heard after it was told on a change
+
+
+async def test_a_tenants_count_is_told_when_it_changes_and_nothing_is_told_when_it_does_not(nats_url):
+    nc = await nats.connect(nats_url)
+    heard: asyncio.Queue[TenantsHeld] = asyncio.Queue()
+    decode = msgspec.msgpack.Decoder(TenantsHeld).decode
+
+    async def hear(msg) -> None:
+        heard.put_nowait(decode(msg.data))
+
+    sub = await nc.subscribe(HELD, cb=hear)
+    node = Node()
+    shared = SharedTotals(nc, "n1", node.ledger, ttl_s=4.0, every_s=EXCHANGE_S, replicas=1)
+    await shared.start()
+    try:
+        first = await asyncio.wait_for(heard.get(), 10)  # the first exchange's word: nothing held yet
+        assert first.node == "n1" and first.tenants == {}
+
+        served(node, "a", 0, "f1", tenant="acme")  # the tenant's first instance: its count moved
+        told = await asyncio.wait_for(heard.get(), 10)
+        assert told.tenants["acme"].on_demand == 1, told
+
+        served(node, "b", 10, "f2")  # a function of no tenant: no tenant's count moved
+        await asyncio.sleep(0.3)
+        assert heard.empty(), heard.get_nowait()
+
+        served(node, "c", 20, "f3", tenant="acme")
+        told = await asyncio.wait_for(heard.get(), 10)
+        assert told.tenants["acme"].on_demand == 2, told
+    finally:
+        await shared.stop()
+        await sub.unsubscribe()
+        await nc.close()
+    node.ledger.tenants_moved()  # once stopped, a change tells nobody (and raises nothing)
