@@ -1,0 +1,109 @@
+"""What an idle scaler costs: the CPU each process of `scaler up` spends a minute while no call comes.
+
+    python bench/idle.py [--seconds S] [--rounds N] [--root DIR]
+
+A node with nothing to decide still renews its partitions' leases, shares its totals, reads the tenants'
+quotas, watches its event loop and its store. That work runs beside every call a live node takes, on the
+same two cores as its nats-server, so it is part of what a call waits for; idle, it is all there is to see.
+Each round starts `scaler up` (embedded NATS syncing every write, the platform stub, the workers, the
+node), lets it settle, then reads each process's CPU (user and system, from /proc) over `--seconds`.
+The table shows seconds of CPU a minute by process, the median of the rounds and how far they were apart.
+`--root` runs another checkout's `scaler` (a commit to compare with: `git worktree add DIR REV`).
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTLE_S = 10.0  # after the ready line: the first lease rounds, snapshots and listings are a start's, not idling
+ROLES = {  # a word of the process's command line -> the row it counts in
+    b"nats-server": "nats-server",
+    b"scaler.platform_stub": "platform stub",
+    b"scaler.workers": "workers",
+    b"node": "node",
+    b"up": "scaler up (its supervisor)",
+}
+
+
+def cpu_by_role(root_pid: int) -> dict[str, float]:
+    """CPU seconds each kind of process under `root_pid` (itself included) has spent so far."""
+    tick, parent, spent, role = os.sysconf("SC_CLK_TCK"), {}, {}, {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat, cmdline = (d / "stat").read_text(), (d / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # from the state on: ppid 2nd, utime 12th, stime 13th
+        pid = int(d.name)
+        parent[pid], spent[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+        words = cmdline.split(b"\0")
+        role[pid] = next((r for w, r in ROLES.items() if any(x == w or x.endswith(b"/" + w) for x in words)), "other")
+    out: dict[str, float] = {}
+    frontier = [root_pid]
+    while frontier:
+        pid = frontier.pop()
+        out[role.get(pid, "other")] = out.get(role.get(pid, "other"), 0.0) + spent.get(pid, 0.0)
+        frontier += [p for p, pp in parent.items() if pp == pid]
+    return out
+
+
+async def one_round(root: Path, seconds: float) -> dict[str, float]:
+    """Seconds of CPU a minute by process, over `seconds` of an idle `scaler up` run from `root`."""
+    with tempfile.TemporaryDirectory() as data:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scaler", "up", "--port", "0", "--data-dir", data,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=root,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(60):
+                while b"scaler ready" not in (line := await proc.stdout.readline()):
+                    if not line:
+                        raise RuntimeError(f"scaler up from {root} exited before it was ready")
+            drain = asyncio.create_task(_drain(proc))
+            await asyncio.sleep(SETTLE_S)
+            before = cpu_by_role(proc.pid)
+            await asyncio.sleep(seconds)
+            after = cpu_by_role(proc.pid)
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()
+        drain.cancel()
+    return {role: (after[role] - before.get(role, 0.0)) * 60 / seconds for role in after}
+
+
+async def _drain(proc: asyncio.subprocess.Process) -> None:
+    while await proc.stdout.readline():
+        pass
+
+
+def table(rounds: list[dict[str, float]]) -> str:
+    roles = sorted({r for one in rounds for r in one}, key=lambda r: -statistics.median(x.get(r, 0) for x in rounds))
+    lines = ["| process | CPU s a minute, median | rounds' spread | each |", "|---|---:|---:|---:|"]
+    for role in [*roles, "all"]:
+        each = [sum(x.values()) if role == "all" else x.get(role, 0.0) for x in rounds]
+        figures = ", ".join(f"{v:.2f}" for v in each)
+        lines.append(f"| {role} | {statistics.median(each):.2f} | {max(each) - min(each):.2f} | {figures} |")
+    return "\n".join(lines)
+
+
+async def main(seconds: float, rounds: int, root: Path) -> None:
+    results = [await one_round(root, seconds) for _ in range(rounds)]
+    print(f"idle `scaler up` from {root}, {rounds} round(s) of {seconds:g} s")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=60.0, help="how long each round measures (after settling)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--root", type=Path, default=ROOT, help="the checkout whose scaler runs")
+    a = p.parse_args()
+    asyncio.run(main(a.seconds, a.rounds, a.root.resolve()))
