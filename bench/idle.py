@@ -61,6 +61,7 @@ async def one_round(root: Path, seconds: float) -> dict[str, float]:
             sys.executable, "-m", "scaler", "up", "--port", "0", "--data-dir", data,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=root,
         )  # fmt: skip
+        drain = None
         try:
             async with asyncio.timeout(60):
                 while b"scaler ready" not in (line := await proc.stdout.readline()):
@@ -75,7 +76,8 @@ async def one_round(root: Path, seconds: float) -> dict[str, float]:
             if proc.returncode is None:
                 proc.terminate()
                 await proc.wait()
-        drain.cancel()
+            if drain is not None:
+                drain.cancel()
     return {role: (after[role] - before.get(role, 0.0)) * 60 / seconds for role in after}
 
 
