@@ -275,15 +275,12 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-def servers_cpu_s() -> float | None:
-    """CPU seconds (user and system) the processes this one started have spent so far, and theirs, but the
-    platform stub's (the platform's work, not the scaler's); None where there is no /proc to read it from.
-    Between two readings around a client run, only the servers under test are alive besides the client,
-    whose own CPU is read once it has exited (so not at all)."""
-    proc = Path("/proc")
+def processes() -> dict[int, tuple[int, float, bytes]]:
+    """Every process's parent, CPU seconds so far (user and system) and command line (its words NUL-separated), as
+    /proc says ({} where there is none)."""
+    proc, tick, found = Path("/proc"), os.sysconf("SC_CLK_TCK"), {}
     if not proc.is_dir():
-        return None
-    tick, parent, spent, stub = os.sysconf("SC_CLK_TCK"), {}, {}, set()
+        return found
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
@@ -292,20 +289,32 @@ def servers_cpu_s() -> float | None:
         except OSError:  # gone meanwhile
             continue
         fields = stat[stat.rindex(")") + 2 :].split()  # from the state on: ppid 2nd, utime 12th, stime 13th
-        pid = int(d.name)
-        parent[pid], spent[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
-        if b"scaler.platform_stub" in cmdline:
-            stub.add(pid)
-    total, frontier = 0.0, [os.getpid()]
+        found[int(d.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, cmdline)
+    return found
+
+
+def descendants(pid: int, found: dict[int, tuple[int, float, bytes]]) -> list[int]:
+    """The processes started by `pid`, and by them, and so on (`pid` itself not among them)."""
     children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
+    for child, (parent, _, _) in found.items():
+        children.setdefault(parent, []).append(child)
+    out, frontier = [], [pid]
     while frontier:
-        for pid in children.get(frontier.pop(), ()):
-            if pid not in stub:
-                total += spent[pid]
-                frontier.append(pid)
-    return total
+        for child in children.get(frontier.pop(), ()):
+            out.append(child)
+            frontier.append(child)
+    return out
+
+
+def servers_cpu_s() -> float | None:
+    """CPU seconds (user and system) the processes this one started have spent so far, and theirs, but the
+    platform stub's (the platform's work, not the scaler's); None where there is no /proc to read it from.
+    Between two readings around a client run, only the servers under test are alive besides the client,
+    whose own CPU is read once it has exited (so not at all)."""
+    if not (found := processes()):
+        return None
+    stub = {pid for pid, (_, _, cmdline) in found.items() if b"scaler.platform_stub" in cmdline}
+    return sum(found[pid][1] for pid in descendants(os.getpid(), found) if pid not in stub)
 
 
 async def client(address: str, pairs: int, seconds: float, metrics: str | None = None) -> dict:

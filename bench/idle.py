@@ -13,13 +13,16 @@ The table shows seconds of CPU a minute by process, the median of the rounds and
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.hot_path import descendants, processes  # noqa: E402
+
 SETTLE_S = 10.0  # after the ready line: the first lease rounds, snapshots and listings are a start's, not idling
 ROLES = {  # a word of the process's command line -> the row it counts in
     b"nats-server": "nats-server",
@@ -32,25 +35,12 @@ ROLES = {  # a word of the process's command line -> the row it counts in
 
 def cpu_by_role(root_pid: int) -> dict[str, float]:
     """CPU seconds each kind of process under `root_pid` (itself included) has spent so far."""
-    tick, parent, spent, role = os.sysconf("SC_CLK_TCK"), {}, {}, {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat, cmdline = (d / "stat").read_text(), (d / "cmdline").read_bytes()
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # from the state on: ppid 2nd, utime 12th, stime 13th
-        pid = int(d.name)
-        parent[pid], spent[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
-        words = cmdline.split(b"\0")
-        role[pid] = next((r for w, r in ROLES.items() if any(x == w or x.endswith(b"/" + w) for x in words)), "other")
-    out: dict[str, float] = {}
-    frontier = [root_pid]
-    while frontier:
-        pid = frontier.pop()
-        out[role.get(pid, "other")] = out.get(role.get(pid, "other"), 0.0) + spent.get(pid, 0.0)
-        frontier += [p for p, pp in parent.items() if pp == pid]
+    found, out = processes(), {}
+    for pid in [root_pid, *descendants(root_pid, found)]:
+        if pid in found:
+            words = found[pid][2].split(b"\0")
+            role = next((r for w, r in ROLES.items() if any(x == w or x.endswith(b"/" + w) for x in words)), "other")
+            out[role] = out.get(role, 0.0) + found[pid][1]
     return out
 
 
