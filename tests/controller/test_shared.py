@@ -10,6 +10,7 @@ from scaler.controller.shared import HELD, SharedTotals, TenantsHeld
 from tests.controller.test_seeds_ledger import Node, served
 
 EXCHANGE_S = 600.0  # no exchange during the test but the first: every word heard after it was told on a change
+WAIT_S = 30.0  # for a word that is due: a loaded machine is slow, not wrong
 
 
 async def test_a_tenants_count_is_told_when_it_changes_and_nothing_is_told_when_it_does_not(nats_url):
@@ -25,11 +26,11 @@ async def test_a_tenants_count_is_told_when_it_changes_and_nothing_is_told_when_
     shared = SharedTotals(nc, "n1", node.ledger, ttl_s=4.0, every_s=EXCHANGE_S, replicas=1)
     await shared.start()
     try:
-        first = await asyncio.wait_for(heard.get(), 10)  # the first exchange's word: nothing held yet
+        first = await asyncio.wait_for(heard.get(), WAIT_S)  # the first exchange's word: nothing held yet
         assert first.node == "n1" and first.tenants == {}
 
         served(node, "a", 0, "f1", tenant="acme")  # the tenant's first instance: its count moved
-        told = await asyncio.wait_for(heard.get(), 10)
+        told = await asyncio.wait_for(heard.get(), WAIT_S)
         assert told.tenants["acme"].on_demand == 1, told
 
         served(node, "b", 10, "f2")  # a function of no tenant: no tenant's count moved
@@ -37,10 +38,9 @@ async def test_a_tenants_count_is_told_when_it_changes_and_nothing_is_told_when_
         assert heard.empty(), heard.get_nowait()
 
         served(node, "c", 20, "f3", tenant="acme")
-        told = await asyncio.wait_for(heard.get(), 10)
+        told = await asyncio.wait_for(heard.get(), WAIT_S)
         assert told.tenants["acme"].on_demand == 2, told
     finally:
         await shared.stop()
         await sub.unsubscribe()
         await nc.close()
-    node.ledger.tenants_moved()  # once stopped, a change tells nobody (and raises nothing)
