@@ -247,10 +247,11 @@ async def load(scalers: list[pb_grpc.ScalerStub], tag: str, seconds: float, func
 # --- the runner ------------------------------------------------------------------------------------
 
 
-async def spawn(*argv: str, ready: str) -> tuple[asyncio.subprocess.Process, re.Match]:
-    """Start a process and wait for the line that says it serves; returns it and the match."""
+async def spawn(*argv: str, ready: str, cwd: Path = ROOT) -> tuple[asyncio.subprocess.Process, re.Match]:
+    """Start a process (in `cwd`: whose `scaler` `-m` runs) and wait for the line that says it serves; returns it and
+    the match."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=ROOT
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=cwd
     )
     seen = []
     async with asyncio.timeout(60):

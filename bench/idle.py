@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.hot_path import descendants, processes  # noqa: E402
+from bench.hot_path import descendants, processes, spawn, stop  # noqa: E402
 
 SETTLE_S = 10.0  # after the ready line: the first lease rounds, snapshots and listings are a start's, not idling
 ROLES = {  # a word of the process's command line -> the row it counts in
@@ -47,33 +47,16 @@ def cpu_by_role(root_pid: int) -> dict[str, float]:
 async def one_round(root: Path, seconds: float) -> dict[str, float]:
     """Seconds of CPU a minute by process, over `seconds` of an idle `scaler up` run from `root`."""
     with tempfile.TemporaryDirectory() as data:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "scaler", "up", "--port", "0", "--data-dir", data,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=root,
-        )  # fmt: skip
-        drain = None
+        argv = (sys.executable, "-m", "scaler", "up", "--port", "0", "--data-dir", data)
+        proc, _ = await spawn(*argv, ready=r"scaler ready", cwd=root)
         try:
-            async with asyncio.timeout(60):
-                while b"scaler ready" not in (line := await proc.stdout.readline()):
-                    if not line:
-                        raise RuntimeError(f"scaler up from {root} exited before it was ready")
-            drain = asyncio.create_task(_drain(proc))
             await asyncio.sleep(SETTLE_S)
             before = cpu_by_role(proc.pid)
             await asyncio.sleep(seconds)
             after = cpu_by_role(proc.pid)
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-                await proc.wait()
-            if drain is not None:
-                drain.cancel()
+            await stop(proc)
     return {role: (after[role] - before.get(role, 0.0)) * 60 / seconds for role in after}
-
-
-async def _drain(proc: asyncio.subprocess.Process) -> None:
-    while await proc.stdout.readline():
-        pass
 
 
 def table(rounds: list[dict[str, float]]) -> str:
