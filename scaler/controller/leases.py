@@ -16,8 +16,10 @@ A lease that lapsed is never quietly taken back: another node may have written m
 is dropped and loaded anew. A node restarted under its name (`reclaim`: a name held by one live
 process, scaler/runtime/identity.py) takes back the leases its dead incarnation held at once, by a
 compare-and-set on their revision, and loads them anew, rather than waiting for them to lapse.
-What a snapshot claims is checked atomically by the lease's revision (`confirm`: a compare-and-set
-renewal just before the snapshot is taken). Appends need no lease:
+A renewal that got no answer (NATS froze with it on the way) may be stored later, at a revision the
+node never learns; its next renewal is then refused, and the lease, still naming it, renewed at the
+revision it has rather than taken for lapsed. What a snapshot claims is checked atomically by the lease's
+revision (`confirm`: a compare-and-set renewal just before the snapshot is taken). Appends need no lease:
 the expected-sequence check of every append (scaler/store/stream.py) makes a stale writer fail.
 """
 
@@ -102,6 +104,7 @@ class Leases:
         self.renewed: dict[int, float] = {}  # partition -> when its last renewal that succeeded was sent (monotonic)
         self.took: dict[int, float] = {}  # ... and how long that renewal took to be answered (s)
         self.tenure: dict[int, int] = {}  # partition -> which holding of it this is: new each time it is taken
+        self._unanswered: set[int] = set()  # partitions with a renewal sent and never answered
         self._tenures = itertools.count(1)
         self._locks: dict[int, asyncio.Lock] = {}  # one renewal of a partition at a time
         self._leases: KeyValue | None = None
@@ -142,7 +145,7 @@ class Leases:
                 return False
             sent = time.monotonic()
             try:
-                self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
+                self.held[p] = await self._update(p, revision)
             except Exception:  # lapsed and taken, or NATS away: not certain, so not ours
                 return False
             self._renewed(p, sent)
@@ -256,11 +259,30 @@ class Leases:
                 return True
             sent = time.monotonic()
             try:
-                self.held[p] = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
-                self._renewed(p, sent)
-            except KeyWrongLastSequenceError:  # it lapsed: another node may have written it meanwhile
-                return False
+                self.held[p] = await self._update(p, revision)
+            except KeyWrongLastSequenceError:  # moved since: it lapsed, and another node may have written
+                if p not in self._unanswered:  # meanwhile, or by a renewal of ours whose answer never came
+                    return False
+                sent = time.monotonic()
+                if (revision := await self._still_ours(p)) is None:
+                    return False
+                self.held[p] = revision
+            self._renewed(p, sent)
             return True
+
+    async def _update(self, p: int, revision: int) -> int:
+        """Renew `p`'s lease at `revision`. One that gets no answer (NATS froze with it on the way) may yet be
+        stored, at a revision this node never learns: remembered until one is stored. A refusal is an answer."""
+        earlier = p in self._unanswered
+        self._unanswered.add(p)
+        try:
+            revision = await self._leases.update(f"p{p}", self.node.encode(), last=revision)
+        except KeyWrongLastSequenceError:
+            if not earlier:
+                self._unanswered.discard(p)
+            raise
+        self._unanswered.discard(p)
+        return revision
 
     async def _watch_deadlines(self) -> None:
         """Drop the partitions past their renewal deadline (NATS away, or this process was paused)."""
@@ -279,8 +301,7 @@ class Leases:
         log.warning("%s no longer decides for partitions %s: %s", self.node, ranges(sorted(partitions)), why)
         for p in partitions:
             del self.held[p]
-            self.renewed.pop(p, None)
-            self.tenure.pop(p, None)
+            self._forget(p)
         await self.lost(partitions)
 
     def _renewed(self, p: int, sent: float) -> None:
@@ -288,6 +309,12 @@ class Leases:
         self.renewed[p], self.took[p] = sent, time.monotonic() - sent
         if late and self.fresh(p):
             self.refreshed()
+
+    def _forget(self, p: int) -> None:
+        """What this node knew of its holding of `p`, now ended."""
+        self.renewed.pop(p, None)
+        self.tenure.pop(p, None)
+        self._unanswered.discard(p)
 
     def _lock(self, p: int) -> asyncio.Lock:
         return self._locks.setdefault(p, asyncio.Lock())
@@ -322,15 +349,19 @@ class Leases:
 
     async def _reclaimed(self, p: int) -> int | None:
         """Take `p`'s lease back from this node's earlier incarnation, which is dead (the name is held by this
-        process alone): a compare-and-set on the revision read, so a lease another node took meanwhile, or one
-        renewed since, stays theirs. The new revision, or None."""
-        if not self.reclaim:
-            return None
+        process alone). The new revision, or None."""
+        return await self._still_ours(p) if self.reclaim else None
+
+    async def _still_ours(self, p: int) -> int | None:
+        """Renew `p`'s lease at the revision it has, if it names this node: then nobody else held it since, as
+        only this node writes its name (and, under `reclaim`, its dead incarnation), each time by a compare-and-set
+        on a revision of its own. A compare-and-set again, so a lease another node took meanwhile stays theirs.
+        The new revision, or None."""
         try:
             entry = await self._leases.get(f"p{p}")
             if entry.value != self.node.encode():
                 return None
-            return await self._leases.update(f"p{p}", self.node.encode(), last=entry.revision)
+            return await self._update(p, entry.revision)
         except (KeyNotFoundError, KeyWrongLastSequenceError):  # lapsed or taken meanwhile: the next round sees
             return None
 
@@ -342,8 +373,7 @@ class Leases:
         await self.lost(partitions)
         freed = [(p, self.held.pop(p)) for p in partitions if p in self.held]
         for p, _ in freed:
-            self.renewed.pop(p, None)
-            self.tenure.pop(p, None)
+            self._forget(p)
         # All at once and each on its own: one that times out (NATS slow or away) lapses after the TTL,
         # and does not keep the others held until then, nor the stop waiting a timeout per partition.
         results = await asyncio.gather(*(self._free(p, revision) for p, revision in freed), return_exceptions=True)

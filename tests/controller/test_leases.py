@@ -1,11 +1,15 @@
 """Leases against a real JetStream KV: what a stopping node frees, and what it cannot."""
 
 import asyncio
+import contextlib
+import os
+import signal
 
 from scaler.controller.leases import LEASES, Leases, holders
 from scaler.proto.events import Batch, KeptAlive, encode_batch
 from scaler.proto.subjects import EVENTS, PARTITIONS, event_subject, partition
 from scaler.runtime.bus import connected
+from scaler.runtime.natsd import NatsServer
 from tests.invariants import snapshots_hold_what_they_claim
 from tests.stack import Stack, eventually
 
@@ -28,6 +32,46 @@ async def test_a_stopping_node_frees_a_lease_renewed_at_a_revision_it_never_lear
         await kv.put("p5", b"n2")  # ... and one that another node now holds (as after a lapse)
         await leases.stop()
         assert await holders(js) == {5: "n2"}
+
+
+async def test_renewals_stored_after_their_answers_were_lost_keep_the_partitions(tmp_path):
+    """Renewals sent as NATS froze get no answer and are stored on the thaw, at revisions the node never learns.
+    Its next renewals were refused (wrong last sequence) and taken for lapses: CI once saw a node drop all 32
+    partitions that way, and calls waited for partitions nobody served. A lease that still names the node was
+    moved by nobody else: it is renewed at the revision it has, in the same holding; one another node took
+    meanwhile is dropped, and a refusal with no renewal unanswered is a lapse as before."""
+    async with NatsServer(tmp_path / "nats") as nats, connected(nats.url, "test") as nc:
+        js = nc.jetstream(timeout=0.5)
+        dropped: list[int] = []
+
+        async def lost(partitions: list[int]) -> None:
+            dropped.extend(partitions)
+
+        leases = Leases(js, "n1", nothing, lost, ttl_s=60)
+        await leases.start()
+        try:
+            kv = await js.key_value(LEASES)
+            before, tenure = dict(leases.held), dict(leases.tenure)
+            os.kill(nats.proc.pid, signal.SIGSTOP)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await leases._renew()  # sent, never answered
+            finally:
+                os.kill(nats.proc.pid, signal.SIGCONT)
+            async with asyncio.timeout(10):  # ... and stored on the thaw
+                while [p for p in range(PARTITIONS) if (await kv.get(f"p{p}")).revision == before[p]]:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            await kv.put("p5", b"n2")  # another node took one meanwhile (as after a lapse)
+            await leases.round()
+            assert dropped == [5]
+            assert sorted(leases.held) == sorted(set(range(PARTITIONS)) - {5})
+            assert all(leases.tenure[p] == tenure[p] and leases.fresh(p) for p in leases.held)
+            assert all([await leases.confirm(p, tenure[p]) for p in leases.held])
+            await kv.put("p3", b"n1")  # moved with no renewal of ours unanswered: not ours to assume
+            await leases.round()
+            assert dropped == [5, 3]
+        finally:
+            await leases.stop()
 
 
 async def test_leases_taken_before_a_failure_in_the_same_round_are_loaded(nats_url):
