@@ -158,7 +158,7 @@ class Leases:
             return
         # Each on its own (NATS away: they lapse instead): a heartbeat left behind would make the next
         # node count two and take half the partitions until it lapsed.
-        await asyncio.gather(self.give_back(sorted(self.held)), self._nodes.delete(self.node), return_exceptions=True)
+        await asyncio.gather(self.give_back(sorted(self.held)), self._beat_no_more(), return_exceptions=True)
 
     async def drain(self, patience_s: float = HAND_OVER_S) -> str:
         """Hand every partition to the other nodes and take none again; say what became of them.
@@ -181,7 +181,7 @@ class Leases:
         # began would keep it), and none takes one again. Each snapshot confirms its lease just before.
         await self._stop_rounds()
         with contextlib.suppress(Exception):  # NATS away: the heartbeat lapses within the TTL
-            await self._nodes.delete(self.node)
+            await self._beat_no_more()
         given = sorted(self.held)
         await self.give_back(given)
         if not given:
@@ -201,6 +201,10 @@ class Leases:
             await asyncio.sleep(0.05)
         return f"{self.node} gave back partitions {ranges(given)}; no other node took them yet"
 
+    async def _beat_no_more(self) -> None:
+        """Remove this node's heartbeat, leaving no delete marker behind: `live` would count one."""
+        await self.js.purge_stream(f"KV_{NODES}", subject=f"$KV.{NODES}.{self.node}")
+
     async def _stop_rounds(self) -> None:
         """No more lease rounds. One under way is let finish (for a moment): cut short, its renewals may be
         stored at revisions this node never learns, and freeing those leases would need another look."""
@@ -212,7 +216,7 @@ class Leases:
 
     async def others(self) -> list[str]:
         """The other live nodes, by their heartbeats."""
-        return [n for n in await entries(self.js, NODES) if n != self.node]
+        return [n for n in await live(self.js) if n != self.node]
 
     async def _run(self) -> None:
         failing = 0
@@ -233,7 +237,7 @@ class Leases:
                 failing = 0
 
     async def live_nodes(self) -> int:
-        return max(1, len(await entries(self.js, NODES)))
+        return max(1, len(await live(self.js)))
 
     async def round(self) -> None:
         await self._nodes.put(self.node, self.about())
@@ -402,6 +406,13 @@ class Leases:
         if entry.value == self.node.encode():
             with contextlib.suppress(APIError):  # taken just now by another node: it is theirs
                 await self._leases.delete(f"p{p}", last=entry.revision)
+
+
+async def live(js: JetStreamContext) -> list[str]:
+    """The nodes with a heartbeat: the keys of their bucket, asked of its stream. One request, answered by the
+    stream's leader, every round; a listing (scaler/runtime/kv.py) made and dropped a consumer each time."""
+    info = await js.stream_info(f"KV_{NODES}", subjects_filter=f"$KV.{NODES}.>")
+    return [subject.removeprefix(f"$KV.{NODES}.") for subject in info.state.subjects or {}]
 
 
 async def holders(js: JetStreamContext) -> dict[int, str]:

@@ -5,7 +5,7 @@ import contextlib
 import os
 import signal
 
-from scaler.controller.leases import LEASES, Leases, holders
+from scaler.controller.leases import LEASES, Leases, holders, live
 from scaler.proto.events import Batch, KeptAlive, encode_batch
 from scaler.proto.subjects import EVENTS, PARTITIONS, event_subject, partition
 from scaler.runtime.bus import connected
@@ -260,3 +260,29 @@ async def test_a_release_done_after_its_partition_was_taken_again_snapshots_noth
         await eventually(lambda: p in c.serving and not c.partitions.loading, 10)
         assert await snapshots_hold_what_they_claim(js) == []
         assert c.ledger.last_seq["fn"] == stored  # and the new holding's load folded it
+
+
+async def test_the_live_nodes_are_counted_by_their_heartbeats_and_a_stopped_one_at_once(nats_url):
+    """Each round counts the heartbeats (the keys of their stream, asked of it): two nodes share the partitions;
+    one that stops removes its heartbeat without a trace (a delete marker would be counted as a key until it
+    lapsed, 60 s here), so the other's next round counts itself alone and takes them all."""
+    async with connected(nats_url, "test") as nc:
+        js = nc.jetstream()
+        first = Leases(js, "n1", nothing, nothing, ttl_s=60)
+        second = Leases(js, "n2", nothing, nothing, ttl_s=60)
+        await first.start()
+        try:
+            assert len(first.held) == PARTITIONS
+            await second.start()
+            assert sorted(await live(js)) == ["n1", "n2"]
+            await first.round()  # gives back above its share
+            await second.round()  # takes them
+            assert len(first.held) == len(second.held) == PARTITIONS // 2
+            assert await first.others() == ["n2"]
+            await second.stop()
+            assert await live(js) == ["n1"] and await first.others() == []
+            await first.round()
+            assert len(first.held) == PARTITIONS
+        finally:
+            await first.stop()
+            await second.stop()
