@@ -232,9 +232,9 @@ class Controller:
         await forwarder.start()
         self.timers.start()
         self._lag_watch = asyncio.create_task(self._watch_lag())
-        shared = SharedTotals(self._nc, self.node, self.ledger, s.lease_ttl_s, s.lease_every_s, self.replicas)
+        shared = SharedTotals(self._nc, self.node, self.ledger, s.lease_ttl_s, s.lease_every_s)
         state = state_service.Serving(self._nc, self.node, self.snapshot, serving)
-        self.tenants = TenantQuotas(events.js, self.ledger, s.lease_every_s, self.replicas)
+        self.tenants = TenantQuotas(self._nc, self.ledger, self.replicas)
         self._parts = [p for p in (shared, returns, state, self.tenants) if p is not None]
         for part in self._parts:
             await part.start()

@@ -71,7 +71,7 @@ async def test_on_a_cluster_streams_and_buckets_get_three_replicas_unless_told_o
         async with connected(cluster.url, "test") as nc:
             js = nc.jetstream()
             assert (await js.stream_info("EVENTS")).config.num_replicas == 3
-            for store in ("KV_scaler_leases", "KV_scaler_nodes", "KV_scaler_totals", "OBJ_scaler_snapshots"):
+            for store in ("KV_scaler_leases", "KV_scaler_nodes", "KV_scaler_tenants", "OBJ_scaler_snapshots"):
                 assert (await js.stream_info(store)).config.num_replicas == 3, store
 
 
