@@ -44,7 +44,7 @@ from nats.js.kv import KeyValue
 
 from scaler.proto.subjects import PARTITIONS
 from scaler.runtime.bus import answered
-from scaler.runtime.kv import entries
+from scaler.runtime.kv import LISTING_WAIT_S, entries
 from scaler.runtime.tasks import cancelled
 from scaler.store.stream import WRONG_LAST_SEQUENCE
 
@@ -215,8 +215,9 @@ class Leases:
         await cancelled(self._task)
 
     async def others(self) -> list[str]:
-        """The other live nodes, by their heartbeats."""
-        return [n for n in await live(self.js) if n != self.node]
+        """The other live nodes, by their heartbeats; asked again for a moment while JetStream cannot answer (a
+        drain during a server's reload), where a lease round just tries again at the next."""
+        return [n for n in await answered(lambda: live(self.js), LISTING_WAIT_S) if n != self.node]
 
     async def _run(self) -> None:
         failing = 0
