@@ -41,7 +41,7 @@ async def test_renewals_stored_after_their_answers_were_lost_keep_the_partitions
     moved by nobody else: it is renewed at the revision it has, in the same holding; one another node took
     meanwhile is dropped, and a refusal with no renewal unanswered is a lapse as before."""
     async with NatsServer(tmp_path / "nats") as nats, connected(nats.url, "test") as nc:
-        js = nc.jetstream(timeout=0.5)
+        js = nc.jetstream(timeout=2.0)  # how long a renewal sent into the freeze waits for its answer
         dropped: list[int] = []
 
         async def lost(partitions: list[int]) -> None:

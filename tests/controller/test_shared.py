@@ -51,6 +51,8 @@ async def test_a_tenants_count_is_told_when_it_changes_and_nothing_is_told_when_
 
 
 async def test_a_nodes_totals_are_counted_by_the_others_until_it_stops_or_falls_silent(nats_url):
+    """A node stopping says it counts nothing; one killed or cut off is forgotten `ttl_s` after its last word, as
+    its entry in a bucket with that TTL was."""
     nc = await nats.connect(nats_url)
     a, b, c = Node(), Node(), Node()
     served(b, "r1", 0, "f1", tenant="acme")
