@@ -401,7 +401,9 @@ async def test_the_data_dir_stays_locked_while_any_part_lives(tmp_path):
                 break
     finally:
         reap(parts)
-        await asyncio.wait_for(proc.wait(), 10)  # killed: reaped on this loop
+        # Killed: reaped on this loop, and its stderr read to the end, which the parts shared: a pipe left unread
+        # can keep the process's transport open until it is collected after the loop closed.
+        await asyncio.wait_for(proc.communicate(), 10)
 
 
 def test_the_data_dir_stays_locked_whatever_is_deleted_in_it(tmp_path):
