@@ -99,8 +99,10 @@ async def test_what_a_node_decided_before_nats_stood_still_past_its_lease_is_nev
         await stack.settled()
         async with connected(nats.url, "test") as nc:
             causes = [b.cause for _, b in await stored_batches(nc)]
-            landed = [k for k in keys[1:] if f"assign:r-{k}" in causes]  # sent before the leases lapsed
-            assert len(landed) <= SHARE_FROM_LONE - 1, causes  # the five that waited were never sent
+            # Sent before the leases lapsed: at most SHARE_FROM_LONE alone, the first among them unless a loaded
+            # machine got it to the store after others (CI once landed fn1-fn4); the five that waited never sent.
+            landed = [k for k in keys if f"assign:r-{k}" in causes]
+            assert len(landed) <= SHARE_FROM_LONE, causes
             replayed = await replay.replay(nc)
             assert {k: replayed.ledger.states[k] for k in keys} == {k: stack.controller.states[k] for k in keys}
             assert await snapshots_hold_what_they_claim(nc.jetstream()) == []
