@@ -411,7 +411,7 @@ class Leases:
 
 async def live(js: JetStreamContext) -> list[str]:
     """The nodes with a heartbeat: the keys of their bucket, asked of its stream. One request, answered by the
-    stream's leader, every round; a listing (scaler/runtime/kv.py) made and dropped a consumer each time."""
+    stream's leader, every round, where a listing (scaler/runtime/kv.py) makes and drops a consumer."""
     info = await js.stream_info(f"KV_{NODES}", subjects_filter=f"$KV.{NODES}.>")
     return [subject.removeprefix(f"$KV.{NODES}.") for subject in info.state.subjects or {}]
 

@@ -7,8 +7,8 @@ functions) and adds up what they told. Measured offline (`bench/nodes.py`): with
 four nodes the learned policy lost 5 points on a mixed trace; shared, it decides as one node does. A
 node's totals are forgotten `ttl_s` (the lease TTL) after its last word, and a partition's totals move
 with it, so a dead node's are not counted twice for longer than that. A word missed is repaired by the
-next; nothing is stored, and nothing is listed: a KV bucket listed every second made and dropped a
-JetStream consumer each time, on every node.
+next; nothing is stored, and nothing is listed: listing a KV bucket makes and drops a JetStream
+consumer, every second on every node.
 
 What a tenant's functions hold (Totals.tenants, what its quotas count) cannot wait a second: two nodes
 would start past a quota meanwhile. So a node also tells the others its tenants' counts the moment they

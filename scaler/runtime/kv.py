@@ -5,8 +5,8 @@ nats-py's `KeyValue.keys()` (and its `watchall()`, which it reads through) has t
   is left is 0 and its callback has handled nothing yet, but the server may have sent every entry
   already, still queued in the client (nats-py issue 842, PR 995). A listing of a bucket of 32
   leases came back empty that way, and the state service then waited for no node.
-- Its consumer stays on the server 5 minutes after the listing. Listed every second (as the leases'
-  nodes once were), that is about 300 consumers per bucket for each node, and nats-server
+- Its consumer stays on the server 5 minutes after the listing. A bucket listed every second would
+  hold about 300 consumers for each node that lists it, and nats-server
   2.15 caps a stream at 1,000 consumers unless the stream says otherwise.
 
 So a listing here pulls: the consumer is made first, and its creation says how many entries it
