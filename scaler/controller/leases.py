@@ -21,6 +21,10 @@ node never learns; its next renewal is then refused, and the lease, still naming
 revision it has rather than taken for lapsed. What a snapshot claims is checked atomically by the lease's
 revision (`confirm`: a compare-and-set renewal just before the snapshot is taken). Appends need no lease:
 the expected-sequence check of every append (scaler/store/stream.py) makes a stale writer fail.
+
+A round's renewals go as one atomic batch of compare-and-sets where the server takes them (2.12+): one synced
+write and one ack a round rather than one per partition. A batch is all or nothing, and a refused one does not
+say which lease moved, so the renewals are then sent each on its own, as on an older server.
 """
 
 import asyncio
@@ -30,7 +34,9 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
@@ -46,7 +52,8 @@ from scaler.proto.subjects import PARTITIONS
 from scaler.runtime.bus import answered
 from scaler.runtime.kv import LISTING_WAIT_S, entries
 from scaler.runtime.tasks import cancelled
-from scaler.store.stream import WRONG_LAST_SEQUENCE
+from scaler.store import stream
+from scaler.store.stream import OLDEST_ATOMIC, WRONG_LAST_SEQUENCE, Append, Conflict
 
 log = logging.getLogger("scaler.controller.leases")
 
@@ -77,10 +84,26 @@ async def bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int) -
     return kv
 
 
+async def atomic_bucket(nc: Client, js: JetStreamContext, name: str) -> bool:
+    """Let the bucket take atomic batches, where the server can (2.12+): whether it does."""
+    v = nc.connected_server_version
+    if (v.major, v.minor) < OLDEST_ATOMIC:
+        return False
+    config = (await js.stream_info(f"KV_{name}")).config
+    if config.allow_atomic:
+        return True
+    try:
+        await js.update_stream(replace(config, allow_atomic=True))
+    except APIError as e:  # a cluster with an older server in it: renewed one by one
+        log.info("the %s bucket takes no atomic batches (%s): its leases are renewed one by one", name, e)
+        return False
+    return True
+
+
 class Leases:
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: Client,
         node: str,
         gained: Callable[[list[int]], Awaitable[None]],
         lost: Callable[[list[int]], Awaitable[None]],
@@ -88,8 +111,11 @@ class Leases:
         every_s: float = EVERY_S,
         replicas: int = 1,
         reclaim: bool = False,
+        timeout_s: float = 5.0,
     ) -> None:
-        self.js = js
+        self.nc = nc
+        self.js = nc.jetstream(timeout=timeout_s)
+        self.timeout_s = timeout_s  # how long a request to the buckets waits for its answer
         self.node = node
         self.gained = gained  # called with partitions just leased: load them, then serve
         self.lost = lost  # called with partitions to stop serving, before their leases are given back
@@ -108,6 +134,7 @@ class Leases:
         self._tenures = itertools.count(1)
         self._locks: dict[int, asyncio.Lock] = {}  # one renewal of a partition at a time
         self._leases: KeyValue | None = None
+        self._atomic = False  # the lease bucket takes atomic batches: a round's renewals are one
         self._nodes: KeyValue | None = None
         self._task: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
@@ -115,6 +142,7 @@ class Leases:
 
     async def start(self) -> None:
         self._leases = await bucket(self.js, LEASES, self.ttl_s, self.replicas)
+        self._atomic = await atomic_bucket(self.nc, self.js, LEASES)
         self._nodes = await bucket(self.js, NODES, self.ttl_s, self.replicas)
         await self.round()
         self._task = asyncio.create_task(self._run())
@@ -251,8 +279,11 @@ class Leases:
 
     async def _renew(self) -> None:
         """All at once: one after another, a round under load (each update synced to disk, behind a busy
-        connection) took longer than the renewal deadline."""
+        connection) took longer than the renewal deadline. As one atomic batch where the bucket takes them;
+        each on its own when it does not, or when that batch is refused."""
         held = list(self.held)
+        if self._atomic and len(held) > 1 and await self._renew_together(held):
+            return
         kept = await asyncio.gather(*(self._renew_one(p) for p in held))
         if lapsed := [p for p, ok in zip(held, kept, strict=True) if not ok]:
             await self._drop(lapsed, "their leases lapsed")
@@ -273,6 +304,31 @@ class Leases:
                     return False
                 self.held[p] = revision
             self._renewed(p, sent)
+            return True
+
+    async def _renew_together(self, held: list[int]) -> bool:
+        """Renew every lease in `held` in one atomic batch of compare-and-sets: True once stored, False when
+        refused (a lease moved since, and JetStream does not say which). One that gets no answer may yet be
+        stored: each of its leases is then unanswered, as a renewal of its own would be."""
+        async with contextlib.AsyncExitStack() as locks:
+            for p in sorted(held):
+                await locks.enter_async_context(self._lock(p))
+            revisions = {p: self.held[p] for p in held if p in self.held}
+            earlier = self._unanswered & revisions.keys()
+            self._unanswered |= revisions.keys()
+            name = self.node.encode()
+            renewals = [Append(lease_subject(p), name, lease_subject(p), r) for p, r in revisions.items()]
+            sent = time.monotonic()
+            try:
+                stored = await stream.atomic(self.nc, renewals, self.timeout_s)
+            except Conflict:
+                self._unanswered -= revisions.keys() - earlier
+                return False
+            for p, revision in zip(revisions, stored, strict=True):
+                self._unanswered.discard(p)
+                if p in self.held:
+                    self.held[p] = revision
+                    self._renewed(p, sent)
             return True
 
     async def _update(self, p: int, revision: int) -> int:
@@ -407,6 +463,11 @@ class Leases:
         if entry.value == self.node.encode():
             with contextlib.suppress(APIError):  # taken just now by another node: it is theirs
                 await self._leases.delete(f"p{p}", last=entry.revision)
+
+
+def lease_subject(p: int) -> str:
+    """The subject of partition `p`'s lease in its bucket's stream."""
+    return f"$KV.{LEASES}.p{p}"
 
 
 async def live(js: JetStreamContext) -> list[str]:

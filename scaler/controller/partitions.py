@@ -86,7 +86,7 @@ class Partitions:
         self.released = released  # (held, all) given up, their commands done: snapshot those held, forget them all
         self.limits = limits  # the operator's caps; those over all functions are split by partitions held
         self.drain_s = drain_s
-        self.leases = Leases(events.js, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas, reclaim)
+        self.leases = Leases(events.nc, node, self.gained, self.lost, lease_ttl_s, lease_every_s, replicas, reclaim)
         self.clock = clock or Clock()
         self.clocks = Clocks(node)  # the writers' clocks, as the batches a load reads say
         self.clock_offset_ms: int | None = None  # this node's clock less the NATS server's, at the last load

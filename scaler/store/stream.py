@@ -143,10 +143,19 @@ async def append_all(nc: Client, appends: list[Append], timeout_s: float, writer
     All are stored or none: Conflict when one function's order check fails (which one, JetStream does
     not say), Unavailable when JetStream did not take them. Needs a stream with `allow_atomic` (2.12+).
     """
-    batch_id = secrets.token_hex(8)
     began = perf_counter()
     try:
-        for n, a in enumerate(appends, 1):
+        return await atomic(nc, appends, timeout_s, writer)
+    finally:
+        metrics.APPEND.observe(perf_counter() - began)
+
+
+async def atomic(nc: Client, messages: list[Append], timeout_s: float, writer: str = "") -> list[int]:
+    """Store messages on any stream that allows atomic batches, each after its own expected last sequence, all or
+    none: their stream sequences, in order. Conflict and Unavailable as `append_all`."""
+    batch_id = secrets.token_hex(8)
+    try:
+        for n, a in enumerate(messages, 1):
             headers = {
                 "Nats-Batch-Id": batch_id,
                 "Nats-Batch-Sequence": str(n),
@@ -155,19 +164,17 @@ async def append_all(nc: Client, appends: list[Append], timeout_s: float, writer
             }
             if writer:
                 headers[WRITER] = writer
-            if n < len(appends):
+            if n < len(messages):
                 await nc.publish(a.subject, a.data, headers=headers)
             else:
                 headers["Nats-Batch-Commit"] = "1"
                 msg = await nc.request(a.subject, a.data, timeout=timeout_s, headers=headers)
     except (NatsError, TimeoutError) as e:
         raise Unavailable(f"event store unavailable: {type(e).__name__}") from e
-    finally:
-        metrics.APPEND.observe(perf_counter() - began)
     ack = _batch_ack.decode(msg.data)
     _refused(ack.error, ack.error.description if ack.error is not None else "")
-    if ack.count != len(appends):
-        raise Unavailable(f"event store stored {ack.count} of a batch of {len(appends)}")
+    if ack.count != len(messages):
+        raise Unavailable(f"event store stored {ack.count} of a batch of {len(messages)}")
     return list(range(ack.seq - ack.count + 1, ack.seq + 1))
 
 
