@@ -53,7 +53,7 @@ from scaler.runtime.bus import answered
 from scaler.runtime.kv import LISTING_WAIT_S, entries
 from scaler.runtime.tasks import cancelled
 from scaler.store import stream
-from scaler.store.stream import OLDEST_ATOMIC, WRONG_LAST_SEQUENCE, Append, Conflict
+from scaler.store.stream import OLDEST_ATOMIC, WRONG_LAST_SEQUENCE, Append, Conflict, Refused
 
 log = logging.getLogger("scaler.controller.leases")
 
@@ -308,8 +308,9 @@ class Leases:
 
     async def _renew_together(self, held: list[int]) -> bool:
         """Renew every lease in `held` in one atomic batch of compare-and-sets: True once stored, False when
-        refused (a lease moved since, and JetStream does not say which). One that gets no answer may yet be
-        stored: each of its leases is then unanswered, as a renewal of its own would be."""
+        refused (a lease moved since, and JetStream does not say which; or the bucket took no batch, its
+        configuration changed by hand, say). One that gets no answer may yet be stored: each of its leases is
+        then unanswered, as a renewal of its own would be."""
         async with contextlib.AsyncExitStack() as locks:
             for p in sorted(held):
                 await locks.enter_async_context(self._lock(p))
@@ -321,7 +322,7 @@ class Leases:
             sent = time.monotonic()
             try:
                 stored = await stream.atomic(self.nc, renewals, self.timeout_s)
-            except Conflict:
+            except (Conflict, Refused):
                 self._unanswered -= revisions.keys() - earlier
                 return False
             for p, revision in zip(revisions, stored, strict=True):

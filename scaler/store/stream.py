@@ -94,13 +94,17 @@ async def append(
     return ack.seq
 
 
+class Refused(Unavailable):
+    """JetStream answered, refusing what was sent for another reason than an order check (a full disk, say)."""
+
+
 def _refused(error: _ApiError | None, what: str) -> None:
-    """Conflict for a failed order check, Unavailable for any other refusal; nothing when stored."""
+    """Conflict for a failed order check, Refused for any other refusal; nothing when stored."""
     if error is None:
         return
     if error.err_code == WRONG_LAST_SEQUENCE:
         raise Conflict(what)
-    raise Unavailable(f"event store refused the batch: {error.description}")
+    raise Refused(f"event store refused the batch: {error.description}")
 
 
 def fits(size: int, max_payload: int) -> None:

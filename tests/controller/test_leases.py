@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from dataclasses import replace
 
 from scaler.controller.leases import LEASES, Leases, holders, live
 from scaler.proto.events import Batch, KeptAlive, encode_batch
@@ -316,5 +317,24 @@ async def test_a_round_renews_every_lease_in_one_batch_and_each_alone_once_that_
             assert all(leases.held[p] > before[p] and leases.fresh(p) for p in leases.held)
             assert all(leases.tenure[p] == tenure[p] for p in leases.held)
             assert (await kv.get("p5")).value == b"n2"
+        finally:
+            await leases.stop()
+
+
+async def test_a_bucket_that_stops_taking_batches_has_its_leases_renewed_one_by_one(nats_url):
+    """A batch refused for another reason than a moved lease (the bucket's stream changed by hand to take no atomic
+    batch, or a server in the cluster that does not) must not fail every round until the leases lapse: the round
+    renews each lease on its own, as on a server before 2.12."""
+    async with connected(nats_url, "test") as nc:
+        leases = Leases(nc, "n1", nothing, nothing, ttl_s=60, every_s=600)
+        await leases.start()
+        try:
+            js = nc.jetstream()
+            config = (await js.stream_info(f"KV_{LEASES}")).config
+            await js.update_stream(replace(config, allow_atomic=False))
+            before = dict(leases.held)
+            await leases._renew()
+            assert sorted(leases.held) == list(range(PARTITIONS))
+            assert all(leases.held[p] > before[p] and leases.fresh(p) for p in range(PARTITIONS))
         finally:
             await leases.stop()
