@@ -380,7 +380,7 @@ async def test_the_temporary_store_goes_when_the_parents_main_thread_dies_first(
         assert not store.exists()
     finally:
         parent.kill()
-        await parent.wait()
+        await asyncio.wait_for(parent.communicate(), 30)  # its stdout read to the end: its transport closes here
 
 
 async def test_the_data_dir_stays_locked_while_any_part_lives(tmp_path):

@@ -28,10 +28,10 @@ async def test_the_name_is_kept_and_held_while_its_node_lives(tmp_path):
             await claim_name(tmp_path, wait_s=0.2)
     finally:
         first.send_signal(signal.SIGKILL)  # however it dies, the kernel lets the name go
-        await first.wait()
+        await first.communicate()  # its stdout read to the end too: the transport closes on this loop
     again, same = await holder(tmp_path)
-    again.stdin.close()
-    await again.wait()
+    again.stdin.close()  # it lets the name go
+    await again.communicate()  # and its stdout is read to the end: its transport closes on this loop
     assert same == name
 
 
@@ -40,8 +40,8 @@ async def test_a_start_waits_for_its_earlier_incarnation_to_finish_stopping(tmp_
     claiming = asyncio.create_task(claim_name(tmp_path, wait_s=30))
     await asyncio.sleep(0.3)
     assert not claiming.done()
-    stopping.stdin.close()
-    await stopping.wait()
+    stopping.stdin.close()  # it lets the name go
+    await stopping.communicate()  # and its stdout is read to the end: its transport closes on this loop
     assert await claiming == name
 
 

@@ -328,5 +328,5 @@ async def test_sighup_reads_the_files_again_and_says_when_nothing_changed(tmp_pa
     finally:
         proc.terminate()
         async with asyncio.timeout(30):
-            await proc.wait()
+            await proc.communicate()
     assert proc.returncode == 0
