@@ -77,8 +77,13 @@ class Forwarder:
                 return await self._until_answered(cmd, answers)
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
             if isinstance(cmd, Assign):  # it may have been stored all the same
-                why = {TimeoutError: "no answer in time", Unavailable: "NATS does not answer"}
-                self._cancel(cmd, why.get(type(e), "caller disconnected"))
+                if isinstance(e, TimeoutError):
+                    why = "no answer in time"
+                elif isinstance(e, Unavailable):  # any of its kinds
+                    why = "NATS does not answer"
+                else:
+                    why = "caller disconnected"
+                self._cancel(cmd, why)
             raise
         finally:
             del self._waiting[cmd.reply_to]
