@@ -53,7 +53,7 @@ from scaler.runtime.bus import answered
 from scaler.runtime.kv import LISTING_WAIT_S, entries
 from scaler.runtime.tasks import cancelled
 from scaler.store import stream
-from scaler.store.stream import OLDEST_ATOMIC, WRONG_LAST_SEQUENCE, Append, Conflict, Refused
+from scaler.store.stream import OLDEST_ATOMIC, WRONG_LAST_SEQUENCE, Append, Conflict, Rejected
 
 log = logging.getLogger("scaler.controller.leases")
 
@@ -322,7 +322,7 @@ class Leases:
             sent = time.monotonic()
             try:
                 stored = await stream.atomic(self.nc, renewals, self.timeout_s)
-            except (Conflict, Refused):
+            except (Conflict, Rejected):
                 self._unanswered -= revisions.keys() - earlier
                 return False
             for p, revision in zip(revisions, stored, strict=True):

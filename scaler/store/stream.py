@@ -94,17 +94,18 @@ async def append(
     return ack.seq
 
 
-class Refused(Unavailable):
-    """JetStream answered, refusing what was sent for another reason than an order check (a full disk, say)."""
+class Rejected(Unavailable):
+    """JetStream answered, refusing the write for another reason than an order check (a full disk, say); not
+    bus.Refused, which is NATS refusing the client."""
 
 
 def _refused(error: _ApiError | None, what: str) -> None:
-    """Conflict for a failed order check, Refused for any other refusal; nothing when stored."""
+    """Conflict for a failed order check, Rejected for any other refusal; nothing when stored."""
     if error is None:
         return
     if error.err_code == WRONG_LAST_SEQUENCE:
         raise Conflict(what)
-    raise Refused(f"event store refused the batch: {error.description}")
+    raise Rejected(f"event store refused the batch: {error.description}")
 
 
 def fits(size: int, max_payload: int) -> None:
