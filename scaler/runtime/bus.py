@@ -33,6 +33,16 @@ DRAIN_S = 4  # how long closing waits for the subscriptions to drain (nats-py's 
 LOST = (OSError, TimeoutError, StaleConnectionError, ConnectionClosedError, NoServersError)  # errors of an outage
 
 
+def gave_up_why(e: BaseException, unavailable: str) -> str:
+    """Why a call's wait for its answer ended, as the Cancel of its Assign says: `unavailable` for every kind of
+    Unavailable (not sent, rejected), a timeout as such; anything else (a cancellation) is the caller gone."""
+    if isinstance(e, TimeoutError):
+        return "no answer in time"
+    if isinstance(e, Unavailable):
+        return unavailable
+    return "caller disconnected"
+
+
 class Refused(Unavailable):
     """NATS refused this client (its credentials, or TLS either way): a mistake to say, not an outage to wait out."""
 

@@ -21,7 +21,7 @@ from nats.errors import NoRespondersError
 from scaler.proto.commands import Assign, Cancel, Code, Idle, Reply, decode_reply, encode
 from scaler.proto.subjects import CMD, command_subject
 from scaler.runtime.access import Nats
-from scaler.runtime.bus import Unavailable, close, connect, send
+from scaler.runtime.bus import Unavailable, close, connect, gave_up_why, send
 from scaler.runtime.permissions import PROBE
 
 log = logging.getLogger("scaler.forward")
@@ -77,13 +77,7 @@ class Forwarder:
                 return await self._until_answered(cmd, answers)
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
             if isinstance(cmd, Assign):  # it may have been stored all the same
-                if isinstance(e, TimeoutError):
-                    why = "no answer in time"
-                elif isinstance(e, Unavailable):  # any of its kinds
-                    why = "NATS does not answer"
-                else:
-                    why = "caller disconnected"
-                self._cancel(cmd, why)
+                self._cancel(cmd, gave_up_why(e, "NATS does not answer"))
             raise
         finally:
             del self._waiting[cmd.reply_to]

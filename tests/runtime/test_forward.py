@@ -9,9 +9,10 @@ import pytest
 from scaler.proto.commands import Assign, Cancel, Reply, decode_command, encode
 from scaler.proto.events import Meta
 from scaler.proto.subjects import command_subject
-from scaler.runtime.bus import Unavailable, close, connect, connected
+from scaler.runtime.bus import Unavailable, close, connect, connected, gave_up_why
 from scaler.runtime.forward import PING, PING_S, Forwarder
 from scaler.runtime.natsd import NatsServer
+from scaler.store.stream import NotSent, Rejected
 from tests.nemesis import Link
 
 KEY = "fa"
@@ -164,3 +165,13 @@ async def test_a_call_is_told_unavailable_when_the_connection_does_not_come_back
                 await forwarder.call(assign("r1"), timeout_s=30)
         finally:
             await close(nc)
+
+
+def test_a_call_given_up_for_any_kind_of_unavailable_says_so():
+    """The Cancel of an Assign whose caller stopped waiting says why (the door's and the forwarder's alike). The
+    store's rejected writes and unsent appends are kinds of Unavailable: looked up by their exact type they were
+    told as a caller that disconnected."""
+    for e in (Unavailable("away"), NotSent("past its lease"), Rejected("disk full")):
+        assert gave_up_why(e, "event store unavailable") == "event store unavailable"
+    assert gave_up_why(TimeoutError(), "event store unavailable") == "no answer in time"
+    assert gave_up_why(asyncio.CancelledError(), "event store unavailable") == "caller disconnected"

@@ -42,7 +42,7 @@ from scaler.proto.commands import (
     encode,
 )
 from scaler.proto.subjects import partition
-from scaler.runtime.bus import Unavailable, send
+from scaler.runtime.bus import Unavailable, gave_up_why, send
 from scaler.runtime.forward import Forwarder
 from scaler.store import TooBig
 
@@ -106,7 +106,7 @@ class Door:
                 return await self._instance_for(answer)  # an Assign may wait for an instance to be ready
         except (TimeoutError, asyncio.CancelledError, Unavailable) as e:
             if isinstance(cmd, Assign) and self.replies.waits(to):
-                self.give_up(cmd, gave_up_why(e))
+                self.give_up(cmd, gave_up_why(e, "event store unavailable"))
             raise
         finally:
             self.replies.forget(to)
@@ -290,16 +290,6 @@ class Door:
         if self.partitions.decides(p):
             return False
         raise TimeoutError(f"no owner of partition {p} answered")
-
-
-def gave_up_why(e: BaseException) -> str:
-    """Why an Assign's caller stopped waiting, as its Cancel says: by what ended the wait, the store's every kind of
-    Unavailable (not sent, refused) among them; anything else (a cancellation) is the caller gone."""
-    if isinstance(e, TimeoutError):
-        return "no answer in time"
-    if isinstance(e, Unavailable):
-        return "event store unavailable"
-    return "caller disconnected"
 
 
 def unstorable(cmd: AnyCommand, to: str, e: TooBig) -> Reply:
