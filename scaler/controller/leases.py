@@ -53,7 +53,7 @@ from scaler.runtime.bus import answered
 from scaler.runtime.kv import LISTING_WAIT_S, entries
 from scaler.runtime.tasks import cancelled
 from scaler.store import stream
-from scaler.store.stream import OLDEST_ATOMIC, WRONG_LAST_SEQUENCE, Append, Conflict, Rejected
+from scaler.store.stream import WRONG_LAST_SEQUENCE, Append, Conflict, Rejected
 
 log = logging.getLogger("scaler.controller.leases")
 
@@ -86,8 +86,7 @@ async def bucket(js: JetStreamContext, name: str, ttl_s: float, replicas: int) -
 
 async def atomic_bucket(nc: Client, js: JetStreamContext, name: str) -> bool:
     """Let the bucket take atomic batches, where the server can (2.12+): whether it does."""
-    v = nc.connected_server_version
-    if (v.major, v.minor) < OLDEST_ATOMIC:
+    if not stream.takes_atomic(nc):
         return False
     config = (await js.stream_info(f"KV_{name}")).config
     if config.allow_atomic:

@@ -44,9 +44,7 @@ class EventStore:
         different functions that meet share one commit (store/commits.py): on a replicated stream as soon
         as one is on its way, on a lone server's only once many are."""
         stream.check_server(self.nc)
-        v = self.nc.connected_server_version
-        atomic = (v.major, v.minor) >= stream.OLDEST_ATOMIC
-        configured = await config.ensure_stream(self.js, replicas, retention, atomic=atomic)
+        configured = await config.ensure_stream(self.js, replicas, retention, atomic=stream.takes_atomic(self.nc))
         await stream.check_layout(self.js)
         self.commits.atomic = bool(configured.allow_atomic)
         self.commits.share_from = 1 if (configured.num_replicas or 1) > 1 else SHARE_FROM_LONE

@@ -124,6 +124,12 @@ _batch_ack = msgspec.json.Decoder(_BatchAck)
 OLDEST_ATOMIC = (2, 12)  # the first nats-server with atomic batch publish
 
 
+def takes_atomic(nc: Client) -> bool:
+    """Whether the server this client is connected to takes atomic batches (`allow_atomic` on a stream)."""
+    v = nc.connected_server_version
+    return (v.major, v.minor) >= OLDEST_ATOMIC
+
+
 class Append(NamedTuple):
     """One batch to append: its subject and bytes, the order check over the function's subjects, and whether it may
     still be sent (asked just before each time it is: a writer that lost the right to write sends nothing more)."""
