@@ -4,6 +4,7 @@ import socket
 from pathlib import Path
 
 import nats
+import pytest
 
 from scaler.runtime import natsd
 from scaler.runtime.natsd import NatsServer
@@ -63,12 +64,8 @@ async def test_a_given_port_in_use_is_refused_not_moved(tmp_path):
     taken.listen()
     server = NatsServer(tmp_path / "nats", port=taken.getsockname()[1])
     try:
-        try:
+        with pytest.raises(RuntimeError, match="address already in use"):
             await server.start()
-        except RuntimeError as e:
-            assert "address already in use" in str(e)
-        else:
-            raise AssertionError(f"started on {server.url}, a port in use")
     finally:
         await server.stop()
         taken.close()
